@@ -1,0 +1,28 @@
+"""The two HTTP APIs: the worker-facing execution API and the public API.
+
+Routers live in `execution.py` and `public.py`; both APIs share the error mapping in `errors.py`.
+"""
+
+from ninja import NinjaAPI
+
+from . import errors
+
+execution_api = NinjaAPI(
+    title="Asset event service - execution API",
+    version="2026-06-30",
+    urls_namespace="execution",
+    docs_url="/docs",
+)
+public_api = NinjaAPI(
+    title="Asset event service - public API",
+    version="2",
+    urls_namespace="public_api",
+    docs_url="/docs",
+)
+errors.install(execution_api)
+errors.install(public_api)
+
+from . import execution, public  # noqa: E402  (routers register themselves on the APIs)
+
+execution_api.add_router("", execution.router)
+public_api.add_router("", public.router)

@@ -1,0 +1,48 @@
+"""Domain exceptions: a short machine `reason` and a human `message`.
+
+Domain modules raise these; `api/errors.py` maps them to HTTP in one place and management commands
+print them as `CommandError`s.
+"""
+
+from typing import Any
+
+
+class DomainError(Exception):
+    """Base of every expected failure. `extra` is merged into the API error body's `detail`."""
+
+    reason = "error"
+
+    def __init__(self, message: str, *, reason: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+        self.extra = extra
+
+
+class NotFound(DomainError):
+    reason = "not_found"
+
+
+class InvalidState(DomainError):
+    """The object is not in a state that allows the change (HTTP 409)."""
+
+    reason = "invalid_state"
+
+
+class Conflict(DomainError):
+    reason = "conflict"
+
+
+class InvalidInput(DomainError):
+    """Well-formed but unacceptable input (HTTP 422)."""
+
+    reason = "invalid_input"
+
+
+class PermissionDenied(DomainError):
+    reason = "forbidden"
+
+
+class NotAuthenticated(DomainError):
+    reason = "not_authenticated"

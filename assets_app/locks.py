@@ -1,0 +1,84 @@
+"""Every row lock the service takes, in one place.
+
+Global lock order (a transaction that takes several locks takes them in this order, and no
+transaction takes a lock from an earlier step after one from a later step):
+
+  1. TaskInstance row (task_state): alone. While it is held the only other write is inserting one
+     outbox row; nothing else is locked or loaded (invariant 1). `of=("self",)` always.
+  2. Outbox rows (drain): claimed FOR UPDATE SKIP LOCKED, oldest due first. Under them the drain
+     inserts AssetEvents and then ADRQ rows sorted by (target_dag_id, asset_event_id) (invariant 7).
+  3. Dag row (scheduler): FOR NO KEY UPDATE SKIP LOCKED, which serializes scheduling of one Dag
+     without blocking the FOR KEY SHARE that ADRQ/DagRun foreign-key inserts take on it.
+  4. That Dag's ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, by asset_event_id; the scheduler
+     then inserts the DagRun, its consumed-event links and TIs, and deletes exactly those rows.
+
+Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All functions here must be
+called inside a transaction; they say which rows they lock and return model instances.
+"""
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from django.db.models import Q, QuerySet
+
+from .models import AssetDagRunQueue, AssetEventQueue, Dag, TaskInstance, TIState
+
+
+def lock_task_instance(ti_id: UUID) -> TaskInstance | None:
+    """Lock one TI row (waiting for a concurrent holder) and return it, or None if unknown."""
+    return TaskInstance.objects.select_for_update(of=("self",)).filter(id=ti_id).first()
+
+
+def claim_queued_task_instances(
+    *, limit: int, now: datetime, claim_timeout: timedelta
+) -> list[TaskInstance]:
+    """Lock up to `limit` claimable queued TIs, FIFO, skipping rows another claim holds.
+
+    Claimable: queued, past any retry delay, and never claimed or claimed longer ago than
+    `claim_timeout` (a worker that claimed it and never started it).
+    """
+    return list(
+        TaskInstance.objects.select_for_update(of=("self",), skip_locked=True)
+        .filter(state=TIState.QUEUED)
+        .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
+        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - claim_timeout))
+        .order_by("queued_at", "id")[:limit]
+    )
+
+
+def claim_due_outbox_rows(*, limit: int, now: datetime) -> list[AssetEventQueue]:
+    """Lock up to `limit` due, unparked outbox rows, oldest due first, skipping locked ones."""
+    return list(
+        AssetEventQueue.objects.select_for_update(skip_locked=True)
+        .filter(parked_at__isnull=True, next_attempt_at__lte=now)
+        .order_by("next_attempt_at", "id")[:limit]
+    )
+
+
+def lock_outbox_rows(queryset: QuerySet[AssetEventQueue]) -> list[AssetEventQueue]:
+    """Lock the given outbox rows for an operator action (requeue / park / delete), by id.
+
+    Rows a drain is registering right now are skipped: the drain deletes or reschedules them
+    itself, and an operator action must not wait on it.
+    """
+    return list(queryset.select_for_update(skip_locked=True).order_by("id"))
+
+
+def claim_dag_for_scheduling(dag_id: str) -> Dag | None:
+    """Lock a Dag row for scheduling, or None if another scheduler holds it (or it is gone)."""
+    return (
+        Dag.objects.select_for_update(no_key=True, skip_locked=True).filter(dag_id=dag_id).first()
+    )
+
+
+def lock_dag_queue_rows(
+    dag_id: str, *, asset_ids: Sequence[int] | None = None
+) -> list[AssetDagRunQueue]:
+    """Lock a Dag's ADRQ rows (optionally only for some assets), by event id, skipping locked."""
+    queryset = AssetDagRunQueue.objects.select_for_update(skip_locked=True).filter(
+        target_dag_id=dag_id
+    )
+    if asset_ids is not None:
+        queryset = queryset.filter(asset_id__in=asset_ids)
+    return list(queryset.order_by("asset_event_id"))

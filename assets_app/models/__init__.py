@@ -1,0 +1,41 @@
+"""The schema of DESIGN.md section 2, one module per area."""
+
+from .assets import Asset, AssetAlias, AssetAliasAsset
+from .auth import ApiToken
+from .dags import (
+    Dag,
+    DagScheduleAliasReference,
+    DagScheduleAssetReference,
+    Task,
+    TaskOutletAliasReference,
+    TaskOutletAssetReference,
+)
+from .events import AssetAliasEvent, AssetEvent
+from .metrics import ComponentHeartbeat, MetricCounter
+from .queue import AssetDagRunQueue, AssetEventQueue
+from .runs import DagRun, DagRunAssetEvent, DagRunState, DagRunType, TaskInstance, TIState
+
+__all__ = [
+    "ApiToken",
+    "Asset",
+    "AssetAlias",
+    "AssetAliasAsset",
+    "AssetAliasEvent",
+    "AssetDagRunQueue",
+    "AssetEvent",
+    "AssetEventQueue",
+    "ComponentHeartbeat",
+    "Dag",
+    "DagRun",
+    "DagRunAssetEvent",
+    "DagRunState",
+    "DagRunType",
+    "DagScheduleAliasReference",
+    "DagScheduleAssetReference",
+    "MetricCounter",
+    "TIState",
+    "Task",
+    "TaskInstance",
+    "TaskOutletAliasReference",
+    "TaskOutletAssetReference",
+]

@@ -1,0 +1,117 @@
+from django.db import models
+
+from .assets import Asset, AssetAlias
+
+DAG_ID_MAX_LENGTH = 250
+
+
+class Dag(models.Model):
+    """A DAG definition loaded by `sync_dags`. `schedule` is the normalized condition, or null."""
+
+    dag_id = models.CharField(max_length=DAG_ID_MAX_LENGTH, primary_key=True)
+    description = models.TextField(blank=True, default="")
+    is_paused = models.BooleanField(default=False)
+    max_active_runs = models.PositiveIntegerField(default=16)
+    # Normalized condition (see conditions.py): {"asset": {"name", "uri"}} | {"alias": name}
+    # | {"all": [...]} | {"any": [...]}; null means manual runs only.
+    schedule = models.JSONField(null=True, blank=True)
+    fileloc = models.CharField(max_length=2000, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["dag_id"]
+        constraints = [
+            models.CheckConstraint(condition=~models.Q(dag_id=""), name="dag_id_not_empty"),
+            models.CheckConstraint(
+                condition=models.Q(max_active_runs__gte=1), name="dag_max_active_runs_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.dag_id
+
+
+class Task(models.Model):
+    """A task of a Dag, with its declared outlets (assets and aliases)."""
+
+    dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="tasks")
+    task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    retries = models.PositiveIntegerField(default=0)
+    outlet_assets = models.ManyToManyField(
+        Asset, through="TaskOutletAssetReference", related_name="producing_tasks", blank=True
+    )
+    outlet_aliases = models.ManyToManyField(
+        AssetAlias, through="TaskOutletAliasReference", related_name="producing_tasks", blank=True
+    )
+
+    class Meta:
+        ordering = ["dag_id", "task_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["dag", "task_id"], name="task_unique_per_dag"),
+            models.CheckConstraint(condition=~models.Q(task_id=""), name="task_id_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dag_id}.{self.task_id}"
+
+
+class TaskOutletAssetReference(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="outlet_asset_refs")
+    asset = models.ForeignKey(Asset, on_delete=models.CASCADE, related_name="task_outlet_refs")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "asset"], name="task_outlet_asset_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} -> {self.asset_id}"
+
+
+class TaskOutletAliasReference(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="outlet_alias_refs")
+    alias = models.ForeignKey(AssetAlias, on_delete=models.CASCADE, related_name="task_outlet_refs")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "alias"], name="task_outlet_alias_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} -> {self.alias_id}"
+
+
+class DagScheduleAssetReference(models.Model):
+    """ "Dag is scheduled on this asset": derived from `Dag.schedule` by sync_dags."""
+
+    dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="schedule_asset_refs")
+    asset = models.ForeignKey(Asset, on_delete=models.CASCADE, related_name="schedule_dag_refs")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["dag", "asset"], name="dag_schedule_asset_unique"),
+        ]
+        # The drain looks up "which Dags are scheduled on these assets".
+        indexes = [models.Index(fields=["asset", "dag"], name="dag_sched_asset_by_asset")]
+
+    def __str__(self) -> str:
+        return f"{self.dag_id} -> {self.asset_id}"
+
+
+class DagScheduleAliasReference(models.Model):
+    """ "Dag is scheduled on this alias": derived from `Dag.schedule` by sync_dags."""
+
+    dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="schedule_alias_refs")
+    alias = models.ForeignKey(
+        AssetAlias, on_delete=models.CASCADE, related_name="schedule_dag_refs"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["dag", "alias"], name="dag_schedule_alias_unique"),
+        ]
+        indexes = [models.Index(fields=["alias", "dag"], name="dag_sched_alias_by_alias")]
+
+    def __str__(self) -> str:
+        return f"{self.dag_id} -> {self.alias_id}"

@@ -1,0 +1,75 @@
+from django.db import models
+from django.utils import timezone
+
+from .assets import Asset
+from .dags import DAG_ID_MAX_LENGTH, Dag
+from .events import AssetEvent
+
+
+class AssetDagRunQueue(models.Model):
+    """ADRQ: "target Dag owes a look at this event". Written by `registration`, consumed (deleted)
+    by `scheduling`. Rows are always inserted sorted by (target_dag_id, asset_event_id)."""
+
+    target_dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="queued_events")
+    asset_event = models.ForeignKey(AssetEvent, on_delete=models.CASCADE, related_name="queued_for")
+    # Copied from the event so the scheduler evaluates conditions without joining events.
+    asset = models.ForeignKey(Asset, on_delete=models.CASCADE, related_name="queued_for")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "queued asset event"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["target_dag", "asset_event"], name="adrq_unique_dag_event"
+            ),
+        ]
+        indexes = [models.Index(fields=["asset", "target_dag"], name="adrq_by_asset")]
+
+    def __str__(self) -> str:
+        return f"{self.target_dag_id} <- event {self.asset_event_id}"
+
+
+class AssetEventQueue(models.Model):
+    """The outbox: one row per successful TI try whose outlets are not registered yet.
+
+    `payload` holds everything registration needs, so a row outlives its TI:
+    {"outlets": [{"name", "uri", "type"}], "outlet_events": [...], "source": {...}}.
+    """
+
+    ti_id = models.UUIDField()
+    try_number = models.PositiveIntegerField()
+    source_dag_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    source_run_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    source_task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    source_map_index = models.IntegerField(default=-1)
+    payload = models.JSONField()
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    last_error = models.TextField(blank=True, default="")
+    last_error_type = models.CharField(max_length=200, blank=True, default="")
+    parked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "asset event outbox row"
+        constraints = [
+            models.UniqueConstraint(fields=["ti_id", "try_number"], name="outbox_unique_ti_try"),
+        ]
+        indexes = [
+            # The drain claims due, unparked rows oldest first.
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                name="outbox_due",
+                condition=models.Q(parked_at__isnull=True),
+            ),
+            models.Index(
+                fields=["parked_at"],
+                name="outbox_parked",
+                condition=models.Q(parked_at__isnull=False),
+            ),
+            models.Index(fields=["source_dag_id", "source_task_id"], name="outbox_by_source"),
+        ]
+
+    def __str__(self) -> str:
+        return f"outbox {self.pk}: {self.source_dag_id}.{self.source_task_id} try {self.try_number}"

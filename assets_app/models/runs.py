@@ -1,0 +1,150 @@
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+from .dags import DAG_ID_MAX_LENGTH, Dag
+
+
+class DagRunType(models.TextChoices):
+    MANUAL = "manual"
+    ASSET_TRIGGERED = "asset_triggered"
+
+
+class DagRunState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+class TIState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+    UP_FOR_RETRY = "up_for_retry"
+    SKIPPED = "skipped"
+    REMOVED = "removed"
+    UPSTREAM_FAILED = "upstream_failed"
+
+
+TI_FINISHED_STATES = frozenset(
+    {TIState.SUCCESS, TIState.FAILED, TIState.SKIPPED, TIState.REMOVED, TIState.UPSTREAM_FAILED}
+)
+
+
+class DagRun(models.Model):
+    """A run of a Dag. Asset-triggered runs consume events through `DagRunAssetEvent`."""
+
+    dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="runs")
+    run_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    run_type = models.CharField(max_length=20, choices=DagRunType.choices)
+    state = models.CharField(max_length=20, choices=DagRunState.choices, default=DagRunState.QUEUED)
+    run_after = models.DateTimeField(default=timezone.now)
+    logical_date = models.DateTimeField(null=True, blank=True)
+    data_interval_start = models.DateTimeField(null=True, blank=True)
+    data_interval_end = models.DateTimeField(null=True, blank=True)
+    start_date = models.DateTimeField(null=True, blank=True)
+    end_date = models.DateTimeField(null=True, blank=True)
+    clear_number = models.PositiveIntegerField(default=0)
+    conf = models.JSONField(default=dict, blank=True)
+    triggering_user_name = models.CharField(max_length=150, null=True, blank=True)
+    note = models.TextField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    consumed_events = models.ManyToManyField(
+        "AssetEvent", through="DagRunAssetEvent", related_name="consuming_runs", blank=True
+    )
+
+    class Meta:
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["dag", "run_id"], name="dag_run_id_unique"),
+            models.CheckConstraint(
+                condition=models.Q(run_type__in=DagRunType.values), name="dag_run_type_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state__in=DagRunState.values), name="dag_run_state_valid"
+            ),
+        ]
+        # max_active_runs counts a Dag's queued/running runs.
+        indexes = [models.Index(fields=["dag", "state"], name="dag_run_by_dag_state")]
+
+    def __str__(self) -> str:
+        return f"{self.dag_id} / {self.run_id}"
+
+
+class DagRunAssetEvent(models.Model):
+    """run -> consumed event. `dag` is copied from the run so the database itself refuses a
+    second consumption of one event by one Dag (invariant 8)."""
+
+    dag_run = models.ForeignKey(DagRun, on_delete=models.CASCADE, related_name="consumed_links")
+    dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="+")
+    asset_event = models.ForeignKey(
+        "AssetEvent", on_delete=models.CASCADE, related_name="consumed_links"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dag", "asset_event"], name="event_consumed_once_per_dag"
+            ),
+        ]
+        indexes = [models.Index(fields=["dag_run", "asset_event"], name="consumed_by_run")]
+
+    def __str__(self) -> str:
+        return f"run {self.dag_run_id} consumed event {self.asset_event_id}"
+
+
+class TaskInstance(models.Model):
+    """One task in one run. Its row lock is owned by `task_state` (see locks.py)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    dag_run = models.ForeignKey(DagRun, on_delete=models.CASCADE, related_name="task_instances")
+    dag_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    run_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    map_index = models.IntegerField(default=-1)
+    try_number = models.PositiveIntegerField(default=1)
+    max_tries = models.PositiveIntegerField(default=0)
+    state = models.CharField(max_length=20, choices=TIState.choices, default=TIState.QUEUED)
+    hostname = models.CharField(max_length=1000, blank=True, default="")
+    unixname = models.CharField(max_length=1000, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    queued_at = models.DateTimeField(default=timezone.now)
+    start_date = models.DateTimeField(null=True, blank=True)
+    end_date = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Work claiming (POST /execution/workloads/claim): who took this queued TI and when.
+    claimed_by = models.CharField(max_length=1000, blank=True, default="")
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # A retried TI is queued again but may not be claimed before this time.
+    retry_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["dag_run_id", "task_id", "map_index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dag_run", "task_id", "map_index"], name="ti_unique_per_run"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state__in=TIState.values), name="ti_state_valid"
+            ),
+            models.CheckConstraint(condition=models.Q(try_number__gte=1), name="ti_try_positive"),
+            models.CheckConstraint(
+                condition=models.Q(pid__isnull=True) | models.Q(pid__gt=0), name="ti_pid_positive"
+            ),
+        ]
+        indexes = [
+            # Claiming queued work in FIFO order.
+            models.Index(
+                fields=["queued_at"],
+                name="ti_queued_claim",
+                condition=models.Q(state="queued"),
+            ),
+            models.Index(fields=["dag_id", "run_id"], name="ti_by_dag_run_ids"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dag_id}.{self.task_id} [{self.run_id}] try {self.try_number}"

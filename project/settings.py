@@ -1,0 +1,140 @@
+"""Settings for the asset event service: one module, every value from the environment.
+
+Every setting read here is documented, with its default, in `.env.example`.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+SECRET_KEY = env.str("SECRET_KEY", default="dev-only-insecure-secret-key-change-me-in-production")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_q",
+    "assets_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "project.wsgi.application"
+
+# SQLite by default so the demo runs anywhere; PostgreSQL when DATABASE_URL says so. The
+# concurrency guarantees (SKIP LOCKED claims, row locks) are claimed for PostgreSQL only.
+DATABASES = {
+    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}")
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    (BASE_DIR / "var").mkdir(exist_ok=True)
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            # WAL lets the web server and the django-q2 cluster read while one of them writes;
+            # IMMEDIATE transactions take the write lock up front instead of failing on upgrade.
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+    )
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+# Bodies over this size get 413 before any parsing (DESIGN 4.10).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("MAX_REQUEST_BODY_BYTES", default=10 * 1024 * 1024)
+
+# --- Asset event service -------------------------------------------------------------------
+# "queue" (default): success writes one outbox row; the drain registers events.
+# "inline": success registers events in its own transaction before taking the TI lock.
+ASSET_REGISTRATION_MODE = env.str("ASSET_REGISTRATION_MODE", default="queue")
+ASSET_QUEUE_BATCH_SIZE = env.int("ASSET_QUEUE_BATCH_SIZE", default=500)
+ASSET_QUEUE_MAX_ATTEMPTS = env.int("ASSET_QUEUE_MAX_ATTEMPTS", default=10)
+ASSET_QUEUE_BACKOFF_BASE_SECONDS = env.float("ASSET_QUEUE_BACKOFF_BASE_SECONDS", default=2.0)
+ASSET_QUEUE_BACKOFF_CAP_SECONDS = env.float("ASSET_QUEUE_BACKOFF_CAP_SECONDS", default=600.0)
+# One drain or scheduler invocation keeps working until its queue is empty or this budget is spent.
+ASSET_DRAIN_TIME_BUDGET_SECONDS = env.float("ASSET_DRAIN_TIME_BUDGET_SECONDS", default=20.0)
+WORKER_API_KEY = env.str("WORKER_API_KEY", default="dev-worker-api-key")
+WORKER_TOKEN_LIFETIME_SECONDS = env.int("WORKER_TOKEN_LIFETIME_SECONDS", default=3600)
+# A claimed TI that is not started within this many seconds can be claimed again.
+WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", default=300)
+
+# django-q2: ORM broker on the default database. Each task's timeout stays below `retry` so the
+# broker never redelivers a task that is still running (DESIGN 7).
+Q_CLUSTER = {
+    "name": "asset-events",
+    "orm": "default",
+    "workers": env.int("Q_CLUSTER_WORKERS", default=2),
+    "timeout": env.int("Q_CLUSTER_TIMEOUT", default=60),
+    "retry": env.int("Q_CLUSTER_RETRY", default=90),
+    "max_attempts": 1,
+    "poll": env.float("Q_CLUSTER_POLL", default=0.05),
+    "catch_up": False,
+    "save_limit": 250,
+    "ack_failures": True,
+    "label": "Django Q2",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,106 @@
+"""Authentication for the public API (`/api/v2/`): an API token or a staff session, never anonymous.
+
+- `Authorization: Bearer <key>`: the key of an `ApiToken` (only its sha256 is stored). When the
+  header is present it decides alone: a bad key is 401 even if a session cookie is also sent.
+- Otherwise a Django session of an active staff user. Unsafe methods (POST, PUT, PATCH, DELETE)
+  must pass Django's CSRF check, exactly as a form post would: ninja marks its views csrf_exempt and
+  leaves the check to the auth class, so it is done here, after the session is known to be staff
+  (an anonymous request gets 401, not a CSRF 403).
+
+Failures raise `AuthenticationError` (401) or `exceptions.PermissionDenied` (403); `api/errors.py`
+turns both into the usual `{"detail": {"reason", "message"}}` body. `request.auth` is the user.
+"""
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.http import HttpRequest
+from django.utils import timezone
+from ninja.errors import AuthenticationError
+from ninja.security import APIKeyCookie, HttpBearer
+from ninja.utils import check_csrf
+
+from assets_app import exceptions
+from assets_app.models import ApiToken
+
+# last_used_at is a hint for operators, not an audit log: write it at most once a minute per token
+# so a busy client does not turn every read into a row update.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class ApiTokenAuth(HttpBearer):
+    """`Authorization: Bearer <ApiToken key>`: one indexed lookup, at most one update a minute."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> AbstractBaseUser:
+        key = token.strip()
+        api_token = (
+            ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash_key(key)).first()
+            if key
+            else None
+        )
+        if api_token is None or not api_token.user.is_active:
+            raise AuthenticationError()
+        now = timezone.now()
+        if api_token.last_used_at is None or now - api_token.last_used_at >= LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=api_token.pk).update(last_used_at=now)
+        return api_token.user
+
+    def __call__(self, request: HttpRequest) -> Any:
+        header = request.headers.get(self.header)
+        if header is None:
+            return None
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != self.openapi_scheme:
+            # An Authorization header we do not understand must not fall through to the session.
+            raise AuthenticationError()
+        return self.authenticate(request, token)
+
+
+class StaffSessionAuth(APIKeyCookie):
+    """A logged-in, active staff user's Django session; CSRF enforced for unsafe methods."""
+
+    def __init__(self) -> None:
+        from django.conf import settings
+
+        self.param_name = settings.SESSION_COOKIE_NAME
+        super().__init__(csrf=True)
+
+    def _get_key(self, request: HttpRequest) -> str | None:
+        # The base class checks CSRF before it knows whether there is a session at all; we check
+        # it in authenticate() so anonymous requests get 401.
+        return request.COOKIES.get(self.param_name)
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> AbstractBaseUser | None:
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        if not (user.is_active and user.is_staff):
+            raise exceptions.PermissionDenied(
+                "the public API needs a staff user or an API token", reason="staff_required"
+            )
+        if (
+            self.csrf
+            and not getattr(request, "_ninja_csrf_exempt", False)
+            and check_csrf(request) is not None
+        ):
+            raise exceptions.PermissionDenied(
+                "CSRF check failed: send the csrftoken cookie's value in the X-CSRFToken header",
+                reason="csrf_failed",
+            )
+        return user
+
+
+def public_api_auth() -> list[Any]:
+    """The auth list for every public endpoint: a token first, then a staff session."""
+    return [ApiTokenAuth(), StaffSessionAuth()]
+
+
+def create_api_token(*, username: str, name: str) -> tuple[ApiToken, str]:
+    """Create a token acting as `username`; returns it and its key (the only time the key exists
+    in clear: only its hash is stored). Raises the user model's DoesNotExist. One insert."""
+    user = get_user_model().objects.get_by_natural_key(username)
+    key = ApiToken.generate_key()
+    token = ApiToken.objects.create(user=user, name=name, key_hash=ApiToken.hash_key(key))
+    return token, key

@@ -1,0 +1,28 @@
+"""`python manage.py trigger_dag DAG_ID [--conf JSON]`: create a manual run and its queued TIs."""
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from assets_app import exceptions, runs
+
+
+class Command(BaseCommand):
+    help = "Trigger a manual run of DAG_ID; prints its run_id and the task instances queued."
+
+    def add_arguments(self, parser):
+        parser.add_argument("dag_id")
+        parser.add_argument("--conf", default=None, help="a JSON object, e.g. '{\"day\": 3}'")
+
+    def handle(self, *args, dag_id: str, conf: str | None, **options):
+        try:
+            parsed = json.loads(conf) if conf is not None else None
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--conf is not valid JSON: {exc}") from exc
+        try:
+            run = runs.trigger_dag(dag_id=dag_id, conf=parsed)
+        except exceptions.DomainError as exc:
+            raise CommandError(exc.message) from exc
+        self.stdout.write(f"created run {run.run_id} of dag {dag_id}")
+        for ti in run.task_instances.order_by("task_id"):
+            self.stdout.write(f"  queued {ti.task_id} try {ti.try_number} (ti {ti.id})")

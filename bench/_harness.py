@@ -1,0 +1,450 @@
+"""Shared benchmark harness: databases, Django set-up, rounds, tables, JSON/PNG, servers.
+
+Every benchmark script imports this module first (`import _harness as h`; bench/ is sys.path[0]
+when a script runs) and then:
+
+    args = h.parse_args(__doc__)
+    url = h.fresh_database("ti_lock_success")   # bench_ti_lock_success, dropped and migrated
+    h.setup_django(url)                          # DJANGO_SETTINGS_MODULE=bench.settings_bench
+    ...
+    h.print_table(...); h.write_results("ti_lock_success", data, args); h.plot_lines(...)
+
+PostgreSQL is reached at $BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432); the
+benchmark databases are named bench_<name> and dropped at the start of the next run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "bench" / "results"
+PYTHON = sys.executable
+PG_URL = os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432").rstrip("/")
+SETTINGS_MODULE = "bench.settings_bench"
+# Ports this project's benchmarks may bind (house rule); servers pick a free one in range.
+PORT_RANGE = range(8400, 8500)
+
+
+# --- arguments -----------------------------------------------------------------------------
+
+
+def parse_args(doc: str | None, extra: Callable[[argparse.ArgumentParser], None] | None = None):
+    parser = argparse.ArgumentParser(
+        description=(doc or "").strip().splitlines()[0] if doc else None
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes, few rounds (~10 s)")
+    parser.add_argument("--rounds", type=int, default=None, help="override the round count")
+    parser.add_argument("--keep-db", action="store_true", help="keep the bench_* database")
+    if extra:
+        extra(parser)
+    return parser.parse_args()
+
+
+# --- databases -----------------------------------------------------------------------------
+
+
+def _admin_connect():
+    import psycopg
+
+    return psycopg.connect(f"{PG_URL}/postgres", autocommit=True)
+
+
+def db_url(name: str) -> str:
+    return f"{PG_URL}/bench_{name}"
+
+
+def drop_database(name: str) -> None:
+    with _admin_connect() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "bench_{name}" WITH (FORCE)')
+
+
+def fresh_database(name: str) -> str:
+    """Drop and re-create bench_<name>, run the project's migrations on it, return its URL."""
+    drop_database(name)
+    with _admin_connect() as conn:
+        conn.execute(f'CREATE DATABASE "bench_{name}"')
+    url = db_url(name)
+    subprocess.run(
+        [PYTHON, "manage.py", "migrate", "--no-input", "--skip-checks", "-v", "0"],
+        cwd=ROOT,
+        env=server_env(url),
+        check=True,
+    )
+    return url
+
+
+def server_env(url: str, **extra: str) -> dict[str, str]:
+    """Environment for a child process (manage.py, gunicorn, qcluster) on database `url`."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "DATABASE_URL": url,
+            "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
+            "PYTHONPATH": str(ROOT),
+            "DEBUG": "false",
+            "LOG_LEVEL": "WARNING",
+        }
+    )
+    env.update({key: str(value) for key, value in extra.items()})
+    return env
+
+
+def setup_django(url: str, **settings_env: str) -> None:
+    """Configure Django in this process on `url` (env vars override project settings)."""
+    os.environ.update(server_env(url, **settings_env))
+    import django
+
+    django.setup()
+
+
+def pg_version() -> str:
+    with _admin_connect() as conn:
+        return conn.execute("SHOW server_version").fetchone()[0]
+
+
+# --- rounds and statistics -----------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = (len(ordered) - 1) * q / 100.0
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def stats(values: Iterable[float]) -> dict[str, float]:
+    data = list(values)
+    if not data:
+        return {"n": 0}
+    return {
+        "n": len(data),
+        "median": statistics.median(data),
+        "min": min(data),
+        "max": max(data),
+        "mean": statistics.fmean(data),
+        "p90": percentile(data, 90),
+        "p99": percentile(data, 99),
+    }
+
+
+def run_rounds(fn: Callable[[int], Any], *, warmup: int, rounds: int) -> list[Any]:
+    """Call fn(i) `warmup` times (results dropped) and then `rounds` times; return the results."""
+    for i in range(warmup):
+        fn(-1 - i)
+    return [fn(i) for i in range(rounds)]
+
+
+class Stopwatch:
+    def __enter__(self) -> Stopwatch:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.3f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def print_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Print (and return) a plain-text table with right-aligned columns."""
+    cells = [[fmt(value) for value in row] for row in rows]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    lines = [title, "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    text = "\n".join(lines)
+    print(text + "\n", flush=True)
+    return text
+
+
+def results_dir(args: argparse.Namespace) -> Path:
+    """Full runs write bench/results/, quick runs bench/results/quick/ (never clobbering)."""
+    path = RESULTS / "quick" if args.quick else RESULTS
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on, including how busy the machine was meanwhile."""
+    import psutil
+
+    me = os.getpid()
+    busy = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "cpu_percent"]):
+        try:
+            proc.cpu_percent(None)
+        except psutil.Error:
+            continue
+    time.sleep(0.5)
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            cpu = proc.cpu_percent(None)
+        except psutil.Error:
+            continue
+        if cpu >= 10 and proc.pid != me:
+            cmd = " ".join(proc.info["cmdline"] or [proc.info["name"] or "?"])[:120]
+            busy.append({"pid": proc.pid, "cpu_percent": cpu, "cmd": cmd})
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "cpus": os.cpu_count(),
+        "load_avg_1m_5m_15m": list(os.getloadavg()),
+        "other_busy_processes": busy,
+        "python": platform.python_version(),
+        "postgresql": pg_version(),
+        "git_commit": commit,
+        "platform": platform.platform(),
+    }
+
+
+def write_results(name: str, data: Mapping[str, Any], args: argparse.Namespace) -> Path:
+    """Write bench/results[/quick]/<name>.json with the machine context before and after."""
+    path = results_dir(args) / f"{name}.json"
+    payload = {
+        "benchmark": name,
+        "quick": bool(args.quick),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {**STARTED_MACHINE, "after": machine_info()},
+        **data,
+    }
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"wrote {path.relative_to(ROOT)}", flush=True)
+    return path
+
+
+STARTED_MACHINE: dict[str, Any] = {}
+
+
+def record_machine_start() -> None:
+    STARTED_MACHINE.update(machine_info())
+
+
+def plot_lines(
+    name: str,
+    args: argparse.Namespace,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    target: float | None = None,
+    logx: bool = False,
+    logy: bool = False,
+    suffix: str = "",
+) -> Path:
+    """One PNG with a line per series (x, y) and an optional horizontal target line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    if target is not None:
+        ax.axhline(target, color="crimson", linestyle="--", linewidth=1, label=f"target {target:g}")
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = results_dir(args) / f"{name}{suffix}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    print(f"wrote {path.relative_to(ROOT)}", flush=True)
+    return path
+
+
+def plot_hist(
+    name: str,
+    args: argparse.Namespace,
+    *,
+    title: str,
+    xlabel: str,
+    values: Sequence[float],
+    markers: Mapping[str, float] = (),
+    suffix: str = "",
+) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    ax.hist(values, bins=60, color="steelblue")
+    for label, value in dict(markers).items():
+        ax.axvline(value, linestyle="--", linewidth=1, label=f"{label} {value:.0f}")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("count")
+    if markers:
+        ax.legend()
+    fig.tight_layout()
+    path = results_dir(args) / f"{name}{suffix}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    print(f"wrote {path.relative_to(ROOT)}", flush=True)
+    return path
+
+
+# --- servers -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    for port in PORT_RANGE:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 8400-8499")
+
+
+class Server:
+    """A child process group (gunicorn or qcluster) that is stopped on exit."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], log: Path) -> None:
+        self.log = open(log, "w")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=dict(env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        self.log.close()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_gunicorn(
+    url: str, *, workers: int, log: Path, threads: int = 1, **env: str
+) -> tuple[Server, str]:
+    """gunicorn on 127.0.0.1:<free port>; returns (server, base URL) once it answers HTTP."""
+    port = free_port()
+    argv = [
+        PYTHON,
+        "-m",
+        "gunicorn",
+        "project.wsgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--backlog",
+        "2048",
+        "--timeout",
+        "120",
+        "--log-level",
+        "warning",
+    ]
+    server = Server(argv, server_env(url, **env), log)
+    base = f"http://127.0.0.1:{port}"
+    wait_http(base, server)
+    return server, base
+
+
+def wait_http(base: str, server: Server, timeout: float = 30.0) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited early, see {server.log.name}")
+        try:
+            requests.get(f"{base}/execution/docs", timeout=1)
+            return
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server at {base} did not answer in {timeout} s")
+
+
+def start_qcluster(url: str, *, log: Path, **env: str) -> Server:
+    return Server([PYTHON, "manage.py", "qcluster"], server_env(url, **env), log)
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
+def log_path(name: str, what: str) -> Path:
+    path = ROOT / "var" / "bench-logs"  # git-ignored
+    path.mkdir(parents=True, exist_ok=True)
+    return path / f"{name}.{what}.log"

@@ -1,0 +1,466 @@
+"""Outlets -> AssetEvents, alias links and ADRQ rows: the only writer of those tables.
+
+A payload (format in `outbox.py`) becomes events like this:
+
+- each declared outlet asset gets one event per outlet-event entry naming it (that entry's
+  `extra`), or one event with an empty extra when no entry names it;
+- an outlet-event entry emitted through an alias (`source_alias_name`) that is a declared outlet
+  creates the alias -> asset link, creates the target asset when it is unknown (with
+  `dest_asset_extra` as its extra), and records the alias on the event. Entries for the same
+  (asset, extra) through several aliases become one event carrying all those aliases, as Airflow
+  does;
+- every other entry (an asset or alias the task did not declare) is ignored and counted.
+
+`source_ordinal` is the position of the event among the events of its asset in that payload, so
+(source TI, try, asset, ordinal) identifies an event and the unique constraint on it makes a
+re-registration write nothing. ADRQ rows are written for new events only (an event a Dag has
+already consumed must not be queued again): one per (Dag scheduled on the asset, event) and per
+(Dag scheduled on an alias the event came through, event), paused Dags included, inserted sorted
+by (target_dag_id, asset_event_id) (invariant 7).
+
+Everything is set-based: registering a batch of payloads issues a fixed number of queries however
+many payloads, outlets and Dags there are.
+"""
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from . import exceptions, metrics
+from .models import (
+    Asset,
+    AssetAlias,
+    AssetAliasAsset,
+    AssetAliasEvent,
+    AssetDagRunQueue,
+    AssetEvent,
+    DagScheduleAliasReference,
+    DagScheduleAssetReference,
+)
+
+AssetKey = tuple[str, str]  # (name, uri)
+
+
+class RegistrationError(exceptions.InvalidInput):
+    """A payload that cannot be registered as it is (the drain retries and finally parks it)."""
+
+    reason = "registration_failed"
+
+
+@dataclass(frozen=True)
+class RegistrationResult:
+    """What registering one payload did. `event_ids` lists every event of the payload (new or
+    already registered), in emission order; `events_written` counts the new ones."""
+
+    event_ids: tuple[int, ...]
+    events_written: int
+    ignored_outlet_events: int
+    queued_rows: int
+    dag_ids: frozenset[str]
+
+
+@dataclass
+class _Emission:
+    """One event to be: its asset, extra and the aliases it came through."""
+
+    payload_index: int
+    key: AssetKey
+    extra: dict[str, Any]
+    alias_names: list[str] = field(default_factory=list)
+    ordinal: int = 0
+
+
+@dataclass
+class _Plan:
+    emissions: list[_Emission] = field(default_factory=list)
+    # Per asset key, the extra to give it if it must be created (declared outlets: empty).
+    new_asset_extra: dict[AssetKey, dict[str, Any]] = field(default_factory=dict)
+    ignored: list[int] = field(default_factory=list)  # per payload
+    sources: list[dict[str, Any]] = field(default_factory=list)  # per payload
+
+
+def _asset_key(raw: Any, *, where: str) -> AssetKey:
+    if not isinstance(raw, dict):
+        raise RegistrationError(f"{where}: asset key must be an object, got {type(raw).__name__}")
+    name, uri = raw.get("name"), raw.get("uri")
+    name, uri = name or uri, uri or name
+    if not isinstance(name, str) or not isinstance(uri, str) or not name or not uri:
+        raise RegistrationError(f"{where}: asset key needs a non-empty name or uri")
+    return name, uri
+
+
+def _source(payload: dict[str, Any], *, where: str) -> dict[str, Any]:
+    source = payload.get("source")
+    if not isinstance(source, dict):
+        raise RegistrationError(f"{where}.source: missing")
+    try:
+        return {
+            "ti_id": UUID(str(source["ti_id"])),
+            "dag_id": str(source["dag_id"]),
+            "run_id": str(source["run_id"]),
+            "task_id": str(source["task_id"]),
+            "map_index": int(source.get("map_index", -1)),
+            "try_number": int(source["try_number"]),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RegistrationError(f"{where}.source: {type(exc).__name__}: {exc}") from exc
+
+
+def _plan(payloads: Sequence[dict[str, Any]]) -> _Plan:
+    """Turn payloads into emissions (pure Python, no queries)."""
+    plan = _Plan()
+    for index, payload in enumerate(payloads):
+        where = f"payload[{index}]"
+        if not isinstance(payload, dict):
+            raise RegistrationError(f"{where}: must be an object")
+        plan.sources.append(_source(payload, where=where))
+        declared_assets: list[AssetKey] = []
+        declared_aliases: set[str] = set()
+        for i, outlet in enumerate(payload.get("outlets") or []):
+            if not isinstance(outlet, dict):
+                raise RegistrationError(f"{where}.outlets[{i}]: must be an object")
+            if outlet.get("type", "Asset") == "AssetAlias":
+                if not isinstance(outlet.get("name"), str) or not outlet["name"]:
+                    raise RegistrationError(f"{where}.outlets[{i}]: alias needs a name")
+                declared_aliases.add(outlet["name"])
+            else:
+                key = _asset_key(outlet, where=f"{where}.outlets[{i}]")
+                if key not in declared_assets:
+                    declared_assets.append(key)
+                    plan.new_asset_extra.setdefault(key, {})
+
+        direct: dict[AssetKey, list[dict[str, Any]]] = defaultdict(list)
+        # (asset, canonical extra) -> emission, so several aliases share one event.
+        through_alias: dict[tuple[AssetKey, str], _Emission] = {}
+        ignored = 0
+        for i, event in enumerate(payload.get("outlet_events") or []):
+            at = f"{where}.outlet_events[{i}]"
+            if not isinstance(event, dict):
+                raise RegistrationError(f"{at}: must be an object")
+            key = _asset_key(event.get("dest_asset_key"), where=f"{at}.dest_asset_key")
+            extra = event.get("extra") or {}
+            if not isinstance(extra, dict):
+                raise RegistrationError(f"{at}.extra: must be an object")
+            alias_name = event.get("source_alias_name")
+            if alias_name is None:
+                if key in declared_assets:
+                    direct[key].append(extra)
+                else:
+                    ignored += 1
+                continue
+            if alias_name not in declared_aliases:
+                ignored += 1
+                continue
+            dest_extra = event.get("dest_asset_extra") or {}
+            if not isinstance(dest_extra, dict):
+                raise RegistrationError(f"{at}.dest_asset_extra: must be an object")
+            plan.new_asset_extra.setdefault(key, dest_extra)
+            canonical = json.dumps(extra, sort_keys=True)
+            emission = through_alias.get((key, canonical))
+            if emission is None:
+                emission = through_alias[(key, canonical)] = _Emission(index, key, extra)
+            if alias_name not in emission.alias_names:
+                emission.alias_names.append(alias_name)
+        plan.ignored.append(ignored)
+
+        ordinals: dict[AssetKey, int] = defaultdict(int)
+        for key in declared_assets:
+            for extra in direct.get(key) or [{}]:
+                plan.emissions.append(_Emission(index, key, extra, ordinal=ordinals[key]))
+                ordinals[key] += 1
+        for emission in through_alias.values():
+            emission.ordinal = ordinals[emission.key]
+            ordinals[emission.key] += 1
+            plan.emissions.append(emission)
+    return plan
+
+
+def _resolve_assets(wanted: dict[AssetKey, dict[str, Any]]) -> dict[AssetKey, int]:
+    """Asset ids by (name, uri), creating unknown assets. 1 query, 3 when some are new.
+
+    An asset whose name (or uri) is taken by an asset with a different uri (or name) cannot be
+    registered: that is a RegistrationError, not a silent merge.
+    """
+
+    def lookup() -> tuple[dict[AssetKey, int], set[str], set[str]]:
+        names = {name for name, _ in wanted}
+        uris = {uri for _, uri in wanted}
+        found: dict[AssetKey, int] = {}
+        taken_names: set[str] = set()
+        taken_uris: set[str] = set()
+        for asset_id, name, uri in Asset.objects.filter(
+            Q(name__in=names) | Q(uri__in=uris)
+        ).values_list("id", "name", "uri"):
+            found[(name, uri)] = asset_id
+            taken_names.add(name)
+            taken_uris.add(uri)
+        return found, taken_names, taken_uris
+
+    found, taken_names, taken_uris = lookup()
+    missing = [key for key in wanted if key not in found]
+    if missing:
+        free = [key for key in missing if key[0] not in taken_names and key[1] not in taken_uris]
+        if free:
+            # Sorted so two drains creating the same assets take the index locks in one order.
+            Asset.objects.bulk_create(
+                [
+                    Asset(name=name, uri=uri, extra=wanted[(name, uri)])
+                    for name, uri in sorted(free)
+                ],
+                ignore_conflicts=True,
+            )
+            found, _, _ = lookup()
+        for name, uri in missing:
+            if (name, uri) not in found:
+                raise RegistrationError(
+                    f"asset name={name!r} uri={uri!r} conflicts with an existing asset that has "
+                    "the same name or uri but not both",
+                    reason="asset_key_conflict",
+                )
+    return found
+
+
+def _resolve_aliases(names: set[str]) -> dict[str, int]:
+    """Alias ids by name, creating unknown aliases. 1 query, 3 when some are new."""
+
+    def lookup() -> dict[str, int]:
+        return dict(AssetAlias.objects.filter(name__in=names).values_list("name", "id"))
+
+    found = lookup()
+    missing = sorted(names - set(found))
+    if missing:
+        AssetAlias.objects.bulk_create(
+            [AssetAlias(name=name) for name in missing], ignore_conflicts=True
+        )
+        found = lookup()
+    return found
+
+
+def _insert_events(
+    rows: list[tuple[int, str, dict[str, Any], int]],
+    *,
+    now: datetime,
+) -> dict[tuple[UUID, int, int, int], int]:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING for (asset_id, extra, payload source,
+    ordinal) rows; returns {idempotency key: id} for the rows actually inserted. 1 query."""
+    table = AssetEvent._meta.db_table
+    columns = list(zip(*rows, strict=True))
+    sql = (
+        f"INSERT INTO {table} (asset_id, extra, timestamp, source_dag_id, source_run_id, "
+        "source_task_id, source_map_index, source_ti_id, source_try_number, source_ordinal) "
+        "SELECT u.asset_id, u.extra::jsonb, %s, u.dag_id, u.run_id, u.task_id, u.map_index, "
+        "u.ti_id, u.try_number, u.ordinal FROM unnest(%s::bigint[], %s::text[], %s::text[], "
+        "%s::text[], %s::text[], %s::int[], %s::uuid[], %s::int[], %s::int[]) WITH ORDINALITY "
+        "AS u(asset_id, extra, dag_id, run_id, task_id, map_index, ti_id, try_number, ordinal, n) "
+        "ORDER BY u.n "
+        "ON CONFLICT (source_ti_id, source_try_number, asset_id, source_ordinal) "
+        "WHERE source_ti_id IS NOT NULL DO NOTHING "
+        "RETURNING id, source_ti_id, source_try_number, asset_id, source_ordinal"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [now, *[list(column) for column in columns]])
+        return {(ti, tn, asset, ordinal): pk for pk, ti, tn, asset, ordinal in cursor.fetchall()}
+
+
+def _insert_queue_rows(rows: list[tuple[str, int, int]], *, now: datetime) -> int:
+    """Insert ADRQ rows (target_dag_id, asset_event_id, asset_id) in the given (sorted) order,
+    conflicts ignored; returns the number inserted. 1 query."""
+    table = AssetDagRunQueue._meta.db_table
+    dag_ids, event_ids, asset_ids = (list(column) for column in zip(*rows, strict=True))
+    sql = (
+        f"INSERT INTO {table} (target_dag_id, asset_event_id, asset_id, created_at) "
+        "SELECT u.dag_id, u.event_id, u.asset_id, %s FROM unnest(%s::text[], %s::bigint[], "
+        "%s::bigint[]) WITH ORDINALITY AS u(dag_id, event_id, asset_id, n) ORDER BY u.n "
+        "ON CONFLICT (target_dag_id, asset_event_id) DO NOTHING"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [now, dag_ids, event_ids, asset_ids])
+        return cursor.rowcount
+
+
+def register_payloads(*, payloads: Sequence[dict[str, Any]]) -> list[RegistrationResult]:
+    """Register a batch of outbox payloads; one result per payload, in order.
+
+    Runs inside the caller's transaction and takes no explicit locks; a fixed number of queries
+    whatever the batch size. Idempotent: a payload registered before writes nothing new (and no
+    ADRQ rows). A malformed payload raises RegistrationError before any write; a database error
+    leaves partial writes that the caller must roll back (the drain uses a savepoint).
+    Metrics (events written, outlet events ignored) are counted on commit.
+    """
+    now = timezone.now()
+    plan = _plan(payloads)
+    results_events: list[list[int]] = [[] for _ in payloads]
+    results_new: list[int] = [0] * len(payloads)
+    results_queued: list[int] = [0] * len(payloads)
+    results_dags: list[set[str]] = [set() for _ in payloads]
+
+    if plan.emissions:
+        asset_ids = _resolve_assets(plan.new_asset_extra)
+        alias_names = {name for e in plan.emissions for name in e.alias_names}
+        alias_ids = _resolve_aliases(alias_names) if alias_names else {}
+
+        links = sorted(
+            {(alias_ids[name], asset_ids[e.key]) for e in plan.emissions for name in e.alias_names}
+        )
+        if links:
+            AssetAliasAsset.objects.bulk_create(
+                [AssetAliasAsset(alias_id=a, asset_id=s, created_at=now) for a, s in links],
+                ignore_conflicts=True,
+            )
+
+        def key_of(e: _Emission) -> tuple[UUID, int, int, int]:
+            source = plan.sources[e.payload_index]
+            return (source["ti_id"], source["try_number"], asset_ids[e.key], e.ordinal)
+
+        rows = []
+        for e in plan.emissions:
+            s = plan.sources[e.payload_index]
+            rows.append(
+                (
+                    asset_ids[e.key],
+                    json.dumps(e.extra),
+                    s["dag_id"],
+                    s["run_id"],
+                    s["task_id"],
+                    s["map_index"],
+                    s["ti_id"],
+                    s["try_number"],
+                    e.ordinal,
+                )
+            )
+        inserted = _insert_events(rows, now=now)
+        existing: dict[tuple[UUID, int, int, int], int] = {}
+        if len(inserted) < len(plan.emissions):
+            # Some events were registered before (a replay): read their ids.
+            ti_ids = {s["ti_id"] for s in plan.sources}
+            existing = {
+                (ti, tn, asset, ordinal): pk
+                for pk, ti, tn, asset, ordinal in AssetEvent.objects.filter(
+                    source_ti_id__in=ti_ids
+                ).values_list(
+                    "id", "source_ti_id", "source_try_number", "asset_id", "source_ordinal"
+                )
+            }
+
+        new_emissions: list[tuple[_Emission, int]] = []
+        for e in plan.emissions:
+            key = key_of(e)
+            if key in inserted:
+                new_emissions.append((e, inserted[key]))
+                results_events[e.payload_index].append(inserted[key])
+                results_new[e.payload_index] += 1
+            elif key in existing:
+                results_events[e.payload_index].append(existing[key])
+            else:  # pragma: no cover - the unique constraint guarantees one or the other
+                raise RegistrationError(f"event {key} neither inserted nor found")
+
+        alias_events = [
+            AssetAliasEvent(alias_id=alias_ids[name], asset_event_id=event_id)
+            for e, event_id in new_emissions
+            for name in e.alias_names
+        ]
+        if alias_events:
+            AssetAliasEvent.objects.bulk_create(alias_events, ignore_conflicts=True)
+
+        if new_emissions:
+            new_asset_ids = {asset_ids[e.key] for e, _ in new_emissions}
+            dags_by_asset: dict[int, set[str]] = defaultdict(set)
+            for asset_id, dag_id in DagScheduleAssetReference.objects.filter(
+                asset_id__in=new_asset_ids
+            ).values_list("asset_id", "dag_id"):
+                dags_by_asset[asset_id].add(dag_id)
+            dags_by_alias: dict[int, set[str]] = defaultdict(set)
+            new_alias_ids = {alias_ids[n] for e, _ in new_emissions for n in e.alias_names}
+            if new_alias_ids:
+                for alias_id, dag_id in DagScheduleAliasReference.objects.filter(
+                    alias_id__in=new_alias_ids
+                ).values_list("alias_id", "dag_id"):
+                    dags_by_alias[alias_id].add(dag_id)
+            queue_rows: set[tuple[str, int, int]] = set()
+            for e, event_id in new_emissions:
+                asset_id = asset_ids[e.key]
+                targets = set(dags_by_asset[asset_id])
+                for name in e.alias_names:
+                    targets |= dags_by_alias[alias_ids[name]]
+                for dag_id in targets:
+                    queue_rows.add((dag_id, event_id, asset_id))
+                    results_dags[e.payload_index].add(dag_id)
+                results_queued[e.payload_index] += len(targets)
+            if queue_rows:
+                # Events are new, so no row can conflict; ON CONFLICT is belt and braces.
+                _insert_queue_rows(sorted(queue_rows), now=now)
+
+    metrics.incr(metrics.EVENTS_WRITTEN, sum(results_new))
+    metrics.incr(metrics.OUTLET_EVENTS_IGNORED, sum(plan.ignored))
+    return [
+        RegistrationResult(
+            event_ids=tuple(results_events[i]),
+            events_written=results_new[i],
+            ignored_outlet_events=plan.ignored[i],
+            queued_rows=results_queued[i],
+            dag_ids=frozenset(results_dags[i]),
+        )
+        for i in range(len(payloads))
+    ]
+
+
+def register_payload(*, payload: dict[str, Any]) -> RegistrationResult:
+    """Register one outbox payload. Runs inside the caller's transaction; idempotent (see
+    `register_payloads`)."""
+    (result,) = register_payloads(payloads=[payload])
+    return result
+
+
+def register_external_event(
+    *,
+    asset: Asset,
+    extra: dict[str, Any] | None = None,
+    external_key: str | None = None,
+    user: Any = None,
+) -> tuple[AssetEvent, bool]:
+    """Register an event posted to the public API; returns (event, created).
+
+    Its own durable transaction. `extra` gets `from_rest_api: true` (as in Airflow). With an
+    `external_key` (the Idempotency-Key header) a retry returns the first event and writes
+    nothing. ADRQ rows for the Dags scheduled on the asset are written with the event, and the
+    scheduler is nudged after commit. `user` is accepted for the audit trail of callers; the
+    event model has no user column, so it is not stored.
+    """
+    # Imported here: tasks imports outbox, which imports this module.
+    from . import tasks
+
+    extra = {**(extra or {}), "from_rest_api": True}
+    with transaction.atomic(durable=True):
+        now = timezone.now()
+        table = AssetEvent._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (asset_id, extra, timestamp, source_map_index, "
+                "source_ordinal, external_key) VALUES (%s, %s::jsonb, %s, -1, 0, %s) "
+                "ON CONFLICT DO NOTHING RETURNING id",
+                [asset.pk, json.dumps(extra), now, external_key],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return AssetEvent.objects.select_related("asset").get(external_key=external_key), False
+        event_id = row[0]
+        dag_ids = sorted(
+            set(
+                DagScheduleAssetReference.objects.filter(asset_id=asset.pk).values_list(
+                    "dag_id", flat=True
+                )
+            )
+        )
+        if dag_ids:
+            _insert_queue_rows([(dag_id, event_id, asset.pk) for dag_id in dag_ids], now=now)
+            transaction.on_commit(lambda: tasks.nudge_scheduler(dag_ids=dag_ids))
+        metrics.incr(metrics.EVENTS_WRITTEN)
+        return AssetEvent.objects.select_related("asset").get(pk=event_id), True

@@ -44,6 +44,9 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     if isinstance(exc, AuthenticationError):
         return error_response(401, "not_authenticated", "missing or invalid credentials")
+    if exc.status_code == 400 and exc.__cause__ is not None:
+        # ninja wraps any body parser failure (json.loads) in HttpError(400) from the original.
+        return _bad_json(request, exc.__cause__)
     return error_response(exc.status_code, "http_error", str(exc))
 
 
@@ -51,7 +54,7 @@ def _not_found(request: HttpRequest, exc: Exception) -> HttpResponse:
     return error_response(404, "not_found", str(exc) or "not found")
 
 
-def _bad_json(request: HttpRequest, exc: json.JSONDecodeError) -> HttpResponse:
+def _bad_json(request: HttpRequest, exc: Exception) -> HttpResponse:
     return error_response(400, "invalid_json", f"request body is not valid JSON: {exc}")
 
 

@@ -1,5 +1,117 @@
-"""Worker API (DESIGN 6.1), mounted at /execution/."""
+"""Worker API (DESIGN 6.1), mounted at /execution/: thin views over `task_state`.
 
-from ninja import Router
+Wire-compatible with Airflow 3's Task Execution API (version 2026-06-30) for the endpoints below;
+the `Airflow-API-Version` request header is accepted and ignored. A path id that is not a UUID is
+a 422 (`validation_error`), like any other invalid parameter.
+"""
+
+from uuid import UUID
+
+from django.http import HttpRequest, HttpResponse
+from ninja import Body, Query, Router
+
+from assets_app import lookups, task_state
+from assets_app.models import TIState
+
+from . import auth, schemas
 
 router = Router(tags=["execution"])
+
+TI_PATH = "/task-instances/{task_instance_id}"
+
+
+@router.patch(f"{TI_PATH}/run", auth=auth.task_token, response=schemas.TIRunContext)
+def ti_run(
+    request: HttpRequest,
+    task_instance_id: UUID,
+    payload: schemas.TIEnterRunningPayload,
+    response: HttpResponse,
+):
+    context = task_state.start(
+        ti_id=task_instance_id,
+        hostname=payload.hostname,
+        unixname=payload.unixname,
+        pid=payload.pid,
+        start_date=payload.start_date,
+    )
+    response["Refreshed-API-Token"] = auth.issue_token(task_instance_id)
+    return schemas.TIRunContext.from_domain(context)
+
+
+@router.patch(f"{TI_PATH}/state", auth=auth.task_token)
+def ti_update_state(
+    request: HttpRequest,
+    task_instance_id: UUID,
+    payload: Body[schemas.TIStateUpdate],
+):
+    if isinstance(payload, schemas.TISuccessStatePayload):
+        change = task_state.succeed(
+            ti_id=task_instance_id,
+            end_date=payload.end_date,
+            task_outlets=[o.model_dump() for o in payload.task_outlets or ()],
+            outlet_events=list(payload.outlet_events or ()),
+        )
+    elif isinstance(payload, schemas.TIRetryStatePayload):
+        change = task_state.retry(
+            ti_id=task_instance_id,
+            end_date=payload.end_date,
+            retry_delay_seconds=payload.retry_delay_seconds,
+        )
+    else:
+        change = task_state.finish(
+            ti_id=task_instance_id, state=TIState(payload.state), end_date=payload.end_date
+        )
+    return HttpResponse(status=200 if change.replayed else 204)
+
+
+@router.put(f"{TI_PATH}/heartbeat", auth=auth.task_token)
+def ti_heartbeat(request: HttpRequest, task_instance_id: UUID, payload: schemas.TIHeartbeatInfo):
+    task_state.heartbeat(ti_id=task_instance_id, hostname=payload.hostname, pid=payload.pid)
+    response = HttpResponse(status=204)
+    response["Refreshed-API-Token"] = auth.issue_token(task_instance_id)
+    return response
+
+
+@router.post(
+    "/workloads/claim",
+    auth=auth.worker_api_key,
+    response=schemas.ClaimResponse,
+    exclude_none=True,
+)
+def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
+    workloads = task_state.claim_workloads(hostname=payload.hostname, limit=payload.limit)
+    return schemas.ClaimResponse.from_domain(workloads, token_for=auth.issue_token)
+
+
+@router.get("/assets/by-name", auth=auth.task_token, response=schemas.AssetResponse)
+def asset_by_name(request: HttpRequest, name: str):
+    return lookups.get_asset(name=name)
+
+
+@router.get("/assets/by-uri", auth=auth.task_token, response=schemas.AssetResponse)
+def asset_by_uri(request: HttpRequest, uri: str):
+    return lookups.get_asset(uri=uri)
+
+
+@router.get("/assets/by-alias", auth=auth.task_token, response=list[schemas.AssetResponse])
+def assets_by_alias(request: HttpRequest, alias_name: str):
+    return lookups.assets_of_alias(alias_name=alias_name)
+
+
+@router.get("/asset-events/by-asset", auth=auth.task_token, response=schemas.AssetEventsResponse)
+def asset_events_by_asset(
+    request: HttpRequest,
+    window: Query[schemas.AssetEventWindow],
+    name: str | None = None,
+    uri: str | None = None,
+):
+    events = lookups.events_of_asset(name=name, uri=uri, **window.model_dump())
+    return schemas.AssetEventsResponse.from_events(events)
+
+
+@router.get(
+    "/asset-events/by-asset-alias", auth=auth.task_token, response=schemas.AssetEventsResponse
+)
+def asset_events_by_alias(request: HttpRequest, name: str, window: Query[schemas.AssetEventWindow]):
+    events = lookups.events_of_alias(alias_name=name, **window.model_dump())
+    return schemas.AssetEventsResponse.from_events(events)

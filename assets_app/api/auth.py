@@ -1,0 +1,96 @@
+"""Worker API authentication (DESIGN 6.1).
+
+Task tokens: JWT, HS256, signed with SECRET_KEY, `sub` = the TI id, `scope` = "execution",
+expiring after WORKER_TOKEN_LIFETIME_SECONDS. Answers:
+- no `Authorization: Bearer ...` header: 401 (`not_authenticated`);
+- an expired token: 401 (`token_expired`; the worker should get a new one by claiming again);
+- a token with a bad signature, malformed, or of another scope: 403 (`invalid_token`);
+- a valid token for another TI than the one in the path: 403 (`forbidden`).
+A fresh token is returned in the `Refreshed-API-Token` response header of `run` and `heartbeat`
+(the Airflow Task SDK client switches to it), so a task that heartbeats never outlives its token.
+
+Work claiming uses the shared WORKER_API_KEY as a bearer token (401 without, 403 if wrong).
+"""
+
+import hmac
+import time
+from typing import Any
+from uuid import UUID
+
+import jwt
+from django.conf import settings
+from django.http import HttpRequest
+from ninja.security import HttpBearer
+
+from assets_app import exceptions
+
+ALGORITHM = "HS256"
+SCOPE = "execution"
+PATH_TI_PARAM = "task_instance_id"
+
+
+def issue_token(ti_id: UUID) -> str:
+    """A signed token for one TI, valid for WORKER_TOKEN_LIFETIME_SECONDS from now."""
+    now = int(time.time())
+    claims = {
+        "sub": str(ti_id),
+        "scope": SCOPE,
+        "iat": now,
+        "exp": now + settings.WORKER_TOKEN_LIFETIME_SECONDS,
+    }
+    return jwt.encode(claims, settings.SECRET_KEY, algorithm=ALGORITHM)
+
+
+def decode_token(token: str) -> dict[str, Any]:
+    try:
+        claims = jwt.decode(
+            token,
+            settings.SECRET_KEY,
+            algorithms=[ALGORITHM],
+            options={"require": ["sub", "exp"]},
+        )
+    except jwt.ExpiredSignatureError as exc:
+        raise exceptions.NotAuthenticated(
+            "the task token has expired", reason="token_expired"
+        ) from exc
+    except jwt.InvalidTokenError as exc:
+        raise exceptions.PermissionDenied(
+            f"invalid task token: {exc}", reason="invalid_token"
+        ) from exc
+    if claims.get("scope") != SCOPE:
+        raise exceptions.PermissionDenied("the token is not a task token", reason="invalid_token")
+    return claims
+
+
+class TaskTokenAuth(HttpBearer):
+    """A valid task token; on `/task-instances/{task_instance_id}/...` it must be that TI's.
+
+    A path id that is not a UUID is left to validation (422), so every well-formed request for
+    another TI is refused before its body is even parsed.
+    """
+
+    def authenticate(self, request: HttpRequest, token: str) -> dict[str, Any]:
+        claims = decode_token(token)
+        match = request.resolver_match
+        path_id = match.kwargs.get(PATH_TI_PARAM) if match is not None else None
+        if path_id is not None:
+            try:
+                wanted = UUID(str(path_id))
+            except ValueError:
+                return claims
+            if str(wanted) != claims["sub"]:
+                raise exceptions.PermissionDenied("this token is for another task instance")
+        return claims
+
+
+class WorkerApiKeyAuth(HttpBearer):
+    """`Authorization: Bearer <WORKER_API_KEY>` for work claiming."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> str:
+        if not hmac.compare_digest(token.encode(), settings.WORKER_API_KEY.encode()):
+            raise exceptions.PermissionDenied("invalid worker API key", reason="invalid_api_key")
+        return token
+
+
+task_token = TaskTokenAuth()
+worker_api_key = WorkerApiKeyAuth()

@@ -1,0 +1,346 @@
+"""Pydantic schemas of the worker API (DESIGN 6.1).
+
+Request bodies forbid unknown fields (422). Response models carry exactly the fields of Airflow's
+Task Execution API models of version 2026-06-30 (checked against apache-airflow-task-sdk 1.3.2's
+`airflow/sdk/api/datamodels/_generated.py`, which the Airflow client parses with extra="forbid"):
+a field that is required-but-nullable there is always emitted, as null when unknown.
+"""
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from assets_app import lookups, task_state
+from assets_app.models import AssetEvent, DagRun
+
+JsonDict = dict[str, Any]
+
+
+class RequestBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResponseBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+class TIEnterRunningPayload(RequestBody):
+    state: Literal["running"] = "running"
+    hostname: str
+    unixname: str
+    pid: Annotated[int, Field(gt=0)]
+    start_date: AwareDatetime
+
+
+class AssetProfile(RequestBody):
+    """A declared outlet: an Asset (name + uri), an AssetAlias (name), or a name/uri reference."""
+
+    name: str | None = None
+    uri: str | None = None
+    type: str
+
+
+class TISuccessStatePayload(RequestBody):
+    state: Literal["success"] = "success"
+    end_date: AwareDatetime
+    task_outlets: list[AssetProfile] | None = None
+    outlet_events: list[JsonDict] | None = None
+    rendered_map_index: str | None = None
+
+
+class TITerminalStatePayload(RequestBody):
+    state: Literal["failed", "skipped", "removed", "upstream_failed"]
+    end_date: AwareDatetime
+    rendered_map_index: str | None = None
+
+
+class TIRetryStatePayload(RequestBody):
+    state: Literal["up_for_retry"] = "up_for_retry"
+    end_date: AwareDatetime
+    rendered_map_index: str | None = None
+    retry_delay_seconds: Annotated[float | None, Field(ge=0)] = None
+    retry_reason: str | None = None
+
+
+TIStateUpdate = Annotated[
+    TISuccessStatePayload | TITerminalStatePayload | TIRetryStatePayload,
+    Field(discriminator="state"),
+]
+
+
+class TIHeartbeatInfo(RequestBody):
+    hostname: str
+    pid: Annotated[int, Field(gt=0)]
+
+
+class ClaimRequest(RequestBody):
+    hostname: Annotated[str, Field(min_length=1, max_length=1000)]
+    limit: Annotated[int, Field(ge=1, le=1000)] = 1
+
+
+class AssetEventWindow(BaseModel):
+    """Query parameters shared by GET /asset-events/by-asset and /by-asset-alias. Without
+    `limit` at most `lookups.MAX_EVENTS` events are returned."""
+
+    after: AwareDatetime | None = None
+    before: AwareDatetime | None = None
+    ascending: bool = True
+    limit: Annotated[int | None, Field(ge=1, le=lookups.MAX_EVENTS)] = None
+
+
+# --- responses: TIRunContext ----------------------------------------------------------------
+
+
+class AssetReferenceAssetEventDagRun(ResponseBody):
+    name: str
+    uri: str
+    extra: JsonDict
+
+
+class AssetAliasReferenceAssetEventDagRun(ResponseBody):
+    name: str
+
+
+class AssetEventDagRunReference(ResponseBody):
+    asset: AssetReferenceAssetEventDagRun
+    extra: JsonDict
+    source_task_id: str | None
+    source_dag_id: str | None
+    source_run_id: str | None
+    source_map_index: int | None
+    source_aliases: list[AssetAliasReferenceAssetEventDagRun]
+    timestamp: datetime
+    partition_key: str | None = None
+
+    @classmethod
+    def from_event(cls, event: AssetEvent) -> "AssetEventDagRunReference":
+        return cls(
+            asset=AssetReferenceAssetEventDagRun(
+                name=event.asset.name, uri=event.asset.uri, extra=event.asset.extra
+            ),
+            extra=event.extra,
+            source_task_id=event.source_task_id,
+            source_dag_id=event.source_dag_id,
+            source_run_id=event.source_run_id,
+            source_map_index=event.source_map_index,
+            source_aliases=[
+                AssetAliasReferenceAssetEventDagRun(name=alias.name)
+                for alias in event.source_aliases.all()
+            ],
+            timestamp=event.timestamp,
+            partition_key=None,
+        )
+
+
+class DagRunOut(ResponseBody):
+    dag_id: str
+    run_id: str
+    logical_date: datetime | None
+    data_interval_start: datetime | None
+    data_interval_end: datetime | None
+    run_after: datetime
+    start_date: datetime | None
+    end_date: datetime | None
+    clear_number: int | None = 0
+    run_type: str
+    state: str
+    conf: JsonDict | None = None
+    triggering_user_name: str | None = None
+    consumed_asset_events: list[AssetEventDagRunReference]
+    partition_key: str | None
+    partition_date: datetime | None = None
+    note: str | None = None
+    team_name: str | None = None
+
+    @classmethod
+    def from_run(cls, run: DagRun, events: list[AssetEvent]) -> "DagRunOut":
+        return cls(
+            dag_id=run.dag_id,
+            run_id=run.run_id,
+            logical_date=run.logical_date,
+            data_interval_start=run.data_interval_start,
+            data_interval_end=run.data_interval_end,
+            run_after=run.run_after,
+            start_date=run.start_date,
+            end_date=run.end_date,
+            clear_number=run.clear_number,
+            run_type=run.run_type,
+            state=run.state,
+            conf=run.conf,
+            triggering_user_name=run.triggering_user_name,
+            consumed_asset_events=[AssetEventDagRunReference.from_event(e) for e in events],
+            partition_key=None,
+            partition_date=None,
+            note=run.note,
+            team_name=None,
+        )
+
+
+class VariableResponse(ResponseBody):
+    key: str
+    value: str | None
+
+
+class ConnectionResponse(ResponseBody):
+    conn_id: str
+
+
+class TIRunContext(ResponseBody):
+    dag_run: DagRunOut
+    task_reschedule_count: int | None = 0
+    max_tries: int
+    variables: list[VariableResponse] | None = None
+    connections: list[ConnectionResponse] | None = None
+    next_method: str | None = None
+    next_kwargs: JsonDict | str | None = None
+    xcom_keys_to_clear: list[str] | None = None
+    should_retry: bool | None = False
+    start_date: datetime | None = None
+
+    @classmethod
+    def from_domain(cls, context: task_state.RunContext) -> "TIRunContext":
+        return cls(
+            dag_run=DagRunOut.from_run(context.dag_run, context.consumed_events),
+            task_reschedule_count=0,
+            max_tries=context.ti.max_tries,
+            variables=[],
+            connections=[],
+            next_method=None,
+            next_kwargs=None,
+            xcom_keys_to_clear=[],
+            should_retry=context.should_retry,
+            start_date=None,
+        )
+
+
+# --- responses: assets and asset events -----------------------------------------------------
+
+
+class AssetResponse(ResponseBody):
+    name: str
+    uri: str
+    group: str
+    extra: JsonDict | None = None
+
+
+class DagRunAssetReference(ResponseBody):
+    run_id: str
+    dag_id: str
+    logical_date: datetime | None
+    # Required (not nullable) in Airflow's model; a run not started yet reports its run_after.
+    start_date: datetime
+    end_date: datetime | None
+    state: str
+    data_interval_start: datetime | None
+    data_interval_end: datetime | None
+    partition_key: str | None
+
+
+class AssetEventResponse(ResponseBody):
+    id: int
+    timestamp: datetime
+    extra: JsonDict | None = None
+    asset: AssetResponse
+    created_dagruns: list[DagRunAssetReference]
+    source_task_id: str | None = None
+    source_dag_id: str | None = None
+    source_run_id: str | None = None
+    source_map_index: int | None = None
+    partition_key: str | None = None
+
+    @classmethod
+    def from_event(cls, event: AssetEvent) -> "AssetEventResponse":
+        return cls(
+            id=event.id,
+            timestamp=event.timestamp,
+            extra=event.extra,
+            asset=AssetResponse(
+                name=event.asset.name,
+                uri=event.asset.uri,
+                group=event.asset.group,
+                extra=event.asset.extra,
+            ),
+            created_dagruns=[
+                DagRunAssetReference(
+                    run_id=run.run_id,
+                    dag_id=run.dag_id,
+                    logical_date=run.logical_date,
+                    start_date=run.start_date or run.run_after,
+                    end_date=run.end_date,
+                    state=run.state,
+                    data_interval_start=run.data_interval_start,
+                    data_interval_end=run.data_interval_end,
+                    partition_key=None,
+                )
+                for run in event.consuming_runs.all()
+            ],
+            source_task_id=event.source_task_id,
+            source_dag_id=event.source_dag_id,
+            source_run_id=event.source_run_id,
+            source_map_index=event.source_map_index,
+            partition_key=None,
+        )
+
+
+class AssetEventsResponse(ResponseBody):
+    asset_events: list[AssetEventResponse]
+
+    @classmethod
+    def from_events(cls, events: list[AssetEvent]) -> "AssetEventsResponse":
+        return cls(asset_events=[AssetEventResponse.from_event(e) for e in events])
+
+
+# --- responses: work claiming (our own endpoint) ---------------------------------------------
+
+
+class WorkloadTI(ResponseBody):
+    id: UUID
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    try_number: int
+
+
+class OutletOut(ResponseBody):
+    name: str
+    uri: str | None = None
+    type: Literal["Asset", "AssetAlias"]
+
+
+class Workload(ResponseBody):
+    ti: WorkloadTI
+    token: str
+    task_outlets: list[OutletOut]
+
+
+class ClaimResponse(ResponseBody):
+    workloads: list[Workload]
+
+    @classmethod
+    def from_domain(
+        cls, workloads: list[task_state.Workload], *, token_for: Callable[[UUID], str]
+    ) -> "ClaimResponse":
+        return cls(
+            workloads=[
+                Workload(
+                    ti=WorkloadTI(
+                        id=w.ti.id,
+                        dag_id=w.ti.dag_id,
+                        run_id=w.ti.run_id,
+                        task_id=w.ti.task_id,
+                        map_index=w.ti.map_index,
+                        try_number=w.ti.try_number,
+                    ),
+                    token=token_for(w.ti.id),
+                    task_outlets=[OutletOut(**outlet) for outlet in w.task_outlets],
+                )
+                for w in workloads
+            ]
+        )

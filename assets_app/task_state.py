@@ -1,0 +1,435 @@
+"""Worker-facing task instance state changes: start, succeed, finish, retry, heartbeat, claim.
+
+This module owns the TI row lock (`locks.lock_task_instance`, `of=("self",)`). While it is held a
+function only reads the TI, writes its new state and inserts at most one outbox row (invariant 1):
+the SELECT ... FOR UPDATE, one UPDATE, at most one INSERT, then COMMIT, whatever the number of
+outlets or consumed events. Everything else happens after the commit, without the lock:
+
+- the DagRun follows its TIs in its own short statement (conditional UPDATE, no lock): `running`
+  when a TI starts, `success` / `failed` once every TI is finished (failed if any TI is `failed`
+  or `upstream_failed`). Because each finishing TI checks after its own commit, the last one to
+  commit always sees all the others finished.
+- the run context of `start` is loaded with a fixed number of queries (invariant 9).
+
+Idempotency (invariant 4): a replayed start from the same hostname/unixname/pid while running, a
+replayed success of a TI already in success, and a replayed failed/skipped/... of a TI already in
+that state return "replayed" and write nothing. Any other transition from a non-running TI raises
+`InvalidState` with `previous_state` (HTTP 409) and writes nothing.
+
+Retries: `retry` follows Airflow's eligibility rule (`max_tries != 0 and try_number <= max_tries`).
+An eligible TI goes straight back to `queued` with `try_number + 1`, `retry_at = now + delay`
+(the body's `retry_delay_seconds`, else `DEFAULT_RETRY_DELAY_SECONDS`) and its claim cleared, so
+workers claim it again after the delay; an ineligible one becomes `failed`. A TI is therefore
+never left in `up_for_retry`, so a replayed retry request finds it queued and gets 409.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, Exists, OuterRef, Value, When
+from django.utils import timezone
+
+from . import exceptions, locks, outbox
+from .models import (
+    AssetEvent,
+    DagRun,
+    DagRunState,
+    Task,
+    TaskInstance,
+    TIState,
+)
+from .models.runs import TI_FINISHED_STATES
+
+# Airflow's default `retry_delay` (timedelta(seconds=300)).
+DEFAULT_RETRY_DELAY_SECONDS = 300.0
+
+TERMINAL_NON_SUCCESS = frozenset(
+    {TIState.FAILED, TIState.SKIPPED, TIState.REMOVED, TIState.UPSTREAM_FAILED}
+)
+_RUN_FAILING_STATES = (TIState.FAILED, TIState.UPSTREAM_FAILED)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What `start` returns: the TI as it is now, its DagRun and the run's consumed events (with
+    `asset` selected and `source_aliases` prefetched)."""
+
+    ti: TaskInstance
+    dag_run: DagRun
+    consumed_events: list[AssetEvent]
+    should_retry: bool
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """What succeed / finish / retry did. `replayed`: the TI was already in the requested state
+    and nothing was written."""
+
+    ti_id: UUID
+    state: str
+    replayed: bool
+    try_number: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A claimed TI and the outlets its Task declares (`{"name", "uri", "type": "Asset"}` or
+    `{"name", "type": "AssetAlias"}`)."""
+
+    ti: TaskInstance
+    task_outlets: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _not_found(ti_id: UUID) -> exceptions.NotFound:
+    return exceptions.NotFound(f"task instance {ti_id} not found")
+
+
+def _not_running(ti: TaskInstance, action: str) -> exceptions.InvalidState:
+    return exceptions.InvalidState(
+        f"task instance is {ti.state}, not running, so it cannot be {action}",
+        previous_state=ti.state,
+    )
+
+
+def _is_eligible_to_retry(*, try_number: int, max_tries: int) -> bool:
+    return max_tries != 0 and try_number <= max_tries
+
+
+# --- DagRun follows its TIs (after the TI commit, no locks) -----------------------------------
+
+
+def _mark_run_running(dag_run_id: int, *, now: datetime) -> None:
+    DagRun.objects.filter(id=dag_run_id, state=DagRunState.QUEUED).update(
+        state=DagRunState.RUNNING, start_date=now
+    )
+
+
+def _finish_run_if_done(dag_run_id: int, *, now: datetime) -> None:
+    """One conditional UPDATE: success/failed once no TI of the run is unfinished."""
+    tis = TaskInstance.objects.filter(dag_run_id=OuterRef("pk"))
+    DagRun.objects.filter(
+        id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING)
+    ).filter(~Exists(tis.exclude(state__in=TI_FINISHED_STATES))).update(
+        state=Case(
+            When(Exists(tis.filter(state__in=_RUN_FAILING_STATES)), then=Value(DagRunState.FAILED)),
+            default=Value(DagRunState.SUCCESS),
+        ),
+        end_date=now,
+    )
+
+
+# --- start ------------------------------------------------------------------------------------
+
+
+def start(
+    *, ti_id: UUID, hostname: str, unixname: str, pid: int, start_date: datetime
+) -> RunContext:
+    """queued -> running, then load the run context.
+
+    Transaction: one durable transaction holding the TI lock for SELECT FOR UPDATE + UPDATE.
+    A replay (running, same hostname/unixname/pid) writes nothing and returns the context again.
+    After the commit: the DagRun becomes running (if queued) and the context is loaded with a
+    fixed number of queries (DagRun; events + assets; aliases).
+    """
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        ti = locks.lock_task_instance(ti_id)
+        if ti is None:
+            raise _not_found(ti_id)
+        previous_state = ti.state
+        replayed = previous_state == TIState.RUNNING and (ti.hostname, ti.unixname, ti.pid) == (
+            hostname,
+            unixname,
+            pid,
+        )
+        if not replayed:
+            if previous_state != TIState.QUEUED:
+                raise exceptions.InvalidState(
+                    "TI was not in a state where it could be marked as running",
+                    previous_state=previous_state,
+                )
+            ti.state = TIState.RUNNING
+            ti.hostname = hostname
+            ti.unixname = unixname
+            ti.pid = pid
+            ti.start_date = start_date
+            ti.end_date = None
+            ti.last_heartbeat_at = now
+            ti.save(
+                update_fields=[
+                    "state",
+                    "hostname",
+                    "unixname",
+                    "pid",
+                    "start_date",
+                    "end_date",
+                    "last_heartbeat_at",
+                    "updated_at",
+                ]
+            )
+    if not replayed:
+        _mark_run_running(ti.dag_run_id, now=now)
+    return load_run_context(ti=ti, replayed=replayed)
+
+
+def load_run_context(*, ti: TaskInstance, replayed: bool = False) -> RunContext:
+    """Load the run context of a TI: 3 queries whatever the number of consumed events (DagRun;
+    consumed events joined with their assets; their source aliases). No lock, no transaction."""
+    dag_run = DagRun.objects.get(id=ti.dag_run_id)
+    events = list(
+        AssetEvent.objects.filter(consumed_links__dag_run_id=dag_run.id)
+        .select_related("asset")
+        .prefetch_related("source_aliases")
+        .order_by("timestamp", "id")
+    )
+    return RunContext(
+        ti=ti,
+        dag_run=dag_run,
+        consumed_events=events,
+        should_retry=_is_eligible_to_retry(try_number=ti.try_number, max_tries=ti.max_tries),
+        replayed=replayed,
+    )
+
+
+# --- success ----------------------------------------------------------------------------------
+
+
+def succeed(
+    *,
+    ti_id: UUID,
+    end_date: datetime,
+    task_outlets: list[dict[str, Any]],
+    outlet_events: list[dict[str, Any]],
+) -> StateChange:
+    """running -> success, handing the outlets to registration.
+
+    `queue` mode (default): one durable transaction: lock the TI, check it, UPDATE it, INSERT one
+    outbox row (`outbox.enqueue`), commit; the drain is nudged on commit.
+    `inline` mode (`ASSET_REGISTRATION_MODE`, read at call time): one durable transaction that
+    first registers the events (`registration.register_payload`, before the lock), then locks and
+    re-checks the TI; if it is no longer running the whole transaction rolls back.
+    Either way a TI already in success returns `replayed=True` and nothing is written.
+    """
+    if settings.ASSET_REGISTRATION_MODE == "inline":
+        change = _succeed_inline(
+            ti_id=ti_id, end_date=end_date, task_outlets=task_outlets, outlet_events=outlet_events
+        )
+    else:
+        change = _succeed_queued(
+            ti_id=ti_id, end_date=end_date, task_outlets=task_outlets, outlet_events=outlet_events
+        )
+    return change
+
+
+def _set_success(ti: TaskInstance, *, end_date: datetime) -> None:
+    ti.state = TIState.SUCCESS
+    ti.end_date = end_date
+    ti.save(update_fields=["state", "end_date", "updated_at"])
+
+
+def _succeed_queued(
+    *,
+    ti_id: UUID,
+    end_date: datetime,
+    task_outlets: list[dict[str, Any]],
+    outlet_events: list[dict[str, Any]],
+) -> StateChange:
+    from . import tasks  # django_q is imported only where a nudge is sent
+
+    with transaction.atomic(durable=True):
+        ti = locks.lock_task_instance(ti_id)
+        if ti is None:
+            raise _not_found(ti_id)
+        if ti.state == TIState.SUCCESS:
+            return StateChange(ti_id=ti.id, state=ti.state, replayed=True, try_number=ti.try_number)
+        if ti.state != TIState.RUNNING:
+            raise _not_running(ti, "marked success")
+        _set_success(ti, end_date=end_date)
+        outbox.enqueue(ti=ti, outlets=task_outlets, outlet_events=outlet_events, end_date=end_date)
+        transaction.on_commit(tasks.nudge_drain)
+    _finish_run_if_done(ti.dag_run_id, now=timezone.now())
+    return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
+
+
+def _succeed_inline(
+    *,
+    ti_id: UUID,
+    end_date: datetime,
+    task_outlets: list[dict[str, Any]],
+    outlet_events: list[dict[str, Any]],
+) -> StateChange:
+    from . import registration
+
+    with transaction.atomic(durable=True):
+        # Unlocked read: the payload's source fields, and a cheap refusal before registering.
+        ti = TaskInstance.objects.filter(id=ti_id).first()
+        if ti is None:
+            raise _not_found(ti_id)
+        if ti.state == TIState.SUCCESS:
+            return StateChange(ti_id=ti.id, state=ti.state, replayed=True, try_number=ti.try_number)
+        if ti.state != TIState.RUNNING:
+            raise _not_running(ti, "marked success")
+        registration.register_payload(
+            payload=outbox.build_payload(
+                ti=ti, outlets=task_outlets, outlet_events=outlet_events, end_date=end_date
+            )
+        )
+        locked = locks.lock_task_instance(ti_id)
+        if locked is None:
+            raise _not_found(ti_id)
+        if locked.state == TIState.SUCCESS and locked.try_number == ti.try_number:
+            # A concurrent success of the same try won: drop the events we registered.
+            transaction.set_rollback(True)
+            return StateChange(
+                ti_id=locked.id, state=locked.state, replayed=True, try_number=locked.try_number
+            )
+        if locked.state != TIState.RUNNING or locked.try_number != ti.try_number:
+            raise _not_running(locked, "marked success")
+        _set_success(locked, end_date=end_date)
+    _finish_run_if_done(locked.dag_run_id, now=timezone.now())
+    return StateChange(
+        ti_id=locked.id, state=locked.state, replayed=False, try_number=locked.try_number
+    )
+
+
+# --- failed / skipped / removed / upstream_failed ----------------------------------------------
+
+
+def finish(*, ti_id: UUID, state: str, end_date: datetime) -> StateChange:
+    """running -> a terminal state other than success. Lock, check, one UPDATE, commit; then the
+    DagRun may finish. A TI already in `state` is a replay (nothing written)."""
+    if state not in TERMINAL_NON_SUCCESS:
+        raise exceptions.InvalidInput(f"{state!r} is not a terminal non-success state")
+    with transaction.atomic(durable=True):
+        ti = locks.lock_task_instance(ti_id)
+        if ti is None:
+            raise _not_found(ti_id)
+        if ti.state == state:
+            return StateChange(ti_id=ti.id, state=ti.state, replayed=True, try_number=ti.try_number)
+        if ti.state != TIState.RUNNING:
+            raise _not_running(ti, f"marked {state}")
+        ti.state = state
+        ti.end_date = end_date
+        ti.save(update_fields=["state", "end_date", "updated_at"])
+    _finish_run_if_done(ti.dag_run_id, now=timezone.now())
+    return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
+
+
+# --- up_for_retry -------------------------------------------------------------------------------
+
+
+def retry(
+    *, ti_id: UUID, end_date: datetime, retry_delay_seconds: float | None = None
+) -> StateChange:
+    """running -> queued again (try_number + 1, claimable after the delay) while retries remain,
+    else failed. Lock, check, one UPDATE, commit (see the module docstring)."""
+    now = timezone.now()
+    delay = DEFAULT_RETRY_DELAY_SECONDS if retry_delay_seconds is None else retry_delay_seconds
+    with transaction.atomic(durable=True):
+        ti = locks.lock_task_instance(ti_id)
+        if ti is None:
+            raise _not_found(ti_id)
+        if ti.state != TIState.RUNNING:
+            raise _not_running(ti, "marked up_for_retry")
+        if _is_eligible_to_retry(try_number=ti.try_number, max_tries=ti.max_tries):
+            ti.state = TIState.QUEUED
+            ti.try_number += 1
+            ti.queued_at = now
+            ti.retry_at = now + timedelta(seconds=delay)
+            ti.claimed_by = ""
+            ti.claimed_at = None
+            ti.hostname = ""
+            ti.unixname = ""
+            ti.pid = None
+            ti.start_date = None
+            ti.end_date = None
+            ti.last_heartbeat_at = None
+        else:
+            ti.state = TIState.FAILED
+            ti.end_date = end_date
+        ti.save()
+    if ti.state == TIState.FAILED:
+        _finish_run_if_done(ti.dag_run_id, now=timezone.now())
+    return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
+
+
+# --- heartbeat ----------------------------------------------------------------------------------
+
+
+def heartbeat(*, ti_id: UUID, hostname: str, pid: int) -> None:
+    """Record that the TI is alive. One conditional UPDATE (running, same hostname and pid), no
+    lock; when it matches nothing, one plain read says why: NotFound, or InvalidState with reason
+    `running_elsewhere` (current_hostname, current_pid) or `not_running` (current_state)."""
+    updated = TaskInstance.objects.filter(
+        id=ti_id, state=TIState.RUNNING, hostname=hostname, pid=pid
+    ).update(last_heartbeat_at=timezone.now())
+    if updated:
+        return
+    current = TaskInstance.objects.filter(id=ti_id).values("state", "hostname", "pid").first()
+    if current is None:
+        raise _not_found(ti_id)
+    if (current["hostname"], current["pid"]) != (hostname, pid):
+        raise exceptions.InvalidState(
+            "TI is already running elsewhere",
+            reason="running_elsewhere",
+            current_hostname=current["hostname"],
+            current_pid=current["pid"],
+        )
+    raise exceptions.InvalidState(
+        "TI is no longer in the running state and task should terminate",
+        reason="not_running",
+        current_state=current["state"],
+    )
+
+
+# --- claiming -----------------------------------------------------------------------------------
+
+
+def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
+    """Claim up to `limit` queued TIs for `hostname`, FIFO, never waiting on another claimer.
+
+    Transaction: one durable transaction: `locks.claim_queued_task_instances` (SKIP LOCKED) and one
+    UPDATE setting claimed_by/claimed_at. A claimed TI that is not started within
+    `WORKLOAD_CLAIM_TIMEOUT_SECONDS` becomes claimable again. After the commit the declared outlets
+    of the claimed TIs' Tasks are loaded with 3 queries whatever `limit` is.
+    """
+    now = timezone.now()
+    timeout = timedelta(seconds=settings.WORKLOAD_CLAIM_TIMEOUT_SECONDS)
+    with transaction.atomic(durable=True):
+        tis = locks.claim_queued_task_instances(limit=limit, now=now, claim_timeout=timeout)
+        if not tis:
+            return []
+        TaskInstance.objects.filter(id__in=[ti.id for ti in tis]).update(
+            claimed_by=hostname, claimed_at=now
+        )
+    for ti in tis:
+        ti.claimed_by = hostname
+        ti.claimed_at = now
+    outlets = _declared_outlets({(ti.dag_id, ti.task_id) for ti in tis})
+    return [Workload(ti=ti, task_outlets=outlets.get((ti.dag_id, ti.task_id), [])) for ti in tis]
+
+
+def _declared_outlets(keys: set[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    dag_ids = {dag_id for dag_id, _ in keys}
+    task_ids = {task_id for _, task_id in keys}
+    tasks = Task.objects.filter(dag_id__in=dag_ids, task_id__in=task_ids).prefetch_related(
+        "outlet_assets", "outlet_aliases"
+    )
+    result: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for task in tasks:
+        key = (task.dag_id, task.task_id)
+        if key not in keys:
+            continue
+        result[key] = [
+            {"name": asset.name, "uri": asset.uri, "type": "Asset"}
+            for asset in sorted(task.outlet_assets.all(), key=lambda a: a.name)
+        ] + [
+            {"name": alias.name, "type": "AssetAlias"}
+            for alias in sorted(task.outlet_aliases.all(), key=lambda a: a.name)
+        ]
+    return result

@@ -1,0 +1,330 @@
+"""PATCH /execution/task-instances/{id}/run: start a TI and get its TIRunContext."""
+
+import uuid
+
+import jwt
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from assets_app.models import DagRunState, TIState
+from tests.factories import (
+    AssetAliasFactory,
+    AssetEventFactory,
+    DagRunFactory,
+    TaskInstanceFactory,
+)
+
+from .snapshots import db_snapshot
+
+pytestmark = pytest.mark.django_db
+
+RUN_BODY = {
+    "state": "running",
+    "hostname": "worker-1",
+    "unixname": "airflow",
+    "pid": 4242,
+    "start_date": "2026-06-30T10:00:00+00:00",
+}
+
+# Airflow 2026-06-30 field sets (apache-airflow-task-sdk 1.3.2, datamodels/_generated.py).
+TI_RUN_CONTEXT_FIELDS = {
+    "dag_run",
+    "task_reschedule_count",
+    "max_tries",
+    "variables",
+    "connections",
+    "next_method",
+    "next_kwargs",
+    "xcom_keys_to_clear",
+    "should_retry",
+    "start_date",
+}
+DAG_RUN_FIELDS = {
+    "dag_id",
+    "run_id",
+    "logical_date",
+    "data_interval_start",
+    "data_interval_end",
+    "run_after",
+    "start_date",
+    "end_date",
+    "clear_number",
+    "run_type",
+    "state",
+    "conf",
+    "triggering_user_name",
+    "consumed_asset_events",
+    "partition_key",
+    "partition_date",
+    "note",
+    "team_name",
+}
+CONSUMED_EVENT_FIELDS = {
+    "asset",
+    "extra",
+    "source_task_id",
+    "source_dag_id",
+    "source_run_id",
+    "source_map_index",
+    "source_aliases",
+    "timestamp",
+    "partition_key",
+}
+
+
+def test_start_queued_ti_returns_the_run_context(worker_api):
+    ti = TaskInstanceFactory(max_tries=2)
+    alias = AssetAliasFactory(name="cleaned")
+    event = AssetEventFactory(
+        extra={"rows": 3},
+        source_dag_id="producer",
+        source_run_id="manual__1",
+        source_task_id="emit",
+    )
+    event.source_aliases.add(alias)
+    ti.dag_run.consumed_links.create(dag=ti.dag_run.dag, asset_event=event)
+
+    response = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, ti_id=ti.id)
+
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert set(body) == TI_RUN_CONTEXT_FIELDS
+    assert set(body["dag_run"]) == DAG_RUN_FIELDS
+    assert body["max_tries"] == 2
+    assert body["should_retry"] is True
+    assert body["task_reschedule_count"] == 0
+    assert body["variables"] == [] and body["connections"] == []
+    assert body["xcom_keys_to_clear"] == []
+    assert body["next_method"] is None and body["next_kwargs"] is None
+    assert body["start_date"] is None
+    run = body["dag_run"]
+    assert run["dag_id"] == ti.dag_id and run["run_id"] == ti.run_id
+    assert run["state"] == "running"
+    assert run["run_type"] == "manual"
+    assert run["partition_key"] is None and run["team_name"] is None
+    (consumed,) = run["consumed_asset_events"]
+    assert set(consumed) == CONSUMED_EVENT_FIELDS
+    assert consumed["asset"] == {
+        "name": event.asset.name,
+        "uri": event.asset.uri,
+        "extra": {},
+    }
+    assert consumed["extra"] == {"rows": 3}
+    assert consumed["source_aliases"] == [{"name": "cleaned"}]
+    assert consumed["source_dag_id"] == "producer"
+    assert consumed["source_map_index"] == -1
+    assert response["Refreshed-API-Token"]
+
+    ti.refresh_from_db()
+    assert ti.state == TIState.RUNNING
+    assert (ti.hostname, ti.unixname, ti.pid) == ("worker-1", "airflow", 4242)
+    assert ti.start_date.isoformat() == "2026-06-30T10:00:00+00:00"
+    assert ti.last_heartbeat_at is not None
+    ti.dag_run.refresh_from_db()
+    assert ti.dag_run.state == DagRunState.RUNNING
+    assert ti.dag_run.start_date is not None
+
+
+def test_replayed_start_from_the_same_process_is_200_and_writes_nothing(worker_api):
+    ti = TaskInstanceFactory()
+    first = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, ti_id=ti.id)
+    assert first.status_code == 200
+    before = db_snapshot()
+
+    again = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, ti_id=ti.id)
+
+    assert again.status_code == 200
+    assert again.json()["dag_run"]["run_id"] == ti.run_id
+    assert db_snapshot() == before
+
+
+def test_start_from_another_process_while_running_is_409(worker_api):
+    ti = TaskInstanceFactory(running=True)
+    before = db_snapshot()
+
+    response = worker_api.request(
+        "PATCH", f"/task-instances/{ti.id}/run", {**RUN_BODY, "pid": 99}, ti_id=ti.id
+    )
+
+    assert response.status_code == 409
+    assert response.json() == {
+        "detail": {
+            "reason": "invalid_state",
+            "message": "TI was not in a state where it could be marked as running",
+            "previous_state": "running",
+        }
+    }
+    assert db_snapshot() == before
+
+
+@pytest.mark.parametrize("state", ["success", "failed", "skipped"])
+def test_start_of_a_finished_ti_is_409_with_previous_state(worker_api, state):
+    ti = TaskInstanceFactory(state=state)
+    before = db_snapshot()
+
+    response = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, ti_id=ti.id)
+
+    assert response.status_code == 409
+    assert response.json()["detail"]["previous_state"] == state
+    assert db_snapshot() == before
+
+
+def test_start_of_an_unknown_ti_is_404(worker_api):
+    ti_id = uuid.uuid4()
+    response = worker_api.request("PATCH", f"/task-instances/{ti_id}/run", RUN_BODY, ti_id=ti_id)
+    assert response.status_code == 404
+    assert response.json() == {
+        "detail": {"reason": "not_found", "message": f"task instance {ti_id} not found"}
+    }
+
+
+def test_non_uuid_id_is_422(worker_api):
+    response = worker_api.request(
+        "PATCH", "/task-instances/not-a-uuid/run", RUN_BODY, ti_id=uuid.uuid4()
+    )
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail["reason"] == "validation_error"
+    assert detail["errors"][0]["loc"] == ["path", "task_instance_id"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**RUN_BODY, "surprise": 1},  # unknown field
+        {k: v for k, v in RUN_BODY.items() if k != "hostname"},  # missing field
+        {**RUN_BODY, "pid": "many"},  # wrong type
+        {**RUN_BODY, "start_date": "2026-06-30T10:00:00"},  # naive datetime
+        {**RUN_BODY, "state": "queued"},  # not "running"
+    ],
+)
+def test_invalid_run_body_is_422_and_writes_nothing(worker_api, body):
+    ti = TaskInstanceFactory()
+    before = db_snapshot()
+
+    response = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", body, ti_id=ti.id)
+
+    assert response.status_code == 422
+    assert response.json()["detail"]["reason"] == "validation_error"
+    assert db_snapshot() == before
+
+
+def test_missing_token_is_401(worker_api):
+    ti = TaskInstanceFactory()
+    response = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY)
+    assert response.status_code == 401
+    assert response.json() == {
+        "detail": {"reason": "not_authenticated", "message": "missing or invalid credentials"}
+    }
+    ti.refresh_from_db()
+    assert ti.state == TIState.QUEUED
+
+
+def test_token_of_another_ti_is_403_and_writes_nothing(worker_api):
+    ti_a = TaskInstanceFactory()
+    ti_b = TaskInstanceFactory()
+    before = db_snapshot()
+
+    for method, path, body in [
+        ("PATCH", "run", RUN_BODY),
+        ("PATCH", "state", {"state": "failed", "end_date": "2026-06-30T10:00:00Z"}),
+        ("PUT", "heartbeat", {"hostname": "worker-1", "pid": 4242}),
+    ]:
+        response = worker_api.request(
+            method, f"/task-instances/{ti_b.id}/{path}", body, ti_id=ti_a.id
+        )
+        assert response.status_code == 403, path
+        assert response.json() == {
+            "detail": {
+                "reason": "forbidden",
+                "message": "this token is for another task instance",
+            }
+        }
+    assert db_snapshot() == before
+
+
+def test_token_with_a_bad_signature_is_403(worker_api):
+    ti = TaskInstanceFactory()
+    forged = jwt.encode(
+        {"sub": str(ti.id), "scope": "execution", "exp": int(timezone.now().timestamp()) + 60},
+        "not-the-secret-key-but-long-enough-for-hs256",
+        algorithm="HS256",
+    )
+    response = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, token=forged)
+    assert response.status_code == 403
+    detail = response.json()["detail"]
+    assert detail["reason"] == "invalid_token"
+    assert detail["message"] == "invalid task token: Signature verification failed"
+
+
+def test_expired_token_is_401(worker_api):
+    ti = TaskInstanceFactory()
+    expired = jwt.encode(
+        {"sub": str(ti.id), "scope": "execution", "exp": int(timezone.now().timestamp()) - 5},
+        settings.SECRET_KEY,
+        algorithm="HS256",
+    )
+    response = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, token=expired)
+    assert response.status_code == 401
+    assert response.json() == {
+        "detail": {"reason": "token_expired", "message": "the task token has expired"}
+    }
+
+
+def test_malformed_json_is_400_and_writes_nothing(worker_api):
+    ti = TaskInstanceFactory()
+    before = db_snapshot()
+    response = worker_api.request(
+        "PATCH", f"/task-instances/{ti.id}/run", raw=b'{"state": "running",', ti_id=ti.id
+    )
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert detail["reason"] == "invalid_json"
+    assert detail["message"].startswith("request body is not valid JSON: ")
+    assert db_snapshot() == before
+
+
+def test_wrong_content_type_is_415(worker_api):
+    ti = TaskInstanceFactory()
+    response = worker_api.request(
+        "PATCH",
+        f"/task-instances/{ti.id}/run",
+        raw="state=running",
+        content_type="application/x-www-form-urlencoded",
+        ti_id=ti.id,
+    )
+    assert response.status_code == 415
+    assert response.json()["detail"]["reason"] == "unsupported_media_type"
+    ti.refresh_from_db()
+    assert ti.state == TIState.QUEUED
+
+
+def test_oversized_body_is_413_and_writes_nothing(worker_api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    ti = TaskInstanceFactory(running=True)
+    before = db_snapshot()
+    body = {
+        "state": "success",
+        "end_date": "2026-06-30T10:00:00Z",
+        "task_outlets": [{"name": "x" * 2000, "uri": "s3://x", "type": "Asset"}],
+    }
+    response = worker_api.request("PATCH", f"/task-instances/{ti.id}/state", body, ti_id=ti.id)
+    assert response.status_code == 413
+    assert response.json() == {
+        "detail": {
+            "reason": "request_too_large",
+            "message": "request body is larger than the limit of 1000 bytes",
+            "limit_bytes": 1000,
+        }
+    }
+    assert db_snapshot() == before
+
+
+def test_start_run_with_unstarted_run_keeps_other_runs(worker_api):
+    """Starting a TI sets only its own run running."""
+    ti = TaskInstanceFactory()
+    other = DagRunFactory()
+    worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, ti_id=ti.id)
+    other.refresh_from_db()
+    assert other.state == DagRunState.QUEUED

@@ -12,13 +12,37 @@ Payload of a row (JSON), everything registration needs even after the TI is dele
                  "map_index": int, "try_number": int},
       "end_date": ISO 8601 str,
     }
+
+The drain (`drain`, `drain_batch`) claims due rows FOR UPDATE SKIP LOCKED, registers their
+payloads (`registration`) and deletes them in the same transaction, so a crash anywhere rolls both
+back and the row is retried (invariant 3). A row that fails is rescheduled with capped exponential
+backoff and full jitter and parked after `ASSET_QUEUE_MAX_ATTEMPTS` (invariant 6). After each
+batch commits, the drain runs the scheduler for the Dags that batch queued events for (DESIGN 7:
+one django-q2 pickup fewer than nudging a scheduler task).
+
+Operator actions (`requeue`, `park`, `delete_rows`, `select_rows`) are used by the admin and the
+`requeue_parked` command. `requeue` keeps `last_error` / `last_error_type` as history: they say
+why the row was parked and are overwritten by the next failure (or vanish with the row when it is
+registered).
 """
 
-from datetime import datetime
+import logging
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from . import metrics
-from .models import AssetEventQueue, TaskInstance
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Min, Q, QuerySet
+from django.utils import timezone
+
+from . import heartbeats, locks, metrics, registration, scheduling
+from .models import AssetDagRunQueue, AssetEventQueue, TaskInstance
+
+logger = logging.getLogger(__name__)
 
 
 def build_payload(
@@ -68,3 +92,296 @@ def enqueue(
     )
     metrics.incr(metrics.ENQUEUED)
     return row
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One drain batch: rows claimed, registered (deleted), failed (rescheduled or parked)."""
+
+    claimed: int
+    registered: int
+    failed: int
+    parked: int
+    events_written: int
+    dag_ids: frozenset[str]
+    runs_triggered: int
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    batches: int
+    claimed: int
+    registered: int
+    failed: int
+    parked: int
+    events_written: int
+    runs_triggered: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    """Rows deleted and the declared outlets they carried (events that will never exist)."""
+
+    rows: int
+    outlets_lost: int
+
+
+def backoff_seconds(*, attempts: int) -> float:
+    """Full-jitter capped exponential backoff after the `attempts`-th failure (1-based):
+    uniform(0, min(cap, base * 2 ** (attempts - 1))). Settings are read at call time."""
+    base = float(settings.ASSET_QUEUE_BACKOFF_BASE_SECONDS)
+    cap = float(settings.ASSET_QUEUE_BACKOFF_CAP_SECONDS)
+    ceiling = min(cap, base * 2 ** min(attempts - 1, 62))
+    return random.uniform(0, ceiling)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _record_failure(row: AssetEventQueue, exc: Exception, *, now: datetime) -> bool:
+    """Reschedule or park one failed row (inside the batch transaction, row locked). Returns
+    True if the row is now parked."""
+    row.attempts += 1
+    row.last_error = _error_text(exc)[:10_000]
+    row.last_error_type = f"{type(exc).__module__}.{type(exc).__qualname__}"[:200]
+    parked = row.attempts >= int(settings.ASSET_QUEUE_MAX_ATTEMPTS)
+    row.parked_at = now if parked else None
+    row.next_attempt_at = now + timedelta(seconds=backoff_seconds(attempts=row.attempts))
+    row.save(
+        update_fields=[
+            "attempts",
+            "last_error",
+            "last_error_type",
+            "parked_at",
+            "next_attempt_at",
+            "updated_at",
+        ]
+    )
+    return parked
+
+
+def _before_commit(rows: list[AssetEventQueue]) -> None:
+    """Runs last inside the batch transaction. A seam for crash tests (raise here to simulate a
+    process dying after registration and before commit)."""
+
+
+def drain_batch(*, batch_size: int | None = None) -> BatchResult:
+    """Claim up to `batch_size` due rows and register them, in one durable transaction; then
+    run the scheduler for the Dags the batch queued events for.
+
+    Locks: the claimed outbox rows (FOR UPDATE SKIP LOCKED), so concurrent drains never wait or
+    double-register. The whole batch is registered in one savepoint with set-based queries (a
+    fixed number of queries whatever the batch size); if that fails, each row is retried in its
+    own savepoint so one poison row only fails itself.
+    """
+    batch_size = batch_size or int(settings.ASSET_QUEUE_BATCH_SIZE)
+    with transaction.atomic(durable=True):
+        now = timezone.now()
+        rows = locks.claim_due_outbox_rows(limit=batch_size, now=now)
+        if not rows:
+            return BatchResult(0, 0, 0, 0, 0, frozenset(), 0)
+        results: list[registration.RegistrationResult] = []
+        failures: list[tuple[AssetEventQueue, Exception]] = []
+        try:
+            with transaction.atomic():
+                results = registration.register_payloads(payloads=[row.payload for row in rows])
+                AssetEventQueue.objects.filter(id__in=[row.id for row in rows]).delete()
+        except Exception:
+            results = []
+            for row in rows:
+                try:
+                    with transaction.atomic():
+                        results.append(registration.register_payload(payload=row.payload))
+                        AssetEventQueue.objects.filter(id=row.id).delete()
+                except Exception as exc:
+                    logger.warning("outbox row %s failed: %s", row.id, _error_text(exc))
+                    failures.append((row, exc))
+        parked = sum(_record_failure(row, exc, now=now) for row, exc in failures)
+        metrics.incr(metrics.REGISTERED, len(results))
+        metrics.incr(metrics.FAILED_ATTEMPTS, len(failures))
+        metrics.incr(metrics.PARKED, parked)
+        _before_commit(rows)
+    dag_ids = frozenset(dag_id for result in results for dag_id in result.dag_ids)
+    runs = scheduling.schedule_dags(dag_ids=sorted(dag_ids)) if dag_ids else None
+    return BatchResult(
+        claimed=len(rows),
+        registered=len(results),
+        failed=len(failures),
+        parked=parked,
+        events_written=sum(result.events_written for result in results),
+        dag_ids=dag_ids,
+        runs_triggered=len(runs.run_ids) if runs else 0,
+    )
+
+
+def drain(*, batch_size: int | None = None, time_budget: float | None = None) -> DrainResult:
+    """Drain batches (`drain_batch`) until a batch comes back short (the queue has no more due
+    rows) or `time_budget` seconds (default ASSET_DRAIN_TIME_BUDGET_SECONDS) are spent. Records
+    the "drain" heartbeat. Safe to run concurrently and twice (django-q2 redelivery)."""
+    batch_size = batch_size or int(settings.ASSET_QUEUE_BATCH_SIZE)
+    if time_budget is None:
+        time_budget = float(settings.ASSET_DRAIN_TIME_BUDGET_SECONDS)
+    started = time.monotonic()
+    totals = dict.fromkeys(
+        ("batches", "claimed", "registered", "failed", "parked", "events_written", "runs"), 0
+    )
+    ok = False
+    try:
+        while True:
+            batch = drain_batch(batch_size=batch_size)
+            totals["batches"] += 1
+            totals["claimed"] += batch.claimed
+            totals["registered"] += batch.registered
+            totals["failed"] += batch.failed
+            totals["parked"] += batch.parked
+            totals["events_written"] += batch.events_written
+            totals["runs"] += batch.runs_triggered
+            if batch.claimed < batch_size or time.monotonic() - started >= time_budget:
+                break
+        ok = True
+    finally:
+        seconds = time.monotonic() - started
+        heartbeats.record(component="drain", ok=ok, detail={**totals, "seconds": seconds})
+    return DrainResult(
+        batches=totals["batches"],
+        claimed=totals["claimed"],
+        registered=totals["registered"],
+        failed=totals["failed"],
+        parked=totals["parked"],
+        events_written=totals["events_written"],
+        runs_triggered=totals["runs"],
+        seconds=seconds,
+    )
+
+
+def select_rows(
+    *,
+    ids: Iterable[int] | None = None,
+    dag_id: str | None = None,
+    parked: bool | None = None,
+) -> QuerySet[AssetEventQueue]:
+    """Outbox rows filtered by id, source Dag and parked-ness (None: either), oldest first."""
+    queryset = AssetEventQueue.objects.all()
+    if ids is not None:
+        queryset = queryset.filter(id__in=list(ids))
+    if dag_id is not None:
+        queryset = queryset.filter(source_dag_id=dag_id)
+    if parked is not None:
+        queryset = queryset.filter(parked_at__isnull=not parked)
+    return queryset.order_by("id")
+
+
+def requeue(*, row_ids: Iterable[int]) -> list[int]:
+    """Make rows due now with a fresh attempt budget: attempts 0, not parked. `last_error` is
+    kept as history. Own durable transaction; rows a drain holds right now are skipped (it is
+    registering or rescheduling them). Returns the ids requeued."""
+    with transaction.atomic(durable=True):
+        rows = locks.lock_outbox_rows(select_rows(ids=row_ids))
+        ids = [row.id for row in rows]
+        if ids:
+            AssetEventQueue.objects.filter(id__in=ids).update(
+                attempts=0,
+                parked_at=None,
+                next_attempt_at=timezone.now(),
+                updated_at=timezone.now(),
+            )
+            metrics.incr(metrics.REQUEUED, len(ids))
+        if ids:
+            transaction.on_commit(_nudge)
+        return ids
+
+
+def park(*, row_ids: Iterable[int]) -> list[int]:
+    """Park rows that are not parked yet, so drains leave them alone. Own durable transaction;
+    rows a drain holds are skipped. Returns the ids parked."""
+    with transaction.atomic(durable=True):
+        rows = locks.lock_outbox_rows(select_rows(ids=row_ids, parked=False))
+        ids = [row.id for row in rows]
+        if ids:
+            AssetEventQueue.objects.filter(id__in=ids).update(
+                parked_at=timezone.now(), updated_at=timezone.now()
+            )
+            metrics.incr(metrics.PARKED, len(ids))
+        return ids
+
+
+def delete_rows(*, row_ids: Iterable[int]) -> DeleteResult:
+    """Delete rows for good (their events will never be registered): the explicit operator
+    action of invariant 6. Own durable transaction; rows a drain holds are skipped."""
+    with transaction.atomic(durable=True):
+        rows = locks.lock_outbox_rows(select_rows(ids=row_ids))
+        outlets = sum(len((row.payload or {}).get("outlets") or []) for row in rows)
+        if rows:
+            AssetEventQueue.objects.filter(id__in=[row.id for row in rows]).delete()
+        return DeleteResult(rows=len(rows), outlets_lost=outlets)
+
+
+def _nudge() -> None:
+    # Imported here: tasks imports this module.
+    from . import tasks
+
+    tasks.nudge_drain()
+
+
+@dataclass(frozen=True)
+class DagBacklog:
+    dag_id: str
+    pending: int
+    parked: int
+    queued_events: int  # ADRQ rows waiting for this Dag as a target
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """Outbox backlog: `pending` (not parked), `due` (pending and due now), `parked`, the age of
+    the oldest pending row, and per Dag (outbox rows by source Dag, ADRQ rows by target Dag)."""
+
+    pending: int
+    due: int
+    parked: int
+    oldest_pending_age_seconds: float | None
+    queued_events: int
+    by_dag: tuple[DagBacklog, ...]
+
+
+def queue_status() -> QueueStatus:
+    """Read-only snapshot of the outbox and ADRQ backlog (3 queries, no locks)."""
+    now = timezone.now()
+    totals = AssetEventQueue.objects.aggregate(
+        pending=Count("id", filter=Q(parked_at__isnull=True)),
+        due=Count("id", filter=Q(parked_at__isnull=True, next_attempt_at__lte=now)),
+        parked=Count("id", filter=Q(parked_at__isnull=False)),
+        oldest=Min("created_at", filter=Q(parked_at__isnull=True)),
+    )
+    per_source = {
+        row["source_dag_id"]: row
+        for row in AssetEventQueue.objects.order_by()
+        .values("source_dag_id")
+        .annotate(
+            pending=Count("id", filter=Q(parked_at__isnull=True)),
+            parked=Count("id", filter=Q(parked_at__isnull=False)),
+        )
+    }
+    per_target = dict(
+        AssetDagRunQueue.objects.order_by().values_list("target_dag_id").annotate(count=Count("id"))
+    )
+    by_dag = tuple(
+        DagBacklog(
+            dag_id=dag_id,
+            pending=per_source.get(dag_id, {}).get("pending", 0),
+            parked=per_source.get(dag_id, {}).get("parked", 0),
+            queued_events=per_target.get(dag_id, 0),
+        )
+        for dag_id in sorted(set(per_source) | set(per_target))
+    )
+    oldest = totals["oldest"]
+    return QueueStatus(
+        pending=totals["pending"],
+        due=totals["due"],
+        parked=totals["parked"],
+        oldest_pending_age_seconds=(now - oldest).total_seconds() if oldest else None,
+        queued_events=sum(per_target.values()),
+        by_dag=by_dag,
+    )

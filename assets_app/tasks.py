@@ -1,17 +1,53 @@
-"""django-q2 entry points: the only module that imports django_q.
+"""django-q2 entry points. With `schedules.py` (the sweep Schedule rows), the only module that
+imports django_q.
 
 Each entry point is thin: it calls one domain function. Nudges are sent after commit
 (`transaction.on_commit(nudge_drain)`), so a task never runs before the rows it should see exist.
 """
 
+from collections.abc import Iterable
+
+from django.utils import timezone
+from django_q.conf import Conf
+from django_q.models import OrmQ
 from django_q.tasks import async_task
+
+from . import outbox, scheduling
+
+DRAIN_FUNC = "assets_app.tasks.drain"
+SCHEDULE_FUNC = "assets_app.tasks.schedule"
+# How many waiting broker rows a nudge looks through for a drain task that is not picked up yet.
+COALESCE_LOOKAHEAD = 20
+
+
+def _drain_waiting() -> bool:
+    """Is a drain task enqueued and not yet picked up by any cluster?
+
+    Such a task will start after the caller's commit (a nudge is sent on commit), so it will see
+    the caller's rows: a second one would only claim an empty queue.
+    """
+    waiting = OrmQ.objects.filter(key=Conf.CLUSTER_NAME, lock__lte=timezone.now()).order_by("id")
+    return any(row.func() == DRAIN_FUNC for row in waiting[:COALESCE_LOOKAHEAD])
 
 
 def nudge_drain() -> None:
-    """Ask a django-q2 worker to drain the outbox soon. Call after commit."""
-    async_task("assets_app.tasks.drain", task_name="asset-drain-nudge")
+    """Ask a django-q2 worker to drain the outbox soon, unless a drain task is already waiting.
+    Call after commit."""
+    if not _drain_waiting():
+        async_task(DRAIN_FUNC, task_name="asset-drain-nudge")
+
+
+def nudge_scheduler(*, dag_ids: Iterable[str] | None = None) -> None:
+    """Ask a django-q2 worker to run the scheduler (for `dag_ids`, or all). Call after commit."""
+    kwargs = {"dag_ids": sorted(dag_ids)} if dag_ids is not None else {}
+    async_task(SCHEDULE_FUNC, task_name="asset-scheduler-nudge", **kwargs)
 
 
 def drain() -> None:
     """django-q2 task: drain the outbox until it is empty or the time budget is spent."""
-    raise NotImplementedError("the drain lands with issue 4")
+    outbox.drain()
+
+
+def schedule(dag_ids: list[str] | None = None) -> None:
+    """django-q2 task: one scheduler pass (over `dag_ids`, or every Dag with queued events)."""
+    scheduling.schedule_dags(dag_ids=dag_ids)

@@ -1,0 +1,28 @@
+import time
+
+from django.core.management.base import BaseCommand
+
+from assets_app import scheduling
+
+
+class Command(BaseCommand):
+    help = "Create asset-triggered Dag runs from queued events. Loops unless --once."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="one pass, then exit")
+        parser.add_argument("--dag", action="append", dest="dag_ids", help="only this Dag")
+        parser.add_argument("--sleep", type=float, default=1.0, help="seconds between passes")
+
+    def handle(self, *args, once, dag_ids, sleep, **options):
+        while True:
+            result = scheduling.schedule_dags(dag_ids=dag_ids)
+            if once or result.run_ids:
+                self.stdout.write(
+                    f"scheduler: {result.dags_checked} dags checked, {len(result.run_ids)} runs "
+                    f"created, {result.events_consumed} events consumed, {result.seconds:.2f}s"
+                )
+                for dag_id, run_id in result.run_ids:
+                    self.stdout.write(f"  {dag_id} {run_id}")
+            if once:
+                return
+            time.sleep(sleep)

@@ -1,0 +1,73 @@
+"""Queued events (ADRQ rows) as operators and the public API see them: list and clear.
+
+Airflow keeps one queue row per (asset, Dag); this service keeps one per (event, Dag) so the
+scheduler consumes exactly the events it locked. Listing therefore groups rows by (Dag, asset),
+with the time the oldest of them was queued, which is Airflow's `QueuedEventResponse` shape.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import Count, Min
+
+from . import exceptions, locks
+from .models import AssetDagRunQueue, Dag
+
+
+@dataclass(frozen=True)
+class QueuedEvent:
+    dag_id: str
+    asset_id: int
+    created_at: datetime
+    event_count: int
+
+
+def _check_dag(dag_id: str) -> None:
+    if not Dag.objects.filter(dag_id=dag_id).exists():
+        raise exceptions.NotFound(f"dag {dag_id!r} does not exist", reason="dag_not_found")
+
+
+def list_queued_events(
+    *, dag_id: str, asset_id: int | None = None, before: datetime | None = None
+) -> list[QueuedEvent]:
+    """Queued events of a Dag (optionally one asset, optionally queued before a time), one per
+    asset, by asset id. Read-only, no locks. Unknown Dag: NotFound."""
+    _check_dag(dag_id)
+    queryset = AssetDagRunQueue.objects.filter(target_dag_id=dag_id)
+    if asset_id is not None:
+        queryset = queryset.filter(asset_id=asset_id)
+    if before is not None:
+        queryset = queryset.filter(created_at__lt=before)
+    rows = (
+        queryset.order_by("asset_id")
+        .values("asset_id")
+        .annotate(created_at=Min("created_at"), event_count=Count("id"))
+    )
+    return [
+        QueuedEvent(
+            dag_id=dag_id,
+            asset_id=row["asset_id"],
+            created_at=row["created_at"],
+            event_count=row["event_count"],
+        )
+        for row in rows
+    ]
+
+
+def clear_queued_events(
+    *, dag_id: str, asset_id: int | None = None, before: datetime | None = None
+) -> int:
+    """Delete a Dag's queued events (optionally for one asset / queued before a time): the Dag
+    will not consume those events. Own durable transaction; rows a scheduler is consuming right
+    now are skipped (SKIP LOCKED) since they are gone when it commits. Returns rows deleted.
+    Unknown Dag: NotFound."""
+    _check_dag(dag_id)
+    with transaction.atomic(durable=True):
+        rows = locks.lock_dag_queue_rows(
+            dag_id, asset_ids=[asset_id] if asset_id is not None else None
+        )
+        ids = [row.id for row in rows if before is None or row.created_at < before]
+        if ids:
+            AssetDagRunQueue.objects.filter(id__in=ids).delete()
+        return len(ids)

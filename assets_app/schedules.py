@@ -1,0 +1,59 @@
+"""The django-q2 schedules of the service: the periodic sweeps behind the on-commit nudges.
+
+A nudge gives low latency; the sweep catches what a nudge missed (a lost task, a Dag unpaused,
+a run finished under max_active_runs, a row whose backoff expired). django-q2's scheduler wakes
+about every 30 s, so one minute is the finest useful interval (DESIGN 7).
+"""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django_q.models import Schedule
+
+SWEEPS = {
+    "asset-drain-sweep": "assets_app.tasks.drain",
+    "asset-scheduler-sweep": "assets_app.tasks.schedule",
+}
+
+
+@dataclass(frozen=True)
+class EnsuredSchedule:
+    name: str
+    func: str
+    created: bool
+
+
+def task_timeout_seconds() -> int:
+    """The sweep tasks' timeout: the cluster timeout, which must stay below `retry` so the
+    broker never redelivers a task that is still running."""
+    cluster = settings.Q_CLUSTER
+    timeout = int(cluster["timeout"])
+    if timeout >= int(cluster["retry"]):
+        raise ValueError(
+            f"Q_CLUSTER timeout ({timeout}) must be below retry ({cluster['retry']}) or the "
+            "broker redelivers running tasks"
+        )
+    return timeout
+
+
+def ensure_schedules() -> list[EnsuredSchedule]:
+    """Create or update the sweep schedules (idempotent, `update_or_create` by name): every
+    minute, forever. Catch-up is off cluster-wide (Q_CLUSTER["catch_up"] = False), so a cluster
+    that was down runs one sweep, not one per missed minute. Own durable transaction."""
+    timeout = task_timeout_seconds()
+    ensured = []
+    with transaction.atomic(durable=True):
+        for name, func in SWEEPS.items():
+            _, created = Schedule.objects.update_or_create(
+                name=name,
+                defaults={
+                    "func": func,
+                    "schedule_type": Schedule.MINUTES,
+                    "minutes": 1,
+                    "repeats": -1,
+                    "kwargs": repr({"q_options": {"timeout": timeout}}),
+                },
+            )
+            ensured.append(EnsuredSchedule(name=name, func=func, created=created))
+    return ensured

@@ -1,0 +1,163 @@
+"""ADRQ -> asset-triggered DagRuns: the scheduler (the only writer of DagRun besides the manual
+trigger, through `runs.create_dag_run`).
+
+For each Dag with queued events that is not paused and below `max_active_runs`, in its own
+transaction: lock the Dag row (SKIP LOCKED: another scheduler has it), re-check paused and active
+runs, lock its ADRQ rows (SKIP LOCKED), evaluate its condition on the assets of exactly those rows
+(an alias counts as its linked assets), and when it is met create one run consuming exactly those
+events and delete exactly those rows (invariant 8). A paused Dag's rows wait; unpausing it, or a
+run finishing below `max_active_runs`, lets the next sweep (or the next drain batch for the Dag)
+pick them up.
+"""
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce
+
+from . import conditions, heartbeats, locks, metrics, runs
+from .models import (
+    AssetAliasAsset,
+    AssetDagRunQueue,
+    AssetEvent,
+    Dag,
+    DagRun,
+    DagRunState,
+    DagRunType,
+)
+
+logger = logging.getLogger(__name__)
+
+ACTIVE_RUN_STATES = (DagRunState.QUEUED, DagRunState.RUNNING)
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    """`run_ids`: (dag_id, run_id) of the runs created; `events_consumed`: their events."""
+
+    dags_checked: int
+    run_ids: tuple[tuple[str, str], ...]
+    events_consumed: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TriggeredRun:
+    run: DagRun
+    event_count: int
+
+
+def _active_runs(dag_id: str) -> int:
+    return DagRun.objects.filter(dag_id=dag_id, state__in=ACTIVE_RUN_STATES).count()
+
+
+def candidate_dag_ids(*, dag_ids: Iterable[str] | None = None) -> list[str]:
+    """Dags that have queued events, a schedule, are not paused and are below max_active_runs.
+
+    One query, no locks: a hint for `schedule_dag`, which checks again under the Dag lock.
+    """
+    active = (
+        DagRun.objects.filter(dag=OuterRef("pk"), state__in=ACTIVE_RUN_STATES)
+        .order_by()
+        .values("dag")
+        .annotate(count=Count("*"))
+        .values("count")
+    )
+    queryset = Dag.objects.filter(
+        is_paused=False,
+        schedule__isnull=False,
+        dag_id__in=AssetDagRunQueue.objects.values("target_dag_id"),
+    )
+    if dag_ids is not None:
+        queryset = queryset.filter(dag_id__in=list(dag_ids))
+    return list(
+        queryset.annotate(active=Coalesce(Subquery(active, output_field=IntegerField()), Value(0)))
+        .filter(active__lt=F("max_active_runs"))
+        .order_by("dag_id")
+        .values_list("dag_id", flat=True)
+    )
+
+
+def schedule_dag(*, dag_id: str) -> TriggeredRun | None:
+    """Create at most one asset-triggered run of `dag_id` from its queued events.
+
+    Its own durable transaction; locks the Dag row (FOR NO KEY UPDATE SKIP LOCKED) and then its
+    ADRQ rows (FOR UPDATE SKIP LOCKED), in the global lock order. Returns the run and how many
+    events it consumed, or None when the Dag is taken by another scheduler, paused, at
+    max_active_runs, has no unlocked rows, or its condition is not met (the rows then stay).
+    Safe to run concurrently and repeatedly.
+    """
+    with transaction.atomic(durable=True):
+        dag = locks.claim_dag_for_scheduling(dag_id)
+        if dag is None or dag.is_paused or dag.schedule is None:
+            return None
+        if _active_runs(dag_id) >= dag.max_active_runs:
+            return None
+        rows = locks.lock_dag_queue_rows(dag_id)
+        if not rows:
+            return None
+        try:
+            condition = conditions.parse(dag.schedule)
+        except conditions.ConditionError:
+            logger.exception("dag %s has an unreadable schedule; its events wait", dag_id)
+            return None
+        event_ids = sorted({row.asset_event_id for row in rows})
+        events = list(
+            AssetEvent.objects.filter(id__in=event_ids).values_list("timestamp", "asset__name")
+        )
+        present = {name for _, name in events}
+        alias_assets: dict[str, set[str]] = defaultdict(set)
+        aliases = conditions.referenced_aliases(condition)
+        if aliases:
+            for alias_name, asset_name in AssetAliasAsset.objects.filter(
+                alias__name__in=aliases
+            ).values_list("alias__name", "asset__name"):
+                alias_assets[alias_name].add(asset_name)
+        if not conditions.evaluate(condition, present=present, alias_assets=alias_assets):
+            return None
+        run = runs.create_dag_run(
+            dag=dag,
+            run_type=DagRunType.ASSET_TRIGGERED,
+            run_after=max(timestamp for timestamp, _ in events),
+            consumed_event_ids=event_ids,
+        )
+        AssetDagRunQueue.objects.filter(id__in=[row.id for row in rows]).delete()
+        metrics.incr(metrics.RUNS_TRIGGERED)
+        return TriggeredRun(run=run, event_count=len(event_ids))
+
+
+def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
+    """One scheduler pass over the Dags with queued events (or only `dag_ids`): at most one new
+    run per Dag, each in its own transaction (see `schedule_dag`). Records the "scheduler"
+    heartbeat. Safe to run concurrently with drains and other schedulers."""
+    started = time.monotonic()
+    created: list[tuple[str, str]] = []
+    consumed = 0
+    checked = 0
+    ok = False
+    try:
+        for dag_id in candidate_dag_ids(dag_ids=dag_ids):
+            checked += 1
+            triggered = schedule_dag(dag_id=dag_id)
+            if triggered is not None:
+                created.append((dag_id, triggered.run.run_id))
+                consumed += triggered.event_count
+        ok = True
+    finally:
+        seconds = time.monotonic() - started
+        heartbeats.record(
+            component="scheduler",
+            ok=ok,
+            detail={"dags_checked": checked, "runs_created": len(created), "seconds": seconds},
+        )
+    return ScheduleResult(
+        dags_checked=checked,
+        run_ids=tuple(created),
+        events_consumed=consumed,
+        seconds=seconds,
+    )

@@ -1,0 +1,254 @@
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from assets_app import metrics, outbox
+from assets_app.models import (
+    Asset,
+    AssetDagRunQueue,
+    AssetEvent,
+    AssetEventQueue,
+    ComponentHeartbeat,
+    DagRun,
+    DagRunType,
+    TaskInstance,
+    TIState,
+)
+from tests.asset_flow import asset_event, asset_outlet, outbox_row, payload, scheduled_dag
+from tests.factories import AssetFactory, TaskFactory, TaskInstanceFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fast_retries(settings):
+    settings.ASSET_QUEUE_MAX_ATTEMPTS = 3
+    settings.ASSET_QUEUE_BACKOFF_BASE_SECONDS = 0.0
+    settings.ASSET_QUEUE_BACKOFF_CAP_SECONDS = 0.0
+    return settings
+
+
+def poison_row() -> AssetEventQueue:
+    """A row whose outlet conflicts with an existing asset (same name, other uri)."""
+    AssetFactory(name="taken", uri="s3://taken")
+    return outbox_row(
+        payload(outlets=[{"name": "taken", "uri": "s3://other", "type": "Asset"}], task_id="bad")
+    )
+
+
+def test_success_becomes_events_adrq_and_a_downstream_run(django_capture_on_commit_callbacks):
+    orders = AssetFactory(name="orders")
+    dag = scheduled_dag("report", "orders")
+    TaskFactory(dag=dag, task_id="build")
+    row = outbox_row(
+        payload(outlets=[asset_outlet(orders)], outlet_events=[asset_event(orders, {"n": 5})])
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        result = outbox.drain()
+    assert (result.claimed, result.registered, result.events_written) == (1, 1, 1)
+    assert result.runs_triggered == 1
+    assert not AssetEventQueue.objects.filter(id=row.id).exists()
+    event = AssetEvent.objects.get()
+    assert event.extra == {"n": 5}
+    run = DagRun.objects.get(dag=dag)
+    assert run.run_type == DagRunType.ASSET_TRIGGERED
+    assert run.run_after == event.timestamp
+    assert list(run.consumed_events.values_list("id", flat=True)) == [event.id]
+    assert list(run.task_instances.values_list("task_id", "state")) == [("build", TIState.QUEUED)]
+    assert AssetDagRunQueue.objects.count() == 0
+    assert metrics.value(metrics.REGISTERED) == 1
+    assert metrics.value(metrics.EVENTS_WRITTEN) == 1
+    assert metrics.value(metrics.RUNS_TRIGGERED) == 1
+    heartbeat = ComponentHeartbeat.objects.get(component="drain")
+    assert heartbeat.last_ok_at == heartbeat.last_run_at
+    assert heartbeat.detail["registered"] == 1
+
+
+def test_row_whose_ti_was_deleted_is_registered_from_its_payload():
+    orders = AssetFactory(name="orders")
+    ti = TaskInstanceFactory(running=True, task_id="produce", map_index=4, try_number=2)
+    outbox.enqueue(ti=ti, outlets=[asset_outlet(orders)], outlet_events=[], end_date=timezone.now())
+    ti_id, dag_id, run_id = ti.id, ti.dag_id, ti.run_id
+    ti.dag_run.delete()
+    assert not TaskInstance.objects.filter(id=ti_id).exists()
+    outbox.drain()
+    event = AssetEvent.objects.get()
+    assert (
+        event.source_ti_id,
+        event.source_dag_id,
+        event.source_run_id,
+        event.source_task_id,
+        event.source_map_index,
+        event.source_try_number,
+    ) == (ti_id, dag_id, run_id, "produce", 4, 2)
+    assert AssetEventQueue.objects.count() == 0
+
+
+def test_failure_records_error_and_backs_off_within_the_jitter_window(settings):
+    settings.ASSET_QUEUE_BACKOFF_BASE_SECONDS = 10.0
+    settings.ASSET_QUEUE_BACKOFF_CAP_SECONDS = 15.0
+    row = poison_row()
+    before = timezone.now()
+    result = outbox.drain()
+    after = timezone.now()
+    assert (result.claimed, result.registered, result.failed, result.parked) == (1, 0, 1, 0)
+    row.refresh_from_db()
+    assert row.attempts == 1
+    assert row.parked_at is None
+    assert row.last_error.startswith("RegistrationError: asset name='taken' uri='s3://other'")
+    assert row.last_error_type == "assets_app.registration.RegistrationError"
+    assert before <= row.next_attempt_at <= after + timedelta(seconds=10)
+    assert AssetEvent.objects.count() == 0
+
+
+def test_backoff_is_capped_exponential_with_full_jitter(settings, monkeypatch):
+    settings.ASSET_QUEUE_BACKOFF_BASE_SECONDS = 2.0
+    settings.ASSET_QUEUE_BACKOFF_CAP_SECONDS = 60.0
+    monkeypatch.setattr(outbox.random, "uniform", lambda low, high: (low, high))
+    assert [outbox.backoff_seconds(attempts=n) for n in (1, 2, 3, 5, 6, 100)] == [
+        (0, 2.0),
+        (0, 4.0),
+        (0, 8.0),
+        (0, 32.0),
+        (0, 60.0),
+        (0, 60.0),
+    ]
+
+
+def test_poison_row_parks_after_max_attempts_while_other_rows_flow_and_requeue_brings_it_back(
+    fast_retries, django_capture_on_commit_callbacks
+):
+    good_asset = AssetFactory(name="good")
+    bad = poison_row()
+    registered = []
+    for attempt in range(1, 4):
+        good = outbox_row(payload(outlets=[asset_outlet(good_asset)], task_id=f"good{attempt}"))
+        with django_capture_on_commit_callbacks(execute=True):
+            result = outbox.drain()
+        assert (result.registered, result.failed) == (1, 1)
+        assert not AssetEventQueue.objects.filter(id=good.id).exists()
+        registered.append(result.registered)
+        bad.refresh_from_db()
+        assert bad.attempts == attempt
+    assert bad.parked_at is not None
+    assert result.parked == 1
+    assert metrics.value(metrics.PARKED) == 1
+    assert metrics.value(metrics.FAILED_ATTEMPTS) == 3
+    # Parked rows are left alone.
+    assert outbox.drain().claimed == 0
+    assert AssetEvent.objects.filter(asset=good_asset).count() == 3
+
+    # The operator fixes the conflicting asset and requeues.
+    Asset.objects.filter(name="taken").update(name="taken-old")
+    call_command("requeue_parked", "--all")
+    bad.refresh_from_db()
+    assert (bad.attempts, bad.parked_at) == (0, None)
+    assert bad.last_error.startswith("RegistrationError")  # kept as history
+    result = outbox.drain()
+    assert (result.registered, result.failed) == (1, 0)
+    assert AssetEvent.objects.filter(asset__name="taken").count() == 1
+    assert AssetEventQueue.objects.count() == 0
+
+
+def test_one_bad_row_in_a_batch_does_not_sink_the_others():
+    good_asset = AssetFactory(name="good")
+    goods = [outbox_row(payload(outlets=[asset_outlet(good_asset)])) for _ in range(3)]
+    bad = poison_row()
+    goods += [outbox_row(payload(outlets=[asset_outlet(good_asset)])) for _ in range(2)]
+    result = outbox.drain_batch(batch_size=10)
+    assert (result.claimed, result.registered, result.failed) == (6, 5, 1)
+    assert list(AssetEventQueue.objects.values_list("id", flat=True)) == [bad.id]
+    assert AssetEvent.objects.count() == 5
+    assert {e.source_ti_id for e in AssetEvent.objects.all()} == {
+        uuid.UUID(str(g.ti_id)) for g in goods
+    }
+
+
+def test_drain_stops_when_its_time_budget_is_spent():
+    asset = AssetFactory(name="a")
+    for _ in range(5):
+        outbox_row(payload(outlets=[asset_outlet(asset)]))
+    result = outbox.drain(batch_size=2, time_budget=0)
+    assert (result.batches, result.registered) == (1, 2)
+    result = outbox.drain(batch_size=2, time_budget=60)
+    assert (result.batches, result.registered) == (2, 3)
+    assert AssetEventQueue.objects.count() == 0
+
+
+def test_rows_not_yet_due_are_not_claimed():
+    asset = AssetFactory(name="a")
+    row = outbox_row(payload(outlets=[asset_outlet(asset)]))
+    AssetEventQueue.objects.filter(id=row.id).update(
+        next_attempt_at=timezone.now() + timedelta(minutes=5)
+    )
+    assert outbox.drain().claimed == 0
+
+
+def drain_batch_queries(rows: int) -> int:
+    asset = Asset.objects.get(name="q")
+    for _ in range(rows):
+        outbox_row(
+            payload(outlets=[asset_outlet(asset)], outlet_events=[asset_event(asset, {"k": 1})])
+        )
+    with CaptureQueriesContext(connection) as ctx:
+        result = outbox.drain_batch(batch_size=500)
+    assert (result.registered, result.runs_triggered) == (rows, 1)
+    return len(ctx.captured_queries)
+
+
+def test_query_count_of_one_drain_batch_is_the_same_for_1_and_500_rows():
+    AssetFactory(name="q")
+    dag = scheduled_dag("q_down", "q")
+    TaskFactory(dag=dag, task_id="t1")
+    TaskFactory(dag=dag, task_id="t2")
+    one = drain_batch_queries(1)
+    DagRun.objects.all().delete()
+    five_hundred = drain_batch_queries(500)
+    assert one == five_hundred
+    assert AssetEvent.objects.count() == 501
+
+
+def test_operator_functions_park_requeue_delete_and_select():
+    asset = AssetFactory(name="a")
+    r1 = outbox_row(payload(outlets=[asset_outlet(asset)], dag_id="d1"))
+    r2 = outbox_row(payload(outlets=[asset_outlet(asset), asset_outlet(asset)], dag_id="d2"))
+    assert outbox.park(row_ids=[r1.id, r2.id]) == [r1.id, r2.id]
+    assert outbox.park(row_ids=[r1.id]) == []  # already parked
+    assert list(outbox.select_rows(parked=True, dag_id="d2")) == [r2]
+    assert outbox.requeue(row_ids=[r1.id]) == [r1.id]
+    assert list(outbox.select_rows(parked=False)) == [r1]
+    assert outbox.delete_rows(row_ids=[r2.id, 999_999]) == outbox.DeleteResult(
+        rows=1, outlets_lost=2
+    )
+    assert list(AssetEventQueue.objects.values_list("id", flat=True)) == [r1.id]
+
+
+def test_queue_status_counts_pending_due_parked_and_by_dag():
+    asset = AssetFactory(name="a")
+    scheduled_dag("down", "a", is_paused=True)
+    outbox_row(payload(outlets=[asset_outlet(asset)], dag_id="p1"))
+    later = outbox_row(payload(outlets=[asset_outlet(asset)], dag_id="p1"))
+    AssetEventQueue.objects.filter(id=later.id).update(
+        next_attempt_at=timezone.now() + timedelta(minutes=1),
+        created_at=timezone.now() - timedelta(seconds=30),
+    )
+    parked = outbox_row(payload(outlets=[asset_outlet(asset)], dag_id="p2"))
+    outbox.park(row_ids=[parked.id])
+    registered = outbox_row(payload(outlets=[asset_outlet(asset)], ti_id=uuid.uuid4()))
+    outbox.drain_batch(batch_size=1)  # registers the oldest due row (the first p1 row)
+    assert not AssetEventQueue.objects.filter(id=registered.id, attempts__gt=0).exists()
+    status = outbox.queue_status()
+    assert (status.pending, status.due, status.parked) == (2, 1, 1)
+    assert 29 <= status.oldest_pending_age_seconds < 60
+    assert status.queued_events == 1
+    assert [(d.dag_id, d.pending, d.parked, d.queued_events) for d in status.by_dag] == [
+        ("down", 0, 0, 1),
+        ("p1", 1, 0, 0),
+        ("p2", 0, 1, 0),
+        ("producer", 1, 0, 0),
+    ]

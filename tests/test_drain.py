@@ -252,3 +252,43 @@ def test_queue_status_counts_pending_due_parked_and_by_dag():
         ("p2", 0, 1, 0),
         ("producer", 1, 0, 0),
     ]
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_crash_between_registration_and_commit_leaves_the_row_pending_and_retry_writes_once(
+    monkeypatch,
+):
+    orders = AssetFactory(name="orders")
+    scheduled_dag("down", "orders")
+    row = outbox_row(
+        payload(outlets=[asset_outlet(orders)], outlet_events=[asset_event(orders, {"n": 1})])
+    )
+    seen = {}
+
+    def crash(rows):
+        # Registration has run in this transaction: the events are there, uncommitted.
+        seen["events_before_crash"] = AssetEvent.objects.count()
+        raise SimulatedCrash("process died before commit")
+
+    monkeypatch.setattr(outbox, "_before_commit", crash)
+    with pytest.raises(SimulatedCrash):
+        outbox.drain()
+    assert seen == {"events_before_crash": 1}
+    row.refresh_from_db()
+    assert (row.attempts, row.parked_at, row.last_error) == (0, None, "")
+    assert AssetEvent.objects.count() == 0
+    assert AssetDagRunQueue.objects.count() == 0
+    assert metrics.value(metrics.REGISTERED) == 0
+
+    monkeypatch.undo()
+    result = outbox.drain()
+    assert (result.registered, result.events_written, result.runs_triggered) == (1, 1, 1)
+    assert AssetEvent.objects.count() == 1
+    assert AssetEventQueue.objects.count() == 0
+    assert DagRun.objects.filter(dag_id="down").count() == 1
+    assert metrics.value(metrics.REGISTERED) == 1
+    assert outbox.drain().claimed == 0

@@ -85,17 +85,19 @@ def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
 
 @router.get("/assets/by-name", auth=auth.task_token, response=schemas.AssetResponse)
 def asset_by_name(request: HttpRequest, name: str):
-    return lookups.get_asset(name=name)
+    return schemas.AssetResponse.from_asset(lookups.get_asset(name=name))
 
 
 @router.get("/assets/by-uri", auth=auth.task_token, response=schemas.AssetResponse)
 def asset_by_uri(request: HttpRequest, uri: str):
-    return lookups.get_asset(uri=uri)
+    return schemas.AssetResponse.from_asset(lookups.get_asset(uri=uri))
 
 
 @router.get("/assets/by-alias", auth=auth.task_token, response=list[schemas.AssetResponse])
 def assets_by_alias(request: HttpRequest, alias_name: str):
-    return lookups.assets_of_alias(alias_name=alias_name)
+    return [
+        schemas.AssetResponse.from_asset(a) for a in lookups.assets_of_alias(alias_name=alias_name)
+    ]
 
 
 @router.get("/asset-events/by-asset", auth=auth.task_token, response=schemas.AssetEventsResponse)

@@ -14,7 +14,7 @@ from uuid import UUID
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from assets_app import lookups, task_state
-from assets_app.models import AssetEvent, DagRun
+from assets_app.models import Asset, AssetEvent, DagRun
 
 JsonDict = dict[str, Any]
 
@@ -228,6 +228,10 @@ class AssetResponse(ResponseBody):
     group: str
     extra: JsonDict | None = None
 
+    @classmethod
+    def from_asset(cls, asset: Asset) -> "AssetResponse":
+        return cls(name=asset.name, uri=asset.uri, group=asset.group, extra=asset.extra)
+
 
 class DagRunAssetReference(ResponseBody):
     run_id: str
@@ -260,12 +264,7 @@ class AssetEventResponse(ResponseBody):
             id=event.id,
             timestamp=event.timestamp,
             extra=event.extra,
-            asset=AssetResponse(
-                name=event.asset.name,
-                uri=event.asset.uri,
-                group=event.asset.group,
-                extra=event.asset.extra,
-            ),
+            asset=AssetResponse.from_asset(event.asset),
             created_dagruns=[
                 DagRunAssetReference(
                     run_id=run.run_id,

@@ -1,0 +1,169 @@
+"""POST /execution/workloads/claim: workers find queued work."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from assets_app import task_state
+from assets_app.api import auth
+from assets_app.models import TaskInstance
+from tests.factories import (
+    AssetAliasFactory,
+    AssetFactory,
+    DagRunFactory,
+    TaskFactory,
+    TaskInstanceFactory,
+)
+
+from .snapshots import db_snapshot
+
+pytestmark = pytest.mark.django_db
+
+
+def claim(worker_api, body, key="dev-worker-api-key"):
+    client = worker_api.client
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return client.post(
+        "/execution/workloads/claim", data=body, content_type="application/json", headers=headers
+    )
+
+
+@pytest.fixture(autouse=True)
+def _api_key(settings):
+    settings.WORKER_API_KEY = "dev-worker-api-key"
+
+
+def test_claim_returns_queued_tis_with_token_and_declared_outlets(worker_api):
+    task = TaskFactory(task_id="build")
+    task.outlet_assets.add(AssetFactory(name="report", uri="s3://bucket/report"))
+    task.outlet_aliases.add(AssetAliasFactory(name="reports"))
+    run = DagRunFactory(dag=task.dag)
+    ti = TaskInstanceFactory(dag_run=run, task_id="build")
+
+    response = claim(worker_api, {"hostname": "worker-1", "limit": 5})
+
+    assert response.status_code == 200
+    (workload,) = response.json()["workloads"]
+    assert workload["ti"] == {
+        "id": str(ti.id),
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": "build",
+        "map_index": -1,
+        "try_number": 1,
+    }
+    assert workload["task_outlets"] == [
+        {"name": "report", "uri": "s3://bucket/report", "type": "Asset"},
+        {"name": "reports", "type": "AssetAlias"},
+    ]
+    assert auth.decode_token(workload["token"])["sub"] == str(ti.id)
+    ti.refresh_from_db()
+    assert ti.claimed_by == "worker-1"
+    assert ti.claimed_at is not None
+
+
+def test_claimed_tis_are_not_claimed_again_until_the_timeout(worker_api, settings):
+    settings.WORKLOAD_CLAIM_TIMEOUT_SECONDS = 300
+    ti = TaskInstanceFactory()
+    assert len(claim(worker_api, {"hostname": "a", "limit": 5}).json()["workloads"]) == 1
+    assert claim(worker_api, {"hostname": "b", "limit": 5}).json()["workloads"] == []
+
+    TaskInstance.objects.filter(id=ti.id).update(claimed_at=timezone.now() - timedelta(seconds=301))
+    (again,) = claim(worker_api, {"hostname": "b", "limit": 5}).json()["workloads"]
+    assert again["ti"]["id"] == str(ti.id)
+    ti.refresh_from_db()
+    assert ti.claimed_by == "b"
+
+
+def test_claim_skips_running_and_retry_delayed_tis(worker_api):
+    TaskInstanceFactory(running=True)
+    TaskInstanceFactory(retry_at=timezone.now() + timedelta(minutes=5))
+    due = TaskInstanceFactory(retry_at=timezone.now() - timedelta(seconds=1))
+
+    workloads = claim(worker_api, {"hostname": "a", "limit": 5}).json()["workloads"]
+
+    assert [w["ti"]["id"] for w in workloads] == [str(due.id)]
+
+
+def test_claim_is_fifo_and_respects_limit(worker_api):
+    now = timezone.now()
+    tis = [TaskInstanceFactory(queued_at=now - timedelta(seconds=10 - i)) for i in range(4)]
+    workloads = claim(worker_api, {"hostname": "a", "limit": 3}).json()["workloads"]
+    assert [w["ti"]["id"] for w in workloads] == [str(ti.id) for ti in tis[:3]]
+
+
+@pytest.mark.parametrize(
+    ("key", "status", "reason"),
+    [(None, 401, "not_authenticated"), ("wrong", 403, "invalid_api_key")],
+)
+def test_claim_needs_the_worker_api_key(worker_api, key, status, reason):
+    TaskInstanceFactory()
+    before = db_snapshot()
+    response = claim(worker_api, {"hostname": "a", "limit": 1}, key=key)
+    assert response.status_code == status
+    assert response.json()["detail"]["reason"] == reason
+    assert db_snapshot() == before
+
+
+def test_a_task_token_is_not_a_worker_api_key(worker_api):
+    ti = TaskInstanceFactory()
+    response = claim(worker_api, {"hostname": "a", "limit": 1}, key=auth.issue_token(ti.id))
+    assert response.status_code == 403
+
+
+@pytest.mark.parametrize(
+    "body", [{"hostname": "a", "limit": 0}, {"hostname": "a", "limit": 1001}, {"limit": 1}, {}]
+)
+def test_invalid_claim_body_is_422(worker_api, body):
+    TaskInstanceFactory()
+    before = db_snapshot()
+    assert claim(worker_api, body).status_code == 422
+    assert db_snapshot() == before
+
+
+def _claim_queries(limit: int) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        workloads = task_state.claim_workloads(hostname="w", limit=limit)
+    assert len(workloads) == limit
+    return len(ctx.captured_queries)
+
+
+def test_claim_query_count_is_the_same_for_1_and_200_workloads():
+    run = DagRunFactory()
+    for i in range(200):
+        task = TaskFactory(dag=run.dag, task_id=f"t{i}")
+        task.outlet_assets.add(AssetFactory(name=f"a{i}"))
+        TaskInstanceFactory(dag_run=run, task_id=f"t{i}")
+    assert _claim_queries(1) == _claim_queries(199)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claims_never_hand_out_the_same_ti():
+    run = DagRunFactory()
+    ids = {TaskInstanceFactory(dag_run=run).id for _ in range(60)}
+    results: list[list] = []
+    barrier = threading.Barrier(4)
+
+    def worker(name: str) -> None:
+        try:
+            barrier.wait()
+            got = []
+            while batch := task_state.claim_workloads(hostname=name, limit=4):
+                got.extend(w.ti.id for w in batch)
+            results.append(got)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    claimed = [ti_id for got in results for ti_id in got]
+    assert len(claimed) == 60
+    assert set(claimed) == ids

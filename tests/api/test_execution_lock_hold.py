@@ -1,0 +1,188 @@
+"""Invariants 1 and 9: what runs while the TI row lock is held is flat in the number of outlets
+and of consumed events; ti_run's total query count is flat in the number of consumed events.
+
+The statements "under the lock" are captured with `connection.execute_wrapper`: every statement
+from the `SELECT ... FOR UPDATE` of the TI up to the end of the transaction that took it
+(`connection.in_atomic_block` turning false marks the COMMIT). These tests commit for real
+(`transaction=True`), so the transaction boundaries are the production ones.
+"""
+
+from contextlib import contextmanager
+from datetime import datetime
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from assets_app import task_state
+from assets_app.models import (
+    AssetAliasEvent,
+    AssetEvent,
+    AssetEventQueue,
+    DagRunAssetEvent,
+    TIState,
+)
+from tests.factories import AssetAliasFactory, AssetFactory, TaskInstanceFactory
+
+START = datetime.fromisoformat("2026-06-30T10:00:00+00:00")
+
+
+class StatementLog:
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, bool]] = []
+
+    def __call__(self, execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        self.entries.append((sql, context["connection"].in_atomic_block))
+        return result
+
+    def under_ti_lock(self) -> list[str]:
+        """Statements from each `FOR UPDATE` on the TI table until its transaction ended."""
+        held: list[str] = []
+        holding = False
+        for sql, in_transaction in self.entries:
+            if not in_transaction:
+                holding = False
+            elif 'FROM "assets_app_taskinstance"' in sql and "FOR UPDATE" in sql:
+                holding = True
+            if holding:
+                held.append(sql)
+        return held
+
+
+@contextmanager
+def statement_log():
+    log = StatementLog()
+    with connection.execute_wrapper(log):
+        yield log
+
+
+def kinds(statements: list[str]) -> list[str]:
+    return [
+        "SELECT FOR UPDATE" if "FOR UPDATE" in sql else sql.split(None, 1)[0].upper()
+        for sql in statements
+    ]
+
+
+def outlets(n: int) -> tuple[list[dict], list[dict]]:
+    profiles = [{"name": f"o{i}", "uri": f"s3://b/o{i}", "type": "Asset"} for i in range(n)]
+    events = [
+        {"dest_asset_key": {"name": f"o{i}", "uri": f"s3://b/o{i}"}, "extra": {"i": i}}
+        for i in range(n)
+    ]
+    return profiles, events
+
+
+def succeed_and_log(n_outlets: int) -> list[str]:
+    ti = TaskInstanceFactory(running=True)
+    profiles, events = outlets(n_outlets)
+    with statement_log() as log:
+        change = task_state.succeed(
+            ti_id=ti.id, end_date=timezone.now(), task_outlets=profiles, outlet_events=events
+        )
+    assert change.state == TIState.SUCCESS and not change.replayed
+    return log.under_ti_lock()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_mode_success_holds_the_lock_for_three_statements_whatever_the_outlets(settings):
+    settings.ASSET_REGISTRATION_MODE = "queue"
+
+    one = succeed_and_log(1)
+    thousand = succeed_and_log(1000)
+
+    assert kinds(one) == ["SELECT FOR UPDATE", "UPDATE", "INSERT"]
+    assert kinds(thousand) == kinds(one)
+    assert AssetEventQueue.objects.count() == 2
+    assert AssetEvent.objects.count() == 0  # nothing registered under (or with) the lock
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inline_mode_success_registers_before_the_lock_and_holds_it_for_two_statements(
+    settings,
+):
+    settings.ASSET_REGISTRATION_MODE = "inline"
+
+    one = succeed_and_log(1)
+    thousand = succeed_and_log(1000)
+
+    assert kinds(one) == ["SELECT FOR UPDATE", "UPDATE"]
+    assert kinds(thousand) == kinds(one)
+    assert AssetEventQueue.objects.count() == 0
+    assert AssetEvent.objects.count() == 1001
+
+
+def make_consumed_events(ti, n: int) -> None:
+    assets = [AssetFactory(name=f"c{i}") for i in range(3)]
+    alias = AssetAliasFactory(name="via")
+    events = AssetEvent.objects.bulk_create(
+        AssetEvent(asset=assets[i % 3], extra={"i": i}, source_dag_id="up") for i in range(n)
+    )
+    DagRunAssetEvent.objects.bulk_create(
+        DagRunAssetEvent(dag_run=ti.dag_run, dag=ti.dag_run.dag, asset_event=e) for e in events
+    )
+    AssetAliasEvent.objects.bulk_create(
+        AssetAliasEvent(alias=alias, asset_event=e) for e in events[::2]
+    )
+
+
+def start_and_log(n_events: int) -> tuple[list[str], int, task_state.RunContext]:
+    ti = TaskInstanceFactory()
+    make_consumed_events(ti, n_events)
+    with statement_log() as log:
+        context = task_state.start(ti_id=ti.id, hostname="h", unixname="u", pid=1, start_date=START)
+    return log.under_ti_lock(), len(log.entries), context
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ti_run_holds_the_lock_for_two_statements_and_runs_a_fixed_number_of_queries():
+    held_one, total_one, context_one = start_and_log(1)
+    held_many, total_many, context_many = start_and_log(5000)
+
+    assert kinds(held_one) == ["SELECT FOR UPDATE", "UPDATE"]
+    assert kinds(held_many) == kinds(held_one)
+    assert total_many == total_one
+    assert len(context_one.consumed_events) == 1
+    assert len(context_many.consumed_events) == 5000
+    aliased = [e for e in context_many.consumed_events if e.source_aliases.all()]
+    assert len(aliased) == 2500  # prefetched: no query per event
+
+
+@pytest.mark.parametrize("n_events", [1, 5000])
+@pytest.mark.django_db
+def test_ti_run_total_query_count_is_pinned(django_assert_num_queries, n_events):
+    ti = TaskInstanceFactory()
+    make_consumed_events(ti, n_events)
+    # SAVEPOINT, SELECT FOR UPDATE, UPDATE, RELEASE (the durable atomic inside the test's
+    # transaction), then run -> running, DagRun, events joined with assets, source aliases.
+    with django_assert_num_queries(8):
+        context = task_state.start(ti_id=ti.id, hostname="h", unixname="u", pid=1, start_date=START)
+    assert len(context.consumed_events) == n_events
+
+
+@pytest.mark.django_db
+def test_ti_run_http_response_query_count_is_flat(worker_api):
+    """The HTTP layer adds nothing per event either (serialisation uses the prefetched rows)."""
+    counts = []
+    for n in (1, 300):
+        ti = TaskInstanceFactory()
+        make_consumed_events(ti, n)
+        with CaptureQueriesContext(connection) as ctx:
+            response = worker_api.request(
+                "PATCH",
+                f"/task-instances/{ti.id}/run",
+                {
+                    "state": "running",
+                    "hostname": "h",
+                    "unixname": "u",
+                    "pid": 1,
+                    "start_date": START.isoformat(),
+                },
+                ti_id=ti.id,
+            )
+        assert response.status_code == 200
+        assert len(response.json()["dag_run"]["consumed_asset_events"]) == n
+        counts.append(len(ctx.captured_queries))
+        AssetEvent.objects.all().delete()
+    assert counts[0] == counts[1]

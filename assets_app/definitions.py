@@ -46,7 +46,7 @@ from typing import Any
 
 from django.db import models, transaction
 
-from . import conditions
+from . import conditions, locks
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
 from .models import (
     Asset,
@@ -464,8 +464,7 @@ def sync_dags(*, paths: Sequence[str | Path]) -> SyncResult:
     """Validate every file, then write all their Dags in one durable transaction.
 
     Nothing is written unless every file is valid (DefinitionError otherwise). Idempotent: a second
-    run over the same files writes nothing. Takes no explicit locks; two concurrent syncs of the
-    same Dags serialize on their row writes.
+    run over the same files writes nothing. Concurrent syncs serialize on `locks.lock_dag_sync`.
     """
     return sync_definitions(dags=load_paths(paths))
 
@@ -474,6 +473,9 @@ def sync_definitions(*, dags: Sequence[DagDefinition]) -> SyncResult:
     """Write already-parsed definitions (see `sync_dags`); one durable transaction."""
     check_definitions(dags)
     with transaction.atomic(durable=True):
+        # Concurrent syncs (several hosts at start-up) run one after the other; every read below
+        # happens after the lock, so it sees what an earlier sync committed.
+        locks.lock_dag_sync()
         return _Sync(dags).run()
 
 

@@ -12,6 +12,11 @@ transaction takes a lock from an earlier step after one from a later step):
   4. That Dag's ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, by asset_event_id; the scheduler
      then inserts the DagRun, its consumed-event links and TIs, and deletes exactly those rows.
 
+Outside that order, and taken first in its own transaction: the DAG definition sync's advisory lock
+(`lock_dag_sync`), which only serializes `sync_dags` runs with each other. Under it a sync writes
+Dag rows with plain UPDATEs, which wait for a scheduler holding that Dag (step 3) but never make
+a scheduler wait, since schedulers skip locked Dags.
+
 Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All functions here must be
 called inside a transaction; they say which rows they lock and return model instances.
 """
@@ -20,6 +25,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from uuid import UUID
 
+from django.db import connection
 from django.db.models import Q, QuerySet
 
 from .models import AssetDagRunQueue, AssetEventQueue, Dag, TaskInstance, TIState
@@ -82,3 +88,17 @@ def lock_dag_queue_rows(
     if asset_ids is not None:
         queryset = queryset.filter(asset_id__in=asset_ids)
     return list(queryset.order_by("asset_event_id"))
+
+
+# Any fixed 64-bit number; it names "the DAG definition sync" among advisory locks.
+DAG_SYNC_ADVISORY_LOCK_KEY = 0x5A5D_A65C
+
+
+def lock_dag_sync() -> None:
+    """Take the transaction-scoped advisory lock that serializes DAG definition syncs, waiting
+    for a concurrent sync to commit. Two syncs of the same new Dags would otherwise both insert
+    them and the second would fail on the primary key. PostgreSQL only: SQLite serializes writers
+    itself (IMMEDIATE transactions)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DAG_SYNC_ADVISORY_LOCK_KEY])

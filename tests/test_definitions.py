@@ -3,6 +3,7 @@ idempotent sync, and the `sync_dags` command, including the issue's acceptance s
 
 import json
 import shutil
+import threading
 from io import StringIO
 from pathlib import Path
 
@@ -563,3 +564,38 @@ def test_copying_a_file_elsewhere_only_updates_fileloc(tmp_path):
     result = sync(copy)
     assert result.dags_updated == 3
     assert set(Dag.objects.values_list("fileloc", flat=True)) == {str(copy.resolve())}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("with_assets", [True, False])
+def test_concurrent_syncs_of_the_same_new_files_both_succeed(tmp_path, with_assets):
+    """Several hosts may run sync_dags at start-up at once: they serialize, none fails."""
+    if with_assets:
+        path, dags, tasks = ACCEPTANCE, 3, 5
+    else:
+        document = [{"dag_id": f"d{i}", "tasks": [{"task_id": "t"}]} for i in range(3)]
+        path, dags, tasks = write(tmp_path / "plain.json", document), 3, 3
+    n = 4
+    barrier = threading.Barrier(n)
+    results: list[definitions.SyncResult] = []
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            barrier.wait()
+            results.append(sync(path))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert sorted(r.dags_created for r in results) == [0] * (n - 1) + [dags]
+    assert sorted(r.dags_unchanged for r in results) == [0] + [dags] * (n - 1)
+    assert Dag.objects.count() == dags
+    assert Task.objects.count() == tasks

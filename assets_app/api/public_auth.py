@@ -14,6 +14,7 @@ turns both into the usual `{"detail": {"reason", "message"}}` body. `request.aut
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.http import HttpRequest
@@ -62,8 +63,6 @@ class StaffSessionAuth(APIKeyCookie):
     """A logged-in, active staff user's Django session; CSRF enforced for unsafe methods."""
 
     def __init__(self) -> None:
-        from django.conf import settings
-
         self.param_name = settings.SESSION_COOKIE_NAME
         super().__init__(csrf=True)
 

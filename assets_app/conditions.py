@@ -176,3 +176,31 @@ def evaluate(
         case AnyOf(children=children):
             return any(evaluate(c, present=present, alias_assets=alias_assets) for c in children)
     raise TypeError(condition)
+
+
+@dataclass(frozen=True)
+class ConditionStatus:
+    """A condition node with whether it is met; `children` mirror `all`/`any` children."""
+
+    condition: Condition
+    met: bool
+    children: tuple[ConditionStatus, ...] = ()
+
+
+def explain(
+    condition: Condition,
+    *,
+    present: Set[str],
+    alias_assets: Mapping[str, Set[str]] | None = None,
+) -> ConditionStatus:
+    """`evaluate`, keeping the verdict of every node (for showing which parts are satisfied)."""
+    alias_assets = alias_assets or {}
+    if isinstance(condition, AllOf | AnyOf):
+        children = tuple(
+            explain(c, present=present, alias_assets=alias_assets) for c in condition.children
+        )
+        combine = all if isinstance(condition, AllOf) else any
+        return ConditionStatus(condition, combine(c.met for c in children), children)
+    return ConditionStatus(
+        condition, evaluate(condition, present=present, alias_assets=alias_assets)
+    )

@@ -29,6 +29,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so the worker API latency histogram (/metrics) times the whole stack.
+    "assets_app.middleware.WorkerApiLatencyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Before anything reads the body: oversized (413) and non-JSON (415) API requests.
     "assets_app.api.middleware.ApiRequestGuardMiddleware",
@@ -111,6 +113,9 @@ ASSET_QUEUE_BACKOFF_BASE_SECONDS = env.float("ASSET_QUEUE_BACKOFF_BASE_SECONDS",
 ASSET_QUEUE_BACKOFF_CAP_SECONDS = env.float("ASSET_QUEUE_BACKOFF_CAP_SECONDS", default=600.0)
 # One drain or scheduler invocation keeps working until its queue is empty or this budget is spent.
 ASSET_DRAIN_TIME_BUDGET_SECONDS = env.float("ASSET_DRAIN_TIME_BUDGET_SECONDS", default=20.0)
+# /healthz fails when the drain or scheduler has not succeeded for this long (the django-q2
+# sweep runs each of them every minute).
+ASSET_HEALTH_MAX_AGE_SECONDS = env.int("ASSET_HEALTH_MAX_AGE_SECONDS", default=180)
 WORKER_API_KEY = env.str("WORKER_API_KEY", default="dev-worker-api-key")
 WORKER_TOKEN_LIFETIME_SECONDS = env.int("WORKER_TOKEN_LIFETIME_SECONDS", default=3600)
 # A claimed TI that is not started within this many seconds can be claimed again.

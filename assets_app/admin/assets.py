@@ -1,0 +1,155 @@
+"""Assets and aliases: what exists, who produces it, who consumes it, its recent events."""
+
+from django.contrib import admin
+from django.db.models import Max, OuterRef, Prefetch, Subquery
+from django.template.loader import render_to_string
+
+from ..models import (
+    Asset,
+    AssetAlias,
+    AssetAliasAsset,
+    AssetAliasEvent,
+    AssetEvent,
+    DagRunAssetEvent,
+    DagScheduleAliasReference,
+    DagScheduleAssetReference,
+    TaskOutletAliasReference,
+    TaskOutletAssetReference,
+)
+from .base import ReadOnlyAdmin, count_of, pretty_json
+
+RECENT_EVENTS = 25
+
+
+def recent_events_table(events) -> str:
+    """The shared "recent events" table (asset and alias pages): source task, consuming runs."""
+    events = events.select_related("asset").prefetch_related(
+        Prefetch(
+            "consumed_links",
+            queryset=DagRunAssetEvent.objects.select_related("dag_run").order_by("dag_run_id"),
+        ),
+        Prefetch("alias_links", queryset=AssetAliasEvent.objects.select_related("alias")),
+    )
+    return render_to_string("admin/assets_app/recent_events.html", {"events": events})
+
+
+@admin.register(Asset)
+class AssetAdmin(ReadOnlyAdmin):
+    list_display = ("name", "uri", "group", "event_count", "last_event_at", "created_at")
+    list_filter = ("group",)
+    search_fields = ("name", "uri")
+    readonly_fields = ("extra_json", "producers", "consumers", "recent_events")
+    fieldsets = (
+        (None, {"fields": ("name", "uri", "group", "extra_json", "created_at", "updated_at")}),
+        ("Producers and consumers", {"fields": ("producers", "consumers")}),
+        ("Recent events", {"fields": ("recent_events",), "classes": ("aes-wide",)}),
+    )
+
+    def get_queryset(self, request):
+        last = AssetEvent.objects.filter(asset=OuterRef("pk")).order_by().values("asset")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                event_count=count_of(AssetEvent, "asset"),
+                last_event_at=Subquery(last.annotate(m=Max("timestamp")).values("m")),
+            )
+        )
+
+    @admin.display(description="events", ordering="event_count")
+    def event_count(self, obj):
+        return obj.event_count
+
+    @admin.display(description="last event", ordering="last_event_at")
+    def last_event_at(self, obj):
+        return obj.last_event_at
+
+    @admin.display(description="extra")
+    def extra_json(self, obj):
+        return pretty_json(obj.extra)
+
+    @admin.display(description="produced by")
+    def producers(self, obj):
+        tasks = TaskOutletAssetReference.objects.filter(asset=obj).select_related("task")
+        via_alias = TaskOutletAliasReference.objects.filter(
+            alias__asset_links__asset=obj
+        ).select_related("task", "alias")
+        return render_to_string(
+            "admin/assets_app/task_list.html", {"refs": tasks, "alias_refs": via_alias}
+        )
+
+    @admin.display(description="consumed by (scheduled on)")
+    def consumers(self, obj):
+        direct = DagScheduleAssetReference.objects.filter(asset=obj).select_related("dag")
+        via_alias = DagScheduleAliasReference.objects.filter(
+            alias__asset_links__asset=obj
+        ).select_related("dag", "alias")
+        return render_to_string(
+            "admin/assets_app/dag_list.html", {"refs": direct, "alias_refs": via_alias}
+        )
+
+    @admin.display(description=f"last {RECENT_EVENTS} events")
+    def recent_events(self, obj):
+        return recent_events_table(obj.events.order_by("-timestamp", "-id")[:RECENT_EVENTS])
+
+
+@admin.register(AssetAlias)
+class AssetAliasAdmin(ReadOnlyAdmin):
+    list_display = ("name", "group", "asset_count", "event_count", "created_at")
+    list_filter = ("group",)
+    search_fields = ("name",)
+    readonly_fields = ("resolved_assets", "producers", "consumers", "recent_events")
+    fields = (
+        "name",
+        "group",
+        "created_at",
+        "resolved_assets",
+        "producers",
+        "consumers",
+        "recent_events",
+    )
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                asset_count=count_of(AssetAliasAsset, "alias"),
+                event_count=count_of(AssetAlias.events.through, "alias"),
+            )
+        )
+
+    @admin.display(description="assets", ordering="asset_count")
+    def asset_count(self, obj):
+        return obj.asset_count
+
+    @admin.display(description="events", ordering="event_count")
+    def event_count(self, obj):
+        return obj.event_count
+
+    @admin.display(description="resolves to")
+    def resolved_assets(self, obj):
+        links = obj.asset_links.select_related("asset").order_by("asset__name")
+        return render_to_string("admin/assets_app/asset_list.html", {"links": links})
+
+    @admin.display(description="produced by")
+    def producers(self, obj):
+        refs = TaskOutletAliasReference.objects.filter(alias=obj).select_related("task")
+        return render_to_string("admin/assets_app/task_list.html", {"refs": refs})
+
+    @admin.display(description="consumed by (scheduled on)")
+    def consumers(self, obj):
+        refs = DagScheduleAliasReference.objects.filter(alias=obj).select_related("dag")
+        return render_to_string("admin/assets_app/dag_list.html", {"refs": refs})
+
+    @admin.display(description=f"last {RECENT_EVENTS} events through this alias")
+    def recent_events(self, obj):
+        return recent_events_table(obj.events.order_by("-timestamp", "-id")[:RECENT_EVENTS])
+
+
+@admin.register(AssetAliasAsset)
+class AssetAliasAssetAdmin(ReadOnlyAdmin):
+    list_display = ("alias", "asset", "created_at")
+    list_select_related = ("alias", "asset")
+    search_fields = ("alias__name", "asset__name", "asset__uri")
+    list_filter = ("alias",)

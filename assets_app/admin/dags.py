@@ -1,0 +1,360 @@
+"""Dags and tasks: schedule (with what is already satisfied), queued events with "clear", runs."""
+
+from django.contrib import admin
+from django.db.models import Count, Max, Min, OuterRef, Prefetch, Subquery
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from .. import conditions, queued_events
+from ..models import (
+    AssetAliasAsset,
+    AssetDagRunQueue,
+    Dag,
+    DagRun,
+    DagRunAssetEvent,
+    DagRunState,
+    DagScheduleAliasReference,
+    DagScheduleAssetReference,
+    Task,
+    TaskOutletAliasReference,
+    TaskOutletAssetReference,
+)
+from .base import ReadOnlyAdmin, count_of, duration, pretty_json
+
+RECENT_RUNS = 15
+QUEUED_ROWS_SHOWN = 200
+
+
+def condition_text(raw) -> str:
+    """`all(orders, any(customers, alias:cleaned))` for a stored schedule; `manual` for none."""
+    if raw is None:
+        return "manual only"
+
+    def text(node) -> str:
+        match node:
+            case conditions.AssetRef(name=name, uri=uri):
+                return name if name == uri else f"{name} ({uri})"
+            case conditions.AliasRef(name=name):
+                return f"alias:{name}"
+            case conditions.AllOf(children=children):
+                return "all(" + ", ".join(text(c) for c in children) + ")"
+            case conditions.AnyOf(children=children):
+                return "any(" + ", ".join(text(c) for c in children) + ")"
+        raise TypeError(node)
+
+    try:
+        return text(conditions.parse(raw))
+    except conditions.ConditionError:
+        return f"unparseable: {raw!r}"
+
+
+class ScheduleFilter(admin.SimpleListFilter):
+    title = "schedule"
+    parameter_name = "scheduled"
+
+    def lookups(self, request, model_admin):
+        return (("assets", "on assets"), ("manual", "manual only"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "assets":
+            return queryset.filter(schedule__isnull=False)
+        if self.value() == "manual":
+            return queryset.filter(schedule__isnull=True)
+        return queryset
+
+
+class TaskInline(admin.TabularInline):
+    model = Task
+    fields = ("task_id", "retries", "outlets")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .prefetch_related(
+                Prefetch(
+                    "outlet_asset_refs",
+                    queryset=TaskOutletAssetReference.objects.select_related("asset"),
+                ),
+                Prefetch(
+                    "outlet_alias_refs",
+                    queryset=TaskOutletAliasReference.objects.select_related("alias"),
+                ),
+            )
+        )
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="outlets")
+    def outlets(self, obj):
+        names = [r.asset.name for r in obj.outlet_asset_refs.all()]
+        names += [f"alias:{r.alias.name}" for r in obj.outlet_alias_refs.all()]
+        return ", ".join(names) or "-"
+
+
+@admin.register(Dag)
+class DagAdmin(admin.ModelAdmin):
+    """Dags come from `sync_dags`; operators may pause them and change `max_active_runs`."""
+
+    list_display = (
+        "dag_id",
+        "is_paused",
+        "schedule_summary",
+        "task_count",
+        "queued_event_count",
+        "active_run_count",
+        "last_run_at",
+    )
+    list_filter = ("is_paused", ScheduleFilter)
+    search_fields = ("dag_id", "description")
+    inlines = (TaskInline,)
+    fields = (
+        "dag_id",
+        "description",
+        "is_paused",
+        "max_active_runs",
+        "schedule_summary",
+        "schedule_json",
+        "queued_events_summary",
+        "fileloc",
+        "created_at",
+        "updated_at",
+        "recent_runs",
+    )
+    readonly_fields = (
+        "dag_id",
+        "description",
+        "schedule_summary",
+        "schedule_json",
+        "queued_events_summary",
+        "fileloc",
+        "created_at",
+        "updated_at",
+        "recent_runs",
+    )
+
+    def has_add_permission(self, request):
+        return False
+
+    def get_queryset(self, request):
+        last_run = DagRun.objects.filter(dag=OuterRef("pk")).order_by().values("dag")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                task_count=count_of(Task, "dag"),
+                queued_event_count=count_of(AssetDagRunQueue, "target_dag"),
+                active_run_count=count_of(
+                    DagRun, "dag", state__in=[DagRunState.QUEUED, DagRunState.RUNNING]
+                ),
+                last_run_at=Subquery(last_run.annotate(m=Max("run_after")).values("m")),
+            )
+        )
+
+    @admin.display(description="schedule")
+    def schedule_summary(self, obj):
+        return condition_text(obj.schedule)
+
+    @admin.display(description="schedule (stored JSON)")
+    def schedule_json(self, obj):
+        return pretty_json(obj.schedule)
+
+    @admin.display(description="tasks", ordering="task_count")
+    def task_count(self, obj):
+        return obj.task_count
+
+    @admin.display(description="queued events", ordering="queued_event_count")
+    def queued_event_count(self, obj):
+        url = reverse("admin:assets_app_dag_queued_events", args=[obj.pk])
+        return format_html('<a href="{}">{}</a>', url, obj.queued_event_count)
+
+    @admin.display(description="active runs", ordering="active_run_count")
+    def active_run_count(self, obj):
+        return f"{obj.active_run_count} / {obj.max_active_runs}"
+
+    @admin.display(description="last run", ordering="last_run_at")
+    def last_run_at(self, obj):
+        return obj.last_run_at
+
+    @admin.display(description="queued events")
+    def queued_events_summary(self, obj):
+        url = reverse("admin:assets_app_dag_queued_events", args=[obj.pk])
+        waiting = AssetDagRunQueue.objects.filter(target_dag=obj).count()
+        return format_html(
+            '{} waiting · <a href="{}">see them and which parts of the schedule are met</a>',
+            waiting,
+            url,
+        )
+
+    @admin.display(description=f"last {RECENT_RUNS} runs and the events they consumed")
+    def recent_runs(self, obj):
+        runs = (
+            DagRun.objects.filter(dag=obj)
+            .order_by("-id")
+            .prefetch_related(
+                Prefetch(
+                    "consumed_links",
+                    queryset=DagRunAssetEvent.objects.select_related("asset_event__asset").order_by(
+                        "asset_event_id"
+                    ),
+                )
+            )[:RECENT_RUNS]
+        )
+        return render_to_string("admin/assets_app/run_list.html", {"runs": runs})
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.queued_events_view)
+        return [
+            path("<path:object_id>/queued-events/", view, name="assets_app_dag_queued_events"),
+            *super().get_urls(),
+        ]
+
+    def queued_events_view(self, request, object_id):
+        """The Dag's ADRQ rows by asset, its condition with the met parts, and "clear"."""
+        if not self.has_view_permission(request):
+            raise Http404
+        dag = get_object_or_404(Dag, pk=object_id)
+        if request.method == "POST":
+            if not self.has_change_permission(request, dag):
+                raise Http404
+            asset_id = request.POST.get("asset_id") or None
+            cleared = queued_events.clear_queued_events(
+                dag_id=dag.dag_id, asset_id=int(asset_id) if asset_id else None
+            )
+            self.message_user(request, f"Cleared {cleared} queued events of {dag.dag_id}.")
+            return HttpResponseRedirect(request.path)
+        context = {
+            **self.admin_site.each_context(request),
+            **queued_events_context(dag),
+            "opts": self.opts,
+            "title": f"Queued events of {dag.dag_id}",
+            "can_clear": self.has_change_permission(request, dag),
+        }
+        return TemplateResponse(request, "admin/assets_app/dag_queued_events.html", context)
+
+
+def queued_events_context(dag: Dag) -> dict:
+    """What the queued-events page shows. Five queries whatever the number of rows."""
+    now = timezone.now()
+    by_asset = list(
+        AssetDagRunQueue.objects.filter(target_dag=dag)
+        .values("asset_id", "asset__name", "asset__uri")
+        .annotate(n=Count("id"), oldest=Min("created_at"), newest=Max("created_at"))
+        .order_by("asset__name")
+    )
+    for group in by_asset:
+        group["oldest_age"] = duration(now - group["oldest"])
+    rows = (
+        AssetDagRunQueue.objects.filter(target_dag=dag)
+        .select_related("asset", "asset_event")
+        .order_by("asset_event_id")[:QUEUED_ROWS_SHOWN]
+    )
+    tree = None
+    if dag.schedule is not None:
+        condition = conditions.parse(dag.schedule)
+        aliases = conditions.referenced_aliases(condition)
+        alias_assets: dict[str, set[str]] = {name: set() for name in aliases}
+        for alias_name, asset_name in AssetAliasAsset.objects.filter(
+            alias__name__in=aliases
+        ).values_list("alias__name", "asset__name"):
+            alias_assets[alias_name].add(asset_name)
+        status = conditions.explain(
+            condition, present={g["asset__name"] for g in by_asset}, alias_assets=alias_assets
+        )
+        tree = _status_tree(status, alias_assets)
+    total = sum(g["n"] for g in by_asset)
+    return {
+        "dag": dag,
+        "by_asset": by_asset,
+        "rows": [(row, duration(now - row.created_at)) for row in rows],
+        "total": total,
+        "shown": min(total, QUEUED_ROWS_SHOWN),
+        "tree": tree,
+        "schedule_text": condition_text(dag.schedule),
+    }
+
+
+def _status_tree(status: conditions.ConditionStatus, alias_assets) -> dict:
+    node = status.condition
+    match node:
+        case conditions.AssetRef(name=name):
+            label, kind = name, "asset"
+        case conditions.AliasRef(name=name):
+            resolved = ", ".join(sorted(alias_assets.get(name, ()))) or "no assets yet"
+            label, kind = f"alias {name} → {resolved}", "alias"
+        case conditions.AllOf():
+            label, kind = "all of", "all"
+        case _:
+            label, kind = "any of", "any"
+    return {
+        "label": label,
+        "kind": kind,
+        "met": status.met,
+        "children": [_status_tree(c, alias_assets) for c in status.children],
+    }
+
+
+@admin.register(Task)
+class TaskAdmin(ReadOnlyAdmin):
+    list_display = ("task_id", "dag", "retries", "outlet_asset_count", "outlet_alias_count")
+    list_select_related = ("dag",)
+    list_filter = ("dag",)
+    search_fields = ("task_id", "dag__dag_id")
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                outlet_asset_count=count_of(TaskOutletAssetReference, "task"),
+                outlet_alias_count=count_of(TaskOutletAliasReference, "task"),
+            )
+        )
+
+    @admin.display(description="outlet assets", ordering="outlet_asset_count")
+    def outlet_asset_count(self, obj):
+        return obj.outlet_asset_count
+
+    @admin.display(description="outlet aliases", ordering="outlet_alias_count")
+    def outlet_alias_count(self, obj):
+        return obj.outlet_alias_count
+
+
+@admin.register(TaskOutletAssetReference)
+class TaskOutletAssetReferenceAdmin(ReadOnlyAdmin):
+    list_display = ("task", "asset")
+    list_select_related = ("task", "asset")
+    search_fields = ("task__task_id", "task__dag__dag_id", "asset__name")
+
+
+@admin.register(TaskOutletAliasReference)
+class TaskOutletAliasReferenceAdmin(ReadOnlyAdmin):
+    list_display = ("task", "alias")
+    list_select_related = ("task", "alias")
+    search_fields = ("task__task_id", "task__dag__dag_id", "alias__name")
+
+
+@admin.register(DagScheduleAssetReference)
+class DagScheduleAssetReferenceAdmin(ReadOnlyAdmin):
+    list_display = ("dag", "asset")
+    list_select_related = ("dag", "asset")
+    list_filter = ("dag",)
+    search_fields = ("dag__dag_id", "asset__name")
+
+
+@admin.register(DagScheduleAliasReference)
+class DagScheduleAliasReferenceAdmin(ReadOnlyAdmin):
+    list_display = ("dag", "alias")
+    list_select_related = ("dag", "alias")
+    list_filter = ("dag",)
+    search_fields = ("dag__dag_id", "alias__name")

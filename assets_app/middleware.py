@@ -1,0 +1,29 @@
+"""Request middleware: times worker API requests for the latency histogram on /metrics."""
+
+import time
+
+from . import observability
+
+WORKER_API_PREFIX = "/execution/"
+
+
+class WorkerApiLatencyMiddleware:
+    """Times each `/execution/` request and records it after the response is built.
+
+    The record is one upsert, run after commit (right away: no request transaction is open by
+    then), so the histogram costs one statement per worker request and nothing for other paths.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if not request.path.startswith(WORKER_API_PREFIX):
+            return self.get_response(request)
+        started = time.perf_counter()
+        response = self.get_response(request)
+        elapsed = time.perf_counter() - started
+        match = request.resolver_match
+        route = match.route if match is not None else "unmatched"
+        observability.record_api_latency(method=request.method, route=route, seconds=elapsed)
+        return response

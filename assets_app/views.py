@@ -1,0 +1,33 @@
+"""Plain HTTP views for machines: `/metrics` (Prometheus) and `/healthz`."""
+
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+
+from . import observability
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@require_GET
+def metrics(request):
+    return HttpResponse(observability.render_prometheus(), content_type=PROMETHEUS_CONTENT_TYPE)
+
+
+@require_GET
+def healthz(request):
+    """200 when the database answers and the drain and scheduler succeeded recently, else 503."""
+    result = observability.health()
+    body = {
+        "status": "ok" if result.ok else "unhealthy",
+        "database": "ok" if result.database else "unreachable",
+        "components": {
+            c.component: {
+                "status": c.status,
+                "last_run_at": c.last_run_at.isoformat() if c.last_run_at else None,
+                "last_ok_at": c.last_ok_at.isoformat() if c.last_ok_at else None,
+            }
+            for c in result.components
+        },
+        "max_age_seconds": observability.health_max_age().total_seconds(),
+    }
+    return JsonResponse(body, status=200 if result.ok else 503)

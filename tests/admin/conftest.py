@@ -1,0 +1,84 @@
+import itertools
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from assets_app.models import (
+    ApiToken,
+    AssetAliasAsset,
+    AssetAliasEvent,
+    AssetDagRunQueue,
+    ComponentHeartbeat,
+    DagRunAssetEvent,
+    DagRunType,
+    DagScheduleAliasReference,
+    DagScheduleAssetReference,
+    MetricCounter,
+    TaskOutletAliasReference,
+    TaskOutletAssetReference,
+)
+from tests.factories import (
+    AssetAliasFactory,
+    AssetEventFactory,
+    AssetEventQueueFactory,
+    AssetFactory,
+    DagFactory,
+    DagRunFactory,
+    TaskFactory,
+    TaskInstanceFactory,
+)
+
+
+@pytest.fixture
+def staff_client(db, django_user_model):
+    user = django_user_model.objects.create_superuser(username="operator", password="pw")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+_serial = itertools.count()
+
+
+def populate(n: int) -> None:
+    """`n` of everything the admin shows, linked the way the drain and scheduler link them."""
+    alias = AssetAliasFactory()
+    user, _ = get_user_model().objects.get_or_create(username="token-owner")
+    for _ in range(n):
+        i = next(_serial)
+        producer = DagFactory(dag_id=f"producer_{i}")
+        asset = AssetFactory()
+        task = TaskFactory(dag=producer)
+        TaskOutletAssetReference.objects.create(task=task, asset=asset)
+        TaskOutletAliasReference.objects.create(task=task, alias=alias)
+        consumer = DagFactory(schedule={"any": [{"asset": {"name": asset.name, "uri": asset.uri}}]})
+        DagScheduleAssetReference.objects.create(dag=consumer, asset=asset)
+        DagScheduleAliasReference.objects.create(dag=consumer, alias=alias)
+        run = DagRunFactory(dag=producer)
+        ti = TaskInstanceFactory(dag_run=run, task_id=task.task_id, succeeded=True)
+        event = AssetEventFactory(
+            asset=asset,
+            source_dag_id=producer.dag_id,
+            source_run_id=run.run_id,
+            source_task_id=task.task_id,
+            source_ti_id=ti.id,
+            source_try_number=1,
+        )
+        AssetAliasAsset.objects.get_or_create(alias=alias, asset=asset)
+        AssetAliasEvent.objects.create(alias=alias, asset_event=event)
+        consuming_run = DagRunFactory(dag=consumer, run_type=DagRunType.ASSET_TRIGGERED)
+        TaskInstanceFactory(dag_run=consuming_run)
+        DagRunAssetEvent.objects.create(dag_run=consuming_run, dag=consumer, asset_event=event)
+        waiting = AssetEventFactory(asset=asset)
+        AssetDagRunQueue.objects.create(target_dag=consumer, asset_event=waiting, asset=asset)
+        AssetEventQueueFactory(source_dag_id=producer.dag_id)
+        AssetEventQueueFactory(source_dag_id=producer.dag_id, parked=True)
+        MetricCounter.objects.create(name="outbox_registered", shard=i, value=i)
+        ApiToken.objects.create(user=user, name=f"token-{i}", key_hash=ApiToken.hash_key(f"k{i}"))
+    for component in ("drain", "scheduler"):
+        ComponentHeartbeat.objects.update_or_create(
+            component=component,
+            defaults={"last_run_at": timezone.now(), "last_ok_at": timezone.now()},
+        )

@@ -63,13 +63,13 @@ class StaffSessionAuth(APIKeyCookie):
     """A logged-in, active staff user's Django session; CSRF enforced for unsafe methods."""
 
     def __init__(self) -> None:
-        self.param_name = settings.SESSION_COOKIE_NAME
+        self.param_name = settings.SESSION_COOKIE_NAME  # only names the scheme in the OpenAPI doc
         super().__init__(csrf=True)
 
     def _get_key(self, request: HttpRequest) -> str | None:
         # The base class checks CSRF before it knows whether there is a session at all; we check
         # it in authenticate() so anonymous requests get 401.
-        return request.COOKIES.get(self.param_name)
+        return request.COOKIES.get(settings.SESSION_COOKIE_NAME)
 
     def authenticate(self, request: HttpRequest, key: str | None) -> AbstractBaseUser | None:
         user = getattr(request, "user", None)

@@ -292,3 +292,23 @@ def test_crash_between_registration_and_commit_leaves_the_row_pending_and_retry_
     assert DagRun.objects.filter(dag_id="down").count() == 1
     assert metrics.value(metrics.REGISTERED) == 1
     assert outbox.drain().claimed == 0
+
+
+def test_drain_nudges_coalesce_while_one_is_waiting():
+    from django_q.models import OrmQ
+
+    from assets_app import tasks
+
+    def waiting_drains() -> int:
+        return sum(row.func() == tasks.DRAIN_FUNC for row in OrmQ.objects.all())
+
+    tasks.nudge_drain()
+    tasks.nudge_drain()
+    assert waiting_drains() == 1
+    # Once a cluster has picked it up (locked it), the next nudge enqueues a new drain.
+    OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=90))
+    tasks.nudge_drain()
+    assert waiting_drains() == 2
+    tasks.nudge_scheduler(dag_ids=["b", "a"])
+    (scheduler_task,) = [row for row in OrmQ.objects.all() if row.func() == tasks.SCHEDULE_FUNC]
+    assert scheduler_task.kwargs() == {"dag_ids": ["a", "b"]}

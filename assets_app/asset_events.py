@@ -1,0 +1,81 @@
+"""Reading asset events for the public API (`GET /api/v2/assets/events`) and resolving the asset
+an external event names. Writes go through `registration`."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Prefetch
+
+from . import exceptions
+from .models import Asset, AssetEvent, DagRun
+
+ORDERINGS = {
+    "timestamp": ("timestamp", "id"),
+    "-timestamp": ("-timestamp", "-id"),
+    "id": ("id",),
+    "-id": ("-id",),
+}
+
+
+@dataclass(frozen=True)
+class EventPage:
+    events: list[AssetEvent]  # asset and consuming runs loaded
+    total_entries: int
+
+
+def find_asset(
+    *, asset_id: int | None = None, name: str | None = None, uri: str | None = None
+) -> Asset:
+    """The asset by id, or by name and/or uri (both given: both must match). NotFound otherwise.
+    One query, no locks."""
+    if asset_id is not None:
+        lookup = {"pk": asset_id}
+    elif name is not None or uri is not None:
+        lookup = {k: v for k, v in (("name", name), ("uri", uri)) if v is not None}
+    else:
+        raise exceptions.InvalidInput(
+            "name the asset: asset_id, or name and/or uri", reason="asset_required"
+        )
+    asset = Asset.objects.filter(**lookup).first()
+    if asset is None:
+        described = ", ".join(f"{k}={v!r}" for k, v in lookup.items()).replace("pk=", "id=")
+        raise exceptions.NotFound(f"no asset with {described}", reason="asset_not_found")
+    return asset
+
+
+def list_asset_events(
+    *,
+    asset_id: int | None = None,
+    source_dag_id: str | None = None,
+    source_task_id: str | None = None,
+    source_run_id: str | None = None,
+    source_map_index: int | None = None,
+    timestamp_gte: datetime | None = None,
+    timestamp_lte: datetime | None = None,
+    order_by: str = "timestamp",
+    limit: int = 50,
+    offset: int = 0,
+) -> EventPage:
+    """A page of events matching the filters, with the total count. Three queries (count, page,
+    consuming runs) whatever the page size; no locks."""
+    if order_by not in ORDERINGS:
+        raise exceptions.InvalidInput(
+            f"order_by must be one of {sorted(ORDERINGS)}", reason="invalid_order_by"
+        )
+    filters = {
+        "asset_id": asset_id,
+        "source_dag_id": source_dag_id,
+        "source_task_id": source_task_id,
+        "source_run_id": source_run_id,
+        "source_map_index": source_map_index,
+        "timestamp__gte": timestamp_gte,
+        "timestamp__lte": timestamp_lte,
+    }
+    queryset = AssetEvent.objects.filter(**{k: v for k, v in filters.items() if v is not None})
+    total = queryset.count()
+    page = list(
+        queryset.select_related("asset")
+        .prefetch_related(Prefetch("consuming_runs", queryset=DagRun.objects.order_by("id")))
+        .order_by(*ORDERINGS[order_by])[offset : offset + limit]
+    )
+    return EventPage(events=page, total_entries=total)

@@ -1,0 +1,173 @@
+"""Public asset-event API: POST/GET /api/v2/assets/events and the queuedEvents endpoints."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from assets_app import outbox, scheduling
+from assets_app.api.public_auth import create_api_token
+from assets_app.models import AssetDagRunQueue, AssetEvent, DagRun
+from tests.asset_flow import asset_outlet, outbox_row, payload, scheduled_dag
+from tests.factories import AssetFactory
+
+pytestmark = pytest.mark.django_db
+
+EVENTS = "/api/v2/assets/events"
+
+
+@pytest.fixture
+def api():
+    get_user_model().objects.create_user("ops", password="pw", is_staff=True)
+    _, key = create_api_token(username="ops", name="test")
+    return Client(headers={"Authorization": f"Bearer {key}"})
+
+
+def post_event(client, body, **headers):
+    return client.post(
+        EVENTS, data=json.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+def test_post_event_registers_it_queues_dags_and_returns_airflow_shape(api):
+    orders = AssetFactory(name="orders", uri="s3://b/orders")
+    scheduled_dag("down", {"name": "orders", "uri": "s3://b/orders"})
+    response = post_event(api, {"asset_id": orders.id, "extra": {"rows": 3}})
+    assert response.status_code == 200, response.content
+    event = AssetEvent.objects.get()
+    body = response.json()
+    assert body == {
+        "id": event.id,
+        "asset_id": orders.id,
+        "uri": "s3://b/orders",
+        "name": "orders",
+        "group": "asset",
+        "extra": {"rows": 3, "from_rest_api": True},
+        "source_task_id": None,
+        "source_dag_id": None,
+        "source_run_id": None,
+        "source_map_index": -1,
+        "created_dagruns": [],
+        "timestamp": body["timestamp"],
+    }
+    assert list(AssetDagRunQueue.objects.values_list("target_dag_id", "asset_event_id")) == [
+        ("down", event.id)
+    ]
+    scheduling.schedule_dags()
+    assert list(DagRun.objects.get(dag_id="down").consumed_events.all()) == [event]
+
+
+def test_post_event_by_name_and_uri_and_idempotency_key(api):
+    AssetFactory(name="orders", uri="s3://b/orders")
+    first = post_event(api, {"name": "orders", "extra": {"n": 1}}, **{"Idempotency-Key": "abc"})
+    again = post_event(
+        api, {"uri": "s3://b/orders", "extra": {"n": 2}}, **{"Idempotency-Key": "abc"}
+    )
+    assert (first.status_code, again.status_code) == (200, 200)
+    assert first.json() == again.json()
+    assert first.json()["extra"] == {"n": 1, "from_rest_api": True}
+    assert AssetEvent.objects.count() == 1
+    other = post_event(api, {"name": "orders", "uri": "s3://b/orders"})
+    assert other.status_code == 200
+    assert AssetEvent.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "reason"),
+    [
+        ({"asset_id": 999_999}, 404, "asset_not_found"),
+        ({"name": "nope"}, 404, "asset_not_found"),
+        ({}, 422, "validation_error"),
+        ({"asset_id": 1, "name": "x"}, 422, "validation_error"),
+        ({"name": "orders", "extra": []}, 422, "validation_error"),
+        ({"name": "orders", "surprise": 1}, 422, "validation_error"),
+    ],
+)
+def test_post_event_rejects_bad_input_and_writes_nothing(api, body, status, reason):
+    AssetFactory(name="orders", uri="orders")
+    response = post_event(api, body)
+    assert response.status_code == status, response.content
+    assert response.json()["detail"]["reason"] == reason
+    assert AssetEvent.objects.count() == 0
+
+
+def test_anonymous_is_refused(client):
+    orders = AssetFactory(name="orders")
+    assert post_event(client, {"asset_id": orders.id}).status_code == 401
+    assert client.get(EVENTS).status_code == 401
+    assert client.get("/api/v2/dags/d/assets/queuedEvents").status_code == 401
+    assert AssetEvent.objects.count() == 0
+
+
+def test_get_events_filters_pages_and_lists_the_runs_that_consumed_them(
+    api, django_assert_max_num_queries
+):
+    orders = AssetFactory(name="orders", uri="orders")
+    other = AssetFactory(name="other", uri="other")
+    scheduled_dag("down", "orders")
+    for i in range(3):
+        outbox_row(payload(outlets=[asset_outlet(orders)], dag_id="etl", task_id=f"t{i}"))
+    outbox_row(payload(outlets=[asset_outlet(other)], dag_id="etl2"))
+    outbox.drain()
+    run = DagRun.objects.get(dag_id="down")
+
+    with django_assert_max_num_queries(6):
+        response = api.get(EVENTS, {"asset_id": orders.id, "limit": 2, "offset": 1})
+    body = response.json()
+    assert response.status_code == 200
+    assert body["total_entries"] == 3
+    assert [e["source_task_id"] for e in body["asset_events"]] == ["t1", "t2"]
+    assert body["asset_events"][0]["created_dagruns"] == [
+        {
+            "run_id": run.run_id,
+            "dag_id": "down",
+            "logical_date": None,
+            "start_date": None,
+            "end_date": None,
+            "state": "queued",
+            "data_interval_start": None,
+            "data_interval_end": None,
+        }
+    ]
+    by_dag = api.get(EVENTS, {"source_dag_id": "etl2", "order_by": "-timestamp"}).json()
+    assert [e["name"] for e in by_dag["asset_events"]] == ["other"]
+    later = (timezone.now() + timedelta(minutes=1)).isoformat()
+    assert api.get(EVENTS, {"timestamp_gte": later}).json() == {
+        "asset_events": [],
+        "total_entries": 0,
+    }
+    bad = api.get(EVENTS, {"order_by": "nonsense"})
+    assert (bad.status_code, bad.json()["detail"]["reason"]) == (422, "invalid_order_by")
+    assert api.get(EVENTS, {"limit": 0}).status_code == 422
+
+
+def test_queued_events_get_and_delete_for_a_dag_and_per_asset(api):
+    a = AssetFactory(name="a", uri="a")
+    b = AssetFactory(name="b", uri="b")
+    scheduled_dag("waits", {"all": ["a", "b", "c"]})
+    for asset in (a, a, b):
+        outbox_row(payload(outlets=[asset_outlet(asset)]))
+    outbox.drain()
+    url = "/api/v2/dags/waits/assets/queuedEvents"
+    body = api.get(url).json()
+    assert body["total_entries"] == 2
+    assert [(q["dag_id"], q["asset_id"], q["dag_display_name"]) for q in body["queued_events"]] == [
+        ("waits", a.id, "waits"),
+        ("waits", b.id, "waits"),
+    ]
+    one = api.get(f"/api/v2/dags/waits/assets/{b.id}/queuedEvents")
+    assert one.status_code == 200
+    assert one.json()["asset_id"] == b.id
+
+    assert api.delete(f"/api/v2/dags/waits/assets/{a.id}/queuedEvents").status_code == 204
+    assert list(AssetDagRunQueue.objects.values_list("asset_id", flat=True)) == [b.id]
+    assert api.get(f"/api/v2/dags/waits/assets/{a.id}/queuedEvents").status_code == 404
+    assert api.delete(f"/api/v2/dags/waits/assets/{a.id}/queuedEvents").status_code == 404
+    assert api.delete(url).status_code == 204
+    assert AssetDagRunQueue.objects.count() == 0
+    assert api.get(url).json() == {"queued_events": [], "total_entries": 0}
+    missing = api.get("/api/v2/dags/nope/assets/queuedEvents")
+    assert (missing.status_code, missing.json()["detail"]["reason"]) == (404, "dag_not_found")

@@ -1,0 +1,255 @@
+"""Operator actions go through the domain functions and report what they did."""
+
+from django.contrib.messages import get_messages
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from assets_app.models import AssetDagRunQueue, AssetEventQueue
+from tests.factories import (
+    AssetAliasFactory,
+    AssetEventFactory,
+    AssetEventQueueFactory,
+    AssetFactory,
+    DagFactory,
+)
+
+OUTBOX = reverse("admin:assets_app_asseteventqueue_changelist")
+ADRQ = reverse("admin:assets_app_assetdagrunqueue_changelist")
+
+
+def outlets(n):
+    return [{"name": f"o{i}", "uri": f"s3://o{i}", "type": "Asset"} for i in range(n)]
+
+
+def parked_row(n_outlets=2, **kwargs):
+    row = AssetEventQueueFactory(parked=True, **kwargs)
+    row.payload = {**row.payload, "outlets": outlets(n_outlets)}
+    row.save(update_fields=["payload"])
+    return row
+
+
+def texts(response):
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def test_requeue_now_resets_parked_rows_and_reports(staff_client):
+    rows = [parked_row(), parked_row()]
+    other = parked_row()
+    response = staff_client.post(
+        OUTBOX,
+        {"action": "requeue_now", "_selected_action": [r.pk for r in rows]},
+        follow=True,
+    )
+    assert texts(response) == [f"Requeued 2 outbox row(s): {rows[0].pk}, {rows[1].pk}."]
+    for row in rows:
+        row.refresh_from_db()
+        assert (row.parked_at, row.attempts) == (None, 0)
+        assert row.next_attempt_at <= timezone.now()
+    other.refresh_from_db()
+    assert other.parked_at is not None and other.attempts == 10
+
+
+def test_park_reports_rows_left_alone(staff_client):
+    pending = AssetEventQueueFactory()
+    already = parked_row()
+    response = staff_client.post(
+        OUTBOX,
+        {"action": "park_rows", "_selected_action": [pending.pk, already.pk]},
+        follow=True,
+    )
+    assert texts(response) == [
+        f"Parked 1 outbox row(s): {pending.pk}.",
+        "1 selected row(s) were left alone: already parked, or held by a drain.",
+    ]
+    pending.refresh_from_db()
+    assert pending.parked_at is not None
+
+
+def test_delete_asks_for_confirmation_with_the_outlets_lost_then_deletes(staff_client):
+    rows = [parked_row(n_outlets=3), parked_row(n_outlets=2)]
+    ids = [r.pk for r in rows]
+    confirm = staff_client.post(OUTBOX, {"action": "delete_outbox_rows", "_selected_action": ids})
+    assert confirm.status_code == 200
+    page = confirm.content.decode()
+    assert "Delete <strong>2</strong> outbox rows?" in page
+    assert '<strong id="outlets-lost">5</strong> declared outlets will <strong>never' in page
+    assert AssetEventQueue.objects.count() == 2
+
+    done = staff_client.post(
+        OUTBOX,
+        {"action": "delete_outbox_rows", "_selected_action": ids, "confirm": "yes"},
+        follow=True,
+    )
+    assert texts(done) == [
+        "Deleted 2 outbox row(s); 5 declared outlet(s) will never be registered as asset events."
+    ]
+    assert AssetEventQueue.objects.count() == 0
+
+
+def test_delete_across_all_filtered_rows(staff_client):
+    for _ in range(3):
+        parked_row(n_outlets=1)
+    pending = AssetEventQueueFactory()
+    url = OUTBOX + "?status=parked"
+    one = AssetEventQueue.objects.filter(parked_at__isnull=False).first().pk
+    post = {"action": "delete_outbox_rows", "_selected_action": [one], "select_across": "1"}
+    confirm = staff_client.post(url, post)
+    assert "Delete <strong>3</strong> outbox rows?" in confirm.content.decode()
+    staff_client.post(url, {**post, "confirm": "yes"})
+    assert list(AssetEventQueue.objects.values_list("pk", flat=True)) == [pending.pk]
+
+
+def test_outbox_change_page_renders_payload_as_tables(staff_client):
+    row = parked_row(n_outlets=1)
+    row.payload["outlet_events"] = [
+        {
+            "source_alias_name": "cleaned",
+            "dest_asset_key": {"name": "o9", "uri": "s3://o9"},
+            "dest_asset_extra": {},
+            "extra": {"rows": 12},
+        }
+    ]
+    row.last_error = "KeyError: 'x'\nTraceback (most recent call last): ..."
+    row.save()
+    page = staff_client.get(
+        reverse("admin:assets_app_asseteventqueue_change", args=[row.pk])
+    ).content.decode()
+    assert "<td>Asset</td><td>o0</td><td>s3://o0</td>" in page
+    assert "<td>cleaned</td>" in page and "&quot;rows&quot;: 12" in page
+    listing = staff_client.get(OUTBOX + "?status=parked").content.decode()
+    assert "KeyError: &#x27;x&#x27;</span>" in listing  # first line only
+    assert "aes-badge-parked" in listing
+
+
+def test_outbox_filters(staff_client):
+    now = timezone.now()
+    due = AssetEventQueueFactory(next_attempt_at=now)
+    backing = AssetEventQueueFactory(attempts=2, next_attempt_at=now + timezone.timedelta(hours=1))
+    parked = parked_row()
+    AssetEventQueueFactory(source_dag_id="other", last_error_type="builtins.KeyError")
+
+    def ids(query):
+        return {r.pk for r in staff_client.get(OUTBOX + query).context["cl"].result_list}
+
+    assert due.pk in ids("?status=due") and backing.pk not in ids("?status=due")
+    assert ids("?status=backing_off") == {backing.pk}
+    assert ids("?status=parked") == {parked.pk}
+    assert parked.pk not in ids("?status=pending")
+    assert len(ids("?source_dag_id=other")) == 1
+    assert len(ids("?last_error_type=builtins.KeyError")) == 1
+
+
+def make_queued(dag, asset, n):
+    for _ in range(n):
+        event = AssetEventFactory(asset=asset)
+        AssetDagRunQueue.objects.create(target_dag=dag, asset_event=event, asset=asset)
+
+
+def test_queued_events_page_shows_met_parts_and_clears(staff_client):
+    a, b, c = AssetFactory(name="a", uri="a"), AssetFactory(name="b", uri="b"), AssetFactory()
+    AssetAliasFactory(name="cleaned")
+    dag = DagFactory(
+        dag_id="report",
+        schedule={
+            "all": [
+                {"asset": {"name": "a", "uri": "a"}},
+                {"any": [{"asset": {"name": "b", "uri": "b"}}, {"alias": "cleaned"}]},
+            ]
+        },
+    )
+    make_queued(dag, a, 2)
+    make_queued(dag, c, 1)
+    url = reverse("admin:assets_app_dag_queued_events", args=["report"])
+    page = staff_client.get(url).content.decode()
+    assert (
+        '<li class="aes-node aes-unmet"><span class="aes-mark">✗</span> '
+        '<span class="aes-node-all">all of' in page
+    )
+    assert (
+        '<li class="aes-node aes-met"><span class="aes-mark">✓</span> '
+        '<span class="aes-node-asset">a</span>' in page
+    )
+    assert "alias cleaned → no assets yet" in page
+
+    make_queued(dag, b, 1)
+    page = staff_client.get(url).content.decode()
+    assert "condition met" in page
+
+    response = staff_client.post(url, {"asset_id": a.pk}, follow=True)
+    assert texts(response) == ["Cleared 2 queued events of report."]
+    assert set(AssetDagRunQueue.objects.values_list("asset_id", flat=True)) == {b.pk, c.pk}
+    response = staff_client.post(url, follow=True)
+    assert texts(response) == ["Cleared 2 queued events of report."]
+    assert AssetDagRunQueue.objects.count() == 0
+
+
+def test_adrq_clear_action_clears_selected_dag_asset_pairs(staff_client):
+    asset, other = AssetFactory(), AssetFactory()
+    dag, dag2 = DagFactory(), DagFactory()
+    make_queued(dag, asset, 3)
+    make_queued(dag, other, 1)
+    make_queued(dag2, asset, 1)
+    one = AssetDagRunQueue.objects.filter(target_dag=dag, asset=asset).first()
+    response = staff_client.post(
+        ADRQ, {"action": "clear_selected_pairs", "_selected_action": [one.pk]}, follow=True
+    )
+    assert texts(response)[0].startswith("Cleared 3 queued event(s) across 1 Dag/asset pair(s)")
+    assert AssetDagRunQueue.objects.count() == 2
+
+
+def test_non_staff_is_sent_to_login(db, django_user_model):
+    user = django_user_model.objects.create_user(username="someone", password="pw")
+    client = Client()
+    client.force_login(user)
+    for url in (OUTBOX, reverse("asset_dashboard"), reverse("admin:index")):
+        response = client.get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/admin/login/")
+    assert Client().get(reverse("asset_dashboard")).status_code == 302
+
+
+def test_staff_without_permissions_sees_no_actions_and_cannot_act(db, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user(username="viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_asseteventqueue"))
+    row = parked_row()
+    client = Client()
+    client.force_login(user)
+    response = client.get(OUTBOX)
+    assert response.status_code == 200
+    assert "requeue_now" not in response.content.decode()
+    client.post(OUTBOX, {"action": "requeue_now", "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.parked_at is not None
+
+
+def test_actions_need_a_csrf_token(db, django_user_model):
+    user = django_user_model.objects.create_superuser(username="op", password="pw")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    row = parked_row()
+    response = client.post(OUTBOX, {"action": "requeue_now", "_selected_action": [row.pk]})
+    assert response.status_code == 403
+    row.refresh_from_db()
+    assert row.parked_at is not None
+
+
+def test_dashboard_renders_gauges_chart_and_health_with_fixed_queries(
+    staff_client, django_assert_num_queries
+):
+    from .conftest import populate
+
+    populate(1)
+    staff_client.get(reverse("asset_dashboard"))
+    with django_assert_num_queries(9) as pinned:
+        page = staff_client.get(reverse("asset_dashboard")).content.decode()
+    assert '<div class="aes-label">Parked</div><div class="aes-value">1</div>' in page
+    assert page.count('<svg class="aes-chart"') == 2
+    assert "<title>" in page  # at least one bar (the events populate() created this minute)
+    assert page.count('aes-badge-ok">ok</span>') == 2
+    populate(5)
+    with django_assert_num_queries(len(pinned.captured_queries)):
+        page = staff_client.get(reverse("asset_dashboard")).content.decode()
+    assert '<div class="aes-label">Parked</div><div class="aes-value">6</div>' in page

@@ -1,0 +1,161 @@
+"""/metrics (Prometheus text format, values from the database) and /healthz."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from assets_app import metrics, observability
+from assets_app.models import AssetDagRunQueue, ComponentHeartbeat, MetricCounter
+from tests.factories import AssetEventFactory, AssetEventQueueFactory, DagFactory
+
+SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? (-?[0-9.e+]+|\+Inf)$")
+
+
+def scrape(client=None) -> tuple[str, dict[str, float]]:
+    response = (client or Client()).get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = response.content.decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("# "):
+            assert re.match(r"^# (HELP|TYPE) asset_service_[a-z_]+ .+$", line), line
+            continue
+        match = SAMPLE.match(line)
+        assert match, f"not a sample line: {line!r}"
+        samples[match[1] + (match[2] or "")] = float(match[3])
+    return text, samples
+
+
+def beat(component, *, ago, ok=True):
+    at = timezone.now() - ago
+    ComponentHeartbeat.objects.update_or_create(
+        component=component, defaults={"last_run_at": at, "last_ok_at": at if ok else None}
+    )
+
+
+@pytest.mark.django_db
+def test_metrics_gauges_and_counters():
+    now = timezone.now()
+    AssetEventQueueFactory(created_at=now - timedelta(seconds=90), next_attempt_at=now)
+    AssetEventQueueFactory(attempts=3, next_attempt_at=now + timedelta(minutes=5))
+    AssetEventQueueFactory(parked=True, created_at=now - timedelta(hours=5))
+    dag = DagFactory()
+    event = AssetEventFactory()
+    AssetDagRunQueue.objects.create(target_dag=dag, asset_event=event, asset=event.asset)
+    MetricCounter.objects.create(name=metrics.REGISTERED, shard=0, value=40)
+    MetricCounter.objects.create(name=metrics.REGISTERED, shard=3, value=2)
+
+    text, samples = scrape()
+    assert samples["asset_service_outbox_depth"] == 2
+    assert samples["asset_service_outbox_due"] == 1
+    assert samples["asset_service_outbox_backing_off"] == 1
+    assert samples["asset_service_outbox_parked"] == 1
+    # The parked row is older but does not count: it waits for an operator, not a drain.
+    assert 90 <= samples["asset_service_outbox_oldest_pending_age_seconds"] < 120
+    assert samples["asset_service_queued_asset_events"] == 1
+    assert samples["asset_service_outbox_registered_total"] == 42
+    for counter in metrics.COUNTERS:
+        assert f"# TYPE asset_service_{counter}_total counter" in text
+    assert samples['asset_service_component_healthy{component="drain"}'] == 0
+
+
+@pytest.mark.django_db
+def test_metrics_query_count_is_fixed(django_assert_num_queries):
+    AssetEventQueueFactory()
+    with django_assert_num_queries(5):
+        scrape()
+    for _ in range(20):
+        AssetEventQueueFactory(parked=True)
+    with django_assert_num_queries(5):
+        scrape()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_api_latency_histogram_counts_each_request():
+    client = Client()
+    client.get("/execution/assets/by-name", {"name": "x"})  # 401: still a worker API request
+    client.get("/execution/assets/by-name", {"name": "y"})
+    client.get("/admin/login/")  # not the worker API: not counted
+    _, samples = scrape(client)
+    route = "execution/assets/by-name"
+    labels = f'method="GET",route="{route}"'
+    assert samples[f"asset_service_worker_api_request_duration_seconds_count{{{labels}}}"] == 2
+    assert (
+        samples[f'asset_service_worker_api_request_duration_seconds_bucket{{{labels},le="+Inf"}}']
+        == 2
+    )
+    buckets = [
+        samples[f'asset_service_worker_api_request_duration_seconds_bucket{{{labels},le="{le}"}}']
+        for le in ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10")
+    ]
+    assert buckets == sorted(buckets)  # cumulative
+    assert 0 < samples[f"asset_service_worker_api_request_duration_seconds_sum{{{labels}}}"] < 10
+    series = observability.latency_histograms()
+    assert [(s.method, s.route, s.count) for s in series] == [("GET", route, 2)]
+
+
+@pytest.mark.django_db
+def test_latency_histogram_sums_shards_and_places_buckets():
+    observability._write_latency("PATCH", "r", 0.003)
+    observability._write_latency("PATCH", "r", 0.2)
+    observability._write_latency("PATCH", "r", 30.0)
+    (series,) = observability.latency_histograms()
+    assert series.buckets == (1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1)
+    assert series.sum_seconds == pytest.approx(30.203)
+
+
+@pytest.mark.django_db
+def test_healthz_ok_when_drain_and_scheduler_succeeded_recently():
+    beat("drain", ago=timedelta(seconds=10))
+    beat("scheduler", ago=timedelta(seconds=70))
+    response = Client().get("/healthz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok" and body["database"] == "ok"
+    assert {name: c["status"] for name, c in body["components"].items()} == {
+        "drain": "ok",
+        "scheduler": "ok",
+    }
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("setup", "drain_status"),
+    [
+        (lambda: None, "never seen"),
+        (lambda: beat("drain", ago=timedelta(minutes=10)), "stale"),
+        (lambda: beat("drain", ago=timedelta(seconds=5), ok=False), "failing"),
+    ],
+    ids=["missing", "stale", "failing"],
+)
+def test_healthz_503_when_a_component_is_not_healthy(setup, drain_status):
+    beat("scheduler", ago=timedelta(seconds=5))
+    setup()
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "unhealthy"
+    assert body["components"]["drain"]["status"] == drain_status
+    assert body["components"]["scheduler"]["status"] == "ok"
+
+
+@pytest.mark.django_db
+def test_healthz_503_when_the_database_is_unreachable(monkeypatch):
+    monkeypatch.setattr(observability, "database_reachable", lambda: False)
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["database"] == "unreachable"
+
+
+@pytest.mark.django_db
+def test_healthz_threshold_comes_from_settings(settings):
+    beat("drain", ago=timedelta(seconds=100))
+    beat("scheduler", ago=timedelta(seconds=100))
+    settings.ASSET_HEALTH_MAX_AGE_SECONDS = 60
+    assert Client().get("/healthz").status_code == 503
+    settings.ASSET_HEALTH_MAX_AGE_SECONDS = 180
+    assert Client().get("/healthz").status_code == 200

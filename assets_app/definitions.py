@@ -65,7 +65,7 @@ from .models.dags import DAG_ID_MAX_LENGTH
 DAG_KEYS = ("dag_id", "schedule", "max_active_runs", "is_paused", "description", "tasks")
 TASK_KEYS = ("task_id", "retries", "outlets", "outlet_aliases")
 DEFAULT_MAX_ACTIVE_RUNS = 16
-ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
+ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 class DefinitionError(ValueError):
@@ -170,7 +170,7 @@ class _Parser:
 
     def identifier(self, raw: Any, path: str) -> str:
         value = self.string(raw, path, max_length=DAG_ID_MAX_LENGTH)
-        if not ID_PATTERN.match(value):
+        if not ID_PATTERN.fullmatch(value):
             raise self.error(path, f"{value!r} may contain only letters, digits, '_', '.' and '-'")
         return value
 

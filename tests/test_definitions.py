@@ -317,6 +317,7 @@ BAD_CASES = {
     ),
     "dag_id_wrong_type": ({"dag_id": 7}, "dag_id", "must be a string, got an integer"),
     "dag_id_bad_characters": ({"dag_id": "a/b"}, "dag_id", "may contain only letters"),
+    "dag_id_trailing_newline": ({"dag_id": "ab\n"}, "dag_id", "may contain only letters"),
     "max_active_runs_string": (
         {"dag_id": "d", "max_active_runs": "3"},
         "max_active_runs",

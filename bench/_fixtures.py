@@ -116,6 +116,18 @@ def make_tis(
     return TaskInstance.objects.bulk_create(tis, batch_size=BATCH)
 
 
+def make_tis_in_runs(
+    *, dag: Dag, count: int, state: str, per_run: int = 10, prefix: str = "manual__bench"
+) -> list[TaskInstance]:
+    """`count` TIs spread over runs of `per_run` TIs each (a realistic run size: finishing a TI
+    checks the other TIs of its run)."""
+    tis: list[TaskInstance] = []
+    for r in range(-(-count // per_run)):
+        run = make_run(dag=dag, run_id=f"{prefix}_{r}")
+        tis += make_tis(run=run, count=min(per_run, count - len(tis)), state=state)
+    return tis
+
+
 def make_events(assets: Sequence[Asset], *, per_asset: int = 1) -> list[int]:
     """Events without a source TI (like REST events), returned as ids."""
     now = timezone.now()

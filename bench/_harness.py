@@ -417,9 +417,9 @@ def wait_http(base: str, server: Server, timeout: float = 30.0) -> None:
         if server.proc.poll() is not None:
             raise RuntimeError(f"server exited early, see {server.log.name}")
         try:
-            requests.get(f"{base}/execution/docs", timeout=1)
+            requests.get(f"{base}/execution/docs", timeout=10)
             return
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
             time.sleep(0.1)
     raise RuntimeError(f"server at {base} did not answer in {timeout} s")
 

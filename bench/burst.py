@@ -1,0 +1,196 @@
+"""Burst: CONCURRENCY concurrent successes with OUTLETS outlets each against gunicorn.
+
+gunicorn runs WORKERS sync workers (backlog 2048) and a django-q2 qcluster (2 workers) drains,
+`queue` mode. All requests are released at once from CONCURRENCY client threads (one request
+each). Measured: errors (non-204 answers and connection failures), request latency, peak RSS of
+the gunicorn master + workers (psutil, sampled every 50 ms; the qcluster is reported apart), and
+the time from the release until all CONCURRENCY x OUTLETS events are registered (polled with
+count(*) every 200 ms). Each asset is scheduled on by FANOUT Dags, as in the lock benchmark.
+
+Targets (issue 6): zero errors, p99 under 2 s, server peak RSS (all workers) under 512 MB, all
+150,000 events registered within 60 s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+
+import _harness as h
+
+NAME = "burst"
+OUTLETS = 300
+FANOUT = 4
+WORKERS = 4
+TARGET_P99_MS = 2000.0
+TARGET_RSS_MB = 512.0
+TARGET_REGISTERED_S = 60.0
+
+
+class RssSampler(threading.Thread):
+    def __init__(self, pids: dict[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.peak = dict.fromkeys(pids, 0)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], h.tree_rss_bytes(pid))
+            time.sleep(0.05)
+
+
+def main() -> None:
+    args = h.parse_args(__doc__)
+    h.record_machine_start()
+    url = h.fresh_database(NAME)
+    h.setup_django(url)
+    import _fixtures as fx
+    import psycopg
+    import requests
+    from django.db import connection
+
+    from assets_app.api.auth import issue_token
+    from assets_app.models import TIState
+
+    concurrency = 100 if args.quick else 500
+    expected = concurrency * OUTLETS
+    assets = fx.make_assets(OUTLETS, prefix="burst")
+    fx.make_scheduled_dags(assets, count=FANOUT, prefix="consumer")
+    producer = fx.make_producer(dag_id="producer", task_id="t", outlets=assets)
+    tis = fx.make_tis_in_runs(dag=producer.dag, count=concurrency, state=TIState.RUNNING)
+    tokens = [issue_token(ti.id) for ti in tis]
+    outlets = fx.outlets_of(assets)
+    connection.close()
+
+    qcluster = h.start_qcluster(url, log=h.log_path(NAME, "qcluster"))
+    server, base = h.start_gunicorn(url, workers=WORKERS, log=h.log_path(NAME, "gunicorn"))
+    # Warm each worker (imports, DB connection) so the burst measures serving, not start-up.
+    for _ in range(WORKERS * 3):
+        requests.get(f"{base}/execution/docs", timeout=30)
+    sampler = RssSampler({"gunicorn": server.pid, "qcluster": qcluster.pid})
+    sampler.start()
+    latencies: list[float] = []
+    errors: list[str] = []
+    barrier = threading.Barrier(concurrency + 1)
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        body = {
+            "state": "success",
+            "end_date": datetime.now(UTC).isoformat(),
+            "task_outlets": outlets,
+            "outlet_events": [],
+        }
+        barrier.wait()
+        started = time.monotonic()
+        try:
+            response = requests.patch(
+                f"{base}/execution/task-instances/{tis[i].id}/state",
+                json=body,
+                headers={"Authorization": f"Bearer {tokens[i]}"},
+                timeout=120,
+            )
+            error = None if response.status_code == 204 else f"HTTP {response.status_code}"
+        except requests.RequestException as exc:
+            error = repr(exc)
+        with lock:
+            latencies.append((time.monotonic() - started) * 1000.0)
+            if error:
+                errors.append(error)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    registered_at = None
+    try:
+        barrier.wait()
+        released = time.monotonic()
+        with psycopg.connect(url, autocommit=True) as watch:
+            while time.monotonic() - released < 180:
+                count = watch.execute("SELECT count(*) FROM assets_app_assetevent").fetchone()[0]
+                if count >= expected:
+                    registered_at = time.monotonic() - released
+                    break
+                time.sleep(0.2)
+            registered = count
+        for thread in threads:
+            thread.join(120)
+        responses_done = max(latencies) / 1000.0 if latencies else None
+    finally:
+        sampler.stop.set()
+        sampler.join(1)
+        server.stop()
+        qcluster.stop()
+
+    s = h.stats(latencies)
+    rss_mb = sampler.peak["gunicorn"] / 2**20
+    q_rss_mb = sampler.peak["qcluster"] / 2**20
+    checks = {
+        "errors": len(errors) == 0,
+        "p99": s["p99"] < TARGET_P99_MS,
+        "rss": rss_mb < TARGET_RSS_MB,
+        "registered": registered_at is not None and registered_at <= TARGET_REGISTERED_S,
+    }
+    h.print_table(
+        f"burst: {concurrency} concurrent successes x {OUTLETS} outlets (fan-out {FANOUT}); "
+        f"gunicorn {WORKERS} sync workers, qcluster 2 workers",
+        ["metric", "value", "target", "verdict"],
+        [
+            ["errors", len(errors), "0", checks["errors"]],
+            ["latency p50 ms", s["median"], "", ""],
+            ["latency p99 ms", s["p99"], f"< {TARGET_P99_MS:g}", checks["p99"]],
+            ["latency max ms", s["max"], "", ""],
+            ["gunicorn peak RSS MB", rss_mb, f"< {TARGET_RSS_MB:g}", checks["rss"]],
+            ["qcluster peak RSS MB", q_rss_mb, "(not in target)", ""],
+            ["all responses after s", responses_done, "", ""],
+            [
+                f"all {expected:,} events registered after s",
+                registered_at if registered_at is not None else f"not in 180 s ({registered:,})",
+                f"<= {TARGET_REGISTERED_S:g}",
+                checks["registered"],
+            ],
+        ],
+    )
+    h.write_results(
+        NAME,
+        {
+            "concurrency": concurrency,
+            "outlets": OUTLETS,
+            "fanout": FANOUT,
+            "gunicorn_workers": WORKERS,
+            "latency_ms": s,
+            "error_count": len(errors),
+            "errors": errors[:20],
+            "gunicorn_peak_rss_mb": rss_mb,
+            "qcluster_peak_rss_mb": q_rss_mb,
+            "all_responses_s": responses_done,
+            "events_expected": expected,
+            "events_registered": registered,
+            "all_registered_s": registered_at,
+            "target": {
+                "errors": 0,
+                "p99_ms": TARGET_P99_MS,
+                "rss_mb": TARGET_RSS_MB,
+                "registered_s": TARGET_REGISTERED_S,
+                "met": checks,
+            },
+        },
+        args,
+    )
+    h.plot_hist(
+        NAME,
+        args,
+        title=f"Burst: {concurrency} concurrent successes x {OUTLETS} outlets, request latency",
+        xlabel="ms",
+        values=latencies,
+        markers={"p50": s["median"], "p99": s["p99"]},
+    )
+    if not args.keep_db:
+        h.drop_database(NAME)
+
+
+if __name__ == "__main__":
+    main()

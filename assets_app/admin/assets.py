@@ -99,14 +99,10 @@ class AssetAliasAdmin(ReadOnlyAdmin):
     list_filter = ("group",)
     search_fields = ("name",)
     readonly_fields = ("resolved_assets", "producers", "consumers", "recent_events")
-    fields = (
-        "name",
-        "group",
-        "created_at",
-        "resolved_assets",
-        "producers",
-        "consumers",
-        "recent_events",
+    fieldsets = (
+        (None, {"fields": ("name", "group", "created_at", "resolved_assets")}),
+        ("Producers and consumers", {"fields": ("producers", "consumers")}),
+        ("Recent events", {"fields": ("recent_events",), "classes": ("aes-wide",)}),
     )
 
     def get_queryset(self, request):

@@ -118,18 +118,29 @@ class DagAdmin(admin.ModelAdmin):
     list_filter = ("is_paused", ScheduleFilter)
     search_fields = ("dag_id", "description")
     inlines = (TaskInline,)
-    fields = (
-        "dag_id",
-        "description",
-        "is_paused",
-        "max_active_runs",
-        "schedule_summary",
-        "schedule_json",
-        "queued_events_summary",
-        "fileloc",
-        "created_at",
-        "updated_at",
-        "recent_runs",
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "dag_id",
+                    "description",
+                    "is_paused",
+                    "max_active_runs",
+                    "schedule_summary",
+                    "queued_events_summary",
+                    "fileloc",
+                )
+            },
+        ),
+        (
+            "Recent runs and the events they consumed",
+            {"fields": ("recent_runs",), "classes": ("aes-wide",)},
+        ),
+        (
+            "Stored definition",
+            {"fields": ("schedule_json", "created_at", "updated_at"), "classes": ("collapse",)},
+        ),
     )
     readonly_fields = (
         "dag_id",

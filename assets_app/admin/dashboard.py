@@ -11,9 +11,9 @@ from .. import metrics, observability
 from ..models import AssetDagRunQueue, AssetEventQueue, ComponentHeartbeat, MetricCounter
 from .base import ReadOnlyAdmin, changelist_url, duration, pretty_json, relative
 
-CHART_WIDTH = 720
-CHART_HEIGHT = 150
-CHART_LEFT = 44  # room for the y-axis labels
+CHART_WIDTH = 520
+CHART_HEIGHT = 170
+CHART_LEFT = 40  # room for the y-axis labels
 CHART_BOTTOM = 20  # room for the x-axis labels
 TOP_WAITING_DAGS = 8
 
@@ -51,8 +51,8 @@ def bar_chart(values: list[int], labels: list[str]) -> dict:
     n = len(values)
     ticks = [
         {
-            "x": round(CHART_LEFT + (n - m) * slot - slot / 2, 1),
-            "label": f"-{m} min" if m else "now",
+            "x": round(CHART_LEFT + (n - m + 0.5) * slot, 1),
+            "label": f"-{m} min" if m > 1 else "now",
         }
         for m in (60, 45, 30, 15, 1)
         if m <= n

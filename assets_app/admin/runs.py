@@ -56,19 +56,26 @@ class DagRunAdmin(admin.ModelAdmin):
     date_hierarchy = "run_after"
     inlines = (TaskInstanceInline,)
     readonly_fields = ("conf_json", "consumed_events")
-    fields = (
-        "dag",
-        "run_id",
-        "run_type",
-        "state",
-        "run_after",
-        "logical_date",
-        "start_date",
-        "end_date",
-        "triggering_user_name",
-        "note",
-        "conf_json",
-        "consumed_events",
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "dag",
+                    "run_id",
+                    "run_type",
+                    "state",
+                    "run_after",
+                    "logical_date",
+                    "start_date",
+                    "end_date",
+                    "triggering_user_name",
+                    "note",
+                    "conf_json",
+                )
+            },
+        ),
+        ("Consumed events", {"fields": ("consumed_events",), "classes": ("aes-wide",)}),
     )
 
     def has_add_permission(self, request):

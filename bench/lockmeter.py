@@ -8,6 +8,7 @@ rollback. Per transaction it records:
 - `lock_start`: the monotonic time just before the first statement that locks a TI row (a
   `SELECT ... FOR UPDATE` / `FOR NO KEY UPDATE` naming the TI table, or an `UPDATE` of it),
 - `lock_acquired`: just after that statement returned,
+- `commit_started`: just before COMMIT was sent (so `commit_ms` is the WAL flush),
 - `end`: just after COMMIT (or ROLLBACK) returned, which is when PostgreSQL released the lock,
 - `statements_under_lock`: statements executed after the locking one and before COMMIT,
 - `statements`: all statements of the measured scope (a request, or an explicit block).
@@ -39,6 +40,7 @@ class LockRecord:
     lock_start: float
     lock_acquired: float
     end: float = 0.0
+    commit_started: float = 0.0
     statements_under_lock: int = 0
     outcome: str = ""
     sql: str = ""
@@ -46,6 +48,11 @@ class LockRecord:
     @property
     def hold_ms(self) -> float:
         return (self.end - self.lock_acquired) * 1000.0
+
+    @property
+    def commit_ms(self) -> float:
+        """Time inside COMMIT itself (the WAL flush): the floor of any hold."""
+        return (self.end - self.commit_started) * 1000.0 if self.commit_started else 0.0
 
     @property
     def wait_ms(self) -> float:
@@ -64,6 +71,7 @@ class MeterScope:
                 {
                     "hold_ms": lock.hold_ms,
                     "wait_ms": lock.wait_ms,
+                    "commit_ms": lock.commit_ms,
                     "statements_under_lock": lock.statements_under_lock,
                     "outcome": lock.outcome,
                     "sql": lock.sql[:200],
@@ -121,6 +129,8 @@ class LockMeter:
         self._saved = {"_commit": real._commit, "_rollback": real._rollback}
 
         def _commit():
+            if self._open is not None:
+                self._open.commit_started = time.monotonic()
             try:
                 return self._saved["_commit"]()
             finally:

@@ -14,6 +14,7 @@ at 300, 5.0 s at 1,000 (5 statements per outlet under the lock).
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 
 import _harness as h
@@ -56,7 +57,16 @@ def main() -> None:
         for mode in MODES
         for n in OUTLET_COUNTS
     }
+    raw_tis = {
+        n: fx.make_tis_in_runs(
+            dag=producer.dag, count=per_case, state=TIState.RUNNING, prefix=f"manual__raw{n}"
+        )
+        for n in OUTLET_COUNTS
+    }
     connection.close()
+    raw = {
+        n: raw_floor(url, tis=raw_tis[n], outlets=outlets[n], warmup=warmup) for n in OUTLET_COUNTS
+    }
 
     records = {}
     for mode in MODES:
@@ -107,6 +117,7 @@ def main() -> None:
                 "mode": mode,
                 "outlets": n,
                 "hold_ms": h.stats(lock["hold_ms"] for lock in locks),
+                "commit_ms": h.stats(lock["commit_ms"] for lock in locks),
                 "statements_under_lock": h.stats(lock["statements_under_lock"] for lock in locks),
                 "statements_per_request": h.stats(r["statements"] for r in rows),
                 "server_ms": h.stats(r["server_ms"] for r in rows),
@@ -122,6 +133,7 @@ def main() -> None:
                 "hold med ms",
                 "min",
                 "max",
+                "of it COMMIT",
                 "stmts@lock",
                 "stmts/req",
                 "latency med ms",
@@ -133,6 +145,7 @@ def main() -> None:
                     r["hold_ms"]["median"],
                     r["hold_ms"]["min"],
                     r["hold_ms"]["max"],
+                    r["commit_ms"]["median"],
                     r["statements_under_lock"]["median"],
                     r["statements_per_request"]["median"],
                     r["latency_ms"]["median"],
@@ -142,6 +155,21 @@ def main() -> None:
                 for r in [records[(mode, n)]]
             ],
         )
+    h.print_table(
+        "raw PostgreSQL floor, same statements under the lock (psycopg, no Django): "
+        "SELECT FOR UPDATE; UPDATE; INSERT outbox row; COMMIT",
+        ["outlets", "hold med ms", "min", "max", "of it COMMIT"],
+        [
+            [
+                n,
+                raw[n]["hold_ms"]["median"],
+                raw[n]["hold_ms"]["min"],
+                raw[n]["hold_ms"]["max"],
+                raw[n]["commit_ms"]["median"],
+            ]
+            for n in OUTLET_COUNTS
+        ],
+    )
     queue = [records[("queue", n)]["hold_ms"]["median"] for n in OUTLET_COUNTS]
     flatness = queue[-1] / queue[0]
     max_ok = max(queue) <= TARGET_HOLD_MS
@@ -167,6 +195,7 @@ def main() -> None:
             },
             "airflow_3_3_2_hold_ms": AIRFLOW_HOLD_MS,
             "results": list(records.values()),
+            "raw_postgresql_floor": [{"outlets": n, **raw[n]} for n in OUTLET_COUNTS],
         },
         args,
     )
@@ -177,6 +206,10 @@ def main() -> None:
         )
         for mode in MODES
     }
+    series["raw PostgreSQL floor (queue shape)"] = (
+        list(OUTLET_COUNTS),
+        [raw[n]["hold_ms"]["median"] for n in OUTLET_COUNTS],
+    )
     series["Airflow 3.3.2 (reference)"] = (list(AIRFLOW_HOLD_MS), list(AIRFLOW_HOLD_MS.values()))
     h.plot_lines(
         NAME,
@@ -208,6 +241,52 @@ def main() -> None:
     )
     if not args.keep_db:
         h.drop_database(NAME)
+
+
+def raw_floor(url: str, *, tis, outlets, warmup: int) -> dict:
+    """The queue-mode transaction with plain psycopg: what PostgreSQL itself needs."""
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    holds, commits = [], []
+    with psycopg.connect(url) as conn:
+        for i, ti in enumerate(tis):
+            conn.execute(
+                "SELECT id, state, try_number FROM assets_app_taskinstance WHERE id = %s "
+                "FOR UPDATE",
+                [ti.id],
+            ).fetchone()
+            locked = time.monotonic()
+            conn.execute(
+                "UPDATE assets_app_taskinstance SET state = 'success', end_date = now(), "
+                "updated_at = now() WHERE id = %s",
+                [ti.id],
+            )
+            conn.execute(
+                "INSERT INTO assets_app_asseteventqueue (ti_id, try_number, source_dag_id, "
+                "source_run_id, source_task_id, source_map_index, payload, attempts, "
+                "next_attempt_at, last_error, last_error_type, created_at, updated_at) VALUES "
+                "(%s, 1, %s, %s, %s, -1, %s, 0, now(), '', '', now(), now())",
+                [
+                    ti.id,
+                    ti.dag_id,
+                    ti.run_id,
+                    ti.task_id,
+                    Jsonb({"outlets": outlets, "outlet_events": [], "source": {}}),
+                ],
+            )
+            committing = time.monotonic()
+            conn.commit()
+            done = time.monotonic()
+            if i >= warmup:
+                holds.append((done - locked) * 1000.0)
+                commits.append((done - committing) * 1000.0)
+        # The drain must not find these rows: they are a measurement, not work.
+        conn.execute(
+            "DELETE FROM assets_app_asseteventqueue WHERE ti_id = ANY(%s)", [[ti.id for ti in tis]]
+        )
+        conn.commit()
+    return {"hold_ms": h.stats(holds), "commit_ms": h.stats(commits)}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,23 @@
+"""`python manage.py requeue_parked`: give parked outbox rows a fresh attempt budget.
+
+Examples:
+    python manage.py requeue_parked --all --dry-run     # what would be requeued, by Dag
+    python manage.py requeue_parked --dag ingest        # every parked row of one Dag
+    python manage.py requeue_parked --id 12 --id 13
+    python manage.py requeue_parked --all --json        # machine-readable summary
+"""
+
+import json
+from collections import Counter
+
 from django.core.management.base import BaseCommand, CommandError
 
 from assets_app import outbox
+
+# Rows per `outbox.requeue` call (one short durable transaction each), so a large requeue
+# reports progress and never holds many row locks at once.
+CHUNK = 1000
+LISTED_ROWS = 50
 
 
 class Command(BaseCommand):
@@ -11,22 +28,71 @@ class Command(BaseCommand):
         parser.add_argument("--dag", help="rows whose source Dag is this")
         parser.add_argument("--all", action="store_true", help="every parked row")
         parser.add_argument("--dry-run", action="store_true", help="list, change nothing")
+        parser.add_argument("--json", action="store_true", help="print a JSON summary only")
 
     def handle(self, *args, ids, dag, all, dry_run, **options):
+        as_json = options["json"]
         if not (ids or dag or all):
             raise CommandError("say which rows: --id N (repeatable), --dag DAG_ID or --all")
-        rows = list(outbox.select_rows(ids=ids, dag_id=dag, parked=True))
-        for row in rows:
-            self.stdout.write(
-                f"  row {row.id}: {row.source_dag_id}.{row.source_task_id} try {row.try_number}, "
-                f"{row.attempts} attempts, last error: {row.last_error or '-'}"
+        rows = list(
+            outbox.select_rows(ids=ids, dag_id=dag, parked=True).values_list(
+                "id", "source_dag_id", "source_task_id", "try_number", "attempts", "last_error"
             )
+        )
+        dag_of = {row[0]: row[1] for row in rows}
+        if not as_json:
+            self._list(rows, verbose=options["verbosity"] >= 2)
+        requeued: list[int] = []
+        if not dry_run:
+            for start in range(0, len(rows), CHUNK):
+                requeued += outbox.requeue(row_ids=[row[0] for row in rows[start : start + CHUNK]])
+                if len(rows) > CHUNK and not as_json:
+                    self.stderr.write(f"  ... {min(start + CHUNK, len(rows))}/{len(rows)} rows")
+        selected_by_dag = Counter(dag_of.values())
+        requeued_by_dag = Counter(dag_of[i] for i in requeued)
+        if as_json:
+            self.stdout.write(self._json(rows, requeued, selected_by_dag, requeued_by_dag, dry_run))
+            return
         if dry_run:
             self.stdout.write(f"dry run: would requeue {len(rows)} parked rows")
-            return
-        requeued = outbox.requeue(row_ids=[row.id for row in rows])
-        skipped = len(rows) - len(requeued)
-        self.stdout.write(
-            f"requeued {len(requeued)} parked rows"
-            + (f" ({skipped} skipped: held by a drain right now)" if skipped else "")
+        else:
+            skipped = len(rows) - len(requeued)
+            self.stdout.write(
+                f"requeued {len(requeued)} parked rows"
+                + (f" ({skipped} skipped: held by a drain right now)" if skipped else "")
+            )
+        if selected_by_dag:
+            done = "would requeue" if dry_run else "requeued"
+            self.stdout.write(f"{'dag':<40} {'parked':>8} {done:>14}")
+            for dag_id, count in sorted(selected_by_dag.items()):
+                shown = count if dry_run else requeued_by_dag[dag_id]
+                self.stdout.write(f"{dag_id:<40} {count:>8} {shown:>14}")
+
+    def _list(self, rows, *, verbose: bool) -> None:
+        for row_id, dag_id, task_id, try_number, attempts, last_error in (
+            rows if verbose else rows[:LISTED_ROWS]
+        ):
+            error = (last_error or "-").strip().splitlines()[0] if last_error else "-"
+            self.stdout.write(
+                f"  row {row_id}: {dag_id}.{task_id} try {try_number}, "
+                f"{attempts} attempts, last error: {error}"
+            )
+        if not verbose and len(rows) > LISTED_ROWS:
+            self.stdout.write(f"  ... and {len(rows) - LISTED_ROWS} more (-v 2 lists all)")
+
+    @staticmethod
+    def _json(rows, requeued, selected_by_dag, requeued_by_dag, dry_run) -> str:
+        return json.dumps(
+            {
+                "dry_run": dry_run,
+                "selected": len(rows),
+                "requeued": len(requeued),
+                "skipped": 0 if dry_run else len(rows) - len(requeued),
+                "requeued_ids": requeued,
+                "by_dag": {
+                    dag_id: {"parked": count, "requeued": requeued_by_dag[dag_id]}
+                    for dag_id, count in sorted(selected_by_dag.items())
+                },
+            },
+            indent=2,
         )

@@ -205,6 +205,10 @@ def drain_batch(*, batch_size: int | None = None) -> BatchResult:
         _before_commit(rows)
     dag_ids = frozenset(dag_id for result in results for dag_id in result.dag_ids)
     runs = scheduling.schedule_dags(dag_ids=sorted(dag_ids)) if dag_ids else None
+    if runs and runs.dags_locked:
+        # Another scheduler holds these Dags and may have locked their rows before ours
+        # committed: one more pass soon, rather than waiting for the sweep.
+        _nudge_scheduler(runs.dags_locked)
     return BatchResult(
         claimed=len(rows),
         registered=len(results),
@@ -323,6 +327,12 @@ def _nudge() -> None:
     from . import tasks
 
     tasks.nudge_drain()
+
+
+def _nudge_scheduler(dag_ids: Iterable[str]) -> None:
+    from . import tasks
+
+    tasks.nudge_scheduler(dag_ids=dag_ids)
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,20 @@ class EnsuredSchedule:
 
 def task_timeout_seconds() -> int:
     """The sweep tasks' timeout: the cluster timeout, which must stay below `retry` so the
-    broker never redelivers a task that is still running."""
+    broker never redelivers a task that is still running, and above the drain's time budget so
+    a drain stops by itself before it is killed."""
     cluster = settings.Q_CLUSTER
     timeout = int(cluster["timeout"])
     if timeout >= int(cluster["retry"]):
         raise ValueError(
             f"Q_CLUSTER timeout ({timeout}) must be below retry ({cluster['retry']}) or the "
             "broker redelivers running tasks"
+        )
+    budget = float(settings.ASSET_DRAIN_TIME_BUDGET_SECONDS)
+    if budget >= timeout:
+        raise ValueError(
+            f"ASSET_DRAIN_TIME_BUDGET_SECONDS ({budget}) must be below the Q_CLUSTER timeout "
+            f"({timeout}) or drains are killed mid-batch"
         )
     return timeout
 

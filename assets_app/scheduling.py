@@ -44,6 +44,8 @@ class ScheduleResult:
     run_ids: tuple[tuple[str, str], ...]
     events_consumed: int
     seconds: float
+    # Dags another scheduler held: rows committed after it took its lock wait for the next pass.
+    dags_locked: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ def candidate_dag_ids(*, dag_ids: Iterable[str] | None = None) -> list[str]:
     )
 
 
+LOCKED = "locked"
+
+
 def schedule_dag(*, dag_id: str) -> TriggeredRun | None:
     """Create at most one asset-triggered run of `dag_id` from its queued events.
 
@@ -92,9 +97,17 @@ def schedule_dag(*, dag_id: str) -> TriggeredRun | None:
     max_active_runs, has no unlocked rows, or its condition is not met (the rows then stay).
     Safe to run concurrently and repeatedly.
     """
+    outcome = _schedule_dag(dag_id)
+    return outcome if isinstance(outcome, TriggeredRun) else None
+
+
+def _schedule_dag(dag_id: str) -> TriggeredRun | str | None:
+    """`schedule_dag`, telling "another scheduler holds the Dag" (LOCKED) from the other Nones."""
     with transaction.atomic(durable=True):
         dag = locks.claim_dag_for_scheduling(dag_id)
-        if dag is None or dag.is_paused or dag.schedule is None:
+        if dag is None:
+            return LOCKED
+        if dag.is_paused or dag.schedule is None:
             return None
         if _active_runs(dag_id) >= dag.max_active_runs:
             return None
@@ -137,16 +150,19 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
     heartbeat. Safe to run concurrently with drains and other schedulers."""
     started = time.monotonic()
     created: list[tuple[str, str]] = []
+    locked: list[str] = []
     consumed = 0
     checked = 0
     ok = False
     try:
         for dag_id in candidate_dag_ids(dag_ids=dag_ids):
             checked += 1
-            triggered = schedule_dag(dag_id=dag_id)
-            if triggered is not None:
-                created.append((dag_id, triggered.run.run_id))
-                consumed += triggered.event_count
+            outcome = _schedule_dag(dag_id)
+            if isinstance(outcome, TriggeredRun):
+                created.append((dag_id, outcome.run.run_id))
+                consumed += outcome.event_count
+            elif outcome == LOCKED:
+                locked.append(dag_id)
         ok = True
     finally:
         seconds = time.monotonic() - started
@@ -160,4 +176,5 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
         run_ids=tuple(created),
         events_consumed=consumed,
         seconds=seconds,
+        dags_locked=tuple(locked),
     )

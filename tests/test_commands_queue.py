@@ -106,3 +106,9 @@ def test_setup_schedules_refuses_a_timeout_not_below_retry(settings):
     with pytest.raises(ValueError, match="below retry"):
         run("setup_schedules")
     assert Schedule.objects.count() == 0
+
+
+def test_setup_schedules_refuses_a_drain_budget_not_below_the_task_timeout(settings):
+    settings.ASSET_DRAIN_TIME_BUDGET_SECONDS = settings.Q_CLUSTER["timeout"]
+    with pytest.raises(ValueError, match="ASSET_DRAIN_TIME_BUDGET_SECONDS"):
+        run("setup_schedules")

@@ -129,3 +129,37 @@ def test_events_are_consumed_once_per_dag():
     scheduling.schedule_dags()
     assert runs_of("d1") == [events]
     assert runs_of("d2") == [events]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dag_held_by_another_scheduler_is_skipped_without_waiting_and_reported():
+    import threading
+
+    from django.db import connections, transaction
+
+    from assets_app import locks
+
+    scheduled_dag("d", "a")
+    events = produce("a")
+    held, release = threading.Event(), threading.Event()
+
+    def other_scheduler():
+        try:
+            with transaction.atomic():
+                assert locks.claim_dag_for_scheduling("d") is not None
+                held.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other_scheduler)
+    thread.start()
+    try:
+        assert held.wait(10)
+        result = scheduling.schedule_dags()
+        assert (result.run_ids, result.dags_locked) == ((), ("d",))
+    finally:
+        release.set()
+        thread.join(10)
+    assert scheduling.schedule_dags().dags_locked == ()
+    assert runs_of("d") == [events]

@@ -1,0 +1,132 @@
+"""End to end: the real server (runserver, its own process) and the reference worker
+(`manage.py run_worker`, another process) over HTTP, on the test database."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from django.db import connection
+
+from assets_app import runs
+from assets_app.models import AssetEventQueue, DagRunState, TIState
+from tests.factories import AssetAliasFactory, AssetFactory, DagFactory, TaskFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def subprocess_env() -> dict[str, str]:
+    db = connection.settings_dict
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    url = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    return {
+        **os.environ,
+        "DATABASE_URL": url,
+        "WORKER_API_KEY": "e2e-worker-key",
+        "ASSET_REGISTRATION_MODE": "queue",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def wait_until_up(url: str, server: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise AssertionError(f"server exited: {server.stdout.read()}")
+        try:
+            # 401 without a token: the server and the worker API are up.
+            if requests.get(f"{url}/execution/assets/by-name?name=x", timeout=1).status_code == 401:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server did not come up")
+
+
+@pytest.fixture
+def server():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_until_up(url, process)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_worker_finishes_every_task_of_a_triggered_run(server):
+    dag = DagFactory(dag_id="e2e")
+    for i in range(4):
+        task = TaskFactory(dag=dag, task_id=f"t{i}")
+        task.outlet_assets.add(AssetFactory(name=f"e2e-{i}", uri=f"s3://e2e/{i}"))
+    TaskFactory(dag=dag, task_id="aliased").outlet_aliases.add(AssetAliasFactory(name="e2e-a"))
+    run = runs.trigger_dag(dag_id="e2e")
+
+    worker = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "run_worker",
+            "--url",
+            server,
+            "--api-key",
+            "e2e-worker-key",
+            "--hostname",
+            "e2e-worker",
+            "--concurrency",
+            "3",
+            "--task-seconds",
+            "0.3",
+            "--heartbeat-seconds",
+            "0.1",
+            "--max-tis",
+            "5",
+            "--max-seconds",
+            "60",
+        ],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+    assert worker.returncode == 0, worker.stderr
+    assert "done: claimed 5, succeeded 5, failed 0, retried 0, errors 0" in worker.stdout
+    tis = list(run.task_instances.all())
+    assert len(tis) == 5
+    assert {ti.state for ti in tis} == {TIState.SUCCESS}
+    assert {ti.hostname for ti in tis} == {"e2e-worker"}
+    run.refresh_from_db()
+    assert run.state == DagRunState.SUCCESS
+    rows = {row.source_task_id: row for row in AssetEventQueue.objects.all()}
+    assert set(rows) == {"t0", "t1", "t2", "t3", "aliased"}
+    t0_events = rows["t0"].payload["outlet_events"]
+    assert [e["dest_asset_key"] for e in t0_events] == [{"name": "e2e-0", "uri": "s3://e2e/0"}]
+    assert t0_events[0]["extra"]["written_by"].startswith("e2e-worker/")
+    (alias_event,) = rows["aliased"].payload["outlet_events"]
+    assert alias_event["source_alias_name"] == "e2e-a"

@@ -1,0 +1,216 @@
+"""Print the README's performance table (Markdown) from bench/results/*.json.
+
+python bench/report.py            from the full run's results
+python bench/report.py --quick    from bench/results/quick/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import _harness as h
+
+
+def load(directory: Path, name: str) -> dict[str, Any] | None:
+    path = directory / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def ok(flag: bool) -> str:
+    return "met" if flag else "**missed**"
+
+
+def rows(directory: Path) -> list[tuple[str, str, str, str]]:
+    out: list[tuple[str, str, str, str]] = []
+    lock = load(directory, "ti_lock_success")
+    if lock:
+        q = {r["outlets"]: r for r in lock["results"] if r["mode"] == "queue"}
+        i = {r["outlets"]: r for r in lock["results"] if r["mode"] == "inline"}
+        t = lock["target"]
+        holds = ", ".join(f"{n}: {r['hold_ms']['median']:.2f}" for n, r in q.items())
+        out.append(
+            (
+                "TI lock hold on success, queue mode (median ms by outlets)",
+                holds,
+                "<= 2 ms at every N",
+                ok(t["queue_max_median_hold_ms"] <= t["queue_median_hold_ms_max"]),
+            )
+        )
+        out.append(
+            (
+                "same, flatness hold(1000)/hold(1)",
+                f"{t['queue_flatness']:.2f}",
+                "<= 1.5",
+                ok(t["queue_flatness"] <= t["queue_flatness_max"]),
+            )
+        )
+        out.append(
+            (
+                "statements under the TI lock / per request (queue)",
+                f"{q[1000]['statements_under_lock']['median']:g} / "
+                f"{q[1000]['statements_per_request']['median']:g} at every N",
+                "flat (Airflow: 5 per outlet)",
+                ok(len({r["statements_under_lock"]["median"] for r in q.values()}) == 1),
+            )
+        )
+        out.append(
+            (
+                "success latency at 1,000 outlets (median ms), queue / inline",
+                f"{q[1000]['latency_ms']['median']:.0f} / {i[1000]['latency_ms']['median']:.0f}",
+                "(Airflow 3.3.2 holds the lock 5,000 ms)",
+                "",
+            )
+        )
+        out.append(
+            (
+                "TI lock hold, inline mode at 1 / 1,000 outlets (median ms)",
+                f"{i[1]['hold_ms']['median']:.2f} / {i[1000]['hold_ms']['median']:.2f}",
+                "(for comparison)",
+                "",
+            )
+        )
+    run = load(directory, "ti_run_consumed")
+    if run:
+        r = {x["consumed_events"]: x for x in run["results"]}
+        t = run["target"]
+        out.append(
+            (
+                "ti_run lock hold (median ms at 1 / 5,000 consumed events)",
+                f"{r[1]['hold_ms']['median']:.2f} / {r[5000]['hold_ms']['median']:.2f}",
+                "<= 2 ms, flat",
+                ok(t["hold_met"] and t["flat_met"]),
+            )
+        )
+        out.append(
+            (
+                "ti_run statements per request (1 .. 5,000 events)",
+                ", ".join(f"{x['statements_per_request']['median']:g}" for x in r.values()),
+                "constant (Airflow: 5,016)",
+                ok(t["statements_constant_met"]),
+            )
+        )
+        out.append(
+            (
+                "ti_run latency at 5,000 consumed events (median ms)",
+                f"{r[5000]['latency_ms']['median']:.0f}",
+                "< 200 ms (Airflow: 2,300)",
+                ok(t["latency_met"]),
+            )
+        )
+    drain = load(directory, "drain_throughput")
+    if drain:
+        d = {(x["batch"], x["fanout"]): x["events_per_s"]["median"] for x in drain["results"]}
+        raw = {x["fanout"]: x["events_per_s"] for x in drain["raw_postgresql"]}
+        out.append(
+            (
+                "drain events/s, batch 500, fan-out 1 / 4 / 8",
+                f"{d[(500, 1)]:,.0f} / {d[(500, 4)]:,.0f} / {d[(500, 8)]:,.0f}",
+                ">= 5,000 at fan-out 4",
+                ok(drain["target"]["met"]),
+            )
+        )
+        out.append(
+            (
+                "drain events/s, batch 1 / 50 / 500, fan-out 4",
+                f"{d[(1, 4)]:,.0f} / {d[(50, 4)]:,.0f} / {d[(500, 4)]:,.0f}",
+                "",
+                "",
+            )
+        )
+        out.append(
+            (
+                "raw PostgreSQL insert rate, same shape, fan-out 1 / 4 / 8",
+                f"{raw[1]:,.0f} / {raw[4]:,.0f} / {raw[8]:,.0f}",
+                "(ceiling)",
+                "",
+            )
+        )
+    e2e = load(directory, "end_to_end_latency")
+    if e2e:
+        s = e2e["latency_ms"]
+        out.append(
+            (
+                f"end-to-end success -> downstream run committed, p50 / p99 ms "
+                f"({e2e['rate_per_s']:g}/s for {e2e['seconds']} s)",
+                f"{s['median']:.0f} / {s['p99']:.0f}",
+                "<= 100 / <= 1,000",
+                ok(e2e["target"]["met"]),
+            )
+        )
+    burst = load(directory, "burst")
+    if burst:
+        m = burst["target"]["met"]
+        out.append(
+            (
+                f"burst {burst['concurrency']} x {burst['outlets']} outlets: errors, p99 ms",
+                f"{burst['error_count']}, {burst['latency_ms']['p99']:,.0f}",
+                "0, < 2,000",
+                ok(m["errors"] and m["p99"]),
+            )
+        )
+        out.append(
+            (
+                "burst: gunicorn peak RSS (all workers) MB",
+                f"{burst['gunicorn_peak_rss_mb']:.0f}",
+                "< 512",
+                ok(m["rss"]),
+            )
+        )
+        registered = burst["all_registered_s"]
+        out.append(
+            (
+                f"burst: all {burst['events_expected']:,} events registered after s",
+                f"{registered:.1f}" if registered is not None else "not within 180 s",
+                "<= 60",
+                ok(m["registered"]),
+            )
+        )
+    sched = load(directory, "scheduler")
+    if sched:
+        out.append(
+            (
+                f"scheduler runs/s ({sched['dags']:,} Dags with waiting events)",
+                f"{sched['runs_per_s']['median']:,.0f}",
+                ">= 200",
+                ok(sched["target"]["met"]),
+            )
+        )
+    scaling = load(directory, "drain_scaling")
+    if scaling:
+        v = [x["events_per_s"]["median"] for x in scaling["results"]]
+        out.append(
+            (
+                "drain scaling events/s with 1 / 2 / 4 drains",
+                " / ".join(f"{x:,.0f}" for x in v),
+                "no drop",
+                ok(scaling["target"]["met"]),
+            )
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    directory = h.results_dir(args)
+    table = rows(directory)
+    print("| measure | result | target | |")
+    print("|---|---|---|---|")
+    for row in table:
+        print("| " + " | ".join(row) + " |")
+    lock = load(directory, "ti_lock_success")
+    if lock:
+        machine = lock["machine"]
+        print(
+            f"\nMeasured on {machine['cpus']} cores, PostgreSQL {machine['postgresql']}, "
+            f"commit {machine['git_commit']}, load average at start "
+            f"{machine['load_avg_1m_5m_15m'][0]:.1f}."
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -269,7 +269,7 @@ def servers(service_env, tmp_path) -> Iterator[Callable[..., ServiceProcess]]:
 
     yield make
     for server in started:
-        server.stop(timeout=5)
+        server.stop(timeout=3)
 
 
 def make_scheduled_dag(

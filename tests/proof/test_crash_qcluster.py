@@ -1,0 +1,146 @@
+"""Crash: SIGKILL the django-q2 cluster in the middle of draining, again and again.
+
+A real `python manage.py qcluster` (its whole process group: sentinel, pusher, monitor, workers)
+drains the outbox, nudged on commit by 4 worker threads that keep finishing task instances with
+10 outlets each. A killer waits a random moment after each (re)start, then watches for a drain
+holding outbox row locks (a transaction mid-batch) and SIGKILLs the cluster; it restarts it at
+once. After at least 12 kills (10 of them, at least, while a batch was open), the workers stop, the
+last cluster drains everything (woken by one more success's nudge, the same path production
+uses), and then: every successful TI's outlets became exactly its events, once; nothing is left in
+the outbox or parked; every event was consumed exactly once by the downstream Dag.
+"""
+
+import random
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue, TaskInstance
+
+from .conftest import consumption_report, make_running_tis, make_scheduled_dag, run_in_threads
+from .workers import succeed_ti
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ASSETS = [f"crash-q-{i}" for i in range(12)]
+OUTLETS_PER_TI = 10
+TI_POOL = 1500
+MIN_KILLS = 12
+MIN_MID_BATCH_KILLS = 10
+MAX_KILLS = 30
+CLUSTER_ENV = {
+    "Q_CLUSTER_WORKERS": "2",
+    # A killed drain task's broker row is redelivered after `retry`: keep it short.
+    "Q_CLUSTER_TIMEOUT": "10",
+    "Q_CLUSTER_RETRY": "15",
+    # Small batches: a drain is many short transactions, like a busy production queue.
+    "ASSET_QUEUE_BATCH_SIZE": "10",
+    "ASSET_DRAIN_TIME_BUDGET_SECONDS": "5",
+}
+
+
+def _drain_batch_open() -> bool:
+    """Does another session hold outbox row locks (SELECT ... FOR UPDATE in an open batch)?"""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+            WHERE c.relname = 'assets_app_asseteventqueue' AND l.mode = 'RowShareLock'
+              AND l.granted AND l.pid <> pg_backend_pid()
+            """
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
+    make_scheduled_dag("crash_q_downstream", {"any": ASSETS[:6]})
+    tis = make_running_tis("crash_q_producer", TI_POOL)
+    rng = random.Random(11)
+    outlets = {ti.id: rng.sample(ASSETS, OUTLETS_PER_TI) for ti in tis}
+    pending = list(tis)
+    pending_lock = threading.Lock()
+    succeeded: list = []
+    stop_workers = threading.Event()
+
+    def worker(n: int) -> None:
+        local = random.Random(n)
+        while not stop_workers.is_set():
+            for _ in range(local.randint(1, 4)):
+                with pending_lock:
+                    if not pending:
+                        return
+                    ti = pending.pop()
+                succeed_ti(ti, [{"name": a, "uri": a} for a in outlets[ti.id]])
+                with pending_lock:
+                    succeeded.append(ti)
+            time.sleep(local.uniform(0.1, 0.4))
+
+    cluster = servers("qcluster", env=CLUSTER_ENV)
+    kills = 0
+    mid_batch_kills = 0
+
+    def killer() -> None:
+        nonlocal kills, mid_batch_kills
+        local = random.Random(99)
+        try:
+            while kills < MAX_KILLS and (
+                kills < MIN_KILLS or mid_batch_kills < MIN_MID_BATCH_KILLS
+            ):
+                time.sleep(local.uniform(0.2, 1.5))
+                deadline = time.monotonic() + 5
+                open_batch = _drain_batch_open()
+                while not open_batch and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                    open_batch = _drain_batch_open()
+                cluster.kill()
+                kills += 1
+                mid_batch_kills += open_batch
+                cluster.start()
+        finally:
+            stop_workers.set()
+
+    started = time.monotonic()
+    run_in_threads([killer] + [lambda n=n: worker(n) for n in range(4)], timeout=240)
+    kill_phase = time.monotonic() - started
+
+    # One more success: its on-commit nudge wakes the last cluster, which drains everything due
+    # (the rows of every batch a kill rolled back included).
+    last = pending.pop()
+    succeed_ti(last, [{"name": a, "uri": a} for a in outlets[last.id]])
+    succeeded.append(last)
+
+    def settled() -> bool:
+        return not AssetEventQueue.objects.exists() and not AssetDagRunQueue.objects.exists()
+
+    deadline = time.monotonic() + 90
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    recovery = time.monotonic() - started - kill_phase
+    cluster.kill()
+
+    report = consumption_report()
+    print(
+        f"\ncrash qcluster: {kills} SIGKILLs ({mid_batch_kills} with a batch open), "
+        f"{len(succeeded)} successes, {report['events']} events, {report['runs']} runs, "
+        f"kill phase {kill_phase:.1f} s, recovery {recovery:.1f} s"
+    )
+    assert settled(), cluster.log_tail()
+    assert kills >= MIN_KILLS
+    assert mid_batch_kills >= MIN_MID_BATCH_KILLS
+    assert AssetEventQueue.objects.filter(parked_at__isnull=False).count() == 0
+    assert TaskInstance.objects.filter(state="success").count() == len(succeeded)
+    got: dict = {}
+    for ti_id, name in AssetEvent.objects.values_list("source_ti_id", "asset__name"):
+        got.setdefault(ti_id, []).append(name)
+    assert {k: sorted(v) for k, v in got.items()} == {
+        ti.id: sorted(outlets[ti.id]) for ti in succeeded
+    }
+    assert report["events"] == len(succeeded) * OUTLETS_PER_TI
+    assert (report["missed"], report["foreign"], report["doubled"], report["empty_runs"]) == (
+        0,
+        0,
+        0,
+        0,
+    )

@@ -24,7 +24,6 @@ from . import conditions, heartbeats, locks, metrics, runs
 from .models import (
     AssetAliasAsset,
     AssetDagRunQueue,
-    AssetEvent,
     Dag,
     DagRun,
     DagRunState,
@@ -111,7 +110,7 @@ def _schedule_dag(dag_id: str) -> TriggeredRun | str | None:
             return None
         if _active_runs(dag_id) >= dag.max_active_runs:
             return None
-        rows = locks.lock_dag_queue_rows(dag_id)
+        rows = locks.lock_dag_queue_entries(dag_id)
         if not rows:
             return None
         try:
@@ -119,11 +118,8 @@ def _schedule_dag(dag_id: str) -> TriggeredRun | str | None:
         except conditions.ConditionError:
             logger.exception("dag %s has an unreadable schedule; its events wait", dag_id)
             return None
-        event_ids = sorted({row.asset_event_id for row in rows})
-        events = list(
-            AssetEvent.objects.filter(id__in=event_ids).values_list("timestamp", "asset__name")
-        )
-        present = {name for _, name in events}
+        event_ids = sorted({event_id for _, event_id, _, _ in rows})
+        present = {name for _, _, _, name in rows}
         alias_assets: dict[str, set[str]] = defaultdict(set)
         aliases = conditions.referenced_aliases(condition)
         if aliases:
@@ -136,10 +132,10 @@ def _schedule_dag(dag_id: str) -> TriggeredRun | str | None:
         run = runs.create_dag_run(
             dag=dag,
             run_type=DagRunType.ASSET_TRIGGERED,
-            run_after=max(timestamp for timestamp, _ in events),
+            run_after=max(timestamp for _, _, timestamp, _ in rows),
             consumed_event_ids=event_ids,
         )
-        AssetDagRunQueue.objects.filter(id__in=[row.id for row in rows]).delete()
+        AssetDagRunQueue.objects.filter(id__in=[row[0] for row in rows]).delete()
         metrics.incr(metrics.RUNS_TRIGGERED)
         return TriggeredRun(run=run, event_count=len(event_ids))
 

@@ -92,6 +92,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Admin dates as "2026-11-30 08:25:55" (assets_app/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["assets_app.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"

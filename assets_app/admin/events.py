@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.db.models import Exists, OuterRef
 from django.template.loader import render_to_string
+from django.utils.html import format_html
 
 from ..models import AssetAliasEvent, AssetDagRunQueue, AssetEvent, DagRunAssetEvent
 from .base import ReadOnlyAdmin, admin_link, count_of, pretty_json
@@ -31,7 +32,6 @@ class AssetEventAdmin(ReadOnlyAdmin):
         "asset_link",
         "timestamp",
         "source",
-        "source_run_id",
         "consumer_count",
         "waiting_count",
     )
@@ -81,7 +81,12 @@ class AssetEventAdmin(ReadOnlyAdmin):
     def source(self, obj):
         if not obj.source_dag_id:
             return "REST API" if obj.extra.get("from_rest_api") else "-"
-        return f"{obj.source_dag_id}.{obj.source_task_id}"
+        return format_html(
+            '{}.{}<br><span class="aes-muted">{}</span>',
+            obj.source_dag_id,
+            obj.source_task_id,
+            obj.source_run_id,
+        )
 
     @admin.display(description="consumed by runs", ordering="consumer_count")
     def consumer_count(self, obj):

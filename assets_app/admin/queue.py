@@ -110,6 +110,20 @@ class AssetEventQueueAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The row page offers the same actions as the list (they post to the changelist)."""
+        actions = self.get_actions(request)
+        labels = {
+            "requeue_now": "Requeue now",
+            "park_rows": "Park",
+            "delete_outbox_rows": "Delete…",
+        }
+        extra_context = {
+            **(extra_context or {}),
+            "row_actions": [(name, label) for name, label in labels.items() if name in actions],
+        }
+        return super().change_view(request, object_id, form_url, extra_context)
+
     def has_requeue_permission(self, request):
         return request.user.has_perm("assets_app.change_asseteventqueue")
 

@@ -55,7 +55,7 @@ class DagRunAdmin(admin.ModelAdmin):
     search_fields = ("run_id", "dag__dag_id")
     date_hierarchy = "run_after"
     inlines = (TaskInstanceInline,)
-    readonly_fields = ("conf_json", "consumed_events")
+    readonly_fields = ("conf_json", "consumed_events_table")
     fieldsets = (
         (
             None,
@@ -75,7 +75,7 @@ class DagRunAdmin(admin.ModelAdmin):
                 )
             },
         ),
-        ("Consumed events", {"fields": ("consumed_events",), "classes": ("aes-wide",)}),
+        ("Consumed events", {"fields": ("consumed_events_table",), "classes": ("aes-wide",)}),
     )
 
     def has_add_permission(self, request):
@@ -108,7 +108,7 @@ class DagRunAdmin(admin.ModelAdmin):
         return pretty_json(obj.conf)
 
     @admin.display(description="consumed events")
-    def consumed_events(self, obj):
+    def consumed_events_table(self, obj):
         links = (
             obj.consumed_links.select_related("asset_event__asset")
             .prefetch_related(

@@ -212,7 +212,7 @@ def test_asset_and_dag_pages_show_events_runs_producers_and_consumers(
     # Warm the session and the ContentType cache (the change form's history link).
     staff_client.get(asset_url)
     staff_client.get(dag_url)
-    with django_assert_num_queries(10) as one:
+    with django_assert_num_queries(10):
         page = staff_client.get(asset_url).content.decode()
     assert "producer</a>.extract" in page
     assert ">consumer</a>" in page
@@ -220,10 +220,15 @@ def test_asset_and_dag_pages_show_events_runs_producers_and_consumers(
     with django_assert_num_queries(7):
         page = staff_client.get(dag_url).content.decode()
     assert run.run_id in page and "orders #" in page
+    run_page = staff_client.get(reverse("admin:assets_app_dagrun_change", args=[run.pk]))
+    consumed = run.consumed_events.get()
+    assert f'<a href="/admin/assets_app/assetevent/{consumed.pk}/change/">#{consumed.pk}</a>' in (
+        run_page.content.decode()
+    )
 
     for _ in range(5):
         add_consumed_events(8)
-    with django_assert_num_queries(len(one.captured_queries)):
+    with django_assert_num_queries(10):
         assert staff_client.get(asset_url).status_code == 200
     with django_assert_num_queries(7):
         assert staff_client.get(dag_url).status_code == 200

@@ -245,12 +245,21 @@ def _resolve_aliases(names: set[str]) -> dict[str, int]:
 
 
 def _insert_events(
-    rows: list[tuple[int, str, dict[str, Any], int]],
+    rows: list[tuple[Any, ...]],
     *,
     now: datetime,
 ) -> dict[tuple[UUID, int, int, int], int]:
-    """INSERT ... ON CONFLICT DO NOTHING RETURNING for (asset_id, extra, payload source,
-    ordinal) rows; returns {idempotency key: id} for the rows actually inserted. 1 query."""
+    """Insert events from (asset_id, extra JSON text, dag_id, run_id, task_id, map_index, ti_id,
+    try_number, ordinal) rows, skipping those whose idempotency key exists; returns
+    {idempotency key: id} for the rows actually inserted.
+
+    PostgreSQL: one INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING, safe
+    against concurrent writers and one query whatever the row count. Other databases (the SQLite
+    demo, where writers are serialized by IMMEDIATE transactions): read the existing keys, then
+    bulk-insert the missing rows.
+    """
+    if connection.vendor != "postgresql":
+        return _insert_events_portable(rows, now=now)
     table = AssetEvent._meta.db_table
     columns = list(zip(*rows, strict=True))
     sql = (
@@ -270,9 +279,54 @@ def _insert_events(
         return {(ti, tn, asset, ordinal): pk for pk, ti, tn, asset, ordinal in cursor.fetchall()}
 
 
+def _event_key(event: AssetEvent) -> tuple[UUID, int, int, int]:
+    return (event.source_ti_id, event.source_try_number, event.asset_id, event.source_ordinal)
+
+
+def _insert_events_portable(
+    rows: list[tuple[Any, ...]], *, now: datetime
+) -> dict[tuple[UUID, int, int, int], int]:
+    existing = {
+        (ti, tn, asset, ordinal)
+        for ti, tn, asset, ordinal in AssetEvent.objects.filter(
+            source_ti_id__in={row[6] for row in rows}
+        ).values_list("source_ti_id", "source_try_number", "asset_id", "source_ordinal")
+    }
+    events = [
+        AssetEvent(
+            asset_id=asset_id,
+            extra=json.loads(extra),
+            timestamp=now,
+            source_dag_id=dag_id,
+            source_run_id=run_id,
+            source_task_id=task_id,
+            source_map_index=map_index,
+            source_ti_id=ti_id,
+            source_try_number=try_number,
+            source_ordinal=ordinal,
+        )
+        for asset_id, extra, dag_id, run_id, task_id, map_index, ti_id, try_number, ordinal in rows
+        if (ti_id, try_number, asset_id, ordinal) not in existing
+    ]
+    AssetEvent.objects.bulk_create(events)
+    return {_event_key(event): event.pk for event in events}
+
+
 def _insert_queue_rows(rows: list[tuple[str, int, int]], *, now: datetime) -> int:
     """Insert ADRQ rows (target_dag_id, asset_event_id, asset_id) in the given (sorted) order,
-    conflicts ignored; returns the number inserted. 1 query."""
+    conflicts ignored; returns the number inserted (other databases than PostgreSQL: the number
+    given, which is the same since callers only queue new events). 1 query."""
+    if connection.vendor != "postgresql":
+        AssetDagRunQueue.objects.bulk_create(
+            [
+                AssetDagRunQueue(
+                    target_dag_id=dag_id, asset_event_id=event_id, asset_id=asset_id, created_at=now
+                )
+                for dag_id, event_id, asset_id in rows
+            ],
+            ignore_conflicts=True,
+        )
+        return len(rows)
     table = AssetDagRunQueue._meta.db_table
     dag_ids, event_ids, asset_ids = (list(column) for column in zip(*rows, strict=True))
     sql = (
@@ -419,6 +473,34 @@ def register_payload(*, payload: dict[str, Any]) -> RegistrationResult:
     return result
 
 
+def _insert_external_event(
+    *, asset_id: int, extra: dict[str, Any], external_key: str | None, now: datetime
+) -> int | None:
+    """Insert an event without a source TI; None when `external_key` is taken (a retry)."""
+    if connection.vendor != "postgresql":
+        # Writers are serialized on the other databases we run on (SQLite): check, then insert.
+        if (
+            external_key is not None
+            and AssetEvent.objects.filter(external_key=external_key).exists()
+        ):
+            return None
+        event = AssetEvent.objects.create(
+            asset_id=asset_id, extra=extra, timestamp=now, external_key=external_key
+        )
+        return event.pk
+    table = AssetEvent._meta.db_table
+    with connection.cursor() as cursor:
+        # ON CONFLICT waits for a concurrent insert of the same key to commit or roll back.
+        cursor.execute(
+            f"INSERT INTO {table} (asset_id, extra, timestamp, source_map_index, "
+            "source_ordinal, external_key) VALUES (%s, %s::jsonb, %s, -1, 0, %s) "
+            "ON CONFLICT DO NOTHING RETURNING id",
+            [asset_id, json.dumps(extra), now, external_key],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
 def register_external_event(
     *,
     asset: Asset,
@@ -440,18 +522,11 @@ def register_external_event(
     extra = {**(extra or {}), "from_rest_api": True}
     with transaction.atomic(durable=True):
         now = timezone.now()
-        table = AssetEvent._meta.db_table
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {table} (asset_id, extra, timestamp, source_map_index, "
-                "source_ordinal, external_key) VALUES (%s, %s::jsonb, %s, -1, 0, %s) "
-                "ON CONFLICT DO NOTHING RETURNING id",
-                [asset.pk, json.dumps(extra), now, external_key],
-            )
-            row = cursor.fetchone()
-        if row is None:
+        event_id = _insert_external_event(
+            asset_id=asset.pk, extra=extra, external_key=external_key, now=now
+        )
+        if event_id is None:
             return AssetEvent.objects.select_related("asset").get(external_key=external_key), False
-        event_id = row[0]
         dag_ids = sorted(
             set(
                 DagScheduleAssetReference.objects.filter(asset_id=asset.pk).values_list(

@@ -59,10 +59,7 @@ def test_success_sets_state_and_writes_one_outbox_row(worker_api):
         -1,
     )
     assert row.payload == {
-        "outlets": [
-            {"name": "orders", "uri": "s3://bucket/orders", "type": "Asset"},
-            {"name": "cleaned", "uri": None, "type": "AssetAlias"},
-        ],
+        "outlets": OUTLETS,
         "outlet_events": OUTLET_EVENTS,
         "source": {
             "ti_id": str(ti.id),

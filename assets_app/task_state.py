@@ -25,6 +25,7 @@ never left in `up_for_retry`, so a replayed retry request finds it queued and ge
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -212,7 +213,8 @@ def succeed(
     outbox row (`outbox.enqueue`), commit; the drain is nudged on commit.
     `inline` mode (`ASSET_REGISTRATION_MODE`, read at call time): one durable transaction that
     first registers the events (`registration.register_payload`, before the lock), then locks and
-    re-checks the TI; if it is no longer running the whole transaction rolls back.
+    re-checks the TI; if it is no longer running the whole transaction rolls back. After the
+    commit the scheduler is nudged for the Dags that got queued events.
     Either way a TI already in success returns `replayed=True` and nothing is written.
     """
     if settings.ASSET_REGISTRATION_MODE == "inline":
@@ -263,7 +265,7 @@ def _succeed_inline(
     task_outlets: list[dict[str, Any]],
     outlet_events: list[dict[str, Any]],
 ) -> StateChange:
-    from . import registration
+    from . import registration, tasks
 
     with transaction.atomic(durable=True):
         # Unlocked read: the payload's source fields, and a cheap refusal before registering.
@@ -274,7 +276,7 @@ def _succeed_inline(
             return StateChange(ti_id=ti.id, state=ti.state, replayed=True, try_number=ti.try_number)
         if ti.state != TIState.RUNNING:
             raise _not_running(ti, "marked success")
-        registration.register_payload(
+        registered = registration.register_payload(
             payload=outbox.build_payload(
                 ti=ti, outlets=task_outlets, outlet_events=outlet_events, end_date=end_date
             )
@@ -291,6 +293,9 @@ def _succeed_inline(
         if locked.state != TIState.RUNNING or locked.try_number != ti.try_number:
             raise _not_running(locked, "marked success")
         _set_success(locked, end_date=end_date)
+        if registered.dag_ids:
+            # No drain runs in this mode, so the scheduler hears about the new ADRQ rows here.
+            transaction.on_commit(partial(tasks.nudge_scheduler, dag_ids=registered.dag_ids))
     _finish_run_if_done(locked.dag_run_id, now=timezone.now())
     return StateChange(
         ti_id=locked.id, state=locked.state, replayed=False, try_number=locked.try_number

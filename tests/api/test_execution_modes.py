@@ -6,9 +6,16 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from assets_app import locks, task_state
-from assets_app.models import AssetEvent, AssetEventQueue, DagRunState, TIState
-from tests.factories import TaskInstanceFactory
+from assets_app import locks, task_state, tasks
+from assets_app.models import (
+    AssetDagRunQueue,
+    AssetEvent,
+    AssetEventQueue,
+    DagRunState,
+    DagScheduleAssetReference,
+    TIState,
+)
+from tests.factories import AssetFactory, DagFactory, TaskInstanceFactory
 
 from .snapshots import db_snapshot
 from .test_execution_state import OUTLET_EVENTS, OUTLETS, SUCCESS, patch_state
@@ -34,6 +41,24 @@ def test_inline_success_registers_events_and_writes_no_outbox_row(worker_api, se
     assert events[("orders", ())].source_ti_id == ti.id
     ti.dag_run.refresh_from_db()
     assert ti.dag_run.state == DagRunState.SUCCESS
+
+
+@pytest.mark.django_db
+def test_inline_success_nudges_the_scheduler_for_dags_with_new_queued_events(
+    worker_api, settings, django_capture_on_commit_callbacks
+):
+    settings.ASSET_REGISTRATION_MODE = "inline"
+    orders = AssetFactory(name="orders", uri="s3://bucket/orders")
+    consumer = DagFactory(dag_id="consumer")
+    DagScheduleAssetReference.objects.create(dag=consumer, asset=orders)
+    ti = TaskInstanceFactory(running=True)
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert patch_state(worker_api, ti, SUCCESS).status_code == 204
+
+    nudges = [cb for cb in callbacks if getattr(cb, "func", None) is tasks.nudge_scheduler]
+    assert [n.keywords for n in nudges] == [{"dag_ids": frozenset({"consumer"})}]
+    assert AssetDagRunQueue.objects.filter(target_dag=consumer).count() == 1
 
 
 @pytest.mark.django_db

@@ -9,6 +9,7 @@ It speaks only the worker API (`/execution/`), like a real worker on another mac
 3. reports `success` with each declared outlet emitted once (`extra` says who wrote it:
    `{"written_by": "<hostname>/<pid>", "ti_id", "try_number"}`), or, with probability
    `fail_probability`, `up_for_retry` when the run context says `should_retry`, else `failed`.
+   A heartbeat answered 404/409 (the TI is no longer ours) abandons the TI without reporting.
    An alias outlet is emitted through the alias into the asset `<alias>-output`
    (uri `reference-worker://<alias>-output`).
 
@@ -29,6 +30,10 @@ from typing import Any, TextIO
 import requests
 
 API_VERSION = "2026-06-30"
+
+
+class TaskAbandoned(Exception):
+    """The server says this TI is no longer ours to run."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,7 @@ class ReferenceWorker:
                 self._fail(ti, name, token, should_retry=bool(context.get("should_retry")))
             else:
                 self._succeed(ti, name, token, workload["task_outlets"])
-        except requests.RequestException as exc:
+        except (requests.RequestException, TaskAbandoned) as exc:
             self.log(f"{name}: {exc}")
             self.stats.add("errors")
 
@@ -209,6 +214,9 @@ class ReferenceWorker:
                 token=token,
                 body={"hostname": self.config.hostname, "pid": self.pid},
             )
+            if beat.status_code in (404, 409):
+                # Not ours any more (finished, retried or running elsewhere): stop, like Airflow.
+                raise TaskAbandoned(f"heartbeat answered {beat.status_code}: {beat.text}")
             if beat.status_code != 204:
                 self.log(f"heartbeat of {ti['id']} answered {beat.status_code}: {beat.text}")
             token = beat.headers.get("Refreshed-API-Token", token)

@@ -130,3 +130,45 @@ def test_run_worker_finishes_every_task_of_a_triggered_run(server):
     assert t0_events[0]["extra"]["written_by"].startswith("e2e-worker/")
     (alias_event,) = rows["aliased"].payload["outlet_events"]
     assert alias_event["source_alias_name"] == "e2e-a"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_worker_failures_retry_then_fail_the_run(server):
+    dag = DagFactory(dag_id="e2e_fail")
+    TaskFactory(dag=dag, task_id="flaky", retries=1)
+    run = runs.trigger_dag(dag_id="e2e_fail")
+
+    worker = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "run_worker",
+            "--url",
+            server,
+            "--api-key",
+            "e2e-worker-key",
+            "--task-seconds",
+            "0",
+            "--fail-probability",
+            "1",
+            "--retry-delay",
+            "0",
+            "--max-tis",
+            "2",
+            "--max-seconds",
+            "60",
+        ],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+    assert worker.returncode == 0, worker.stderr
+    assert "done: claimed 2, succeeded 0, failed 1, retried 1, errors 0" in worker.stdout
+    (ti,) = run.task_instances.all()
+    assert (ti.state, ti.try_number) == (TIState.FAILED, 2)
+    run.refresh_from_db()
+    assert run.state == DagRunState.FAILED
+    assert AssetEventQueue.objects.count() == 0

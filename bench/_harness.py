@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -75,19 +76,57 @@ def drop_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "bench_{name}" WITH (FORCE)')
 
 
+def _template_name() -> str:
+    """bench_tpl_<hash of the migrations and requirements>: a migrated, empty database."""
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "assets_app" / "migrations").glob("*.py")):
+        digest.update(path.read_bytes())
+    digest.update((ROOT / "requirements.txt").read_bytes())
+    return f"bench_tpl_{digest.hexdigest()[:10]}"
+
+
+def _ensure_template() -> str:
+    """Create and migrate the template database once per schema; drop stale templates."""
+    template = _template_name()
+    with _admin_connect() as conn:
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_tpl\\_%'"
+            )
+        ]
+        for stale in names:
+            if stale != template:
+                conn.execute(f'DROP DATABASE IF EXISTS "{stale}" WITH (FORCE)')
+        if template in names:
+            return template
+        conn.execute(f'CREATE DATABASE "{template}_tmp"')
+    try:
+        subprocess.run(
+            [PYTHON, "manage.py", "migrate", "--no-input", "--skip-checks", "-v", "0"],
+            cwd=ROOT,
+            env=server_env(f"{PG_URL}/{template}_tmp"),
+            check=True,
+        )
+        with _admin_connect() as conn:
+            conn.execute(f'ALTER DATABASE "{template}_tmp" RENAME TO "{template}"')
+    finally:
+        with _admin_connect() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{template}_tmp" WITH (FORCE)')
+    return template
+
+
 def fresh_database(name: str) -> str:
-    """Drop and re-create bench_<name>, run the project's migrations on it, return its URL."""
+    """Drop and re-create bench_<name> as a copy of the migrated template, return its URL.
+
+    The template (bench_tpl_<hash>) is migrated with `manage.py migrate` the first time a schema
+    is seen, so a run does not pay for seven migrations.
+    """
+    template = _ensure_template()
     drop_database(name)
     with _admin_connect() as conn:
-        conn.execute(f'CREATE DATABASE "bench_{name}"')
-    url = db_url(name)
-    subprocess.run(
-        [PYTHON, "manage.py", "migrate", "--no-input", "--skip-checks", "-v", "0"],
-        cwd=ROOT,
-        env=server_env(url),
-        check=True,
-    )
-    return url
+        conn.execute(f'CREATE DATABASE "bench_{name}" TEMPLATE "{template}"')
+    return db_url(name)
 
 
 def server_env(url: str, **extra: str) -> dict[str, str]:

@@ -7,6 +7,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from assets_app.api import auth
 from assets_app.models import DagRunState, TIState
 from tests.factories import (
     AssetAliasFactory,
@@ -328,3 +329,33 @@ def test_start_run_with_unstarted_run_keeps_other_runs(worker_api):
     worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, ti_id=ti.id)
     other.refresh_from_db()
     assert other.state == DagRunState.QUEUED
+
+
+def test_unknown_airflow_api_version_header_is_ignored(worker_api):
+    ti = TaskInstanceFactory()
+    response = worker_api.client.patch(
+        f"/execution/task-instances/{ti.id}/run",
+        data=RUN_BODY,
+        content_type="application/json",
+        headers={
+            "Authorization": f"Bearer {auth.issue_token(ti.id)}",
+            "Airflow-API-Version": "1999-01-01",
+        },
+    )
+    assert response.status_code == 200
+
+
+def test_openapi_schema_lists_every_worker_endpoint(client):
+    response = client.get("/execution/openapi.json")
+    assert response.status_code == 200
+    assert set(response.json()["paths"]) == {
+        "/execution/task-instances/{task_instance_id}/run",
+        "/execution/task-instances/{task_instance_id}/state",
+        "/execution/task-instances/{task_instance_id}/heartbeat",
+        "/execution/workloads/claim",
+        "/execution/assets/by-name",
+        "/execution/assets/by-uri",
+        "/execution/assets/by-alias",
+        "/execution/asset-events/by-asset",
+        "/execution/asset-events/by-asset-alias",
+    }

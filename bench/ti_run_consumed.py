@@ -117,6 +117,7 @@ def main() -> None:
             "hold med ms",
             "min",
             "max",
+            "of it COMMIT",
             "stmts@lock",
             "stmts/req",
             "latency med ms",

@@ -278,6 +278,8 @@ def test_crash_between_registration_and_commit_leaves_the_row_pending_and_retry_
     with pytest.raises(SimulatedCrash):
         outbox.drain()
     assert seen == {"events_before_crash": 1}
+    crashed = ComponentHeartbeat.objects.get(component="drain")
+    assert (crashed.last_run_at is not None, crashed.last_ok_at) == (True, None)
     row.refresh_from_db()
     assert (row.attempts, row.parked_at, row.last_error) == (0, None, "")
     assert AssetEvent.objects.count() == 0
@@ -292,6 +294,7 @@ def test_crash_between_registration_and_commit_leaves_the_row_pending_and_retry_
     assert DagRun.objects.filter(dag_id="down").count() == 1
     assert metrics.value(metrics.REGISTERED) == 1
     assert outbox.drain().claimed == 0
+    assert ComponentHeartbeat.objects.get(component="drain").last_ok_at is not None
 
 
 def test_drain_nudges_coalesce_while_one_is_waiting():

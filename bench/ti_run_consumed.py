@@ -75,7 +75,7 @@ def main() -> None:
                             headers={"Authorization": f"Bearer {issue_token(ti.id)}"},
                             timeout=120,
                         )
-                        consumed = len(response.json()["dag_run"]["consumed_asset_events"])
+                    consumed = len(response.json()["dag_run"]["consumed_asset_events"])
                     if response.status_code != 200 or consumed != k:
                         raise SystemExit(
                             f"k={k}: HTTP {response.status_code}, {consumed} events: "

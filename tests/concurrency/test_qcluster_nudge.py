@@ -3,6 +3,7 @@ and `manage.py run_worker` (the reference worker). A worker's success reaches a 
 asset-triggered run through the on-commit drain nudge, well before any sweep could (no sweep
 schedule exists in this database)."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -54,13 +55,15 @@ def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
 
 
 def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the main process only (it stops its own children; a second TERM delivered to
+    the whole group can wedge django-q2's signal handler), then SIGKILL to its group."""
     if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=5)
 
 
 def wait_for(predicate, *, timeout: float, what: str):

@@ -1,8 +1,10 @@
 import json
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 from django_q.models import Schedule
 
 from assets_app import outbox
@@ -112,3 +114,28 @@ def test_setup_schedules_refuses_a_drain_budget_not_below_the_task_timeout(setti
     settings.ASSET_DRAIN_TIME_BUDGET_SECONDS = settings.Q_CLUSTER["timeout"]
     with pytest.raises(ValueError, match="ASSET_DRAIN_TIME_BUDGET_SECONDS"):
         run("setup_schedules")
+
+
+def test_sweep_schedules_enqueue_the_drain_and_scheduler_tasks_with_their_timeout(
+    settings, monkeypatch
+):
+    from django_q import scheduler as q_scheduler
+    from django_q.brokers import get_broker
+    from django_q.models import OrmQ
+
+    # It would close the test transaction's connection.
+    monkeypatch.setattr(q_scheduler, "close_old_django_connections", lambda: None)
+
+    run("setup_schedules")
+    Schedule.objects.update(next_run=timezone.now() - timedelta(minutes=5))
+    q_scheduler.scheduler(broker=get_broker())
+    queued = sorted(
+        (row.func(), row.task.get("timeout"), row.kwargs()) for row in OrmQ.objects.all()
+    )
+    timeout = settings.Q_CLUSTER["timeout"]
+    assert queued == [
+        ("assets_app.tasks.drain", timeout, {}),
+        ("assets_app.tasks.schedule", timeout, {}),
+    ]
+    # catch_up is off: one task per schedule however many minutes were missed, next run ahead.
+    assert all(s.next_run > timezone.now() for s in Schedule.objects.all())

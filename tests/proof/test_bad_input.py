@@ -288,6 +288,16 @@ NUL_BUG = (
 )
 
 
+DATETIME_BUG = (
+    "AwareDatetime accepts offsets up to +-23:59 and instants outside years 1..9999 in UTC. "
+    "PostgreSQL refuses offsets beyond 15:59 (DataError -> 500), and stores 0001-01-01T00:00+14:00 "
+    "as a year-1-BC instant that Python cannot read back: the run is created (200) and every "
+    "later read of it fails. Fix: one shared pydantic type in api/schemas.py and "
+    "api/public_schemas.py that converts to UTC and turns OverflowError / offsets >= 16 h into "
+    "a validation error (422)"
+)
+
+
 def _success_on_running_ti(world, body):
     path, headers = _ti(world, "running")
     return _send("patch", path + "/state", headers=headers, body=body)
@@ -371,6 +381,21 @@ BUG_CASES = [
         ),
         id="NUL in query string",
         marks=_strict_bug(NUL_BUG),
+    ),
+    pytest.param(
+        lambda w: _success_on_running_ti(w, _success(end_date="2026-11-30T08:00:00+21:58")),
+        id="end_date offset beyond PostgreSQL's 15:59",
+        marks=_strict_bug(DATETIME_BUG),
+    ),
+    pytest.param(
+        lambda w: _send(
+            "post",
+            "/api/v2/dags/bad_dag/dagRuns",
+            headers={"Authorization": f"Bearer {w['api_key']}"},
+            body={"logical_date": "0001-01-01T00:00:00+14:00"},
+        ),
+        id="logical_date before year 1 in UTC",
+        marks=_strict_bug(DATETIME_BUG),
     ),
     pytest.param(
         lambda w: _send(

@@ -1,0 +1,200 @@
+"""Auth matrix: every endpoint of both APIs, read from their OpenAPI documents, refuses every kind
+of bad credential with a `detail.reason` body and no write; the admin needs a staff login and
+keeps CSRF on.
+
+Worker API, task-token endpoints: no header, another scheme, an expired token, a token signed
+with another key, an unsigned (`alg: none`) token, garbage, the worker API key, and (on
+`/task-instances/{id}/...`) a valid token of another TI. The claim endpoint: no header, a wrong
+key, a task token. Public API: no header, another scheme, an unknown key, a worker task token, an
+inactive user's key, an anonymous session, a non-staff session, and a staff session without the
+CSRF token on unsafe methods. Each endpoint also gets the right credential once, which must get
+past authentication (so the matrix cannot pass by refusing everything).
+"""
+
+import json
+import time
+
+import jwt
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from assets_app.api import public_auth
+from assets_app.api.auth import issue_token
+from assets_app.models import Asset
+
+from .conftest import app_table_counts, make_running_tis, make_scheduled_dag
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _operations(client: Client, schema_path: str) -> list[tuple[str, str, dict]]:
+    schema = client.get(schema_path).json()
+    return [
+        (method, path, spec)
+        for path, methods in schema["paths"].items()
+        for method, spec in methods.items()
+    ]
+
+
+def _token(sub: str, *, key: str | None = None, exp_delta: int = 3600, **headers) -> str:
+    now = int(time.time())
+    claims = {"sub": sub, "scope": "execution", "iat": now, "exp": now + exp_delta}
+    return jwt.encode(claims, key or settings.SECRET_KEY, algorithm="HS256", headers=headers)
+
+
+def _unsigned(sub: str) -> str:
+    now = int(time.time())
+    return jwt.encode(
+        {"sub": sub, "scope": "execution", "iat": now, "exp": now + 3600}, None, algorithm="none"
+    )
+
+
+@pytest.fixture
+def world():
+    dag = make_scheduled_dag("auth_dag", {"any": ["auth-a"]})
+    mine, other = make_running_tis("auth_producer", 2)
+    asset = Asset.objects.get(name="auth-a")
+    User = get_user_model()
+    staff = User.objects.create_user("staff", password="pw-staff-1", is_staff=True)
+    User.objects.create_user("plain", password="pw-plain-1", is_staff=False)
+    User.objects.create_superuser("root", password="pw-root-1")
+    inactive = User.objects.create_user("gone", password="pw-gone-1", is_staff=True)
+    _, key = public_auth.create_api_token(username=staff.username, name="auth")
+    _, inactive_key = public_auth.create_api_token(username=inactive.username, name="gone")
+    inactive.is_active = False
+    inactive.save()
+    return {
+        "ti": str(mine.id),
+        "other_ti": str(other.id),
+        "dag_id": dag.dag_id,
+        "asset_id": asset.pk,
+        "key": key,
+        "inactive_key": inactive_key,
+    }
+
+
+def _url(path: str, world) -> str:
+    return (
+        path.replace("{task_instance_id}", world["ti"])
+        .replace("{dag_id}", world["dag_id"])
+        .replace("{asset_id}", str(world["asset_id"]))
+    )
+
+
+def _call(client: Client, method: str, url: str, auth: str | None, **extra):
+    headers = {"Authorization": auth} if auth is not None else {}
+    kwargs = {"content_type": "application/json", "data": "{}"} if method != "get" else {}
+    return getattr(client, method)(url, headers=headers, **kwargs, **extra)
+
+
+def _refused(response, statuses: set[int], before: dict, what: str) -> None:
+    assert response.status_code in statuses, f"{what}: {response.status_code} {response.content!r}"
+    detail = json.loads(response.content)["detail"]
+    assert isinstance(detail["reason"], str), what
+    assert app_table_counts() == before, what
+
+
+def test_every_worker_endpoint_refuses_bad_credentials(world):
+    client = Client(raise_request_exception=False)
+    ti = world["ti"]
+    bad_task_credentials = {
+        "missing": (None, {401}),
+        "basic scheme": ("Basic dXNlcjpwdw==", {401}),
+        "expired": (f"Bearer {_token(ti, exp_delta=-10)}", {401}),
+        "forged (other key)": (f"Bearer {_token(ti, key='not-the-secret-key-0123456789')}", {403}),
+        "unsigned alg none": (f"Bearer {_unsigned(ti)}", {403}),
+        "garbage": ("Bearer not.a.jwt", {403}),
+        "worker API key": (f"Bearer {settings.WORKER_API_KEY}", {403}),
+    }
+    operations = _operations(client, "/execution/openapi.json")
+    assert len(operations) >= 9
+    refusals = 0
+    for method, path, _ in operations:
+        url = _url(path, world)
+        before = app_table_counts()
+        if path.endswith("/workloads/claim"):
+            cases = {
+                "missing": (None, {401}),
+                "wrong key": ("Bearer wrong-key", {403}),
+                "task token": (f"Bearer {issue_token(ti)}", {403}),
+            }
+            good = f"Bearer {settings.WORKER_API_KEY}"
+        else:
+            cases = dict(bad_task_credentials)
+            if "{task_instance_id}" in path:
+                cases["other TI's token"] = (f"Bearer {issue_token(world['other_ti'])}", {403})
+            good = f"Bearer {issue_token(ti)}"
+        for name, (auth, statuses) in cases.items():
+            _refused(_call(client, method, url, auth), statuses, before, f"{method} {path} {name}")
+            refusals += 1
+        response = _call(client, method, url, good)
+        assert response.status_code not in (401, 403), f"{method} {path}: {response.content!r}"
+    print(f"\nauth: worker API {len(operations)} endpoints, {refusals} refusals checked")
+
+
+def test_every_public_endpoint_refuses_bad_credentials(world):
+    client = Client(raise_request_exception=False)
+    operations = _operations(client, "/api/v2/openapi.json")
+    assert len(operations) >= 7
+    header_cases = {
+        "missing": (None, {401}),
+        "basic scheme": ("Basic dXNlcjpwdw==", {401}),
+        "unknown key": ("Bearer not-a-real-key", {401}),
+        "worker task token": (f"Bearer {issue_token(world['ti'])}", {401}),
+        "inactive user's key": (f"Bearer {world['inactive_key']}", {401}),
+    }
+    refusals = 0
+    for method, path, _ in operations:
+        url = _url(path, world)
+        before = app_table_counts()
+        for name, (auth, statuses) in header_cases.items():
+            _refused(_call(client, method, url, auth), statuses, before, f"{method} {path} {name}")
+            refusals += 1
+        plain = Client(raise_request_exception=False)
+        assert plain.login(username="plain", password="pw-plain-1")
+        _refused(_call(plain, method, url, None), {401, 403}, before, f"{method} {path} non-staff")
+        refusals += 1
+        if method != "get":
+            staff = Client(enforce_csrf_checks=True, raise_request_exception=False)
+            assert staff.login(username="staff", password="pw-staff-1")
+            _refused(
+                _call(staff, method, url, None), {403}, before, f"{method} {path} no CSRF token"
+            )
+            refusals += 1
+        response = _call(client, method, url, f"Bearer {world['key']}")
+        assert response.status_code not in (401, 403), f"{method} {path}: {response.content!r}"
+    print(f"\nauth: public API {len(operations)} endpoints, {refusals} refusals checked")
+
+
+def test_admin_requires_staff_login_and_keeps_csrf(world):
+    from django.contrib import admin
+    from django.urls import reverse
+
+    urls = ["/admin/"] + [
+        reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        for model in admin.site._registry
+    ]
+    anonymous = Client(raise_request_exception=False)
+    plain = Client(raise_request_exception=False)
+    assert plain.login(username="plain", password="pw-plain-1")
+    root = Client(raise_request_exception=False)
+    assert root.login(username="root", password="pw-root-1")
+    for url in urls:
+        for who, client in (("anonymous", anonymous), ("non-staff", plain)):
+            response = client.get(url)
+            assert response.status_code == 302, f"{who} {url}: {response.status_code}"
+            assert response["Location"].startswith("/admin/login/"), f"{who} {url}"
+        assert root.get(url).status_code == 200, url
+
+    csrf = Client(enforce_csrf_checks=True, raise_request_exception=False)
+    response = csrf.post("/admin/login/", {"username": "root", "password": "pw-root-1"})
+    assert response.status_code == 403
+    assert "_auth_user_id" not in csrf.session
+    assert csrf.login(username="root", password="pw-root-1")
+    user_id = get_user_model().objects.get(username="plain").pk
+    response = csrf.post(f"/admin/auth/user/{user_id}/delete/", {"post": "yes"})
+    assert response.status_code == 403
+    assert get_user_model().objects.filter(pk=user_id).exists()
+    print(f"\nauth: admin {len(urls)} pages need a staff login; CSRF refused 2 of 2 posts")

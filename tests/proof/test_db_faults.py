@@ -163,15 +163,6 @@ def test_registration_lock_timeout_recovers_with_nothing_lost(settings):
     assert _events_by_ti() == {ti.id: sorted(outlets[ti.id]) for ti in tis}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG (outbox.drain_batch): foreign keys are DEFERRABLE INITIALLY DEFERRED, so the FOR KEY "
-        "SHARE lock an event insert needs on its asset is taken at COMMIT, outside the per-row "
-        "savepoints: the lock timeout fails the whole batch, records no attempt and blocks the "
-        "other rows. Fix: SET CONSTRAINTS ALL IMMEDIATE at the start of the batch transaction."
-    ),
-)
 def test_registration_lock_timeout_fails_only_that_row(settings):
     """Invariant 6: a failing row never blocks other rows, and its failure is kept as data."""
     settings.ASSET_QUEUE_BACKOFF_BASE_SECONDS = 0.2

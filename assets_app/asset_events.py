@@ -2,7 +2,7 @@
 an external event names. Writes go through `registration`."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db.models import Prefetch
 
@@ -21,6 +21,22 @@ ORDERINGS = {
 class EventPage:
     events: list[AssetEvent]  # asset and consuming runs loaded
     total_entries: int
+
+
+def as_utc(value: datetime | None, *, field: str) -> datetime | None:
+    """An aware datetime filter value converted to UTC. PostgreSQL refuses offsets beyond
+    +-15:59 (a 500 if passed through); a value that leaves the datetime range once in UTC is
+    InvalidInput."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise exceptions.InvalidInput(f"{field} needs a time zone", reason="invalid_datetime")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError as exc:
+        raise exceptions.InvalidInput(
+            f"{field} is out of range once converted to UTC", reason="invalid_datetime"
+        ) from exc
 
 
 def find_asset(
@@ -68,8 +84,8 @@ def list_asset_events(
         "source_task_id": source_task_id,
         "source_run_id": source_run_id,
         "source_map_index": source_map_index,
-        "timestamp__gte": timestamp_gte,
-        "timestamp__lte": timestamp_lte,
+        "timestamp__gte": as_utc(timestamp_gte, field="timestamp_gte"),
+        "timestamp__lte": as_utc(timestamp_lte, field="timestamp_lte"),
     }
     queryset = AssetEvent.objects.filter(**{k: v for k, v in filters.items() if v is not None})
     total = queryset.count()

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Count, Min
 
 from . import exceptions, locks
+from .asset_events import as_utc
 from .models import AssetDagRunQueue, Dag
 
 
@@ -34,6 +35,7 @@ def list_queued_events(
     """Queued events of a Dag (optionally one asset, optionally queued before a time), one per
     asset, by asset id. Read-only, no locks. Unknown Dag: NotFound."""
     _check_dag(dag_id)
+    before = as_utc(before, field="before")
     queryset = AssetDagRunQueue.objects.filter(target_dag_id=dag_id)
     if asset_id is not None:
         queryset = queryset.filter(asset_id=asset_id)
@@ -63,6 +65,7 @@ def clear_queued_events(
     now are skipped (SKIP LOCKED) since they are gone when it commits. Returns rows deleted.
     Unknown Dag: NotFound."""
     _check_dag(dag_id)
+    before = as_utc(before, field="before")
     with transaction.atomic(durable=True):
         rows = locks.lock_dag_queue_rows(
             dag_id, asset_ids=[asset_id] if asset_id is not None else None

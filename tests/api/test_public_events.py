@@ -171,3 +171,21 @@ def test_queued_events_get_and_delete_for_a_dag_and_per_asset(api):
     assert api.get(url).json() == {"queued_events": [], "total_entries": 0}
     missing = api.get("/api/v2/dags/nope/assets/queuedEvents")
     assert (missing.status_code, missing.json()["detail"]["reason"]) == (404, "dag_not_found")
+
+
+@pytest.mark.parametrize(
+    ("url", "params", "status"),
+    [
+        ("/api/v2/dags/waits/assets/queuedEvents", {"before": "2284-02-20T23:04:22-18:04"}, 200),
+        (EVENTS, {"timestamp_gte": "0023-06-10T00:00:00+15:30"}, 200),
+        (EVENTS, {"timestamp_lte": "9999-12-31T23:59:00-10:00"}, 422),
+        ("/api/v2/dags/waits/assets/queuedEvents", {"before": "2026-01-01T00:00:00"}, 422),
+    ],
+)
+def test_datetimes_with_extreme_offsets_are_converted_or_refused_never_a_500(
+    api, url, params, status
+):
+    """PostgreSQL refuses UTC offsets beyond +-15:59; filters are converted to UTC first."""
+    scheduled_dag("waits", "a")
+    response = api.get(url, params)
+    assert response.status_code == status, response.content

@@ -45,6 +45,7 @@ from .models import (
     DagScheduleAliasReference,
     DagScheduleAssetReference,
 )
+from .models.assets import ASSET_KEY_MAX_LENGTH
 
 AssetKey = tuple[str, str]  # (name, uri)
 
@@ -94,6 +95,10 @@ def _asset_key(raw: Any, *, where: str) -> AssetKey:
     name, uri = name or uri, uri or name
     if not isinstance(name, str) or not isinstance(uri, str) or not name or not uri:
         raise RegistrationError(f"{where}: asset key needs a non-empty name or uri")
+    if max(len(name), len(uri)) > ASSET_KEY_MAX_LENGTH:
+        raise RegistrationError(
+            f"{where}: asset name/uri longer than {ASSET_KEY_MAX_LENGTH} characters"
+        )
     return name, uri
 
 

@@ -265,3 +265,12 @@ def test_external_event_gets_from_rest_api_and_idempotency_key_returns_first_eve
     assert again.id == first.id
     assert first.extra == {"a": 1, "from_rest_api": True}
     assert queue_rows() == [("down", first.id, orders.id)]
+
+
+def test_an_asset_key_longer_than_the_column_is_a_registration_error():
+    long_name = "n" * 1501
+    with pytest.raises(registration.RegistrationError, match="longer than 1500"):
+        registration.register_payload(
+            payload=payload(outlets=[{"name": long_name, "uri": "u", "type": "Asset"}])
+        )
+    assert not Asset.objects.filter(uri="u").exists()

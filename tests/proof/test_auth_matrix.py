@@ -103,7 +103,10 @@ def test_every_worker_endpoint_refuses_bad_credentials(world):
         "missing": (None, {401}),
         "basic scheme": ("Basic dXNlcjpwdw==", {401}),
         "expired": (f"Bearer {_token(ti, exp_delta=-10)}", {401}),
-        "forged (other key)": (f"Bearer {_token(ti, key='not-the-secret-key-but-32-bytes-or-more-0123456789')}", {403}),
+        "forged (other key)": (
+            f"Bearer {_token(ti, key='not-the-secret-key-but-32-bytes-or-more-0123456789')}",
+            {403},
+        ),
         "unsigned alg none": (f"Bearer {_unsigned(ti)}", {403}),
         "garbage": ("Bearer not.a.jwt", {403}),
         "worker API key": (f"Bearer {settings.WORKER_API_KEY}", {403}),

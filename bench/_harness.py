@@ -208,8 +208,8 @@ class Stopwatch:
 
 def fmt(value: Any) -> str:
     if isinstance(value, float):
-        if value == 0:
-            return "0"
+        if value.is_integer() and abs(value) < 1e9:
+            return f"{int(value):,}"
         if abs(value) >= 100:
             return f"{value:,.0f}"
         if abs(value) >= 10:
@@ -353,8 +353,9 @@ def plot_hist(
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     ax.hist(values, bins=60, color="steelblue")
-    for label, value in dict(markers).items():
-        ax.axvline(value, linestyle="--", linewidth=1, label=f"{label} {value:.0f}")
+    colors = ("darkorange", "crimson", "seagreen", "purple")
+    for (label, value), color in zip(dict(markers).items(), colors, strict=False):
+        ax.axvline(value, color=color, linestyle="--", linewidth=1, label=f"{label} {value:.0f}")
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("count")

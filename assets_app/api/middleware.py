@@ -6,7 +6,17 @@
   become a bare 400 page.
 - On `/execution/`, a request with a body whose Content-Type is not JSON is answered 415
   (`unsupported_media_type`); the Airflow Task SDK always sends `application/json`.
-Both answers leave the database untouched: no view runs.
+- A NUL character in the path, the query string, a header or the body is answered 422
+  (`invalid_characters`): PostgreSQL stores NUL neither in text nor (as \\u0000) in jsonb, so
+  such a value could only end as a DataError (500) or an outbox row that can never register.
+All answers leave the database untouched: no view runs.
+
+The body check reads the raw bytes, never parses JSON: in valid UTF-8 JSON a NUL can only be the
+escape `\\u0000` (a raw NUL byte is invalid JSON anyway), and `\\u0000` is an escape only when the
+backslash before `u0000` is not itself escaped (an odd run of backslashes). Two substring scans
+of the body, plus a walk over the rare candidates. Trade-off: a UTF-16/32 encoded JSON body
+(which json.loads would accept) is refused as well, since its ASCII characters carry NUL bytes;
+RFC 8259 requires UTF-8 between systems, and the Task SDK sends UTF-8.
 """
 
 from django.conf import settings
@@ -21,6 +31,31 @@ JSON_ONLY_PREFIX = "/execution/"
 def _is_json(content_type: str) -> bool:
     media_type = content_type.split(";", 1)[0].strip().lower()
     return media_type == "application/json" or media_type.endswith("+json")
+
+
+def _body_has_nul(body: bytes) -> bool:
+    if b"\x00" in body:
+        return True
+    at = body.find(b"\\u0000")
+    while at != -1:
+        start = at
+        while start > 0 and body[start - 1] == 0x5C:  # backslash
+            start -= 1
+        if (at - start) % 2 == 0:  # the backslash at `at` is not escaped: a real \u0000
+            return True
+        at = body.find(b"\\u0000", at + 1)
+    return False
+
+
+def _has_nul(request, body: bytes) -> bool:
+    query = request.META.get("QUERY_STRING", "")
+    return (
+        "\x00" in request.path
+        or "\x00" in query
+        or "%00" in query
+        or any("\x00" in str(v) for k, v in request.META.items() if k.startswith("HTTP_"))
+        or _body_has_nul(body)
+    )
 
 
 class ApiRequestGuardMiddleware:
@@ -49,5 +84,12 @@ class ApiRequestGuardMiddleware:
                 415,
                 "unsupported_media_type",
                 "request body must be JSON (Content-Type: application/json)",
+            )
+        if _has_nul(request, body):
+            return error_response(
+                422,
+                "invalid_characters",
+                "the path, query string, headers and body must not contain NUL characters "
+                "(\\u0000)",
             )
         return self.get_response(request)

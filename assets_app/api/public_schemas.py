@@ -7,9 +7,13 @@ from datetime import datetime
 from typing import Any
 
 from ninja import Schema
-from pydantic import AwareDatetime, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from assets_app.models import DagRun
+from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
+from assets_app.models.dags import DAG_ID_MAX_LENGTH
+
+from .schemas import INT32_MAX, UtcDatetime
 
 
 class StrictSchema(Schema):
@@ -19,11 +23,11 @@ class StrictSchema(Schema):
 class TriggerDagRunBody(StrictSchema):
     """Airflow 3's `TriggerDAGRunPostBody`, with `logical_date` optional (null by default)."""
 
-    dag_run_id: str | None = Field(default=None, min_length=1, max_length=250)
-    logical_date: AwareDatetime | None = None
-    data_interval_start: AwareDatetime | None = None
-    data_interval_end: AwareDatetime | None = None
-    run_after: AwareDatetime | None = None
+    dag_run_id: str | None = Field(default=None, min_length=1, max_length=DAG_ID_MAX_LENGTH)
+    logical_date: UtcDatetime | None = None
+    data_interval_start: UtcDatetime | None = None
+    data_interval_end: UtcDatetime | None = None
+    run_after: UtcDatetime | None = None
     conf: dict[str, Any] | None = None
     note: str | None = Field(default=None, max_length=1000)
 
@@ -80,8 +84,8 @@ class CreateAssetEventBody(StrictSchema):
     `name` and/or `uri` instead of its id."""
 
     asset_id: int | None = None
-    name: str | None = Field(default=None, min_length=1, max_length=1500)
-    uri: str | None = Field(default=None, min_length=1, max_length=1500)
+    name: str | None = Field(default=None, min_length=1, max_length=ASSET_KEY_MAX_LENGTH)
+    uri: str | None = Field(default=None, min_length=1, max_length=ASSET_KEY_MAX_LENGTH)
     extra: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -161,11 +165,11 @@ class AssetEventFilters(Schema):
     source_task_id: str | None = None
     source_run_id: str | None = None
     source_map_index: int | None = None
-    timestamp_gte: AwareDatetime | None = None
-    timestamp_lte: AwareDatetime | None = None
+    timestamp_gte: UtcDatetime | None = None
+    timestamp_lte: UtcDatetime | None = None
     order_by: str = "timestamp"
     limit: int = Field(default=50, ge=1, le=100)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 class QueuedEventResponse(Schema):

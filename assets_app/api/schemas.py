@@ -7,16 +7,45 @@ a field that is required-but-nullable there is always emitted, as null when unkn
 """
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from assets_app import lookups, task_state
 from assets_app.models import Asset, AssetEvent, DagRun
+from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
 
 JsonDict = dict[str, Any]
+
+# --- field types shared with public_schemas.py: what PostgreSQL can store -------------------
+
+INT32_MAX = 2**31 - 1
+# The TI's hostname, unixname and claimed_by columns are varchar(1000).
+HOSTNAME_MAX_LENGTH = 1000
+# PostgreSQL refuses a time zone displacement of 16 hours or more ("out of range").
+MAX_UTC_OFFSET = timedelta(hours=16)
+# Far beyond any real retry delay, and `now + delay` stays within year 9999.
+MAX_RETRY_DELAY_SECONDS = 10 * 366 * 24 * 3600
+
+
+def _storable_utc(value: datetime) -> datetime:
+    offset = value.utcoffset()
+    if offset is not None and abs(offset) >= MAX_UTC_OFFSET:
+        raise ValueError("time zone offset must be less than 16 hours")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("datetime must be within years 1..9999 in UTC") from None
+
+
+# An ISO 8601 datetime with a time zone, converted to UTC; a 422 for what PostgreSQL (or Python,
+# reading it back) cannot hold: offsets of 16 h or more, instants outside years 1..9999 in UTC.
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_storable_utc)]
+Hostname = Annotated[str, Field(max_length=HOSTNAME_MAX_LENGTH)]
+Pid = Annotated[int, Field(gt=0, le=INT32_MAX)]
+AssetKeyPart = Annotated[str, Field(max_length=ASSET_KEY_MAX_LENGTH)]
 
 
 class RequestBody(BaseModel):
@@ -32,39 +61,56 @@ class ResponseBody(BaseModel):
 
 class TIEnterRunningPayload(RequestBody):
     state: Literal["running"] = "running"
-    hostname: str
-    unixname: str
-    pid: Annotated[int, Field(gt=0)]
-    start_date: AwareDatetime
+    hostname: Hostname
+    unixname: Hostname
+    pid: Pid
+    start_date: UtcDatetime
 
 
 class AssetProfile(RequestBody):
     """A declared outlet: an Asset (name + uri), an AssetAlias (name), or a name/uri reference."""
 
-    name: str | None = None
-    uri: str | None = None
+    name: AssetKeyPart | None = None
+    uri: AssetKeyPart | None = None
     type: str
+
+
+def _bounded_outlet_event(event: JsonDict) -> JsonDict:
+    """An outlet event stays free-form (Airflow's `dict[str, Any]`), but the asset and alias
+    names in it become columns when the drain registers it: over-long ones are a 422 now rather
+    than an outbox row that can only be parked."""
+    key = event.get("dest_asset_key")
+    named = [("source_alias_name", event.get("source_alias_name"))]
+    if isinstance(key, dict):
+        named += [(f"dest_asset_key.{part}", key.get(part)) for part in ("name", "uri")]
+    for where, value in named:
+        if isinstance(value, str) and len(value) > ASSET_KEY_MAX_LENGTH:
+            raise ValueError(f"{where} must have at most {ASSET_KEY_MAX_LENGTH} characters")
+    return event
+
+
+OutletEvent = Annotated[JsonDict, AfterValidator(_bounded_outlet_event)]
 
 
 class TISuccessStatePayload(RequestBody):
     state: Literal["success"] = "success"
-    end_date: AwareDatetime
+    end_date: UtcDatetime
     task_outlets: list[AssetProfile] | None = None
-    outlet_events: list[JsonDict] | None = None
+    outlet_events: list[OutletEvent] | None = None
     rendered_map_index: str | None = None
 
 
 class TITerminalStatePayload(RequestBody):
     state: Literal["failed", "skipped", "removed", "upstream_failed"]
-    end_date: AwareDatetime
+    end_date: UtcDatetime
     rendered_map_index: str | None = None
 
 
 class TIRetryStatePayload(RequestBody):
     state: Literal["up_for_retry"] = "up_for_retry"
-    end_date: AwareDatetime
+    end_date: UtcDatetime
     rendered_map_index: str | None = None
-    retry_delay_seconds: Annotated[float | None, Field(ge=0)] = None
+    retry_delay_seconds: Annotated[float | None, Field(ge=0, le=MAX_RETRY_DELAY_SECONDS)] = None
     retry_reason: str | None = None
 
 
@@ -75,12 +121,12 @@ TIStateUpdate = Annotated[
 
 
 class TIHeartbeatInfo(RequestBody):
-    hostname: str
-    pid: Annotated[int, Field(gt=0)]
+    hostname: Hostname
+    pid: Pid
 
 
 class ClaimRequest(RequestBody):
-    hostname: Annotated[str, Field(min_length=1, max_length=1000)]
+    hostname: Annotated[str, Field(min_length=1, max_length=HOSTNAME_MAX_LENGTH)]
     limit: Annotated[int, Field(ge=1, le=1000)] = 1
 
 
@@ -88,8 +134,8 @@ class AssetEventWindow(BaseModel):
     """Query parameters shared by GET /asset-events/by-asset and /by-asset-alias. Without
     `limit` at most `lookups.MAX_EVENTS` events are returned."""
 
-    after: AwareDatetime | None = None
-    before: AwareDatetime | None = None
+    after: UtcDatetime | None = None
+    before: UtcDatetime | None = None
     ascending: bool = True
     limit: Annotated[int | None, Field(ge=1, le=lookups.MAX_EVENTS)] = None
 

@@ -6,18 +6,21 @@ Routers live in `execution.py` and `public.py`; both APIs share the error mappin
 from ninja import NinjaAPI
 
 from . import errors
+from .parser import JsonParser
 
 execution_api = NinjaAPI(
     title="Asset event service - execution API",
     version="2026-06-30",
     urls_namespace="execution",
     docs_url="/docs",
+    parser=JsonParser(),
 )
 public_api = NinjaAPI(
     title="Asset event service - public API",
     version="2",
     urls_namespace="public_api",
     docs_url="/docs",
+    parser=JsonParser(),
 )
 errors.install(execution_api)
 errors.install(public_api)

@@ -44,6 +44,10 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     if isinstance(exc, AuthenticationError):
         return error_response(401, "not_authenticated", "missing or invalid credentials")
+    if exc.status_code == 400 and isinstance(exc.__cause__, exceptions.DomainError):
+        # ninja wraps any body parser failure in HttpError(400) from the original; the parser
+        # (`parser.py`) raises DomainErrors for JSON that PostgreSQL cannot store.
+        return _domain_error(request, exc.__cause__)
     if exc.status_code == 400 and exc.__cause__ is not None:
         # ninja wraps any body parser failure (json.loads) in HttpError(400) from the original.
         return _bad_json(request, exc.__cause__)

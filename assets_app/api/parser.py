@@ -1,0 +1,51 @@
+"""The JSON body parser of both APIs: JSON as RFC 8259 defines it, in UTF-8, holding only what
+PostgreSQL's jsonb can store.
+
+Python's json module also accepts `NaN`, `Infinity` and `-Infinity`, turns `1e400` into an
+infinite float, and decodes a lone UTF-16 surrogate escape (`"\\ud800"`) into a string no UTF-8
+encoder accepts. Passed through, each ended as a DataError (500) when written to a jsonb column.
+Here the first three are invalid JSON (400 `invalid_json`, like any parse error) and a lone
+surrogate is a 422 `invalid_characters`, like a NUL (see `middleware.py`). Still one parse per
+request; the surrogate check re-encodes the parsed body only when it holds a `\\ud...` escape.
+"""
+
+import json
+import math
+from typing import Any
+
+from django.http import HttpRequest
+from ninja.parser import Parser
+
+from assets_app import exceptions
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _has_lone_surrogate(data: Any) -> bool:
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class JsonParser(Parser):
+    def parse_body(self, request: HttpRequest) -> Any:
+        # Strict UTF-8 (a leading BOM tolerated, as json.loads does): no raw surrogate bytes.
+        text = request.body.decode("utf-8-sig")
+        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        if ("\\ud" in text or "\\uD" in text) and _has_lone_surrogate(data):
+            raise exceptions.InvalidInput(
+                "JSON strings must not contain a lone UTF-16 surrogate (\\ud800-\\udfff)",
+                reason="invalid_characters",
+            )
+        return data

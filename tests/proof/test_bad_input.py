@@ -2,8 +2,11 @@
 
 Each case sends one malformed request in-process through the whole Django stack and checks the
 exact status, the `{"detail": {"reason": ...}}` body, and that the row counts of every table are
-unchanged (request metrics excepted: counting rejected requests is their job). Cases that show a
-bug are strict xfails naming the bug, so they flip to a failure the day it is fixed.
+unchanged (request metrics excepted: counting rejected requests is their job). The values that
+PostgreSQL cannot store (integers beyond the columns, over-long strings, NUL, lone surrogates,
+NaN/Infinity, datetimes outside what timestamptz and Python share) were 500s or parked outbox rows
+when first pinned here; they now have exact cases in STORAGE_LIMIT_CASES, and the values right at
+the limits are checked to still go through.
 """
 
 import json
@@ -276,92 +279,151 @@ def test_deep_json_nesting_in_extra_is_a_4xx_not_a_crash(world):
     assert not AssetEventQueue.objects.exists()
 
 
-def _strict_bug(reason: str):
-    return pytest.mark.xfail(strict=True, reason=f"BUG: {reason}")
-
-
-NUL_BUG = (
-    "PostgreSQL refuses NUL in text and \\u0000 in jsonb; the APIs pass such strings through "
-    "and the DataError becomes a 500. Fix in one place: ApiRequestGuardMiddleware "
-    "(assets_app/api/middleware.py) answers 422 reason 'invalid_characters' when the path, "
-    "query string or a JSON string/key contains NUL"
-)
-
-
-DATETIME_BUG = (
-    "AwareDatetime accepts offsets up to +-23:59 and instants outside years 1..9999 in UTC. "
-    "PostgreSQL refuses offsets beyond 15:59 (DataError -> 500), and stores 0001-01-01T00:00+14:00 "
-    "as a year-1-BC instant that Python cannot read back: the run is created (200) and every "
-    "later read of it fails. Fix: one shared pydantic type in api/schemas.py and "
-    "api/public_schemas.py that converts to UTC and turns OverflowError / offsets >= 16 h into "
-    "a validation error (422)"
-)
-
-
-def _success_on_running_ti(world, body):
+def _success_on_running_ti(world, body=None, raw=None):
     path, headers = _ti(world, "running")
-    return _send("patch", path + "/state", headers=headers, body=body)
+    return _send("patch", path + "/state", headers=headers, body=body, raw=raw)
 
 
-BUG_CASES = [
-    pytest.param(
-        lambda w: _send(
-            "patch", _ti(w, "queued")[0] + "/run", headers=_ti(w, "queued")[1], body=_run(pid=2**31)
-        ),
-        id="pid beyond int32",
-        marks=_strict_bug(
-            "TIEnterRunningPayload/TIHeartbeatInfo.pid has no upper bound "
-            "(assets_app/api/schemas.py): 2**31 is 'integer out of range', a 500; "
-            "add le=2**31 - 1"
-        ),
+def _run_on_queued_ti(world, body):
+    path, headers = _ti(world, "queued")
+    return _send("patch", path + "/run", headers=headers, body=body)
+
+
+def _heartbeat(world, body):
+    path, headers = _ti(world, "running")
+    return _send("put", path + "/heartbeat", headers=headers, body=body)
+
+
+def _public(world, method, path, **kwargs):
+    headers = {"Authorization": f"Bearer {world['api_key']}", **kwargs.pop("headers", {})}
+    return _send(method, path, headers=headers, **kwargs)
+
+
+def _event_with_raw_extra(extra: str) -> str:
+    return '{"name": "bad-a", "extra": {"k": ' + extra + "}}"
+
+
+# Inputs PostgreSQL cannot store (they were 500s, or accepted successes whose outbox rows could
+# only be parked): each is a 4xx with its reason, and writes nothing.
+# (name, send, status, reason)
+STORAGE_LIMIT_CASES = [
+    # integers beyond the int32 / bigint columns and OFFSET
+    ("pid beyond int32", lambda w: _run_on_queued_ti(w, _run(pid=2**31)), 422, "validation_error"),
+    (
+        "heartbeat pid beyond int32",
+        lambda w: _heartbeat(w, {"hostname": "h", "pid": 2**31}),
+        422,
+        "validation_error",
     ),
-    pytest.param(
-        lambda w: _send(
-            "patch",
-            _ti(w, "queued")[0] + "/run",
-            headers=_ti(w, "queued")[1],
-            body=_run(hostname="h" * 1001),
-        ),
-        id="hostname over 1000 chars",
-        marks=_strict_bug(
-            "TIEnterRunningPayload.hostname/unixname (and TIHeartbeatInfo.hostname) "
-            "have no max_length while the columns are varchar(1000): a 500; add "
-            "max_length=1000"
-        ),
+    (
+        "offset beyond bigint",
+        lambda w: _public(w, "get", "/api/v2/assets/events?offset=99999999999999999999"),
+        422,
+        "validation_error",
     ),
-    pytest.param(
+    (
+        "retry delay beyond the datetime range",
+        lambda w: _success_on_running_ti(
+            w, {"state": "up_for_retry", "end_date": NOW, "retry_delay_seconds": 1e20}
+        ),
+        422,
+        "validation_error",
+    ),
+    # strings longer than their varchar columns
+    (
+        "hostname over 1000 chars",
+        lambda w: _run_on_queued_ti(w, _run(hostname="h" * 1001)),
+        422,
+        "validation_error",
+    ),
+    (
+        "unixname over 1000 chars",
+        lambda w: _run_on_queued_ti(w, _run(unixname="u" * 1001)),
+        422,
+        "validation_error",
+    ),
+    (
+        "heartbeat hostname over 1000 chars",
+        lambda w: _heartbeat(w, {"hostname": "h" * 1001, "pid": 1}),
+        422,
+        "validation_error",
+    ),
+    (
+        "outlet name over 1500 chars",
         lambda w: _success_on_running_ti(
             w, _success(task_outlets=[{"name": "n" * 1501, "uri": "n" * 1501, "type": "Asset"}])
         ),
-        id="outlet name over 1500 chars",
-        marks=_strict_bug(
-            "AssetProfile.name/uri have no max_length: the success is accepted "
-            "(204) and its outbox row can never register (varchar(1500)), so it "
-            "is parked after ASSET_QUEUE_MAX_ATTEMPTS; add max_length=1500 "
-            "(ASSET_KEY_MAX_LENGTH) so the worker gets a 422"
-        ),
+        422,
+        "validation_error",
     ),
-    pytest.param(
-        lambda w: _send(
-            "patch",
-            _ti(w, "queued")[0] + "/run",
-            headers=_ti(w, "queued")[1],
-            body=_run(hostname="a\u0000b"),
+    (
+        "outlet alias name over 1500 chars",
+        lambda w: _success_on_running_ti(
+            w, _success(task_outlets=[{"name": "a" * 1501, "type": "AssetAlias"}])
         ),
-        id="NUL in hostname",
-        marks=_strict_bug(NUL_BUG),
+        422,
+        "validation_error",
     ),
-    pytest.param(
-        lambda w: _send(
-            "post",
-            "/api/v2/assets/events",
-            headers={"Authorization": f"Bearer {w['api_key']}"},
-            body={"name": "bad-a", "extra": {"k": "\u0000"}},
+    (
+        "outlet event asset name over 1500 chars",
+        lambda w: _success_on_running_ti(
+            w,
+            _success(
+                outlet_events=[
+                    {"source_alias_name": "x", "dest_asset_key": {"name": "n" * 1501, "uri": "u"}}
+                ]
+            ),
         ),
-        id="NUL in event extra",
-        marks=_strict_bug(NUL_BUG),
+        422,
+        "validation_error",
     ),
-    pytest.param(
+    (
+        "event uri over 1500 chars",
+        lambda w: _public(w, "post", "/api/v2/assets/events", body={"uri": "u" * 1501}),
+        422,
+        "validation_error",
+    ),
+    (
+        "dag_run_id over 250 chars",
+        lambda w: _public(
+            w, "post", "/api/v2/dags/bad_dag/dagRuns", body={"dag_run_id": "r" * 251}
+        ),
+        422,
+        "validation_error",
+    ),
+    # NUL characters, anywhere (middleware)
+    (
+        "NUL in hostname",
+        lambda w: _run_on_queued_ti(w, _run(hostname="a\u0000b")),
+        422,
+        "invalid_characters",
+    ),
+    (
+        "NUL in event extra",
+        lambda w: _public(
+            w, "post", "/api/v2/assets/events", body={"name": "bad-a", "extra": {"k": "\u0000"}}
+        ),
+        422,
+        "invalid_characters",
+    ),
+    (
+        "NUL in a JSON key",
+        lambda w: _public(
+            w, "post", "/api/v2/assets/events", body={"name": "bad-a", "extra": {"\u0000": 1}}
+        ),
+        422,
+        "invalid_characters",
+    ),
+    (
+        "NUL after an escaped backslash",
+        lambda w: _public(
+            w, "post", "/api/v2/assets/events", raw=_event_with_raw_extra(r'"\\\u0000"')
+        ),
+        422,
+        "invalid_characters",
+    ),
+    (
+        "NUL in a success's outlet event extra",
         lambda w: _success_on_running_ti(
             w,
             _success(
@@ -370,52 +432,175 @@ BUG_CASES = [
                 ]
             ),
         ),
-        id="NUL in a success's outlet event extra",
-        marks=_strict_bug(NUL_BUG),
+        422,
+        "invalid_characters",
     ),
-    pytest.param(
-        lambda w: _send(
-            "get",
-            "/api/v2/assets/events?source_dag_id=%00",
-            headers={"Authorization": f"Bearer {w['api_key']}"},
+    (
+        "NUL in query string",
+        lambda w: _public(w, "get", "/api/v2/assets/events?source_dag_id=%00"),
+        422,
+        "invalid_characters",
+    ),
+    (
+        "NUL in path",
+        lambda w: _public(w, "get", "/api/v2/dags/a%00b/assets/queuedEvents"),
+        422,
+        "invalid_characters",
+    ),
+    (
+        "NUL in Idempotency-Key",
+        lambda w: _public(
+            w,
+            "post",
+            "/api/v2/assets/events",
+            body={"name": "bad-a"},
+            headers={"Idempotency-Key": "a\x00b"},
         ),
-        id="NUL in query string",
-        marks=_strict_bug(NUL_BUG),
+        422,
+        "invalid_characters",
     ),
-    pytest.param(
+    (
+        "UTF-16 JSON body",
+        lambda w: _public(
+            w, "post", "/api/v2/assets/events", raw='{"name": "bad-a"}'.encode("utf-16")
+        ),
+        422,
+        "invalid_characters",
+    ),
+    # JSON that jsonb cannot hold (parser)
+    (
+        "lone surrogate in event extra",
+        lambda w: _public(
+            w, "post", "/api/v2/assets/events", raw=_event_with_raw_extra(r'"\ud800"')
+        ),
+        422,
+        "invalid_characters",
+    ),
+    (
+        "lone surrogate in an outlet event",
+        lambda w: _success_on_running_ti(
+            w,
+            raw=json.dumps(_success(outlet_events=[{"extra": {"k": "LONE"}}])).replace(
+                "LONE", r"\udfff"
+            ),
+        ),
+        422,
+        "invalid_characters",
+    ),
+    (
+        "NaN in event extra",
+        lambda w: _public(w, "post", "/api/v2/assets/events", raw=_event_with_raw_extra("NaN")),
+        400,
+        "invalid_json",
+    ),
+    (
+        "Infinity in conf",
+        lambda w: _public(
+            w, "post", "/api/v2/dags/bad_dag/dagRuns", raw='{"conf": {"a": Infinity}}'
+        ),
+        400,
+        "invalid_json",
+    ),
+    (
+        "1e400 in event extra",
+        lambda w: _public(w, "post", "/api/v2/assets/events", raw=_event_with_raw_extra("1e400")),
+        400,
+        "invalid_json",
+    ),
+    (
+        "raw surrogate bytes (not UTF-8)",
+        lambda w: _public(
+            w,
+            "post",
+            "/api/v2/assets/events",
+            raw=_event_with_raw_extra('"\xed\xa0\x80"').encode("latin-1"),
+        ),
+        400,
+        "invalid_json",
+    ),
+    # datetimes PostgreSQL cannot store (UtcDatetime)
+    (
+        "end_date offset beyond PostgreSQL's 15:59",
         lambda w: _success_on_running_ti(w, _success(end_date="2026-11-30T08:00:00+21:58")),
-        id="end_date offset beyond PostgreSQL's 15:59",
-        marks=_strict_bug(DATETIME_BUG),
+        422,
+        "validation_error",
     ),
-    pytest.param(
-        lambda w: _send(
+    (
+        "start_date offset of -16:00",
+        lambda w: _run_on_queued_ti(w, _run(start_date="2026-11-30T08:00:00-16:00")),
+        422,
+        "validation_error",
+    ),
+    (
+        "logical_date before year 1 in UTC",
+        lambda w: _public(
+            w,
             "post",
             "/api/v2/dags/bad_dag/dagRuns",
-            headers={"Authorization": f"Bearer {w['api_key']}"},
             body={"logical_date": "0001-01-01T00:00:00+14:00"},
         ),
-        id="logical_date before year 1 in UTC",
-        marks=_strict_bug(DATETIME_BUG),
+        422,
+        "validation_error",
     ),
-    pytest.param(
+    (
+        "run_after after year 9999 in UTC",
+        lambda w: _public(
+            w,
+            "post",
+            "/api/v2/dags/bad_dag/dagRuns",
+            body={"run_after": "9999-12-31T23:00:00-05:00"},
+        ),
+        422,
+        "validation_error",
+    ),
+    (
+        "asset events window offset beyond 15:59",
         lambda w: _send(
             "get",
-            "/api/v2/assets/events?offset=99999999999999999999",
-            headers={"Authorization": f"Bearer {w['api_key']}"},
+            "/execution/asset-events/by-asset?name=bad-a&after=2026-01-01T00:00:00%2B21:00",
+            headers=_ti(w, "running")[1],
         ),
-        id="offset beyond bigint",
-        marks=_strict_bug(
-            "AssetEventFilters.offset (assets_app/api/public_schemas.py) has no "
-            "upper bound: OFFSET beyond bigint is a DataError, a 500; add "
-            "le=2**31 - 1"
-        ),
+        422,
+        "validation_error",
     ),
 ]
 
 
-@pytest.mark.parametrize("send", BUG_CASES)
-def test_known_bad_input_bugs_are_4xx_and_write_nothing(world, send):
+@pytest.mark.parametrize(
+    ("send", "status", "reason"),
+    [case[1:] for case in STORAGE_LIMIT_CASES],
+    ids=[case[0] for case in STORAGE_LIMIT_CASES],
+)
+def test_values_postgresql_cannot_store_are_4xx_and_write_nothing(world, send, status, reason):
     before = app_table_counts()
     response = send(world)
-    assert 400 <= response.status_code < 500, response.status_code
-    _assert_rejected(response, response.status_code, before)
+    _assert_rejected(response, status, before, reason)
+    assert TaskInstance.objects.get(id=world["queued"]).state == "queued"
+    assert TaskInstance.objects.get(id=world["running"]).state == "running"
+
+
+def test_values_at_the_limits_are_accepted_and_stored(world):
+    """The bounds are the columns' own: the longest hostname, the largest pid, a 15:59 offset,
+    the longest asset name, an escaped backslash before `u0000` (not a NUL) and a surrogate pair
+    all go through."""
+    start = "2026-11-30T23:59:00+15:59"
+    response = _run_on_queued_ti(
+        world, _run(hostname="h" * 1000, unixname="u" * 1000, pid=2**31 - 1, start_date=start)
+    )
+    assert response.status_code == 200, response.content[:300]
+    ti = TaskInstance.objects.get(id=world["queued"])
+    assert (len(ti.hostname), len(ti.unixname), ti.pid) == (1000, 1000, 2**31 - 1)
+    assert ti.start_date == datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+
+    long_name = "n" * 1500
+    outlet = {"name": long_name, "uri": long_name, "type": "Asset"}
+    response = _success_on_running_ti(world, _success(task_outlets=[outlet]))
+    assert response.status_code == 204, response.content[:300]
+    assert AssetEventQueue.objects.get().payload["outlets"] == [outlet]
+
+    extra = {"backslash": "\\u0000", "emoji": "\U0001f600"}
+    response = _public(
+        world, "post", "/api/v2/assets/events", body={"name": "bad-a", "extra": extra}
+    )
+    assert response.status_code == 200, response.content[:300]
+    assert json.loads(response.content)["extra"] == {**extra, "from_rest_api": True}

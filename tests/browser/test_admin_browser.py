@@ -31,7 +31,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-SCREENSHOT = Path(settings.BASE_DIR) / "docs" / "dashboard.png"
+# The README's screenshot; refreshed by `UPDATE_SCREENSHOTS=1 bin/test -m browser` (otherwise the
+# test writes to its tmp_path so a test run leaves the work tree clean).
+DOCS_SCREENSHOT = Path(settings.BASE_DIR) / "docs" / "dashboard.png"
 
 
 def _playwright():
@@ -71,9 +73,12 @@ def history() -> None:
 
 
 def test_operator_requeues_a_parked_row_and_sees_its_events(
-    live_server, monkeypatch, django_user_model
+    live_server, monkeypatch, django_user_model, tmp_path
 ):
     sync_playwright = _playwright()
+    screenshot = (
+        DOCS_SCREENSHOT if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path / "dash.png"
+    )
     # Playwright's sync API runs an event loop in this thread; the ORM calls below are still
     # plain synchronous calls made between browser steps.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -127,10 +132,10 @@ def test_operator_requeues_a_parked_row_and_sees_its_events(
 
         page.goto(f"{live_server.url}/admin/dashboard/")
         assert page.inner_text("#tile-parked .aes-value") == "0"
-        SCREENSHOT.parent.mkdir(exist_ok=True)
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        screenshot.parent.mkdir(exist_ok=True)
+        page.screenshot(path=str(screenshot), full_page=True)
         browser.close()
         # ORM calls inside the Playwright block ran in its greenlet with their own connection;
         # close it so the test database can be dropped at the end of the session.
         connections.close_all()
-    assert SCREENSHOT.stat().st_size > 10_000
+    assert screenshot.stat().st_size > 10_000

@@ -7,7 +7,6 @@ the router carries the auth, so an endpoint added here inherits it. Views are th
 
 from django.http import HttpRequest
 from ninja import Header, Query, Router, Status
-from pydantic import AwareDatetime
 
 from assets_app import asset_events, exceptions, queued_events, registration, runs
 
@@ -22,6 +21,7 @@ from .public_schemas import (
     QueuedEventResponse,
     TriggerDagRunBody,
 )
+from .schemas import UtcDatetime
 
 router = Router(tags=["public"], auth=public_api_auth())
 
@@ -85,7 +85,7 @@ def _queued(event: queued_events.QueuedEvent) -> QueuedEventResponse:
     url_name="dag_queued_events",
 )
 def get_dag_queued_events(
-    request: HttpRequest, dag_id: str, before: AwareDatetime | None = None
+    request: HttpRequest, dag_id: str, before: UtcDatetime | None = None
 ) -> QueuedEventCollectionResponse:
     """A Dag's queued events, one per asset (Airflow: same path)."""
     events = queued_events.list_queued_events(dag_id=dag_id, before=before)
@@ -96,7 +96,7 @@ def get_dag_queued_events(
 
 @router.delete("/dags/{dag_id}/assets/queuedEvents", response={204: None})
 def delete_dag_queued_events(
-    request: HttpRequest, dag_id: str, before: AwareDatetime | None = None
+    request: HttpRequest, dag_id: str, before: UtcDatetime | None = None
 ) -> Status:
     """Drop a Dag's queued events: 204, or 404 when there were none (as Airflow)."""
     if not queued_events.clear_queued_events(dag_id=dag_id, before=before):
@@ -112,7 +112,7 @@ def delete_dag_queued_events(
     url_name="dag_asset_queued_event",
 )
 def get_dag_asset_queued_event(
-    request: HttpRequest, dag_id: str, asset_id: int, before: AwareDatetime | None = None
+    request: HttpRequest, dag_id: str, asset_id: int, before: UtcDatetime | None = None
 ) -> QueuedEventResponse:
     """A Dag's queued event for one asset, or 404 (Airflow: same path)."""
     events = queued_events.list_queued_events(dag_id=dag_id, asset_id=asset_id, before=before)
@@ -126,7 +126,7 @@ def get_dag_asset_queued_event(
 
 @router.delete("/dags/{dag_id}/assets/{asset_id}/queuedEvents", response={204: None})
 def delete_dag_asset_queued_events(
-    request: HttpRequest, dag_id: str, asset_id: int, before: AwareDatetime | None = None
+    request: HttpRequest, dag_id: str, asset_id: int, before: UtcDatetime | None = None
 ) -> Status:
     """Drop a Dag's queued events for one asset: 204, or 404 when there were none."""
     if not queued_events.clear_queued_events(dag_id=dag_id, asset_id=asset_id, before=before):

@@ -14,13 +14,12 @@ operation and mode, so the suite's time is bounded.
 
 import json
 import uuid
-from datetime import UTC, datetime, timedelta
 
 import pytest
 import schemathesis
 from django.contrib.auth import get_user_model
 from django.core.wsgi import get_wsgi_application
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
@@ -82,48 +81,6 @@ def _operations(path: str):
     return [result.ok() for result in schema.get_all_operations()]
 
 
-def _datetime_out_of_pg_range(value: str) -> bool:
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return False
-    offset = parsed.utcoffset()
-    if offset is None:
-        return False
-    if abs(offset) >= timedelta(hours=16):
-        return True
-    try:
-        parsed.astimezone(UTC)
-    except OverflowError:
-        return True
-    return False
-
-
-def _hits_known_bug(value) -> bool:
-    """Inputs of the bugs pinned by strict xfails in test_bad_input.py (NUL characters, integers
-    beyond int32, strings over 1000 characters, datetimes PostgreSQL cannot store) are skipped
-    here so the fuzz looks for new ones. Remove this filter when those bugs are fixed."""
-    if isinstance(value, str):
-        return "\x00" in value or len(value) > 1000 or _datetime_out_of_pg_range(value)
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return abs(value) >= 2**31
-    if isinstance(value, dict):
-        return any(_hits_known_bug(k) or _hits_known_bug(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_hits_known_bug(v) for v in value)
-    return False
-
-
-def _case_values(case) -> list:
-    values = [case.path_parameters, case.query, case.headers, case.cookies]
-    body = getattr(case, "body", None)
-    if isinstance(body, dict | list | str | int):
-        values.append(body)
-    return [v for v in values if v]
-
-
 def _runner(operation, mode, headers_for, world, outcomes: dict):
     label = f"{mode.value} {operation.label}"
 
@@ -135,7 +92,6 @@ def _runner(operation, mode, headers_for, world, outcomes: dict):
         real_asset=st.booleans(),
     )
     def run(case, ti_id, real_dag, real_asset):
-        assume(not _hits_known_bug(_case_values(case)))
         params = case.path_parameters or {}
         if ti_id is not None and "task_instance_id" in params:
             params["task_instance_id"] = str(ti_id)

@@ -259,9 +259,13 @@ def machine_info() -> dict[str, Any]:
         if cpu >= 10 and proc.pid != me:
             cmd = " ".join(proc.info["cmdline"] or [proc.info["name"] or "?"])[:120]
             busy.append({"pid": proc.pid, "cpu_percent": cpu, "cmd": cmd})
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    # BENCH_GIT_COMMIT names the commit when the tree is an export without .git.
+    commit = (
+        os.environ.get("BENCH_GIT_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    )
     return {
         "cpus": os.cpu_count(),
         "load_avg_1m_5m_15m": list(os.getloadavg()),

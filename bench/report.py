@@ -202,13 +202,18 @@ def main() -> None:
     print("|---|---|---|---|")
     for row in table:
         print("| " + " | ".join(row) + " |")
-    lock = load(directory, "ti_lock_success")
-    if lock:
-        machine = lock["machine"]
+    machines = [
+        data["machine"]
+        for path in sorted(directory.glob("*.json"))
+        if "machine" in (data := json.loads(path.read_text()))
+    ]
+    if machines:
+        loads = [m["load_avg_1m_5m_15m"][0] for m in machines]
+        commits = sorted({m["git_commit"] for m in machines})
         print(
-            f"\nMeasured on {machine['cpus']} cores, PostgreSQL {machine['postgresql']}, "
-            f"commit {machine['git_commit']}, load average at start "
-            f"{machine['load_avg_1m_5m_15m'][0]:.1f}."
+            f"\nMeasured on {machines[0]['cpus']} cores, PostgreSQL {machines[0]['postgresql']}, "
+            f"commit {', '.join(commits)}; 1-minute load average when each benchmark started: "
+            f"{min(loads):.1f} to {max(loads):.1f} (other processes are listed in each JSON)."
         )
 
 

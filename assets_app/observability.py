@@ -231,6 +231,21 @@ def latency_histograms() -> list[LatencySeries]:
     ]
 
 
+def latency_quantile(series: list[LatencySeries], q: float) -> float | None:
+    """Upper bound (seconds) of the bucket holding the q-quantile of all series together;
+    `inf` past the last bound, None without requests. A histogram only bounds a quantile."""
+    totals = [sum(column) for column in zip(*(s.buckets for s in series), strict=True)]
+    count = sum(totals)
+    if not count:
+        return None
+    cumulative = 0
+    for bound, n in zip((*LATENCY_BUCKETS, float("inf")), totals, strict=True):
+        cumulative += n
+        if cumulative >= q * count:
+            return bound
+    return float("inf")
+
+
 # --- Prometheus text format -----------------------------------------------------------------
 
 

@@ -159,3 +159,16 @@ def test_healthz_threshold_comes_from_settings(settings):
     assert Client().get("/healthz").status_code == 503
     settings.ASSET_HEALTH_MAX_AGE_SECONDS = 180
     assert Client().get("/healthz").status_code == 200
+
+
+@pytest.mark.django_db
+def test_latency_quantile_is_the_bucket_bound():
+    assert observability.latency_quantile([], 0.5) is None
+    for seconds in (0.003, 0.004, 0.02, 0.2):
+        observability._write_latency("GET", "a", seconds)
+    observability._write_latency("PUT", "b", 12.0)
+    series = observability.latency_histograms()
+    assert observability.latency_quantile(series, 0.4) == 0.005
+    assert observability.latency_quantile(series, 0.6) == 0.025
+    assert observability.latency_quantile(series, 0.8) == 0.25
+    assert observability.latency_quantile(series, 0.99) == float("inf")

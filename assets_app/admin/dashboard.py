@@ -87,6 +87,14 @@ def _nice_ceiling(value: int) -> int:
         step *= 10
 
 
+def _bound(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds == float("inf"):
+        return f"> {observability.LATENCY_BUCKETS[-1]:g} s"
+    return f"≤ {seconds * 1000:g} ms" if seconds < 1 else f"≤ {seconds:g} s"
+
+
 def dashboard_view(request):
     """Queue gauges, activity of the last hour, component health: a fixed number of queries."""
     now = timezone.now()
@@ -94,6 +102,7 @@ def dashboard_view(request):
     activity = observability.activity_per_minute(now=now)
     labels = [f"{a.minute:%H:%M}" for a in activity]
     health = observability.component_health(now=now)
+    latency = observability.latency_histograms()
     waiting = list(
         AssetDagRunQueue.objects.values("target_dag_id")
         .annotate(n=Count("id"), oldest=Min("created_at"))
@@ -120,6 +129,9 @@ def dashboard_view(request):
             for c in health
         ],
         "counters": metrics.values(),
+        "api_requests": sum(series.count for series in latency),
+        "api_p50": _bound(observability.latency_quantile(latency, 0.5)),
+        "api_p99": _bound(observability.latency_quantile(latency, 0.99)),
         "waiting": waiting,
         "links": {
             "parked": changelist_url(AssetEventQueue, status="parked"),

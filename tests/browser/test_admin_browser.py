@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import requests
 from django.conf import settings
 from django.db import connections
 from django.utils import timezone
@@ -97,6 +98,11 @@ def test_operator_requeues_a_parked_row_and_sees_its_events(
     row.last_error_type = "django.db.utils.OperationalError"
     row.save()
 
+    # Worker API traffic (unauthenticated probes: 401s) for the dashboard's latency tile.
+    for name in ("orders", "customers", "payments"):
+        probe = requests.get(f"{live_server.url}/execution/assets/by-name", params={"name": name})
+        assert probe.status_code == 401
+
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1360, "height": 900})
@@ -132,6 +138,7 @@ def test_operator_requeues_a_parked_row_and_sees_its_events(
 
         page.goto(f"{live_server.url}/admin/dashboard/")
         assert page.inner_text("#tile-parked .aes-value") == "0"
+        assert "over 3 requests" in page.inner_text("#tile-latency")
         screenshot.parent.mkdir(exist_ok=True)
         page.screenshot(path=str(screenshot), full_page=True)
         browser.close()

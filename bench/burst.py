@@ -42,6 +42,45 @@ class RssSampler(threading.Thread):
             time.sleep(0.05)
 
 
+def cpu_seconds(gunicorn_pid: int, qcluster_pid: int, conn) -> dict[str, float]:
+    """Cumulative user+system CPU of each side of the benchmark, by process tree."""
+    import os
+
+    import psutil
+
+    def tree(pid: int) -> list:
+        try:
+            root = psutil.Process(pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def total(procs) -> float:
+        seconds = 0.0
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+                seconds += times.user + times.system
+            except psutil.Error:
+                pass
+        return seconds
+
+    backends = [
+        psutil.Process(pid)
+        for (pid,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+        if psutil.pid_exists(pid)
+    ]
+    return {
+        "gunicorn (all workers)": total(tree(gunicorn_pid)),
+        "qcluster (drain)": total(tree(qcluster_pid)),
+        "postgres backends of this database": total(backends),
+        "load generator (this process)": total([psutil.Process(os.getpid())]),
+    }
+
+
 def main() -> None:
     args = h.parse_args(__doc__)
     h.record_machine_start()
@@ -105,14 +144,19 @@ def main() -> None:
     for thread in threads:
         thread.start()
     registered_at = None
+    cpu = {}
     try:
-        barrier.wait()
-        released = time.monotonic()
         with psycopg.connect(url, autocommit=True) as watch:
+            cpu["start"] = cpu_seconds(server.pid, qcluster.pid, watch)
+            barrier.wait()
+            released = time.monotonic()
             while time.monotonic() - released < 180:
+                if "responses" not in cpu and len(latencies) == concurrency:
+                    cpu["responses"] = cpu_seconds(server.pid, qcluster.pid, watch)
                 count = watch.execute("SELECT count(*) FROM assets_app_assetevent").fetchone()[0]
                 if count >= expected:
                     registered_at = time.monotonic() - released
+                    cpu["registered"] = cpu_seconds(server.pid, qcluster.pid, watch)
                     break
                 time.sleep(0.2)
             registered = count
@@ -125,6 +169,9 @@ def main() -> None:
         server.stop()
         qcluster.stop()
 
+    cpu_during = {}
+    if "responses" in cpu:
+        cpu_during = {name: cpu["responses"][name] - cpu["start"][name] for name in cpu["start"]}
     s = h.stats(latencies)
     rss_mb = sampler.peak["gunicorn"] / 2**20
     q_rss_mb = sampler.peak["qcluster"] / 2**20
@@ -154,6 +201,13 @@ def main() -> None:
             ],
         ],
     )
+    if cpu_during:
+        h.print_table(
+            f"CPU seconds used until the last response ({responses_done:.1f} s wall = "
+            f"{2 * responses_done:.1f} CPU-s on 2 cores)",
+            ["component", "CPU s", "per request ms"],
+            [[name, value, value / concurrency * 1000] for name, value in cpu_during.items()],
+        )
     h.write_results(
         NAME,
         {
@@ -170,6 +224,7 @@ def main() -> None:
             "events_expected": expected,
             "events_registered": registered,
             "all_registered_s": registered_at,
+            "cpu_seconds_until_last_response": cpu_during,
             "target": {
                 "errors": 0,
                 "p99_ms": TARGET_P99_MS,

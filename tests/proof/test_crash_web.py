@@ -32,11 +32,14 @@ KILLS = 10
 WORKERS = 8
 
 
-def test_sigkill_gunicorn_mid_request_retry_changes_state_once(servers):
+@pytest.mark.parametrize("mode", ["queue", "inline"])
+def test_sigkill_gunicorn_mid_request_retry_changes_state_once(servers, mode):
+    """Both registration modes (DESIGN 5): in `inline` the events commit with the success
+    itself, so a kill before that commit must leave neither."""
     tis = make_running_tis("crash_web_producer", TI_POOL)
     rng = random.Random(5)
     outlets = {ti.id: rng.sample(ASSETS, OUTLETS_PER_TI) for ti in tis}
-    web = servers("gunicorn", workers=1)
+    web = servers("gunicorn", workers=1, env={"ASSET_REGISTRATION_MODE": mode})
     pending = list(tis)
     lock = threading.Lock()
     answers: dict = {}
@@ -92,7 +95,7 @@ def test_sigkill_gunicorn_mid_request_retry_changes_state_once(servers):
     answered = set(answers)
     succeeded = [ti for ti in tis if ti.id in answered]
     print(
-        f"\ncrash web: {stats['kills']} SIGKILLs, {len(answered)} successes, "
+        f"\ncrash web ({mode} mode): {stats['kills']} SIGKILLs, {len(answered)} successes, "
         f"{stats['requests_dropped']} connection failures, "
         f"retries answered 200 (had committed) {stats['retried_then_200']}, "
         f"204 (had not) {stats['retried_then_204']}, {elapsed:.1f} s"

@@ -52,7 +52,11 @@ def _schedule(j: int) -> dict:
     ][j % 4]
 
 
-def test_concurrent_producers_drains_and_schedulers_miss_and_double_nothing():
+@pytest.mark.parametrize("mode", ["queue", "inline"])
+def test_concurrent_producers_drains_and_schedulers_miss_and_double_nothing(settings, mode):
+    """Both registration modes (DESIGN 5): `inline` registers a success's events in its own
+    transaction, so the drains only see the (empty) outbox and the schedulers do all the work."""
+    settings.ASSET_REGISTRATION_MODE = mode
     assert TOTAL_EVENTS == 4000
     dags = [make_scheduled_dag(f"race_dag_{j}", _schedule(j)) for j in range(len(ASSETS))]
     assets = {a.name: a for a in Asset.objects.filter(name__in=ASSETS)}
@@ -158,7 +162,7 @@ def test_concurrent_producers_drains_and_schedulers_miss_and_double_nothing():
 
     report = consumption_report()
     print(
-        f"\nrace: {report['events']} events, {report['runs']} runs, "
+        f"\nrace ({mode} mode): {report['events']} events, {report['runs']} runs, "
         f"{report['consumptions']} consumptions, {stats['drain_calls']} drain calls, "
         f"{stats['schedule_calls']} scheduler calls, {elapsed:.1f} s"
     )

@@ -45,7 +45,7 @@ def test_terminated_drain_connection_mid_batch_rolls_back_and_recovers():
     right after each, every outbox row still queued has no events and every row gone has all of
     them; a later drain registers the rest exactly once."""
     make_scheduled_dag("fault_downstream", {"any": ASSETS})
-    tis = make_running_tis("fault_producer", 600)
+    tis = make_running_tis("fault_producer", 800)
     rng = random.Random(3)
     outlets = {ti.id: rng.sample(ASSETS, 8) for ti in tis}
     for ti in tis:
@@ -72,7 +72,7 @@ def test_terminated_drain_connection_mid_batch_rolls_back_and_recovers():
         def terminator(pid_box: list[int] = pid_box, ready: threading.Event = ready) -> None:
             nonlocal terminations
             assert ready.wait(10)
-            time.sleep(random.uniform(0.0, 0.2))
+            time.sleep(random.uniform(0.0, 0.05))
             wait_until(lambda: _backend_holds_outbox_row_locks(pid_box[0]), timeout=10, interval=0)
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_terminate_backend(%s)", [pid_box[0]])

@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from . import exceptions, locks, outbox
 from .models import (
+    AssetDagRunQueue,
     AssetEvent,
     DagRun,
     DagRunState,
@@ -110,18 +111,31 @@ def _mark_run_running(dag_run_id: int, *, now: datetime) -> None:
     )
 
 
-def _finish_run_if_done(dag_run_id: int, *, now: datetime) -> None:
-    """One conditional UPDATE: success/failed once no TI of the run is unfinished."""
+def _finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> None:
+    """One conditional UPDATE: success/failed once no TI of the run is unfinished.
+
+    A run that finishes frees a `max_active_runs` slot, so if its Dag has queued events waiting
+    the scheduler is nudged (after commit) instead of leaving them to the one-minute sweep.
+    """
     tis = TaskInstance.objects.filter(dag_run_id=OuterRef("pk"))
-    DagRun.objects.filter(
-        id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING)
-    ).filter(~Exists(tis.exclude(state__in=TI_FINISHED_STATES))).update(
-        state=Case(
-            When(Exists(tis.filter(state__in=_RUN_FAILING_STATES)), then=Value(DagRunState.FAILED)),
-            default=Value(DagRunState.SUCCESS),
-        ),
-        end_date=now,
+    finished = (
+        DagRun.objects.filter(id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING))
+        .filter(~Exists(tis.exclude(state__in=TI_FINISHED_STATES)))
+        .update(
+            state=Case(
+                When(
+                    Exists(tis.filter(state__in=_RUN_FAILING_STATES)),
+                    then=Value(DagRunState.FAILED),
+                ),
+                default=Value(DagRunState.SUCCESS),
+            ),
+            end_date=now,
+        )
     )
+    if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():
+        from . import tasks  # django_q is imported only where a nudge is sent
+
+        transaction.on_commit(partial(tasks.nudge_scheduler, dag_ids=[dag_id]))
 
 
 # --- start ------------------------------------------------------------------------------------
@@ -254,7 +268,7 @@ def _succeed_queued(
         _set_success(ti, end_date=end_date)
         outbox.enqueue(ti=ti, outlets=task_outlets, outlet_events=outlet_events, end_date=end_date)
         transaction.on_commit(tasks.nudge_drain)
-    _finish_run_if_done(ti.dag_run_id, now=timezone.now())
+    _finish_run_if_done(ti.dag_run_id, dag_id=ti.dag_id, now=timezone.now())
     return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
 
 
@@ -296,7 +310,7 @@ def _succeed_inline(
         if registered.dag_ids:
             # No drain runs in this mode, so the scheduler hears about the new ADRQ rows here.
             transaction.on_commit(partial(tasks.nudge_scheduler, dag_ids=registered.dag_ids))
-    _finish_run_if_done(locked.dag_run_id, now=timezone.now())
+    _finish_run_if_done(locked.dag_run_id, dag_id=locked.dag_id, now=timezone.now())
     return StateChange(
         ti_id=locked.id, state=locked.state, replayed=False, try_number=locked.try_number
     )
@@ -321,7 +335,7 @@ def finish(*, ti_id: UUID, state: str, end_date: datetime) -> StateChange:
         ti.state = state
         ti.end_date = end_date
         ti.save(update_fields=["state", "end_date", "updated_at"])
-    _finish_run_if_done(ti.dag_run_id, now=timezone.now())
+    _finish_run_if_done(ti.dag_run_id, dag_id=ti.dag_id, now=timezone.now())
     return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
 
 
@@ -359,7 +373,7 @@ def retry(
             ti.end_date = end_date
         ti.save()
     if ti.state == TIState.FAILED:
-        _finish_run_if_done(ti.dag_run_id, now=timezone.now())
+        _finish_run_if_done(ti.dag_run_id, dag_id=ti.dag_id, now=timezone.now())
     return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
 
 

@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from assets_app.models import AssetEventQueue, DagRunState, TIState
-from tests.factories import DagRunFactory, TaskInstanceFactory
+from assets_app.models import AssetDagRunQueue, AssetEventQueue, DagRunState, TIState
+from tests.factories import AssetEventFactory, DagRunFactory, TaskInstanceFactory
 
 from .snapshots import db_snapshot
 
@@ -306,3 +306,42 @@ def test_heartbeat_with_unknown_field_is_422(worker_api):
         ti_id=ti.id,
     )
     assert response.status_code == 422
+
+
+def _nudged_dag_ids(callbacks) -> list[list[str]]:
+    return [
+        cb.keywords["dag_ids"]
+        for cb in callbacks
+        if getattr(getattr(cb, "func", None), "__name__", "") == "nudge_scheduler"
+    ]
+
+
+def test_finishing_a_run_nudges_the_scheduler_when_its_dag_has_waiting_events(
+    worker_api, django_capture_on_commit_callbacks
+):
+    """A finished run frees a max_active_runs slot: waiting events must not wait for the sweep."""
+    run = DagRunFactory(state=DagRunState.RUNNING)
+    ti = TaskInstanceFactory(dag_run=run, running=True)
+    event = AssetEventFactory()
+    AssetDagRunQueue.objects.create(target_dag=run.dag, asset_event=event, asset=event.asset)
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert patch_state(worker_api, ti, {"state": "failed", "end_date": END}).status_code == 204
+    assert _nudged_dag_ids(callbacks) == [[run.dag_id]]
+
+
+def test_finishing_a_run_without_waiting_events_sends_no_scheduler_nudge(
+    worker_api, django_capture_on_commit_callbacks
+):
+    run = DagRunFactory(state=DagRunState.RUNNING)
+    first = TaskInstanceFactory(dag_run=run, running=True)
+    second = TaskInstanceFactory(dag_run=run, running=True)
+
+    with django_capture_on_commit_callbacks() as callbacks:
+        assert (
+            patch_state(worker_api, first, {"state": "failed", "end_date": END}).status_code == 204
+        )
+        assert (
+            patch_state(worker_api, second, {"state": "failed", "end_date": END}).status_code == 204
+        )
+    assert _nudged_dag_ids(callbacks) == []

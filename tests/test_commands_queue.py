@@ -139,3 +139,11 @@ def test_sweep_schedules_enqueue_the_drain_and_scheduler_tasks_with_their_timeou
     ]
     # catch_up is off: one task per schedule however many minutes were missed, next run ahead.
     assert all(s.next_run > timezone.now() for s in Schedule.objects.all())
+
+
+def test_requeue_parked_takes_several_ids_after_one_flag_or_repeated_flags():
+    rows = parked_rows("d1", "d1", "d1")
+    out = run("requeue_parked", "--id", str(rows[0].id), str(rows[1].id))
+    assert "requeued 2 parked rows" in out
+    assert "requeued 1 parked rows" in run("requeue_parked", "--id", str(rows[2].id), "--id", "0")
+    assert AssetEventQueue.objects.filter(parked_at__isnull=False).count() == 0

@@ -24,7 +24,9 @@ class Command(BaseCommand):
     help = "Requeue parked outbox rows: attempts reset, unparked, due now."
 
     def add_arguments(self, parser):
-        parser.add_argument("--id", type=int, action="append", dest="ids", help="row id")
+        parser.add_argument(
+            "--id", type=int, nargs="+", action="extend", dest="ids", help="row id(s)"
+        )
         parser.add_argument("--dag", help="rows whose source Dag is this")
         parser.add_argument("--all", action="store_true", help="every parked row")
         parser.add_argument("--dry-run", action="store_true", help="list, change nothing")

@@ -26,9 +26,10 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Count, IntegerField, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
 
-from .models import AssetDagRunQueue, AssetEventQueue, Dag, TaskInstance, TIState
+from .models import AssetDagRunQueue, AssetEventQueue, Dag, DagRun, TaskInstance, TIState
 
 
 def lock_task_instance(ti_id: UUID) -> TaskInstance | None:
@@ -100,6 +101,36 @@ def lock_dag_queue_entries(dag_id: str) -> list[tuple[int, int, datetime, str]]:
         .order_by("asset_event_id")
         .values_list("id", "asset_event_id", "asset_event__timestamp", "asset__name")
     )
+
+
+def lock_dag_queue_entries_and_active_runs(
+    dag_id: str, *, active_states: Sequence[str]
+) -> tuple[list[tuple[int, int, datetime, str]], int]:
+    """`lock_dag_queue_entries` and the Dag's number of runs in `active_states`, in one statement.
+
+    Call it after `claim_dag_for_scheduling`: the count is read with this statement's snapshot,
+    taken once the Dag lock is held, so it includes every run another scheduler committed before
+    it released that lock (max_active_runs holds under concurrency; a count read in the Dag lock
+    statement itself would use a snapshot from before the lock). With no unlocked rows the count
+    is not read and 0 is returned: there is nothing to schedule anyway.
+    """
+    active = (
+        DagRun.objects.filter(dag_id=dag_id, state__in=active_states)
+        .order_by()
+        .values("dag_id")
+        .annotate(count=Count("*"))
+        .values("count")
+    )
+    rows = list(
+        AssetDagRunQueue.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(target_dag_id=dag_id)
+        .annotate(active=Coalesce(Subquery(active, output_field=IntegerField()), Value(0)))
+        .order_by("asset_event_id")
+        .values_list("id", "asset_event_id", "asset_event__timestamp", "asset__name", "active")
+    )
+    if not rows:
+        return [], 0
+    return [row[:4] for row in rows], rows[0][4]
 
 
 # Any fixed 64-bit number; it names "the DAG definition sync" among advisory locks.

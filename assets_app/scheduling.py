@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 
@@ -51,10 +51,6 @@ class ScheduleResult:
 class TriggeredRun:
     run: DagRun
     event_count: int
-
-
-def _active_runs(dag_id: str) -> int:
-    return DagRun.objects.filter(dag_id=dag_id, state__in=ACTIVE_RUN_STATES).count()
 
 
 def candidate_dag_ids(*, dag_ids: Iterable[str] | None = None) -> list[str]:
@@ -97,21 +93,28 @@ def schedule_dag(*, dag_id: str) -> TriggeredRun | None:
     Safe to run concurrently and repeatedly.
     """
     outcome = _schedule_dag(dag_id)
-    return outcome if isinstance(outcome, TriggeredRun) else None
+    if not isinstance(outcome, TriggeredRun):
+        return None
+    metrics.incr(metrics.RUNS_TRIGGERED)
+    return outcome
 
 
 def _schedule_dag(dag_id: str) -> TriggeredRun | str | None:
-    """`schedule_dag`, telling "another scheduler holds the Dag" (LOCKED) from the other Nones."""
+    """`schedule_dag`, telling "another scheduler holds the Dag" (LOCKED) from the other Nones.
+
+    Does not count the run in the metrics: the callers do, after the commit.
+    """
     with transaction.atomic(durable=True):
         dag = locks.claim_dag_for_scheduling(dag_id)
         if dag is None:
             return LOCKED
         if dag.is_paused or dag.schedule is None:
             return None
-        if _active_runs(dag_id) >= dag.max_active_runs:
-            return None
-        rows = locks.lock_dag_queue_entries(dag_id)
-        if not rows:
+        # The rows and the active-run count in one statement, read once the Dag lock is held.
+        rows, active = locks.lock_dag_queue_entries_and_active_runs(
+            dag_id, active_states=ACTIVE_RUN_STATES
+        )
+        if not rows or active >= dag.max_active_runs:
             return None
         try:
             condition = conditions.parse(dag.schedule)
@@ -136,7 +139,6 @@ def _schedule_dag(dag_id: str) -> TriggeredRun | str | None:
             consumed_event_ids=event_ids,
         )
         AssetDagRunQueue.objects.filter(id__in=[row[0] for row in rows]).delete()
-        metrics.incr(metrics.RUNS_TRIGGERED)
         return TriggeredRun(run=run, event_count=len(event_ids))
 
 
@@ -161,6 +163,12 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
                 locked.append(dag_id)
         ok = True
     finally:
+        # One counter statement per pass rather than one per run (each is a commit of its own);
+        # every run counted here is committed. A failing counter must not hide the pass's error.
+        try:
+            metrics.incr(metrics.RUNS_TRIGGERED, len(created))
+        except DatabaseError:
+            logger.exception("could not count %d triggered runs", len(created))
         seconds = time.monotonic() - started
         heartbeats.record(
             component="scheduler",

@@ -1,6 +1,6 @@
 import pytest
 
-from assets_app import registration, scheduling
+from assets_app import metrics, registration, scheduling
 from assets_app.models import AssetDagRunQueue, AssetEvent, DagRun, DagRunState, DagRunType
 from tests.asset_flow import alias_event, alias_outlet, asset_outlet, payload, scheduled_dag
 from tests.factories import AssetFactory, DagRunFactory, TaskFactory
@@ -163,3 +163,24 @@ def test_a_dag_held_by_another_scheduler_is_skipped_without_waiting_and_reported
         thread.join(10)
     assert scheduling.schedule_dags().dags_locked == ()
     assert runs_of("d") == [events]
+
+
+def test_a_pass_costs_seven_statements_per_dag_and_counts_its_runs_once(
+    django_assert_num_queries, django_capture_on_commit_callbacks
+):
+    """Per Dag: Dag lock, ADRQ lock with the active-run count, tasks, run, event links, TIs,
+    ADRQ delete (and here the test transaction's savepoint pair around the Dag's own
+    transaction). Per pass: the candidate query and the heartbeat, and one counter statement
+    after commit for all its runs (not one per run: each would be a commit of its own)."""
+    dag_ids = [f"d{i}" for i in range(3)]
+    for dag_id in dag_ids:
+        TaskFactory(dag=scheduled_dag(dag_id, "a"), task_id="t")
+    events = produce("a")
+    before = metrics.value(metrics.RUNS_TRIGGERED)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        with django_assert_num_queries(2 + 3 * (7 + 2)):
+            result = scheduling.schedule_dags()
+    assert len(callbacks) == 1
+    assert sorted(dag_id for dag_id, _ in result.run_ids) == dag_ids
+    assert [runs_of(dag_id) for dag_id in dag_ids] == [[events]] * 3
+    assert metrics.value(metrics.RUNS_TRIGGERED) == before + 3

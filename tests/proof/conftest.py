@@ -30,6 +30,21 @@ from django.conf import settings
 from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parents[2]
+FIGURES: list[str] = []
+
+
+def figure(line: str) -> None:
+    """Record a scenario's figures: printed now (with -s) and again in pytest's terminal summary,
+    so a plain `bin/test` run (CI's log) shows them too."""
+    print(f"\n{line}")
+    FIGURES.append(line)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if FIGURES:
+        terminalreporter.section("proof suite figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
 
 
 def free_port() -> int:

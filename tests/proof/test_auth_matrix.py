@@ -24,7 +24,7 @@ from assets_app.api import public_auth
 from assets_app.api.auth import issue_token
 from assets_app.models import Asset
 
-from .conftest import app_table_counts, make_running_tis, make_scheduled_dag
+from .conftest import app_table_counts, figure, make_running_tis, make_scheduled_dag
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,7 +134,7 @@ def test_every_worker_endpoint_refuses_bad_credentials(world):
             refusals += 1
         response = _call(client, method, url, good)
         assert response.status_code not in (401, 403), f"{method} {path}: {response.content!r}"
-    print(f"\nauth: worker API {len(operations)} endpoints, {refusals} refusals checked")
+    figure(f"auth: worker API {len(operations)} endpoints, {refusals} refusals checked")
 
 
 def test_every_public_endpoint_refuses_bad_credentials(world):
@@ -168,7 +168,7 @@ def test_every_public_endpoint_refuses_bad_credentials(world):
             refusals += 1
         response = _call(client, method, url, f"Bearer {world['key']}")
         assert response.status_code not in (401, 403), f"{method} {path}: {response.content!r}"
-    print(f"\nauth: public API {len(operations)} endpoints, {refusals} refusals checked")
+    figure(f"auth: public API {len(operations)} endpoints, {refusals} refusals checked")
 
 
 def test_admin_requires_staff_login_and_keeps_csrf(world):
@@ -200,4 +200,4 @@ def test_admin_requires_staff_login_and_keeps_csrf(world):
     response = csrf.post(f"/admin/auth/user/{user_id}/delete/", {"post": "yes"})
     assert response.status_code == 403
     assert get_user_model().objects.filter(pk=user_id).exists()
-    print(f"\nauth: admin {len(urls)} pages need a staff login; CSRF refused 2 of 2 posts")
+    figure(f"auth: admin {len(urls)} pages need a staff login; CSRF refused 2 of 2 posts")

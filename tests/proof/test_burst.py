@@ -22,7 +22,13 @@ from django.db.models import Count
 
 from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue, TaskInstance
 
-from .conftest import consumption_report, make_running_tis, make_scheduled_dag, run_in_threads
+from .conftest import (
+    consumption_report,
+    figure,
+    make_running_tis,
+    make_scheduled_dag,
+    run_in_threads,
+)
 from .workers import auth_headers, success_body
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -109,8 +115,8 @@ def test_500_concurrent_successes_with_300_outlets_each(servers):
     p50 = statistics.median(latencies)
     p99 = latencies[int(len(latencies) * 0.99) - 1]
     report = consumption_report()
-    print(
-        f"\nburst: {len(statuses)} calls x {OUTLETS} outlets against gunicorn -w 4: "
+    figure(
+        f"burst: {len(statuses)} calls x {OUTLETS} outlets against gunicorn -w 4: "
         f"statuses {sorted(set(statuses))}, answered in {burst_seconds:.1f} s, "
         f"latency p50 {p50 * 1000:.0f} ms p99 {p99 * 1000:.0f} ms "
         f"max {latencies[-1] * 1000:.0f} ms; "

@@ -19,7 +19,13 @@ from django.db import connection
 
 from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue, TaskInstance
 
-from .conftest import consumption_report, make_running_tis, make_scheduled_dag, run_in_threads
+from .conftest import (
+    consumption_report,
+    figure,
+    make_running_tis,
+    make_scheduled_dag,
+    run_in_threads,
+)
 from .workers import succeed_ti
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -121,8 +127,8 @@ def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
     cluster.kill()
 
     report = consumption_report()
-    print(
-        f"\ncrash qcluster: {kills} SIGKILLs ({mid_batch_kills} with a batch open), "
+    figure(
+        f"crash qcluster: {kills} SIGKILLs ({mid_batch_kills} with a batch open), "
         f"{len(succeeded)} successes, {report['events']} events, {report['runs']} runs, "
         f"kill phase {kill_phase:.1f} s, recovery {recovery:.1f} s"
     )

@@ -20,7 +20,7 @@ import pytest
 from assets_app import outbox
 from assets_app.models import AssetEvent, AssetEventQueue, TaskInstance
 
-from .conftest import make_running_tis, run_in_threads
+from .conftest import figure, make_running_tis, run_in_threads
 from .workers import patch_state_until_answered, success_body
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -94,8 +94,8 @@ def test_sigkill_gunicorn_mid_request_retry_changes_state_once(servers, mode):
 
     answered = set(answers)
     succeeded = [ti for ti in tis if ti.id in answered]
-    print(
-        f"\ncrash web ({mode} mode): {stats['kills']} SIGKILLs, {len(answered)} successes, "
+    figure(
+        f"crash web ({mode} mode): {stats['kills']} SIGKILLs, {len(answered)} successes, "
         f"{stats['requests_dropped']} connection failures, "
         f"retries answered 200 (had committed) {stats['retried_then_200']}, "
         f"204 (had not) {stats['retried_then_204']}, {elapsed:.1f} s"

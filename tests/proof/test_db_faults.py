@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from assets_app import outbox
 from assets_app.models import AssetEvent, AssetEventQueue, TaskInstance
 
-from .conftest import make_running_tis, make_scheduled_dag, run_in_threads, wait_until
+from .conftest import figure, make_running_tis, make_scheduled_dag, run_in_threads, wait_until
 from .workers import succeed_ti
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -92,7 +92,7 @@ def test_terminated_drain_connection_mid_batch_rolls_back_and_recovers():
     assert len(errors) == 3
     while outbox.drain(batch_size=50).claimed:
         pass
-    print(f"\ndb faults: {terminations} drain connections terminated mid-batch ({errors})")
+    figure(f"db faults: {terminations} drain connections terminated mid-batch ({errors})")
     assert AssetEventQueue.objects.count() == 0
     assert _events_by_ti() == {ti.id: sorted(outlets[ti.id]) for ti in tis}
 
@@ -149,8 +149,8 @@ def test_registration_lock_timeout_recovers_with_nothing_lost(settings):
     by_ti = _events_by_ti()
     assert not queued & set(by_ti)
     assert by_ti == {ti.id: sorted(outlets[ti.id]) for ti in tis if ti.id not in queued}
-    print(
-        f"\ndb faults: lock timeout during registration -> "
+    figure(
+        f"db faults: lock timeout during registration -> "
         f"{[type(e.__cause__).__name__ for e in raised] or 'row failure recorded'}, "
         f"{len(queued)} row(s) kept queued"
     )

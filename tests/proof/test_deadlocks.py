@@ -23,7 +23,7 @@ from django.utils import timezone
 from assets_app import metrics, outbox, scheduling
 from assets_app.models import AssetDagRunQueue, AssetEventQueue
 
-from .conftest import consumption_report, make_scheduled_dag, pg_deadlocks, run_in_threads
+from .conftest import consumption_report, figure, make_scheduled_dag, pg_deadlocks, run_in_threads
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -145,8 +145,8 @@ def test_eight_drains_on_one_hot_asset_never_deadlock():
     deadlocks_pg = pg_deadlocks() - deadlocks_before
     failed_attempts = metrics.value(metrics.FAILED_ATTEMPTS) - failed_before
     report = consumption_report()
-    print(
-        f"\ndeadlocks: {ROUNDS} rounds, {report['events']} events, {report['runs']} runs, "
+    figure(
+        f"deadlocks: {ROUNDS} rounds, {report['events']} events, {report['runs']} runs, "
         f"deadlocks raised={counts.deadlocks_raised} pg_stat={deadlocks_pg} "
         f"failed row attempts={failed_attempts}, {elapsed:.1f} s"
     )

@@ -28,7 +28,7 @@ from assets_app.api import public_auth
 from assets_app.api.auth import issue_token
 from assets_app.models import Asset, TaskInstance
 
-from .conftest import app_table_counts, make_running_tis, make_scheduled_dag
+from .conftest import app_table_counts, figure, make_running_tis, make_scheduled_dag
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -146,8 +146,8 @@ def test_fuzz_public_api(world):
 
 
 def _report(name: str, outcomes: dict) -> None:
-    print(f"\nfuzz {name}: {len(outcomes)} operation/mode pairs x {EXAMPLES} examples")
+    figure(f"fuzz {name}: {len(outcomes)} operation/mode pairs x {EXAMPLES} examples")
     for label, statuses in sorted(outcomes.items()):
-        print(f"  {label}: {sorted(statuses)}")
+        figure(f"  {label}: {sorted(statuses)}")
     # The cases must get past authentication and validation somewhere, or the fuzz proves little.
     assert any(s in {"200", "204"} for statuses in outcomes.values() for s in statuses)

@@ -24,6 +24,7 @@ from assets_app.models import Asset, AssetDagRunQueue, AssetEvent, AssetEventQue
 
 from .conftest import (
     consumption_report,
+    figure,
     make_running_tis,
     make_scheduled_dag,
     pg_deadlocks,
@@ -161,8 +162,8 @@ def test_concurrent_producers_drains_and_schedulers_miss_and_double_nothing(sett
     elapsed = time.monotonic() - started
 
     report = consumption_report()
-    print(
-        f"\nrace ({mode} mode): {report['events']} events, {report['runs']} runs, "
+    figure(
+        f"race ({mode} mode): {report['events']} events, {report['runs']} runs, "
         f"{report['consumptions']} consumptions, {stats['drain_calls']} drain calls, "
         f"{stats['schedule_calls']} scheduler calls, {elapsed:.1f} s"
     )

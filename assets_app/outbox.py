@@ -178,6 +178,11 @@ def _check_constraints_immediately() -> None:
             cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
 
 
+def _connection_lost() -> bool:
+    raw = connection.connection
+    return raw is None or bool(getattr(raw, "closed", False))
+
+
 def drain_batch(*, batch_size: int | None = None) -> BatchResult:
     """Claim up to `batch_size` due rows and register them, in one durable transaction; then
     run the scheduler for the Dags the batch queued events for.
@@ -201,6 +206,10 @@ def drain_batch(*, batch_size: int | None = None) -> BatchResult:
                 results = registration.register_payloads(payloads=[row.payload for row in rows])
                 AssetEventQueue.objects.filter(id__in=[row.id for row in rows]).delete()
         except Exception:
+            if _connection_lost():
+                # The session is gone (terminated, network): nothing can be retried on it and
+                # the whole transaction is rolled back by the server. Let the caller see it.
+                raise
             results = []
             for row in rows:
                 try:

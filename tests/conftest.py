@@ -4,7 +4,7 @@ from django.db import connection
 
 @pytest.fixture(autouse=True, scope="session")
 def _postgresql_only(django_db_setup, django_db_blocker):
-    """The suite proves PostgreSQL behaviour (locks, SKIP LOCKED); refuse to run on anything else."""
+    """The suite proves PostgreSQL behaviour (locks, SKIP LOCKED): refuse any other database."""
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
             pytest.exit(

@@ -14,7 +14,7 @@ from uuid import UUID
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from assets_app import lookups, task_state
-from assets_app.models import Asset, AssetEvent, DagRun
+from assets_app.models import Asset, AssetEvent
 from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
 
 JsonDict = dict[str, Any]
@@ -164,25 +164,6 @@ class AssetEventDagRunReference(ResponseBody):
     timestamp: datetime
     partition_key: str | None = None
 
-    @classmethod
-    def from_event(cls, event: AssetEvent) -> "AssetEventDagRunReference":
-        return cls(
-            asset=AssetReferenceAssetEventDagRun(
-                name=event.asset.name, uri=event.asset.uri, extra=event.asset.extra
-            ),
-            extra=event.extra,
-            source_task_id=event.source_task_id,
-            source_dag_id=event.source_dag_id,
-            source_run_id=event.source_run_id,
-            source_map_index=event.source_map_index,
-            source_aliases=[
-                AssetAliasReferenceAssetEventDagRun(name=alias.name)
-                for alias in event.source_aliases.all()
-            ],
-            timestamp=event.timestamp,
-            partition_key=None,
-        )
-
 
 class DagRunOut(ResponseBody):
     dag_id: str
@@ -203,29 +184,6 @@ class DagRunOut(ResponseBody):
     partition_date: datetime | None = None
     note: str | None = None
     team_name: str | None = None
-
-    @classmethod
-    def from_run(cls, run: DagRun, events: list[AssetEvent]) -> "DagRunOut":
-        return cls(
-            dag_id=run.dag_id,
-            run_id=run.run_id,
-            logical_date=run.logical_date,
-            data_interval_start=run.data_interval_start,
-            data_interval_end=run.data_interval_end,
-            run_after=run.run_after,
-            start_date=run.start_date,
-            end_date=run.end_date,
-            clear_number=run.clear_number,
-            run_type=run.run_type,
-            state=run.state,
-            conf=run.conf,
-            triggering_user_name=run.triggering_user_name,
-            consumed_asset_events=[AssetEventDagRunReference.from_event(e) for e in events],
-            partition_key=None,
-            partition_date=None,
-            note=run.note,
-            team_name=None,
-        )
 
 
 class VariableResponse(ResponseBody):
@@ -249,20 +207,62 @@ class TIRunContext(ResponseBody):
     should_retry: bool | None = False
     start_date: datetime | None = None
 
-    @classmethod
-    def from_domain(cls, context: task_state.RunContext) -> "TIRunContext":
-        return cls(
-            dag_run=DagRunOut.from_run(context.dag_run, context.consumed_events),
-            task_reschedule_count=0,
-            max_tries=context.ti.max_tries,
-            variables=[],
-            connections=[],
-            next_method=None,
-            next_kwargs=None,
-            xcom_keys_to_clear=[],
-            should_retry=context.should_retry,
-            start_date=None,
-        )
+    @staticmethod
+    def data(context: task_state.RunContext) -> JsonDict:
+        """The response body as plain data for the API's JSON renderer, field for field what this
+        model dumps (tests check it validates against the model, extra fields forbidden).
+
+        Built without a model per consumed event: validating and dumping 5,000 nested
+        `AssetEventDagRunReference`s took ~400 ms; this takes a few."""
+        run = context.dag_run
+        return {
+            "dag_run": {
+                "dag_id": run.dag_id,
+                "run_id": run.run_id,
+                "logical_date": run.logical_date,
+                "data_interval_start": run.data_interval_start,
+                "data_interval_end": run.data_interval_end,
+                "run_after": run.run_after,
+                "start_date": run.start_date,
+                "end_date": run.end_date,
+                "clear_number": run.clear_number,
+                "run_type": run.run_type,
+                "state": run.state,
+                "conf": run.conf,
+                "triggering_user_name": run.triggering_user_name,
+                "consumed_asset_events": [
+                    {
+                        "asset": {
+                            "name": event.asset_name,
+                            "uri": event.asset_uri,
+                            "extra": event.asset_extra,
+                        },
+                        "extra": event.extra,
+                        "source_task_id": event.source_task_id,
+                        "source_dag_id": event.source_dag_id,
+                        "source_run_id": event.source_run_id,
+                        "source_map_index": event.source_map_index,
+                        "source_aliases": [{"name": name} for name in event.source_alias_names],
+                        "timestamp": event.timestamp,
+                        "partition_key": None,
+                    }
+                    for event in context.consumed_events
+                ],
+                "partition_key": None,
+                "partition_date": None,
+                "note": run.note,
+                "team_name": None,
+            },
+            "task_reschedule_count": 0,
+            "max_tries": context.ti.max_tries,
+            "variables": [],
+            "connections": [],
+            "next_method": None,
+            "next_kwargs": None,
+            "xcom_keys_to_clear": [],
+            "should_retry": context.should_retry,
+            "start_date": None,
+        }
 
 
 # --- responses: assets and asset events -----------------------------------------------------

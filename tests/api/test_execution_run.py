@@ -12,6 +12,7 @@ from assets_app.models import DagRunState, TIState
 from tests.factories import (
     AssetAliasFactory,
     AssetEventFactory,
+    AssetFactory,
     DagRunFactory,
     TaskInstanceFactory,
 )
@@ -359,3 +360,108 @@ def test_openapi_schema_lists_every_worker_endpoint(client):
         "/execution/asset-events/by-asset",
         "/execution/asset-events/by-asset-alias",
     }
+
+
+def test_run_context_body_is_exactly_the_documented_model(worker_api):
+    """ti_run renders plain data (no model per consumed event): every field, value and datetime
+    format must be what the documented `TIRunContext` gives, extra fields forbidden."""
+    from datetime import UTC, datetime
+
+    from assets_app.api.schemas import TIRunContext
+
+    ti = TaskInstanceFactory(
+        max_tries=0,
+        dag_run=DagRunFactory(
+            run_type="asset_triggered",
+            run_id="asset_triggered__1",
+            conf={"k": [1, "v"]},
+            note="n",
+            logical_date=datetime(2026, 6, 29, tzinfo=UTC),
+            run_after=datetime(2026, 6, 30, 8, 0, 0, 500000, tzinfo=UTC),
+        ),
+    )
+    asset = AssetFactory(name="orders", uri="s3://b/orders", extra={"team": "x"})
+    through = AssetEventFactory(
+        asset=asset,
+        extra={"rows": 3, "nested": {"a": None}},
+        source_dag_id="producer",
+        source_run_id="manual__1",
+        source_task_id="emit",
+        source_map_index=2,
+        timestamp=datetime(2026, 6, 30, 9, 0, 0, 123456, tzinfo=UTC),
+    )
+    through.source_aliases.add(AssetAliasFactory(name="z-alias"), AssetAliasFactory(name="a-alias"))
+    rest = AssetEventFactory(asset=asset, timestamp=datetime(2026, 6, 30, 7, tzinfo=UTC))
+    for event in (through, rest):
+        ti.dag_run.consumed_links.create(dag=ti.dag_run.dag, asset_event=event)
+
+    response = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, ti_id=ti.id)
+
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"] == "application/json; charset=utf-8"
+    assert response["Refreshed-API-Token"]
+    body = response.json()
+    TIRunContext.model_validate(body)  # extra="forbid" at every level
+    started = body["dag_run"].pop("start_date")
+    assert started.endswith("Z")
+    assert body == {
+        "dag_run": {
+            "dag_id": ti.dag_id,
+            "run_id": "asset_triggered__1",
+            "logical_date": "2026-06-29T00:00:00Z",
+            "data_interval_start": None,
+            "data_interval_end": None,
+            "run_after": "2026-06-30T08:00:00.500Z",
+            "end_date": None,
+            "clear_number": 0,
+            "run_type": "asset_triggered",
+            "state": "running",
+            "conf": {"k": [1, "v"]},
+            "triggering_user_name": None,
+            "consumed_asset_events": [
+                {
+                    "asset": {"name": "orders", "uri": "s3://b/orders", "extra": {"team": "x"}},
+                    "extra": {},
+                    "source_task_id": None,
+                    "source_dag_id": None,
+                    "source_run_id": None,
+                    "source_map_index": -1,
+                    "source_aliases": [],
+                    "timestamp": "2026-06-30T07:00:00Z",
+                    "partition_key": None,
+                },
+                {
+                    "asset": {"name": "orders", "uri": "s3://b/orders", "extra": {"team": "x"}},
+                    "extra": {"rows": 3, "nested": {"a": None}},
+                    "source_task_id": "emit",
+                    "source_dag_id": "producer",
+                    "source_run_id": "manual__1",
+                    "source_map_index": 2,
+                    "source_aliases": [{"name": "a-alias"}, {"name": "z-alias"}],
+                    "timestamp": "2026-06-30T09:00:00.123Z",
+                    "partition_key": None,
+                },
+            ],
+            "partition_key": None,
+            "partition_date": None,
+            "note": "n",
+            "team_name": None,
+        },
+        "task_reschedule_count": 0,
+        "max_tries": 0,
+        "variables": [],
+        "connections": [],
+        "next_method": None,
+        "next_kwargs": None,
+        "xcom_keys_to_clear": [],
+        "should_retry": False,
+        "start_date": None,
+    }
+
+
+def test_openapi_documents_the_run_context_response(client):
+    operation = client.get("/execution/openapi.json").json()["paths"][
+        "/execution/task-instances/{task_instance_id}/run"
+    ]["patch"]
+    schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": "#/components/schemas/TIRunContext"}

@@ -31,7 +31,8 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, Exists, OuterRef, Value, When
+from django.db.models import Case, Exists, OuterRef, TextField, Value, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from . import exceptions, locks, outbox
@@ -59,13 +60,17 @@ _RUN_FAILING_STATES = (TIState.FAILED, TIState.UPSTREAM_FAILED)
 @dataclass(frozen=True, slots=True)
 class ConsumedEvent:
     """A consumed asset event as the run context shows it: the event's fields, its asset's
-    name, uri and extra, and the names of the aliases it was emitted through (sorted)."""
+    name, uri and extra, and the names of the aliases it was emitted through (sorted).
+
+    The two extras are the JSON text the database stores (a JSON object), not decoded: the
+    worker API passes them through, and decoding thousands only to encode them again was a
+    third of the response time."""
 
     id: int
     asset_name: str
     asset_uri: str
-    asset_extra: dict[str, Any]
-    extra: dict[str, Any]
+    asset_extra_json: str
+    extra_json: str
     source_task_id: str | None
     source_dag_id: str | None
     source_run_id: str | None
@@ -216,7 +221,8 @@ def load_run_context(*, ti: TaskInstance, replayed: bool = False) -> RunContext:
     consumed events joined with their assets; their source aliases). No lock, no transaction.
 
     The events are read as value rows, not model instances: a run may have consumed thousands
-    (5,000 AssetEvents with their assets and prefetched aliases took ~300 ms to build)."""
+    (5,000 AssetEvents with their assets and prefetched aliases took ~300 ms to build), and
+    their extras stay JSON text (see `ConsumedEvent`)."""
     dag_run = DagRun.objects.get(id=ti.dag_run_id)
     aliases: dict[int, list[str]] = {}
     for event_id, alias_name in (
@@ -227,13 +233,15 @@ def load_run_context(*, ti: TaskInstance, replayed: bool = False) -> RunContext:
         aliases.setdefault(event_id, []).append(alias_name)
     rows = (
         AssetEvent.objects.filter(consumed_links__dag_run_id=dag_run.id)
+        .annotate(asset_extra_json=Cast("asset__extra", TextField()))
+        .annotate(extra_json=Cast("extra", TextField()))
         .order_by("timestamp", "id")
         .values_list(
             "id",
             "asset__name",
             "asset__uri",
-            "asset__extra",
-            "extra",
+            "asset_extra_json",
+            "extra_json",
             "source_task_id",
             "source_dag_id",
             "source_run_id",

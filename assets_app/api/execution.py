@@ -20,14 +20,6 @@ router = Router(tags=["execution"])
 TI_PATH = "/task-instances/{task_instance_id}"
 
 
-def _render(request: HttpRequest, data: object, response: HttpResponse) -> HttpResponse:
-    """`data` as the execution API renders any response body (same JSON encoder and content
-    type), into the view's `response`, with no response-model validation."""
-    from . import execution_api  # api/__init__ imports this module: bind at call time
-
-    return execution_api.create_response(request, data, temporal_response=response)
-
-
 @router.patch(f"{TI_PATH}/run", auth=auth.task_token, response=schemas.TIRunContext)
 def ti_run(
     request: HttpRequest,
@@ -43,9 +35,10 @@ def ti_run(
         start_date=payload.start_date,
     )
     response["Refreshed-API-Token"] = auth.issue_token(task_instance_id)
-    # Rendered once from plain data: `response=` documents the model, but validating thousands
-    # of consumed events through it on the way out cost more than the rest of the request.
-    return _render(request, schemas.TIRunContext.data(context), response)
+    # Encoded once without the model: `response=` documents it, but validating thousands of
+    # consumed events through it on the way out cost more than the rest of the request.
+    response.content = schemas.TIRunContext.render(context)
+    return response
 
 
 @router.patch(f"{TI_PATH}/state", auth=auth.task_token)

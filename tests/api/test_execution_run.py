@@ -465,3 +465,23 @@ def test_openapi_documents_the_run_context_response(client):
     ]["patch"]
     schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
     assert schema == {"$ref": "#/components/schemas/TIRunContext"}
+
+
+def test_run_context_carries_big_integers_and_unicode_in_extras_and_conf_exactly(worker_api):
+    """Extras and conf are JSON the database accepted: integers beyond 64 bits and non-ASCII
+    text come back unchanged (the encoder embeds stored extras as they are)."""
+    big = 2**70
+    ti = TaskInstanceFactory(dag_run=DagRunFactory(conf={"n": big, "s": "žluť 😀"}))
+    event = AssetEventFactory(
+        asset=AssetFactory(name="a", uri="a", extra={"n": -big}), extra={"n": big, "s": "é"}
+    )
+    ti.dag_run.consumed_links.create(dag=ti.dag_run.dag, asset_event=event)
+
+    response = worker_api.request("PATCH", f"/task-instances/{ti.id}/run", RUN_BODY, ti_id=ti.id)
+
+    assert response.status_code == 200, response.content
+    run = response.json()["dag_run"]
+    assert run["conf"] == {"n": big, "s": "žluť 😀"}
+    (consumed,) = run["consumed_asset_events"]
+    assert consumed["extra"] == {"n": big, "s": "é"}
+    assert consumed["asset"]["extra"] == {"n": -big}

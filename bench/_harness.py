@@ -97,6 +97,7 @@ def _ensure_template() -> str:
         ]
         for stale in names:
             if stale != template:
+                conn.execute(f'ALTER DATABASE "{stale}" WITH IS_TEMPLATE false')
                 conn.execute(f'DROP DATABASE IF EXISTS "{stale}" WITH (FORCE)')
         if template in names:
             return template
@@ -110,6 +111,11 @@ def _ensure_template() -> str:
         )
         with _admin_connect() as conn:
             conn.execute(f'ALTER DATABASE "{template}_tmp" RENAME TO "{template}"')
+            # No connections (autovacuum included): CREATE DATABASE ... TEMPLATE refuses to copy
+            # a database someone is connected to.
+            conn.execute(
+                f'ALTER DATABASE "{template}" WITH ALLOW_CONNECTIONS false IS_TEMPLATE true'
+            )
     finally:
         with _admin_connect() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{template}_tmp" WITH (FORCE)')
@@ -122,10 +128,19 @@ def fresh_database(name: str) -> str:
     The template (bench_tpl_<hash>) is migrated with `manage.py migrate` the first time a schema
     is seen, so a run does not pay for seven migrations.
     """
+    import psycopg
+
     template = _ensure_template()
     drop_database(name)
-    with _admin_connect() as conn:
-        conn.execute(f'CREATE DATABASE "bench_{name}" TEMPLATE "{template}"')
+    for attempt in range(20):
+        try:
+            with _admin_connect() as conn:
+                conn.execute(f'CREATE DATABASE "bench_{name}" TEMPLATE "{template}"')
+            break
+        except psycopg.errors.ObjectInUse:  # a straggler on the template: wait for it
+            if attempt == 19:
+                raise
+            time.sleep(0.5)
     return db_url(name)
 
 

@@ -177,9 +177,11 @@ def test_a_pass_costs_seven_statements_per_dag_and_counts_its_runs_once(
         TaskFactory(dag=scheduled_dag(dag_id, "a"), task_id="t")
     events = produce("a")
     before = metrics.value(metrics.RUNS_TRIGGERED)
-    with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        with django_assert_num_queries(2 + 3 * (7 + 2)):
-            result = scheduling.schedule_dags()
+    with (
+        django_capture_on_commit_callbacks(execute=True) as callbacks,
+        django_assert_num_queries(2 + 3 * (7 + 2)),
+    ):
+        result = scheduling.schedule_dags()
     assert len(callbacks) == 1
     assert sorted(dag_id for dag_id, _ in result.run_ids) == dag_ids
     assert [runs_of(dag_id) for dag_id in dag_ids] == [[events]] * 3

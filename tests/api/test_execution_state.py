@@ -6,7 +6,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from assets_app.models import AssetDagRunQueue, AssetEventQueue, DagRunState, TIState
+from assets_app.exceptions import InvalidState
+from assets_app.models import (
+    AssetDagRunQueue,
+    AssetEventQueue,
+    DagRunState,
+    TaskInstance,
+    TIState,
+)
 from tests.factories import AssetEventFactory, DagRunFactory, TaskInstanceFactory
 
 from .snapshots import db_snapshot
@@ -345,3 +352,60 @@ def test_finishing_a_run_without_waiting_events_sends_no_scheduler_nudge(
             patch_state(worker_api, second, {"state": "failed", "end_date": END}).status_code == 204
         )
     assert _nudged_dag_ids(callbacks) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_successes_of_one_try_write_one_outbox_row_and_one_is_a_replay():
+    """Two success requests for the same running TI race: the outbox row's unique index makes
+    the loser wait, then it answers from the committed state (replay), writing nothing."""
+    import threading
+
+    from django.db import connection
+
+    from assets_app import task_state
+
+    ti = TaskInstanceFactory(running=True)
+    barrier = threading.Barrier(8)
+    results: list = []
+
+    def succeed() -> None:
+        try:
+            barrier.wait(5)
+            results.append(
+                task_state.succeed(
+                    ti_id=ti.id, end_date=timezone.now(), task_outlets=OUTLETS, outlet_events=[]
+                ).replayed
+            )
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=succeed) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(results) == [False] + [True] * 7
+    assert AssetEventQueue.objects.filter(ti_id=ti.id).count() == 1
+    ti.refresh_from_db()
+    assert ti.state == TIState.SUCCESS
+
+
+def test_success_rolls_back_its_outbox_row_when_the_ti_changed_before_the_lock(monkeypatch):
+    """The TI is read, its outbox row inserted, then the lock finds it no longer running: the
+    row is rolled back with the transaction and the answer is a 409."""
+    from assets_app import locks, task_state
+
+    ti = TaskInstanceFactory(running=True)
+    real_lock = locks.lock_task_instance
+
+    def lock_after_a_concurrent_failure(ti_id):
+        TaskInstance.objects.filter(id=ti_id).update(state=TIState.FAILED)
+        return real_lock(ti_id)
+
+    monkeypatch.setattr(locks, "lock_task_instance", lock_after_a_concurrent_failure)
+    with pytest.raises(InvalidState) as raised:
+        task_state.succeed(
+            ti_id=ti.id, end_date=timezone.now(), task_outlets=OUTLETS, outlet_events=[]
+        )
+    assert raised.value.extra["previous_state"] == TIState.FAILED
+    assert not AssetEventQueue.objects.exists()

@@ -467,7 +467,11 @@ def start_gunicorn(
     ]
     server = Server(argv, server_env(url, **env), log)
     base = f"http://127.0.0.1:{port}"
-    wait_http(base, server)
+    try:
+        wait_http(base, server)
+    except BaseException:
+        server.stop()
+        raise
     return server, base
 
 

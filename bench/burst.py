@@ -105,7 +105,11 @@ def main() -> None:
     connection.close()
 
     qcluster = h.start_qcluster(url, log=h.log_path(NAME, "qcluster"))
-    server, base = h.start_gunicorn(url, workers=WORKERS, log=h.log_path(NAME, "gunicorn"))
+    try:
+        server, base = h.start_gunicorn(url, workers=WORKERS, log=h.log_path(NAME, "gunicorn"))
+    except BaseException:
+        qcluster.stop()
+        raise
     # Warm each worker (imports, DB connection) so the burst measures serving, not start-up.
     for _ in range(WORKERS * 3):
         requests.get(f"{base}/execution/docs", timeout=30)

@@ -91,7 +91,11 @@ def main() -> None:
     listener = Listener(url)
     listener.start()
     qcluster = h.start_qcluster(url, log=h.log_path(NAME, "qcluster"))
-    server, base = h.start_gunicorn(url, workers=2, log=h.log_path(NAME, "gunicorn"))
+    try:
+        server, base = h.start_gunicorn(url, workers=2, log=h.log_path(NAME, "gunicorn"))
+    except BaseException:
+        qcluster.stop()
+        raise
     responses: dict[str, float] = {}
     errors: list[str] = []
     local = threading.local()

@@ -167,17 +167,6 @@ def _before_commit(rows: list[AssetEventQueue]) -> None:
     process dying after registration and before commit)."""
 
 
-def _check_constraints_immediately() -> None:
-    """Django's foreign keys on PostgreSQL are DEFERRABLE INITIALLY DEFERRED: checked, and their
-    FOR KEY SHARE locks taken, at COMMIT, outside the per-row savepoints. A row whose insert
-    cannot take such a lock (lock timeout) or violates a key would then fail the whole batch
-    with no attempt recorded. Checking them per statement keeps every failure inside the
-    savepoint of the row that caused it."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-
-
 def _connection_lost() -> bool:
     raw = connection.connection
     return raw is None or bool(getattr(raw, "closed", False))
@@ -198,7 +187,7 @@ def drain_batch(*, batch_size: int | None = None) -> BatchResult:
         rows = locks.claim_due_outbox_rows(limit=batch_size, now=now)
         if not rows:
             return BatchResult(0, 0, 0, 0, 0, frozenset(), 0)
-        _check_constraints_immediately()
+        registration.check_constraints_immediately()
         results: list[registration.RegistrationResult] = []
         failures: list[tuple[AssetEventQueue, Exception]] = []
         try:

@@ -50,6 +50,19 @@ from .models.assets import ASSET_KEY_MAX_LENGTH
 AssetKey = tuple[str, str]  # (name, uri)
 
 
+def check_constraints_immediately() -> None:
+    """Check foreign keys per statement for the rest of the current transaction.
+
+    Django's foreign keys on PostgreSQL are DEFERRABLE INITIALLY DEFERRED: checked, and their
+    FOR KEY SHARE locks taken, at COMMIT. Callers of registration need them checked as each
+    insert runs: the drain so that a failing row fails inside its own savepoint (not the whole
+    batch at COMMIT), inline success so that checking thousands of event and ADRQ keys does not
+    happen at COMMIT while the TI lock is held. Call it first in the caller's transaction."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+
+
 class RegistrationError(exceptions.InvalidInput):
     """A payload that cannot be registered as it is (the drain retries and finally parks it)."""
 

@@ -370,6 +370,7 @@ def _succeed_inline(
     from . import registration, tasks
 
     with transaction.atomic(durable=True):
+        registration.check_constraints_immediately()
         # Unlocked read: the payload's source fields, and a cheap refusal before registering.
         ti = TaskInstance.objects.filter(id=ti_id).first()
         if ti is None:

@@ -7,11 +7,12 @@ from the `SELECT ... FOR UPDATE` of the TI up to the end of the transaction that
 (`transaction=True`), so the transaction boundaries are the production ones.
 """
 
+import threading
 from contextlib import contextmanager
 from datetime import datetime
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -21,6 +22,7 @@ from assets_app.models import (
     AssetEvent,
     AssetEventQueue,
     DagRunAssetEvent,
+    TaskInstance,
     TIState,
 )
 from tests.factories import AssetAliasFactory, AssetFactory, TaskInstanceFactory
@@ -187,3 +189,53 @@ def test_ti_run_http_response_query_count_is_flat(worker_api):
         counts.append(len(ctx.captured_queries))
         AssetEvent.objects.all().delete()
     assert counts[0] == counts[1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inline_mode_never_waits_on_foreign_key_checks_while_holding_the_ti_lock(settings):
+    """Foreign keys are checked as registration inserts run, before the TI lock: an event whose
+    asset row is locked elsewhere makes the success wait with the TI row still free."""
+    settings.ASSET_REGISTRATION_MODE = "inline"
+    ti = TaskInstanceFactory(running=True)
+    asset = AssetFactory(name="held", uri="s3://b/held")
+    holding, release = threading.Event(), threading.Event()
+    outcome: list = []
+
+    def hold_asset() -> None:
+        try:
+            with transaction.atomic():
+                list(type(asset).objects.select_for_update().filter(id=asset.id))
+                holding.set()
+                assert release.wait(20)
+        finally:
+            connection.close()
+
+    def succeed() -> None:
+        try:
+            profile = {"name": "held", "uri": "s3://b/held", "type": "Asset"}
+            change = task_state.succeed(
+                ti_id=ti.id, end_date=timezone.now(), task_outlets=[profile], outlet_events=[]
+            )
+            outcome.append(change.state)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_asset)
+    holder.start()
+    assert holding.wait(10)
+    worker = threading.Thread(target=succeed)
+    worker.start()
+    try:
+        worker.join(1.0)
+        assert worker.is_alive(), "the success should be waiting on the held asset row"
+        with transaction.atomic():
+            try:
+                locked = list(TaskInstance.objects.select_for_update(nowait=True).filter(id=ti.id))
+            except OperationalError:
+                locked = None
+        assert locked, "the TI row was locked while the success waited on a foreign key check"
+    finally:
+        release.set()
+        holder.join(20)
+        worker.join(20)
+    assert outcome == [TIState.SUCCESS]

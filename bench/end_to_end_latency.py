@@ -1,12 +1,12 @@
 """End-to-end latency: a worker's success response -> the downstream DagRun committed.
 
-Real processes: gunicorn (2 sync workers) and a django-q2 `qcluster` (Q_CLUSTER_WORKERS=2,
-ORM broker, poll 0.05 s), `queue` mode. PRODUCERS producer assets each have one downstream Dag
-scheduled on them. The load generator sends `success` for running producer TIs at a steady
-RATE per second (60 s full, 10 s quick), round-robin over the assets, and notes when each 204
-arrived. A bench-only PostgreSQL trigger on the consumed-event link table sends NOTIFY with the
-event id; PostgreSQL delivers a NOTIFY when the inserting transaction commits, so the listener's
-receipt time is the moment the downstream run (and its links) became visible.
+Real processes: gunicorn (2 sync workers) and a django-q2 `qcluster` (Q_CLUSTER_WORKERS=2, ORM
+broker, poll Q_CLUSTER_POLL: 0.02 s by default), `queue` mode. PRODUCERS producer assets each have
+one downstream Dag scheduled on them. The load generator sends `success` for running producer TIs
+at a steady RATE per second (60 s full, 10 s quick), round-robin over the assets, and notes when
+each 204 arrived. A bench-only PostgreSQL trigger on the consumed-event link table sends NOTIFY
+with the event id; PostgreSQL delivers a NOTIFY when the inserting transaction commits, so the
+listener's receipt time is the moment the downstream run (and its links) became visible.
 latency = NOTIFY receipt - success response receipt (same clock, same process).
 
 The sweep schedules are not installed in the bench database (`setup_schedules` is not run), so

@@ -165,13 +165,38 @@ def test_a_dag_held_by_another_scheduler_is_skipped_without_waiting_and_reported
     assert runs_of("d") == [events]
 
 
-def test_a_pass_costs_seven_statements_per_dag_and_counts_its_runs_once(
+def test_a_pass_reads_tasks_ahead_in_batches_and_gives_each_run_its_own_dags_tasks(
+    monkeypatch, django_assert_num_queries
+):
+    """Five Dags with different tasks, tasks read two candidates at a time: three task queries
+    (plus the candidates and the heartbeat, and per Dag the statements of the pass pin above,
+    less the TI insert for the two Dags without tasks), and every run gets exactly its Dag's
+    tasks (with their retries)."""
+    monkeypatch.setattr(scheduling, "TASKS_BATCH", 2)
+    tasks = {"d0": [], "d1": [("x", 0)], "d2": [("a", 3), ("b", 0)], "d3": [("z", 1)], "d4": []}
+    for dag_id, dag_tasks in tasks.items():
+        dag = scheduled_dag(dag_id, "a")
+        for task_id, retries in reversed(dag_tasks):
+            TaskFactory(dag=dag, task_id=task_id, retries=retries)
+    produce("a")
+    with django_assert_num_queries(2 + 3 + 5 * (6 + 2) - 2):
+        result = scheduling.schedule_dags()
+    assert sorted(dag_id for dag_id, _ in result.run_ids) == sorted(tasks)
+    for dag_id, dag_tasks in tasks.items():
+        run = DagRun.objects.get(dag_id=dag_id)
+        assert list(
+            run.task_instances.order_by("task_id").values_list("task_id", "max_tries", "state")
+        ) == [(task_id, retries, "queued") for task_id, retries in dag_tasks]
+
+
+def test_a_pass_costs_six_statements_per_dag_and_counts_its_runs_once(
     django_assert_num_queries, django_capture_on_commit_callbacks
 ):
-    """Per Dag: Dag lock, ADRQ lock with the active-run count, tasks, run, event links, TIs,
-    ADRQ delete (and here the test transaction's savepoint pair around the Dag's own
-    transaction). Per pass: the candidate query and the heartbeat, and one counter statement
-    after commit for all its runs (not one per run: each would be a commit of its own)."""
+    """Per Dag: Dag lock, ADRQ lock with the active-run count, run, event links, TIs, ADRQ
+    delete (and here the test transaction's savepoint pair around the Dag's own transaction).
+    Per pass: the candidate query, the tasks of (up to TASKS_BATCH) candidates, the heartbeat,
+    and one counter statement after commit for all its runs (not one per run: each would be a
+    commit of its own)."""
     dag_ids = [f"d{i}" for i in range(3)]
     for dag_id in dag_ids:
         TaskFactory(dag=scheduled_dag(dag_id, "a"), task_id="t")
@@ -179,7 +204,7 @@ def test_a_pass_costs_seven_statements_per_dag_and_counts_its_runs_once(
     before = metrics.value(metrics.RUNS_TRIGGERED)
     with (
         django_capture_on_commit_callbacks(execute=True) as callbacks,
-        django_assert_num_queries(2 + 3 * (7 + 2)),
+        django_assert_num_queries(3 + 3 * (6 + 2)),
     ):
         result = scheduling.schedule_dags()
     assert len(callbacks) == 1

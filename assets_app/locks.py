@@ -149,28 +149,30 @@ def _split_active(
 class _CompiledQuery:
     """A queryset compiled to SQL once and then run with another value in place of
     `placeholder` (every parameter equal to it). Rows come back through the same converters the
-    ORM applies (dates, JSON), so they are what the queryset's values_list would return."""
+    ORM applies (dates, JSON), so they are what the queryset's values_list would return. Bound to
+    the calling thread's connection: use it in one thread."""
 
     def __init__(self, queryset: QuerySet, placeholder: str) -> None:
-        compiler = queryset.query.get_compiler(queryset.db)
-        # Compiling SELECT ... FOR UPDATE requires a transaction: the first call compiles.
-        self._queryset: QuerySet | None = queryset
+        self._compiler = queryset.query.get_compiler(queryset.db)
         self._placeholder = placeholder
-        self._compiler = compiler
+        # Compiled on the first call: compiling SELECT ... FOR UPDATE requires a transaction.
+        self._sql: str | None = None
+
+    def _compile(self) -> None:
+        self._sql, params = self._compiler.as_sql()
+        self._params = list(params)
+        self._slots = [i for i, p in enumerate(self._params) if p == self._placeholder]
+        assert self._slots, "the placeholder is not a parameter of the compiled statement"
+        selected = [column[0] for column in self._compiler.select[: self._compiler.col_count]]
+        self._converters = self._compiler.get_converters(selected)
 
     def rows(self, value: object) -> list[tuple]:
-        if self._queryset is not None:
-            self._sql, params = self._compiler.as_sql()
-            self._params = list(params)
-            self._slots = [i for i, p in enumerate(self._params) if p == self._placeholder]
-            assert self._slots, "the placeholder is not a parameter of the compiled statement"
-            selected = [column[0] for column in self._compiler.select[: self._compiler.col_count]]
-            self._converters = self._compiler.get_converters(selected)
-            self._queryset = None
+        if self._sql is None:
+            self._compile()
         params = list(self._params)
         for slot in self._slots:
             params[slot] = value
-        with connection.cursor() as cursor:
+        with self._compiler.connection.cursor() as cursor:
             cursor.execute(self._sql, params)
             rows = cursor.fetchall()
         if self._converters:

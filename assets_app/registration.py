@@ -9,7 +9,10 @@ A payload (format in `outbox.py`) becomes events like this:
   `dest_asset_extra` as its extra), and records the alias on the event. Entries for the same
   (asset, extra) through several aliases become one event carrying all those aliases, as Airflow
   does;
-- every other entry (an asset or alias the task did not declare) is ignored and counted.
+- every other entry (an asset or alias the task did not declare) is ignored and counted;
+- an outlet declared by reference (`AssetNameRef` / `AssetUriRef`, as the Airflow SDK sends for
+  `Asset.ref(name=...)`) names an asset that must already exist: it is resolved to that asset's
+  (name, uri) first, and a reference to no known asset is skipped with a warning, as Airflow does.
 
 `source_ordinal` is the position of the event among the events of its asset in that payload, so
 (source TI, try, asset, ordinal) identifies an event and the unique constraint on it makes a
@@ -23,6 +26,7 @@ many payloads, outlets and Dags there are.
 """
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +52,9 @@ from .models import (
 from .models.assets import ASSET_KEY_MAX_LENGTH
 
 AssetKey = tuple[str, str]  # (name, uri)
+logger = logging.getLogger(__name__)
+# Outlet types that refer to an existing asset by one of its keys.
+REFERENCE_TYPES = {"AssetNameRef": "name", "AssetUriRef": "uri"}
 
 
 def check_constraints_immediately() -> None:
@@ -358,6 +365,47 @@ def _insert_queue_rows(rows: list[tuple[str, int, int]], *, now: datetime) -> in
         return cursor.rowcount
 
 
+def _resolve_references(payloads: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+    """Replace `AssetNameRef` / `AssetUriRef` outlets by the full key of the asset they name.
+
+    One query, and only when some payload has such an outlet. Unknown references are dropped
+    (with a warning): there is no asset to produce an event for. Payloads are not modified; the
+    ones that change are shallow-copied.
+    """
+    wanted: dict[str, set[str]] = {"name": set(), "uri": set()}
+    for payload in payloads:
+        for outlet in (payload.get("outlets") or []) if isinstance(payload, dict) else []:
+            field = REFERENCE_TYPES.get(outlet.get("type")) if isinstance(outlet, dict) else None
+            if field and isinstance(outlet.get(field), str):
+                wanted[field].add(outlet[field])
+    if not wanted["name"] and not wanted["uri"]:
+        return payloads
+    found = {"name": {}, "uri": {}}
+    for name, uri in Asset.objects.filter(
+        Q(name__in=wanted["name"]) | Q(uri__in=wanted["uri"])
+    ).values_list("name", "uri"):
+        found["name"][name] = found["uri"][uri] = (name, uri)
+    resolved = []
+    for payload in payloads:
+        outlets = payload.get("outlets") if isinstance(payload, dict) else None
+        if not outlets or not any(
+            isinstance(o, dict) and o.get("type") in REFERENCE_TYPES for o in outlets
+        ):
+            resolved.append(payload)
+            continue
+        new_outlets = []
+        for outlet in outlets:
+            field = REFERENCE_TYPES.get(outlet.get("type")) if isinstance(outlet, dict) else None
+            if field is None:
+                new_outlets.append(outlet)
+            elif (key := found[field].get(outlet.get(field))) is not None:
+                new_outlets.append({"name": key[0], "uri": key[1], "type": "Asset"})
+            else:
+                logger.warning("outlet %s %r names no known asset; skipped", field, outlet)
+        resolved.append({**payload, "outlets": new_outlets})
+    return resolved
+
+
 def register_payloads(*, payloads: Sequence[dict[str, Any]]) -> list[RegistrationResult]:
     """Register a batch of outbox payloads; one result per payload, in order.
 
@@ -368,7 +416,7 @@ def register_payloads(*, payloads: Sequence[dict[str, Any]]) -> list[Registratio
     Metrics (events written, outlet events ignored) are counted on commit.
     """
     now = timezone.now()
-    plan = _plan(payloads)
+    plan = _plan(_resolve_references(payloads))
     results_events: list[list[int]] = [[] for _ in payloads]
     results_new: list[int] = [0] * len(payloads)
     results_queued: list[int] = [0] * len(payloads)

@@ -274,3 +274,44 @@ def test_an_asset_key_longer_than_the_column_is_a_registration_error():
             payload=payload(outlets=[{"name": long_name, "uri": "u", "type": "Asset"}])
         )
     assert not Asset.objects.filter(uri="u").exists()
+
+
+def test_outlets_declared_by_reference_resolve_to_the_existing_asset():
+    """`Asset.ref(name=...)` / `Asset.ref(uri=...)` in the Airflow SDK arrive as AssetNameRef /
+    AssetUriRef outlets: the event goes to the asset they name, whose other key differs."""
+    by_name = AssetFactory(name="orders", uri="s3://bucket/orders")
+    by_uri = AssetFactory(name="customers", uri="s3://bucket/customers")
+    scheduled_dag("downstream", {"all": [{"name": "orders", "uri": "s3://bucket/orders"}]})
+    result = registration.register_payload(
+        payload=payload(
+            outlets=[
+                {"name": "orders", "type": "AssetNameRef"},
+                {"uri": "s3://bucket/customers", "type": "AssetUriRef"},
+            ],
+            outlet_events=[asset_event(by_name, {"rows": 3})],
+        )
+    )
+    events = AssetEvent.objects.filter(id__in=result.event_ids)
+    assert sorted(events.values_list("asset_id", "extra")) == sorted(
+        [(by_name.id, {"rows": 3}), (by_uri.id, {})]
+    )
+    assert list(AssetDagRunQueue.objects.values_list("target_dag_id", "asset_id")) == [
+        ("downstream", by_name.id)
+    ]
+    assert Asset.objects.count() == 2
+
+
+def test_a_reference_to_no_known_asset_is_skipped_not_failed():
+    known = AssetFactory(name="known", uri="s3://bucket/known")
+    result = registration.register_payload(
+        payload=payload(
+            outlets=[
+                {"name": "nowhere", "type": "AssetNameRef"},
+                {"name": "known", "uri": "s3://bucket/known", "type": "Asset"},
+            ]
+        )
+    )
+    assert list(
+        AssetEvent.objects.filter(id__in=result.event_ids).values_list("asset_id", flat=True)
+    ) == [known.id]
+    assert not Asset.objects.filter(name="nowhere").exists()

@@ -1,13 +1,17 @@
-"""Reading asset events for the public API (`GET /api/v2/assets/events`) and resolving the asset
-an external event names. Writes go through `registration`."""
+"""Reading assets and asset events: the public API (`GET /api/v2/assets/events`, the asset an
+external event names) and the worker API (`GET /execution/assets/...`, `/asset-events/...`).
+No transaction, no locks, a fixed number of queries each. Writes go through `registration`."""
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db.models import Prefetch
+from django.db.models import Prefetch, QuerySet
 
 from . import exceptions
-from .models import Asset, AssetEvent, DagRun
+from .models import Asset, AssetAlias, AssetEvent, DagRun
+
+# Upper bound of one worker-API asset-event listing (also the largest `limit` accepted).
+MAX_EVENTS = 10_000
 
 ORDERINGS = {
     "timestamp": ("timestamp", "id"),
@@ -95,3 +99,70 @@ def list_asset_events(
         .order_by(*ORDERINGS[order_by])[offset : offset + limit]
     )
     return EventPage(events=page, total_entries=total)
+
+
+def get_asset(*, name: str | None = None, uri: str | None = None) -> Asset:
+    """The asset with this name (or uri) for the worker API, with Airflow's not-found message."""
+    try:
+        return find_asset(name=name, uri=uri) if name is not None else find_asset(uri=uri)
+    except exceptions.NotFound:
+        what = f"name {name}" if name is not None else f"URI {uri}"
+        raise exceptions.NotFound(f"Asset with {what} not found") from None
+
+
+def assets_of_alias(*, alias_name: str) -> list[Asset]:
+    """The assets an alias resolves to (empty for an unknown alias, like Airflow)."""
+    return list(Asset.objects.filter(alias_links__alias__name=alias_name).order_by("name"))
+
+
+def _window(
+    events: QuerySet[AssetEvent],
+    *,
+    after: datetime | None,
+    before: datetime | None,
+    ascending: bool,
+    limit: int | None,
+) -> list[AssetEvent]:
+    if after is not None:
+        events = events.filter(timestamp__gte=after)
+    if before is not None:
+        events = events.filter(timestamp__lte=before)
+    order = ("timestamp", "id") if ascending else ("-timestamp", "-id")
+    events = events.select_related("asset").prefetch_related("consuming_runs").order_by(*order)
+    return list(events[: limit or MAX_EVENTS])
+
+
+def events_of_asset(
+    *,
+    name: str | None,
+    uri: str | None,
+    after: datetime | None = None,
+    before: datetime | None = None,
+    ascending: bool = True,
+    limit: int | None = None,
+) -> list[AssetEvent]:
+    """Events of the asset with this name and/or uri. Neither given: a plain DomainError, which
+    the API answers with 400 like Airflow."""
+    if not name and not uri:
+        raise exceptions.DomainError("name and uri cannot both be None", reason="missing_parameter")
+    events = AssetEvent.objects.all()
+    if name:
+        events = events.filter(asset__name=name)
+    if uri:
+        events = events.filter(asset__uri=uri)
+    return _window(events, after=after, before=before, ascending=ascending, limit=limit)
+
+
+def events_of_alias(
+    *,
+    alias_name: str,
+    after: datetime | None = None,
+    before: datetime | None = None,
+    ascending: bool = True,
+    limit: int | None = None,
+) -> list[AssetEvent]:
+    """Events emitted through the alias with this name."""
+    events = AssetEvent.objects.filter(
+        alias_links__alias__in=AssetAlias.objects.filter(name=alias_name)
+    )
+    return _window(events, after=after, before=before, ascending=ascending, limit=limit)

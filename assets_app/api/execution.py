@@ -10,7 +10,7 @@ from uuid import UUID
 from django.http import HttpRequest, HttpResponse
 from ninja import Body, Query, Router
 
-from assets_app import lookups, task_state
+from assets_app import asset_events, task_state
 from assets_app.models import TIState
 
 from . import auth, schemas
@@ -88,18 +88,19 @@ def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
 
 @router.get("/assets/by-name", auth=auth.task_token, response=schemas.AssetResponse)
 def asset_by_name(request: HttpRequest, name: str):
-    return schemas.AssetResponse.from_asset(lookups.get_asset(name=name))
+    return schemas.AssetResponse.from_asset(asset_events.get_asset(name=name))
 
 
 @router.get("/assets/by-uri", auth=auth.task_token, response=schemas.AssetResponse)
 def asset_by_uri(request: HttpRequest, uri: str):
-    return schemas.AssetResponse.from_asset(lookups.get_asset(uri=uri))
+    return schemas.AssetResponse.from_asset(asset_events.get_asset(uri=uri))
 
 
 @router.get("/assets/by-alias", auth=auth.task_token, response=list[schemas.AssetResponse])
 def assets_by_alias(request: HttpRequest, alias_name: str):
     return [
-        schemas.AssetResponse.from_asset(a) for a in lookups.assets_of_alias(alias_name=alias_name)
+        schemas.AssetResponse.from_asset(a)
+        for a in asset_events.assets_of_alias(alias_name=alias_name)
     ]
 
 
@@ -110,7 +111,7 @@ def asset_events_by_asset(
     name: str | None = None,
     uri: str | None = None,
 ):
-    events = lookups.events_of_asset(name=name, uri=uri, **window.model_dump())
+    events = asset_events.events_of_asset(name=name, uri=uri, **window.model_dump())
     return schemas.AssetEventsResponse.from_events(events)
 
 
@@ -118,5 +119,5 @@ def asset_events_by_asset(
     "/asset-events/by-asset-alias", auth=auth.task_token, response=schemas.AssetEventsResponse
 )
 def asset_events_by_alias(request: HttpRequest, name: str, window: Query[schemas.AssetEventWindow]):
-    events = lookups.events_of_alias(alias_name=name, **window.model_dump())
+    events = asset_events.events_of_alias(alias_name=name, **window.model_dump())
     return schemas.AssetEventsResponse.from_events(events)

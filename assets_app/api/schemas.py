@@ -16,7 +16,7 @@ import orjson
 from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
-from assets_app import lookups, task_state
+from assets_app import asset_events, task_state
 from assets_app.models import Asset, AssetEvent
 from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
 
@@ -135,12 +135,12 @@ class ClaimRequest(RequestBody):
 
 class AssetEventWindow(BaseModel):
     """Query parameters shared by GET /asset-events/by-asset and /by-asset-alias. Without
-    `limit` at most `lookups.MAX_EVENTS` events are returned."""
+    `limit` at most `asset_events.MAX_EVENTS` events are returned."""
 
     after: UtcDatetime | None = None
     before: UtcDatetime | None = None
     ascending: bool = True
-    limit: Annotated[int | None, Field(ge=1, le=lookups.MAX_EVENTS)] = None
+    limit: Annotated[int | None, Field(ge=1, le=asset_events.MAX_EVENTS)] = None
 
 
 # --- responses: TIRunContext ----------------------------------------------------------------

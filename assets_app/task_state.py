@@ -375,10 +375,8 @@ def _succeed_inline(
         ti = TaskInstance.objects.filter(id=ti_id).first()
         if ti is None:
             raise _not_found(ti_id)
-        if ti.state == TIState.SUCCESS:
-            return StateChange(ti_id=ti.id, state=ti.state, replayed=True, try_number=ti.try_number)
         if ti.state != TIState.RUNNING:
-            raise _not_running(ti, "marked success")
+            return _replay_or_conflict(ti, action="marked success")
         registered = registration.register_payload(
             payload=outbox.build_payload(
                 ti=ti, outlets=task_outlets, outlet_events=outlet_events, end_date=end_date

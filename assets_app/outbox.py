@@ -36,10 +36,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from . import heartbeats, locks, metrics, registration, scheduling
+from . import heartbeats, locks, metrics, observability, registration, scheduling
 from .models import AssetDagRunQueue, AssetEventQueue, TaskInstance
 
 logger = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ def requeue(*, row_ids: Iterable[int]) -> list[int]:
     kept as history. Own durable transaction; rows a drain holds right now are skipped (it is
     registering or rescheduling them). Returns the ids requeued."""
     with transaction.atomic(durable=True):
-        rows = locks.lock_outbox_rows(select_rows(ids=row_ids))
+        rows = locks.lock_outbox_rows(select_rows(ids=row_ids).only("id"))
         ids = [row.id for row in rows]
         if ids:
             AssetEventQueue.objects.filter(id__in=ids).update(
@@ -302,7 +302,6 @@ def requeue(*, row_ids: Iterable[int]) -> list[int]:
                 updated_at=timezone.now(),
             )
             metrics.incr(metrics.REQUEUED, len(ids))
-        if ids:
             transaction.on_commit(_nudge)
         return ids
 
@@ -311,7 +310,7 @@ def park(*, row_ids: Iterable[int]) -> list[int]:
     """Park rows that are not parked yet, so drains leave them alone. Own durable transaction;
     rows a drain holds are skipped. Returns the ids parked."""
     with transaction.atomic(durable=True):
-        rows = locks.lock_outbox_rows(select_rows(ids=row_ids, parked=False))
+        rows = locks.lock_outbox_rows(select_rows(ids=row_ids, parked=False).only("id"))
         ids = [row.id for row in rows]
         if ids:
             AssetEventQueue.objects.filter(id__in=ids).update(
@@ -367,14 +366,9 @@ class QueueStatus:
 
 
 def queue_status() -> QueueStatus:
-    """Read-only snapshot of the outbox and ADRQ backlog (3 queries, no locks)."""
-    now = timezone.now()
-    totals = AssetEventQueue.objects.aggregate(
-        pending=Count("id", filter=Q(parked_at__isnull=True)),
-        due=Count("id", filter=Q(parked_at__isnull=True, next_attempt_at__lte=now)),
-        parked=Count("id", filter=Q(parked_at__isnull=False)),
-        oldest=Min("created_at", filter=Q(parked_at__isnull=True)),
-    )
+    """Read-only snapshot of the outbox and ADRQ backlog: the totals are the /metrics gauges
+    (`observability.queue_gauges`), plus two grouped queries per Dag. No locks."""
+    gauges = observability.queue_gauges()
     per_source = {
         row["source_dag_id"]: row
         for row in AssetEventQueue.objects.order_by()
@@ -396,12 +390,11 @@ def queue_status() -> QueueStatus:
         )
         for dag_id in sorted(set(per_source) | set(per_target))
     )
-    oldest = totals["oldest"]
     return QueueStatus(
-        pending=totals["pending"],
-        due=totals["due"],
-        parked=totals["parked"],
-        oldest_pending_age_seconds=(now - oldest).total_seconds() if oldest else None,
-        queued_events=sum(per_target.values()),
+        pending=gauges.depth,
+        due=gauges.due,
+        parked=gauges.parked,
+        oldest_pending_age_seconds=gauges.oldest_pending_age_seconds if gauges.depth else None,
+        queued_events=gauges.queued_events,
         by_dag=by_dag,
     )

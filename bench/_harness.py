@@ -10,7 +10,9 @@ when a script runs) and then:
     h.print_table(...); h.write_results("ti_lock_success", data, args); h.plot_lines(...)
 
 PostgreSQL is reached at $BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432); the
-benchmark databases are named bench_<name> and dropped at the start of the next run.
+benchmark databases are named <prefix>_<name> and dropped at the start of the next run, where
+<prefix> is $BENCH_DB_PREFIX (default `bench`): two checkouts benchmarking on one server at the
+same time give themselves different prefixes, so neither drops the other's databases.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ RESULTS = ROOT / "bench" / "results"
 PYTHON = sys.executable
 PG_URL = os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432").rstrip("/")
 SETTINGS_MODULE = "bench.settings_bench"
+DB_PREFIX = os.environ.get("BENCH_DB_PREFIX", "bench")
 # Ports this project's benchmarks may bind (house rule); servers pick a free one in range.
 PORT_RANGE = range(8400, 8500)
 
@@ -68,21 +71,21 @@ def _admin_connect():
 
 
 def db_url(name: str) -> str:
-    return f"{PG_URL}/bench_{name}"
+    return f"{PG_URL}/{DB_PREFIX}_{name}"
 
 
 def drop_database(name: str) -> None:
     with _admin_connect() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "bench_{name}" WITH (FORCE)')
+        conn.execute(f'DROP DATABASE IF EXISTS "{DB_PREFIX}_{name}" WITH (FORCE)')
 
 
 def _template_name() -> str:
-    """bench_tpl_<hash of the migrations and requirements>: a migrated, empty database."""
+    """<prefix>_tpl_<hash of the migrations and requirements>: a migrated, empty database."""
     digest = hashlib.sha256()
     for path in sorted((ROOT / "assets_app" / "migrations").glob("*.py")):
         digest.update(path.read_bytes())
     digest.update((ROOT / "requirements.txt").read_bytes())
-    return f"bench_tpl_{digest.hexdigest()[:10]}"
+    return f"{DB_PREFIX}_tpl_{digest.hexdigest()[:10]}"
 
 
 def _ensure_template() -> str:
@@ -92,7 +95,8 @@ def _ensure_template() -> str:
         names = [
             r[0]
             for r in conn.execute(
-                "SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_tpl\\_%'"
+                "SELECT datname FROM pg_database WHERE datname LIKE %s",
+                [DB_PREFIX.replace("_", "\\_") + "\\_tpl\\_%"],
             )
         ]
         for stale in names:
@@ -123,9 +127,9 @@ def _ensure_template() -> str:
 
 
 def fresh_database(name: str) -> str:
-    """Drop and re-create bench_<name> as a copy of the migrated template, return its URL.
+    """Drop and re-create <prefix>_<name> as a copy of the migrated template, return its URL.
 
-    The template (bench_tpl_<hash>) is migrated with `manage.py migrate` the first time a schema
+    The template (<prefix>_tpl_<hash>) is migrated with `manage.py migrate` the first time a schema
     is seen, so a run does not pay for seven migrations.
     """
     import psycopg
@@ -135,7 +139,7 @@ def fresh_database(name: str) -> str:
     for attempt in range(20):
         try:
             with _admin_connect() as conn:
-                conn.execute(f'CREATE DATABASE "bench_{name}" TEMPLATE "{template}"')
+                conn.execute(f'CREATE DATABASE "{DB_PREFIX}_{name}" TEMPLATE "{template}"')
             break
         except psycopg.errors.ObjectInUse:  # a straggler on the template: wait for it
             if attempt == 19:

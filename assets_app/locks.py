@@ -12,7 +12,10 @@ transaction takes a lock from an earlier step after one from a later step):
   4. That Dag's ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, by asset_event_id; the scheduler
      then inserts the DagRun, its consumed-event links and TIs, and deletes exactly those rows.
 
-Outside that order, and taken first in its own transaction: the DAG definition sync's advisory lock
+Outside that order, alone in their own transactions: an operator's change of an asset's uri
+(`lock_asset`, one Asset row, held for one UPDATE; it briefly delays a drain inserting events of
+that asset, whose foreign-key check takes FOR KEY SHARE on it), and the DAG definition sync's
+advisory lock
 (`lock_dag_sync`), which only serializes `sync_dags` runs with each other. Under it a sync writes
 Dag rows with plain UPDATEs, which wait for a scheduler holding that Dag (step 3) but never make
 a scheduler wait, since schedulers skip locked Dags.
@@ -29,7 +32,15 @@ from django.db import connection
 from django.db.models import Count, IntegerField, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 
-from .models import AssetDagRunQueue, AssetEventQueue, Dag, DagRun, TaskInstance, TIState
+from .models import (
+    Asset,
+    AssetDagRunQueue,
+    AssetEventQueue,
+    Dag,
+    DagRun,
+    TaskInstance,
+    TIState,
+)
 
 
 def lock_task_instance(ti_id: UUID) -> TaskInstance | None:
@@ -224,3 +235,8 @@ def lock_dag_sync() -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DAG_SYNC_ADVISORY_LOCK_KEY])
+
+
+def lock_asset(asset_id: int) -> Asset | None:
+    """Lock one Asset row (FOR UPDATE: its uri, a unique key, is about to change)."""
+    return Asset.objects.select_for_update().filter(pk=asset_id).first()

@@ -20,9 +20,15 @@ backoff and full jitter and parked after `ASSET_QUEUE_MAX_ATTEMPTS` (invariant 6
 batch commits, the drain runs the scheduler for the Dags that batch queued events for (DESIGN 7:
 one django-q2 pickup fewer than nudging a scheduler task).
 
+Failures are classified (`classify_failure`): a permanent one (the payload cannot be registered
+as it is: invalid, or an asset key that conflicts with a stored asset) parks the row at once with
+`park_reason` saying what an operator can do; a transient one (database errors, lock timeouts,
+anything unknown) backs off as above. Every failed attempt is appended to `attempt_history`.
+
 Operator actions (`requeue`, `park`, `delete_rows`, `select_rows`) are used by the admin and the
-`requeue_parked` command. `requeue` keeps `last_error` / `last_error_type` as history: they say
-why the row was parked and are overwritten by the next failure (or vanish with the row when it is
+`requeue_parked` command, and each records an audit entry (`audit.record`) in its transaction.
+`requeue` keeps `last_error` / `last_error_type` / `attempt_history` as history: they say why
+the row was parked and are overwritten by the next failure (or vanish with the row when it is
 registered).
 """
 
@@ -35,14 +41,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from . import heartbeats, locks, metrics, observability, registration, scheduling
-from .models import AssetDagRunQueue, AssetEventQueue, TaskInstance
+from . import audit, exceptions, heartbeats, locks, metrics, observability, registration, scheduling
+from .models import AssetDagRunQueue, AssetEventQueue, FailureKind, TaskInstance
 
 logger = logging.getLogger(__name__)
+ATTEMPT_HISTORY_KEPT = 50
 
 
 def build_payload(
@@ -140,20 +147,108 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+@dataclass(frozen=True)
+class Failure:
+    """What a registration error means for its row: `kind`, and for a permanent one the
+    `reason` an operator can act on plus what it refers to (`detail`, e.g. asset ids)."""
+
+    kind: FailureKind
+    reason: str = ""
+    detail: dict[str, Any] | None = None
+
+
+def classify_failure(exc: BaseException) -> Failure:
+    """Permanent: the payload itself cannot be registered (a domain InvalidInput such as
+    `RegistrationError`, or a value the database refuses, DataError); retrying cannot help.
+    Transient: everything else (connection and lock errors, serialization failures, an
+    IntegrityError from a concurrent writer, unknown errors), which the next attempt may pass."""
+    if isinstance(exc, exceptions.InvalidInput):
+        if exc.reason == "asset_key_conflict":
+            key = exc.extra.get("asset_key") or {}
+            stored = exc.extra.get("conflicting_assets") or []
+            described = (
+                "; ".join(f"#{a['id']} name={a['name']!r} uri={a['uri']!r}" for a in stored)
+                or "another asset"
+            )
+            return Failure(
+                kind=FailureKind.PERMANENT,
+                reason=(
+                    f"The task declared asset name={key.get('name')!r} uri={key.get('uri')!r}, "
+                    f"but the stored asset {described} has the same name or uri and not both "
+                    "(names and uris are each unique). Correct the stored asset's uri or name "
+                    "on its page (or fix the task's outlet and run it again), then Requeue."
+                ),
+                detail={"asset_ids": [a["id"] for a in stored], "asset_key": key},
+            )
+        return Failure(
+            kind=FailureKind.PERMANENT,
+            reason=(
+                f"The payload cannot be registered as it is: {exc.message}. Fix the producing "
+                "task and run it again (then Delete this row), or Requeue after fixing the data "
+                "it refers to."
+            ),
+        )
+    if isinstance(exc, DataError):
+        return Failure(
+            kind=FailureKind.PERMANENT,
+            reason=(
+                f"The database refused a value of the payload ({first_line(str(exc))}). Fix the "
+                "producing task and run it again, then Delete this row."
+            ),
+        )
+    return Failure(kind=FailureKind.TRANSIENT)
+
+
+def first_line(text: str, *, limit: int = 300) -> str:
+    line = next((part for part in (text or "").strip().splitlines() if part.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def _record_failure(row: AssetEventQueue, exc: Exception, *, now: datetime) -> bool:
-    """Reschedule or park one failed row (inside the batch transaction, row locked). Returns
-    True if the row is now parked."""
+    """Reschedule or park one failed row (inside the batch transaction, row locked), after
+    `classify_failure`: a permanent error parks at once with its reason; a transient one backs
+    off and parks after ASSET_QUEUE_MAX_ATTEMPTS. Appends the attempt to `attempt_history`.
+    Returns True if the row is now parked."""
+    failure = classify_failure(exc)
     row.attempts += 1
     row.last_error = _error_text(exc)[:10_000]
     row.last_error_type = f"{type(exc).__module__}.{type(exc).__qualname__}"[:200]
-    parked = row.attempts >= int(settings.ASSET_QUEUE_MAX_ATTEMPTS)
+    row.last_error_kind = failure.kind
+    row.error_detail = failure.detail or {}
+    row.attempt_history = [
+        *(row.attempt_history or []),
+        {
+            "at": now.isoformat(),
+            "kind": failure.kind.value,
+            "error_type": row.last_error_type,
+            "error": first_line(row.last_error),
+        },
+    ][-ATTEMPT_HISTORY_KEPT:]
+    max_attempts = int(settings.ASSET_QUEUE_MAX_ATTEMPTS)
+    parked = failure.kind == FailureKind.PERMANENT or row.attempts >= max_attempts
     row.parked_at = now if parked else None
+    if parked:
+        row.park_reason = failure.reason or (
+            f"Failed {row.attempts} times with transient errors (the last one above). Requeue "
+            "once its cause is fixed; the drain retries it then."
+        )
+        logger.error(
+            "outbox row %s parked after attempt %s (%s): %s",
+            row.id,
+            row.attempts,
+            failure.kind.value,
+            first_line(row.last_error),
+        )
     row.next_attempt_at = now + timedelta(seconds=backoff_seconds(attempts=row.attempts))
     row.save(
         update_fields=[
             "attempts",
             "last_error",
             "last_error_type",
+            "last_error_kind",
+            "error_detail",
+            "attempt_history",
+            "park_reason",
             "parked_at",
             "next_attempt_at",
             "updated_at",
@@ -287,47 +382,106 @@ def select_rows(
     return queryset.order_by("id")
 
 
-def requeue(*, row_ids: Iterable[int]) -> list[int]:
-    """Make rows due now with a fresh attempt budget: attempts 0, not parked. `last_error` is
-    kept as history. Own durable transaction; rows a drain holds right now are skipped (it is
-    registering or rescheduling them). Returns the ids requeued."""
+def _targets(rows: Iterable[AssetEventQueue]) -> list[audit.Target]:
+    return [audit.Target(kind="outbox_row", object_id=row.id, ti_id=row.ti_id) for row in rows]
+
+
+def _dag_of(rows: list[AssetEventQueue]) -> str:
+    dag_ids = {row.source_dag_id for row in rows}
+    return dag_ids.pop() if len(dag_ids) == 1 else ""
+
+
+def requeue(*, row_ids: Iterable[int], actor: audit.Actor | None = None) -> list[int]:
+    """Make rows due now with a fresh attempt budget: attempts 0, not parked. `last_error` and
+    `attempt_history` are kept as history. Own durable transaction, audited when any row was
+    requeued; rows a drain holds right now are skipped (it is registering or rescheduling them).
+    Returns the ids requeued."""
+    asked = list(row_ids)
     with transaction.atomic(durable=True):
-        rows = locks.lock_outbox_rows(select_rows(ids=row_ids).only("id"))
+        rows = locks.lock_outbox_rows(
+            select_rows(ids=asked).only("id", "ti_id", "source_dag_id", "parked_at")
+        )
         ids = [row.id for row in rows]
         if ids:
             AssetEventQueue.objects.filter(id__in=ids).update(
                 attempts=0,
                 parked_at=None,
+                park_reason="",
                 next_attempt_at=timezone.now(),
                 updated_at=timezone.now(),
             )
             metrics.incr(metrics.REQUEUED, len(ids))
+            audit.record(
+                actor=actor,
+                action="outbox.requeue",
+                summary=f"requeued outbox rows {audit.ids_text(ids)}",
+                targets=_targets(rows),
+                dag_id=_dag_of(rows),
+                detail={"asked": len(asked), "were_parked": sum(1 for r in rows if r.parked_at)},
+            )
             transaction.on_commit(_nudge)
         return ids
 
 
-def park(*, row_ids: Iterable[int]) -> list[int]:
-    """Park rows that are not parked yet, so drains leave them alone. Own durable transaction;
-    rows a drain holds are skipped. Returns the ids parked."""
+def park(*, row_ids: Iterable[int], actor: audit.Actor | None = None) -> list[int]:
+    """Park rows that are not parked yet, so drains leave them alone. Own durable transaction,
+    audited when any row was parked; rows a drain holds are skipped. Returns the ids parked."""
     with transaction.atomic(durable=True):
-        rows = locks.lock_outbox_rows(select_rows(ids=row_ids, parked=False).only("id"))
+        rows = locks.lock_outbox_rows(
+            select_rows(ids=row_ids, parked=False).only("id", "ti_id", "source_dag_id")
+        )
         ids = [row.id for row in rows]
         if ids:
+            who = (actor or audit.SYSTEM).name
             AssetEventQueue.objects.filter(id__in=ids).update(
-                parked_at=timezone.now(), updated_at=timezone.now()
+                parked_at=timezone.now(),
+                park_reason=f"Parked by {who}.",
+                updated_at=timezone.now(),
             )
             metrics.incr(metrics.PARKED, len(ids))
+            audit.record(
+                actor=actor,
+                action="outbox.park",
+                summary=f"parked outbox rows {audit.ids_text(ids)}",
+                targets=_targets(rows),
+                dag_id=_dag_of(rows),
+            )
         return ids
 
 
-def delete_rows(*, row_ids: Iterable[int]) -> DeleteResult:
-    """Delete rows for good (their events will never be registered): the explicit operator
-    action of invariant 6. Own durable transaction; rows a drain holds are skipped."""
+def delete_rows(*, row_ids: Iterable[int], actor: audit.Actor | None = None) -> DeleteResult:
+    """Delete exactly these rows for good (their events will never be registered): the explicit
+    operator action of invariant 6. Own durable transaction, audited with every row's TI so the
+    run page can say who deleted its outputs; rows a drain holds are skipped."""
     with transaction.atomic(durable=True):
         rows = locks.lock_outbox_rows(select_rows(ids=row_ids))
         outlets = sum(len((row.payload or {}).get("outlets") or []) for row in rows)
         if rows:
             AssetEventQueue.objects.filter(id__in=[row.id for row in rows]).delete()
+            audit.record(
+                actor=actor,
+                action="outbox.delete",
+                summary=(
+                    f"deleted outbox rows {audit.ids_text(row.id for row in rows)}: "
+                    f"{outlets} declared outlet(s) will never be registered"
+                ),
+                targets=_targets(rows),
+                dag_id=_dag_of(rows),
+                detail={
+                    "outlets_lost": outlets,
+                    "rows": [
+                        {
+                            "id": row.id,
+                            "dag_id": row.source_dag_id,
+                            "run_id": row.source_run_id,
+                            "task_id": row.source_task_id,
+                            "try_number": row.try_number,
+                            "last_error": first_line(row.last_error),
+                        }
+                        for row in rows[:200]
+                    ],
+                },
+            )
         return DeleteResult(rows=len(rows), outlets_lost=outlets)
 
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import Count, Min
 
-from . import exceptions, locks
+from . import audit, exceptions, locks
 from .asset_events import as_utc
 from .models import AssetDagRunQueue, Dag
 
@@ -58,19 +58,38 @@ def list_queued_events(
 
 
 def clear_queued_events(
-    *, dag_id: str, asset_id: int | None = None, before: datetime | None = None
+    *,
+    dag_id: str,
+    asset_id: int | None = None,
+    before: datetime | None = None,
+    actor: audit.Actor | None = None,
 ) -> int:
     """Delete a Dag's queued events (optionally for one asset / queued before a time): the Dag
-    will not consume those events. Own durable transaction; rows a scheduler is consuming right
-    now are skipped (SKIP LOCKED) since they are gone when it commits. Returns rows deleted.
-    Unknown Dag: NotFound."""
+    will not consume those events. Own durable transaction, audited (the events cleared) when
+    anything was cleared; rows a scheduler is consuming right now are skipped (SKIP LOCKED)
+    since they are gone when it commits. Returns rows deleted. Unknown Dag: NotFound."""
     _check_dag(dag_id)
     before = as_utc(before, field="before")
     with transaction.atomic(durable=True):
         rows = locks.lock_dag_queue_rows(
             dag_id, asset_ids=[asset_id] if asset_id is not None else None
         )
-        ids = [row.id for row in rows if before is None or row.created_at < before]
-        if ids:
-            AssetDagRunQueue.objects.filter(id__in=ids).delete()
-        return len(ids)
+        cleared = [row for row in rows if before is None or row.created_at < before]
+        if cleared:
+            AssetDagRunQueue.objects.filter(id__in=[row.id for row in cleared]).delete()
+            scope = f" of asset #{asset_id}" if asset_id is not None else ""
+            audit.record(
+                actor=actor,
+                action="queued_events.clear",
+                summary=f"cleared {len(cleared)} queued event(s){scope} of dag {dag_id}",
+                targets=[
+                    audit.Target(kind="asset_event", object_id=row.asset_event_id)
+                    for row in cleared
+                ],
+                dag_id=dag_id,
+                detail={
+                    "asset_id": asset_id,
+                    "before": before.isoformat() if before else None,
+                },
+            )
+        return len(cleared)

@@ -38,7 +38,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import exceptions, metrics
+from . import audit, exceptions, metrics
 from .models import (
     Asset,
     AssetAlias,
@@ -245,10 +245,17 @@ def _resolve_assets(wanted: dict[AssetKey, dict[str, Any]]) -> dict[AssetKey, in
             found, _, _ = lookup()
         for name, uri in missing:
             if (name, uri) not in found:
+                conflicting = sorted(
+                    (asset_id, stored_name, stored_uri)
+                    for (stored_name, stored_uri), asset_id in found.items()
+                    if stored_name == name or stored_uri == uri
+                )
                 raise RegistrationError(
                     f"asset name={name!r} uri={uri!r} conflicts with an existing asset that has "
                     "the same name or uri but not both",
                     reason="asset_key_conflict",
+                    asset_key={"name": name, "uri": uri},
+                    conflicting_assets=[{"id": i, "name": n, "uri": u} for i, n, u in conflicting],
                 )
     return found
 
@@ -573,17 +580,21 @@ def register_external_event(
     extra: dict[str, Any] | None = None,
     external_key: str | None = None,
     user: Any = None,
+    actor: audit.Actor | None = None,
 ) -> tuple[AssetEvent, bool]:
     """Register an event posted to the public API; returns (event, created).
 
     Its own durable transaction. `extra` gets `from_rest_api: true` (as in Airflow). With an
     `external_key` (the Idempotency-Key header) a retry returns the first event and writes
     nothing. ADRQ rows for the Dags scheduled on the asset are written with the event, and the
-    scheduler is nudged after commit. `user` is accepted for the audit trail of callers; the
-    event model has no user column, so it is not stored.
+    scheduler is nudged after commit. A created event is audited for `actor` (an
+    `audit.Actor`; `user` is kept for callers that pass one), a replay is not.
     """
     # Imported here: tasks imports outbox, which imports this module.
     from . import tasks
+
+    if actor is None and user is not None:
+        actor = audit.Actor.from_user(user, via="api")
 
     extra = {**(extra or {}), "from_rest_api": True}
     with transaction.atomic(durable=True):
@@ -604,4 +615,11 @@ def register_external_event(
             _insert_queue_rows([(dag_id, event_id, asset.pk) for dag_id in dag_ids], now=now)
             transaction.on_commit(lambda: tasks.nudge_scheduler(dag_ids=dag_ids))
         metrics.incr(metrics.EVENTS_WRITTEN)
+        audit.record(
+            actor=actor,
+            action="asset_event.create",
+            summary=f"registered an external event #{event_id} of asset {asset.name}",
+            targets=[audit.Target(kind="asset_event", object_id=event_id)],
+            detail={"asset_id": asset.pk, "external_key": external_key},
+        )
         return AssetEvent.objects.select_related("asset").get(pk=event_id), True

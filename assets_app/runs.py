@@ -19,7 +19,7 @@ from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from . import exceptions
+from . import audit, exceptions
 from .models import (
     Dag,
     DagRun,
@@ -191,8 +191,10 @@ def trigger_dag(
     data_interval_start: datetime | None = None,
     data_interval_end: datetime | None = None,
     note: str | None = None,
+    actor: audit.Actor | None = None,
 ) -> DagRun:
-    """Create a manual run of `dag_id` with its queued TIs, in its own durable transaction.
+    """Create a manual run of `dag_id` with its queued TIs, in its own durable transaction,
+    audited when `actor` is given (an operator's trigger; the scheduler's runs are not).
 
     Errors (nothing written): unknown Dag -> NotFound ("dag_not_found"); paused Dag ->
     InvalidState ("dag_paused"); `conf` not a JSON object -> InvalidInput ("invalid_conf"); a
@@ -215,7 +217,7 @@ def trigger_dag(
             raise exceptions.InvalidState(
                 f"dag {dag_id!r} is paused; unpause it to trigger a run", reason="dag_paused"
             )
-        return create_dag_run(
+        run = create_dag_run(
             dag=dag,
             run_type=DagRunType.MANUAL,
             run_id=run_id,
@@ -227,3 +229,13 @@ def trigger_dag(
             data_interval_end=data_interval_end,
             note=note,
         )
+        if actor is not None:
+            audit.record(
+                actor=actor,
+                action="dag_run.trigger",
+                summary=f"triggered run {run.run_id} of dag {dag_id}",
+                targets=[audit.Target(kind="dag_run", object_id=run.pk)],
+                dag_id=dag_id,
+                detail={"run_id": run.run_id, "conf": conf},
+            )
+        return run

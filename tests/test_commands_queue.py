@@ -8,9 +8,9 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from assets_app import outbox
-from assets_app.models import AssetEvent, AssetEventQueue, Dag, DagRun
+from assets_app.models import AssetEvent, AssetEventQueue, AuditEntry, Dag, DagRun
 from tests.asset_flow import asset_outlet, outbox_row, payload, scheduled_dag
-from tests.factories import AssetFactory
+from tests.factories import AssetEventQueueFactory, AssetFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -145,5 +145,17 @@ def test_requeue_parked_takes_several_ids_after_one_flag_or_repeated_flags():
     rows = parked_rows("d1", "d1", "d1")
     out = run("requeue_parked", "--id", str(rows[0].id), str(rows[1].id))
     assert "requeued 2 parked rows" in out
-    assert "requeued 1 parked rows" in run("requeue_parked", "--id", str(rows[2].id), "--id", "0")
+    assert "requeued 1 parked rows" in run("requeue_parked", "--id", str(rows[2].id))
     assert AssetEventQueue.objects.filter(parked_at__isnull=False).count() == 0
+
+
+def test_requeue_parked_names_the_ids_it_could_not_requeue_and_fails():
+    parked, pending = parked_rows("d1")[0], AssetEventQueueFactory()
+    with pytest.raises(CommandError) as failed:
+        run("requeue_parked", "--id", str(parked.id), str(pending.id), "0")
+    assert str(failed.value) == (f"could not requeue rows not parked or not found: 0, {pending.id}")
+    parked.refresh_from_db()
+    assert parked.parked_at is None  # the ones it could requeue are requeued
+    entry = AuditEntry.objects.get(action="outbox.requeue")
+    assert (entry.via, entry.actor_name[:3]) == ("command", "os:")
+    assert list(entry.targets.values_list("object_id", flat=True)) == [str(parked.id)]

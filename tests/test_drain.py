@@ -1,18 +1,20 @@
+import io
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import DataError, IntegrityError, OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import metrics, outbox
+from assets_app import asset_events, metrics, outbox, registration
 from assets_app.models import (
     Asset,
     AssetDagRunQueue,
     AssetEvent,
     AssetEventQueue,
+    AuditEntry,
     ComponentHeartbeat,
     DagRun,
     DagRunType,
@@ -38,6 +40,33 @@ def poison_row() -> AssetEventQueue:
     AssetFactory(name="taken", uri="s3://taken")
     return outbox_row(
         payload(outlets=[{"name": "taken", "uri": "s3://other", "type": "Asset"}], task_id="bad")
+    )
+
+
+class Flaky:
+    """Registration of the asset "flaky" fails with a lock timeout (a transient database error)
+    while `failing` is set: the real drain path, with the database refusing at one step."""
+
+    def __init__(self, monkeypatch):
+        self.failing = True
+        real = registration._resolve_assets
+
+        def resolve(wanted):
+            if self.failing and any(name == "flaky" for name, _ in wanted):
+                raise OperationalError("canceling statement due to lock timeout")
+            return real(wanted)
+
+        monkeypatch.setattr(registration, "_resolve_assets", resolve)
+
+
+@pytest.fixture
+def flaky(monkeypatch):
+    return Flaky(monkeypatch)
+
+
+def transient_row() -> AssetEventQueue:
+    return outbox_row(
+        payload(outlets=[{"name": "flaky", "uri": "s3://flaky", "type": "Asset"}], task_id="bad")
     )
 
 
@@ -89,10 +118,10 @@ def test_row_whose_ti_was_deleted_is_registered_from_its_payload():
     assert AssetEventQueue.objects.count() == 0
 
 
-def test_failure_records_error_and_backs_off_within_the_jitter_window(settings):
+def test_failure_records_error_and_backs_off_within_the_jitter_window(settings, flaky):
     settings.ASSET_QUEUE_BACKOFF_BASE_SECONDS = 10.0
     settings.ASSET_QUEUE_BACKOFF_CAP_SECONDS = 15.0
-    row = poison_row()
+    row = transient_row()
     before = timezone.now()
     result = outbox.drain()
     after = timezone.now()
@@ -100,10 +129,58 @@ def test_failure_records_error_and_backs_off_within_the_jitter_window(settings):
     row.refresh_from_db()
     assert row.attempts == 1
     assert row.parked_at is None
-    assert row.last_error.startswith("RegistrationError: asset name='taken' uri='s3://other'")
-    assert row.last_error_type == "assets_app.registration.RegistrationError"
+    assert row.last_error == "OperationalError: canceling statement due to lock timeout"
+    assert row.last_error_type == "django.db.utils.OperationalError"
+    assert row.last_error_kind == "transient"
+    assert [(a["kind"], a["error_type"], a["error"]) for a in row.attempt_history] == [
+        ("transient", "django.db.utils.OperationalError", row.last_error)
+    ]
     assert before <= row.next_attempt_at <= after + timedelta(seconds=10)
     assert AssetEvent.objects.count() == 0
+
+
+def test_permanent_error_parks_at_once_with_a_reason_naming_the_conflicting_asset(
+    django_capture_on_commit_callbacks,
+):
+    row = poison_row()
+    taken = Asset.objects.get(name="taken")
+    result = outbox.drain()
+    assert (result.failed, result.parked) == (1, 1)
+    row.refresh_from_db()
+    assert row.parked_at is not None and row.attempts == 1
+    assert row.last_error_kind == "permanent"
+    assert row.error_detail["asset_ids"] == [taken.pk]
+    assert f"#{taken.pk} name='taken' uri='s3://taken'" in row.park_reason
+    assert "Correct the stored asset's uri" in row.park_reason
+    assert len(row.attempt_history) == 1
+
+    # The fix: the stored asset's uri is corrected (audited), then the row is requeued.
+    asset_events.change_asset_uri(asset_id=taken.pk, uri="s3://other")
+    call_command("requeue_parked", "--id", str(row.pk), stdout=io.StringIO())
+    with django_capture_on_commit_callbacks(execute=True):
+        result = outbox.drain()
+    assert (result.registered, result.failed) == (1, 0)
+    assert AssetEvent.objects.filter(asset=taken).count() == 1
+    assert list(AuditEntry.objects.order_by("id").values_list("action", "via")) == [
+        ("asset.change_uri", "system"),
+        ("outbox.requeue", "command"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (OperationalError("lock timeout"), "transient"),
+        (IntegrityError("duplicate key (a concurrent writer)"), "transient"),
+        (RuntimeError("unknown"), "transient"),
+        (DataError("value too long for type character varying(1500)"), "permanent"),
+        (registration.RegistrationError("payload.outlets[0]: must be an object"), "permanent"),
+    ],
+)
+def test_classify_failure(exc, kind):
+    failure = outbox.classify_failure(exc)
+    assert failure.kind == kind
+    assert bool(failure.reason) == (kind == "permanent")
 
 
 def test_backoff_is_capped_exponential_with_full_jitter(settings, monkeypatch):
@@ -121,10 +198,10 @@ def test_backoff_is_capped_exponential_with_full_jitter(settings, monkeypatch):
 
 
 def test_poison_row_parks_after_max_attempts_while_other_rows_flow_and_requeue_brings_it_back(
-    fast_retries, django_capture_on_commit_callbacks
+    fast_retries, django_capture_on_commit_callbacks, flaky
 ):
     good_asset = AssetFactory(name="good")
-    bad = poison_row()
+    bad = transient_row()
     registered = []
     for attempt in range(1, 4):
         good = outbox_row(payload(outlets=[asset_outlet(good_asset)], task_id=f"good{attempt}"))
@@ -143,15 +220,20 @@ def test_poison_row_parks_after_max_attempts_while_other_rows_flow_and_requeue_b
     assert outbox.drain().claimed == 0
     assert AssetEvent.objects.filter(asset=good_asset).count() == 3
 
-    # The operator fixes the conflicting asset and requeues.
-    Asset.objects.filter(name="taken").update(name="taken-old")
+    bad.refresh_from_db()
+    assert "Failed 3 times with transient errors" in bad.park_reason
+    assert [a["kind"] for a in bad.attempt_history] == ["transient"] * 3
+
+    # The operator fixes the cause and requeues.
+    flaky.failing = False
     call_command("requeue_parked", "--all")
     bad.refresh_from_db()
-    assert (bad.attempts, bad.parked_at) == (0, None)
-    assert bad.last_error.startswith("RegistrationError")  # kept as history
+    assert (bad.attempts, bad.parked_at, bad.park_reason) == (0, None, "")
+    assert bad.last_error.startswith("OperationalError")  # kept as history
+    assert len(bad.attempt_history) == 3
     result = outbox.drain()
     assert (result.registered, result.failed) == (1, 0)
-    assert AssetEvent.objects.filter(asset__name="taken").count() == 1
+    assert AssetEvent.objects.filter(asset__name="flaky").count() == 1
     assert AssetEventQueue.objects.count() == 0
 
 

@@ -43,6 +43,8 @@ def test_json_output():
         "requeued": 2,
         "skipped": 0,
         "requeued_ids": [r.id for r in rows],
+        "not_parked_ids": [],
+        "skipped_ids": [],
         "by_dag": {"ingest": {"parked": 2, "requeued": 2}},
     }
 

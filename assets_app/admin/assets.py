@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.db.models import Max, OuterRef, Prefetch, Subquery
 from django.template.loader import render_to_string
 
+from .. import asset_events
 from ..models import (
     Asset,
     AssetAlias,
@@ -16,7 +17,7 @@ from ..models import (
     TaskOutletAliasReference,
     TaskOutletAssetReference,
 )
-from .base import ReadOnlyAdmin, count_of, pretty_json
+from .base import ReadOnlyAdmin, actor_of, count_of, pretty_json
 
 RECENT_EVENTS = 25
 
@@ -35,15 +36,34 @@ def recent_events_table(events) -> str:
 
 @admin.register(Asset)
 class AssetAdmin(ReadOnlyAdmin):
+    """Assets are created by sync_dags and the drain. Operators may correct an asset's uri
+    (`asset_events.change_asset_uri`, audited): the fix for an asset-key conflict."""
+
     list_display = ("name", "uri", "group", "event_count", "last_event_at", "created_at")
     list_filter = ("group",)
     search_fields = ("name", "uri")
-    readonly_fields = ("extra_json", "producers", "consumers", "recent_events")
+    readonly_fields = (
+        "name",
+        "group",
+        "extra_json",
+        "created_at",
+        "updated_at",
+        "producers",
+        "consumers",
+        "recent_events",
+    )
     fieldsets = (
         (None, {"fields": ("name", "uri", "group", "extra_json", "created_at", "updated_at")}),
         ("Producers and consumers", {"fields": ("producers", "consumers")}),
         ("Recent events", {"fields": ("recent_events",), "classes": ("aes-wide",)}),
     )
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.has_perm("assets_app.change_asset")
+
+    def save_model(self, request, obj, form, change):
+        if change and "uri" in form.changed_data:
+            asset_events.change_asset_uri(asset_id=obj.pk, uri=obj.uri, actor=actor_of(request))
 
     def get_queryset(self, request):
         last = AssetEvent.objects.filter(asset=OuterRef("pk")).order_by().values("asset")

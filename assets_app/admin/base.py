@@ -11,6 +11,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from .. import audit
+
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     """For append-only tables: operators may look, never add, edit or delete."""
@@ -23,6 +25,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+def actor_of(request) -> audit.Actor:
+    """The logged-in operator as the audit trail's actor."""
+    return audit.Actor.from_user(request.user, via="admin")
 
 
 def duration(delta: timedelta) -> str:

@@ -24,7 +24,7 @@ from ..models import (
     TaskOutletAliasReference,
     TaskOutletAssetReference,
 )
-from .base import ReadOnlyAdmin, count_of, duration, pretty_json
+from .base import ReadOnlyAdmin, actor_of, count_of, duration, pretty_json
 
 RECENT_RUNS = 15
 QUEUED_ROWS_SHOWN = 200
@@ -240,7 +240,9 @@ class DagAdmin(admin.ModelAdmin):
                 raise Http404
             asset_id = request.POST.get("asset_id") or None
             cleared = queued_events.clear_queued_events(
-                dag_id=dag.dag_id, asset_id=int(asset_id) if asset_id else None
+                dag_id=dag.dag_id,
+                asset_id=int(asset_id) if asset_id else None,
+                actor=actor_of(request),
             )
             self.message_user(request, f"Cleared {cleared} queued events of {dag.dag_id}.")
             return HttpResponseRedirect(request.path)

@@ -11,13 +11,17 @@ from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from .. import outbox, queued_events
-from ..models import AssetDagRunQueue, AssetEventQueue
-from .base import admin_link, duration, first_line, pretty_json, relative
+from ..models import Asset, AssetDagRunQueue, AssetEventQueue, AuditEntry
+from .base import actor_of, admin_link, duration, first_line, pretty_json, relative
 
 CONFIRM_PREVIEW_ROWS = 20
+
+
+def _ids(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip().isdigit()]
 
 
 def titled(filter_class, title):
@@ -94,8 +98,11 @@ class AssetEventQueueAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
         "parked_at",
+        "park_reason_view",
         "last_error_type",
         "last_error_text",
+        "attempt_history_view",
+        "audit_view",
         "payload_view",
     )
     readonly_fields = fields
@@ -146,7 +153,9 @@ class AssetEventQueueAdmin(admin.ModelAdmin):
 
     @admin.display(description="status")
     def status(self, obj):
-        if obj.parked_at is not None:
+        if obj.parked_at is not None and obj.last_error_kind == "permanent":
+            state, text = "parked", "parked: permanent"
+        elif obj.parked_at is not None:
             state, text = "parked", "parked"
         elif obj.next_attempt_at <= timezone.now():
             state, text = "due", "due"
@@ -171,11 +180,39 @@ class AssetEventQueueAdmin(admin.ModelAdmin):
         if not obj.last_error:
             return "-"
         return format_html(
-            '<span title="{}">{}</span><br><span class="aes-muted">{}</span>',
+            '<span class="aes-clip" title="{}">{}</span><br><span class="aes-muted">{}{}</span>',
             obj.last_error,
-            first_line(obj.last_error),
-            obj.last_error_type,
+            first_line(obj.last_error, 90),
+            obj.last_error_type.rsplit(".", 1)[-1],
+            f" · {obj.last_error_kind}" if obj.last_error_kind else "",
         )
+
+    @admin.display(description="why parked, what to do")
+    def park_reason_view(self, obj):
+        if obj.parked_at is None:
+            return "-"
+        assets = Asset.objects.filter(pk__in=(obj.error_detail or {}).get("asset_ids") or [])
+        links = format_html_join(
+            ", ", "{}", ((admin_link(asset, f"asset #{asset.pk} {asset}"),) for asset in assets)
+        )
+        return format_html(
+            '<div id="park-reason" class="aes-warning-box">{}{}</div>',
+            obj.park_reason or "parked",
+            format_html("<p>Conflicting: {}</p>", links) if links else "",
+        )
+
+    @admin.display(description="attempts so far")
+    def attempt_history_view(self, obj):
+        return render_to_string(
+            "admin/assets_app/attempt_history.html", {"attempts": obj.attempt_history or []}
+        )
+
+    @admin.display(description="operator actions on this row")
+    def audit_view(self, obj):
+        entries = AuditEntry.objects.filter(
+            targets__kind="outbox_row", targets__object_id=str(obj.pk)
+        ).order_by("-at")[:20]
+        return render_to_string("admin/assets_app/audit_list.html", {"entries": entries})
 
     @admin.display(description="age", ordering="created_at")
     def age(self, obj):
@@ -216,7 +253,7 @@ class AssetEventQueueAdmin(admin.ModelAdmin):
     @admin.action(description="Requeue now (fresh attempts, due now)", permissions=["requeue"])
     def requeue_now(self, request, queryset):
         ids = list(queryset.values_list("id", flat=True))
-        done = outbox.requeue(row_ids=ids)
+        done = outbox.requeue(row_ids=ids, actor=actor_of(request))
         self._report(
             request, "Requeued", done, len(ids), "a drain was working on them (or they are gone)"
         )
@@ -224,15 +261,18 @@ class AssetEventQueueAdmin(admin.ModelAdmin):
     @admin.action(description="Park (drains leave them alone)", permissions=["requeue"])
     def park_rows(self, request, queryset):
         ids = list(queryset.values_list("id", flat=True))
-        done = outbox.park(row_ids=ids)
+        done = outbox.park(row_ids=ids, actor=actor_of(request))
         self._report(request, "Parked", done, len(ids), "already parked, or held by a drain")
 
     @admin.action(description="Delete (events are never registered)…", permissions=["remove"])
     def delete_outbox_rows(self, request, queryset):
-        """Two steps, like Django's delete_selected: a confirmation page, then the delete."""
-        rows = list(queryset.only("id", "payload", "parked_at"))
+        """Two steps, like Django's delete_selected: a confirmation page, then the delete of
+        exactly the rows that page listed (their ids travel in the form; "select all" is not
+        evaluated again, so rows that matched meanwhile are not deleted)."""
         if request.POST.get("confirm") == "yes":
-            result = outbox.delete_rows(row_ids=[row.id for row in rows])
+            confirmed = _ids(request.POST.get("confirmed_ids", ""))
+            result = outbox.delete_rows(row_ids=confirmed, actor=actor_of(request))
+            rows = confirmed
             self.message_user(
                 request,
                 f"Deleted {result.rows} outbox row(s); {result.outlets_lost} declared outlet(s) "
@@ -246,6 +286,7 @@ class AssetEventQueueAdmin(admin.ModelAdmin):
                     messages.WARNING,
                 )
             return None
+        rows = list(queryset.only("id", "payload", "parked_at"))
         context = {
             **self.admin_site.each_context(request),
             "title": "Delete outbox rows?",
@@ -255,8 +296,8 @@ class AssetEventQueueAdmin(admin.ModelAdmin):
             "row_count": len(rows),
             "outlets_lost": outlets_in(rows),
             "pending_count": sum(1 for row in rows if row.parked_at is None),
-            "select_across": request.POST.get("select_across") == "1",
-            "selected_ids": [row.id for row in rows],
+            "confirmed_ids": ",".join(str(row.id) for row in rows),
+            "first_id": rows[0].id if rows else "",
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/assets_app/outbox_delete_confirm.html", context)
@@ -315,7 +356,9 @@ class AssetDagRunQueueAdmin(admin.ModelAdmin):
     def clear_selected_pairs(self, request, queryset):
         pairs = sorted(set(queryset.values_list("target_dag_id", "asset_id")))
         cleared = sum(
-            queued_events.clear_queued_events(dag_id=dag_id, asset_id=asset_id)
+            queued_events.clear_queued_events(
+                dag_id=dag_id, asset_id=asset_id, actor=actor_of(request)
+            )
             for dag_id, asset_id in pairs
         )
         self.message_user(

@@ -8,7 +8,7 @@ the router carries the auth, so an endpoint added here inherits it. Views are th
 from django.http import HttpRequest
 from ninja import Header, Query, Router, Status
 
-from assets_app import asset_events, exceptions, queued_events, registration, runs
+from assets_app import asset_events, audit, exceptions, queued_events, registration, runs
 
 from .public_auth import public_api_auth
 from .public_schemas import (
@@ -26,6 +26,11 @@ from .schemas import UtcDatetime
 router = Router(tags=["public"], auth=public_api_auth())
 
 
+def _actor(request: HttpRequest) -> audit.Actor:
+    """The authenticated user (token owner or staff session) as the audit trail's actor."""
+    return audit.Actor.from_user(request.auth, via="api")
+
+
 @router.post("/dags/{dag_id}/dagRuns", response=DagRunResponse, url_name="trigger_dag_run")
 def trigger_dag_run(request: HttpRequest, dag_id: str, body: TriggerDagRunBody) -> DagRunResponse:
     """Trigger a manual run (Airflow: `POST /api/v2/dags/{dag_id}/dagRuns`)."""
@@ -39,6 +44,7 @@ def trigger_dag_run(request: HttpRequest, dag_id: str, body: TriggerDagRunBody) 
         data_interval_start=body.data_interval_start,
         data_interval_end=body.data_interval_end,
         note=body.note,
+        actor=_actor(request),
     )
     return DagRunResponse.from_run(run)
 
@@ -53,7 +59,7 @@ def create_asset_event(
     `Idempotency-Key` header, a retry returns the first event and writes nothing."""
     asset = asset_events.find_asset(asset_id=body.asset_id, name=body.name, uri=body.uri)
     event, _ = registration.register_external_event(
-        asset=asset, extra=body.extra, external_key=idempotency_key, user=request.auth
+        asset=asset, extra=body.extra, external_key=idempotency_key, actor=_actor(request)
     )
     return AssetEventResponse.from_event(event)
 
@@ -99,7 +105,7 @@ def delete_dag_queued_events(
     request: HttpRequest, dag_id: str, before: UtcDatetime | None = None
 ) -> Status:
     """Drop a Dag's queued events: 204, or 404 when there were none (as Airflow)."""
-    if not queued_events.clear_queued_events(dag_id=dag_id, before=before):
+    if not queued_events.clear_queued_events(dag_id=dag_id, before=before, actor=_actor(request)):
         raise exceptions.NotFound(
             f"no queued events for dag {dag_id!r}", reason="queued_events_not_found"
         )
@@ -129,7 +135,9 @@ def delete_dag_asset_queued_events(
     request: HttpRequest, dag_id: str, asset_id: int, before: UtcDatetime | None = None
 ) -> Status:
     """Drop a Dag's queued events for one asset: 204, or 404 when there were none."""
-    if not queued_events.clear_queued_events(dag_id=dag_id, asset_id=asset_id, before=before):
+    if not queued_events.clear_queued_events(
+        dag_id=dag_id, asset_id=asset_id, before=before, actor=_actor(request)
+    ):
         raise exceptions.NotFound(
             f"no queued events for dag {dag_id!r} and asset {asset_id}",
             reason="queued_events_not_found",

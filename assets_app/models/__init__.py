@@ -1,6 +1,7 @@
 """The schema of DESIGN.md section 2, one module per area."""
 
 from .assets import Asset, AssetAlias, AssetAliasAsset
+from .audit import AuditEntry, AuditTarget, AuditVia
 from .auth import ApiToken
 from .dags import (
     Dag,
@@ -12,7 +13,7 @@ from .dags import (
 )
 from .events import AssetAliasEvent, AssetEvent
 from .metrics import ComponentHeartbeat, MetricCounter
-from .queue import AssetDagRunQueue, AssetEventQueue
+from .queue import AssetDagRunQueue, AssetEventQueue, FailureKind
 from .runs import DagRun, DagRunAssetEvent, DagRunState, DagRunType, TaskInstance, TIState
 
 __all__ = [
@@ -24,6 +25,9 @@ __all__ = [
     "AssetDagRunQueue",
     "AssetEvent",
     "AssetEventQueue",
+    "AuditEntry",
+    "AuditTarget",
+    "AuditVia",
     "ComponentHeartbeat",
     "Dag",
     "DagRun",
@@ -32,6 +36,7 @@ __all__ = [
     "DagRunType",
     "DagScheduleAliasReference",
     "DagScheduleAssetReference",
+    "FailureKind",
     "MetricCounter",
     "TIState",
     "Task",

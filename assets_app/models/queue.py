@@ -29,6 +29,14 @@ class AssetDagRunQueue(models.Model):
         return f"{self.target_dag_id} <- event {self.asset_event_id}"
 
 
+class FailureKind(models.TextChoices):
+    """How the drain treats a failed row: a transient error backs off and retries, a permanent
+    one (the payload itself cannot be registered) parks at once."""
+
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+
+
 class AssetEventQueue(models.Model):
     """The outbox: one row per successful TI try whose outlets are not registered yet.
 
@@ -47,6 +55,15 @@ class AssetEventQueue(models.Model):
     next_attempt_at = models.DateTimeField(default=timezone.now)
     last_error = models.TextField(blank=True, default="")
     last_error_type = models.CharField(max_length=200, blank=True, default="")
+    last_error_kind = models.CharField(
+        max_length=20, choices=FailureKind.choices, blank=True, default=""
+    )
+    # What an operator can do about a parked row, and what it refers to ({"asset_ids": [...]}).
+    park_reason = models.TextField(blank=True, default="")
+    error_detail = models.JSONField(default=dict, blank=True)
+    # One entry per failed attempt, newest last: {"at", "kind", "error_type", "error"} (first
+    # line only), capped at outbox.ATTEMPT_HISTORY_KEPT entries.
+    attempt_history = models.JSONField(default=list, blank=True)
     parked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)

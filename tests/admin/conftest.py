@@ -5,6 +5,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
+from assets_app import audit
 from assets_app.models import (
     ApiToken,
     AssetAliasAsset,
@@ -77,6 +78,13 @@ def populate(n: int) -> None:
         AssetEventQueueFactory(source_dag_id=producer.dag_id, parked=True)
         MetricCounter.objects.create(name="outbox_registered", shard=i, value=i)
         ApiToken.objects.create(user=user, name=f"token-{i}", key_hash=ApiToken.hash_key(f"k{i}"))
+        audit.record(
+            actor=audit.Actor.from_user(user, via="admin"),
+            action="outbox.requeue",
+            summary=f"requeued outbox rows {i}",
+            targets=[audit.Target(kind="outbox_row", object_id=i, ti_id=ti.id)],
+            dag_id=producer.dag_id,
+        )
     for component in ("drain", "scheduler"):
         ComponentHeartbeat.objects.update_or_create(
             component=component,

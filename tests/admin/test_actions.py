@@ -1,11 +1,13 @@
 """Operator actions go through the domain functions and report what they did."""
 
+import re
+
 from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from assets_app.models import AssetDagRunQueue, AssetEventQueue
+from assets_app.models import AssetDagRunQueue, AssetEventQueue, AuditEntry
 from tests.factories import (
     AssetAliasFactory,
     AssetEventFactory,
@@ -66,6 +68,12 @@ def test_park_reports_rows_left_alone(staff_client):
     assert pending.parked_at is not None
 
 
+def confirm_form(page: str) -> dict:
+    """The hidden fields of the confirmation page's form, as a browser would post them."""
+    form = page[page.index('<form method="post">') :]
+    return dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form))
+
+
 def test_delete_asks_for_confirmation_with_the_outlets_lost_then_deletes(staff_client):
     rows = [parked_row(n_outlets=3), parked_row(n_outlets=2)]
     ids = [r.pk for r in rows]
@@ -76,18 +84,22 @@ def test_delete_asks_for_confirmation_with_the_outlets_lost_then_deletes(staff_c
     assert '<strong id="outlets-lost">5</strong> declared outlets will <strong>never' in page
     assert AssetEventQueue.objects.count() == 2
 
-    done = staff_client.post(
-        OUTBOX,
-        {"action": "delete_outbox_rows", "_selected_action": ids, "confirm": "yes"},
-        follow=True,
-    )
+    done = staff_client.post(OUTBOX, confirm_form(page), follow=True)
     assert texts(done) == [
         "Deleted 2 outbox row(s); 5 declared outlet(s) will never be registered as asset events."
     ]
     assert AssetEventQueue.objects.count() == 0
+    entry = AuditEntry.objects.get()
+    assert (entry.actor_name, entry.via, entry.action, entry.row_count) == (
+        "operator",
+        "admin",
+        "outbox.delete",
+        2,
+    )
+    assert sorted(entry.targets.values_list("ti_id", flat=True)) == sorted(r.ti_id for r in rows)
 
 
-def test_delete_across_all_filtered_rows(staff_client):
+def test_delete_across_all_filtered_rows_deletes_exactly_the_rows_confirmed(staff_client):
     for _ in range(3):
         parked_row(n_outlets=1)
     pending = AssetEventQueueFactory()
@@ -95,9 +107,37 @@ def test_delete_across_all_filtered_rows(staff_client):
     one = AssetEventQueue.objects.filter(parked_at__isnull=False).first().pk
     post = {"action": "delete_outbox_rows", "_selected_action": [one], "select_across": "1"}
     confirm = staff_client.post(url, post)
-    assert "Delete <strong>3</strong> outbox rows?" in confirm.content.decode()
-    staff_client.post(url, {**post, "confirm": "yes"})
-    assert list(AssetEventQueue.objects.values_list("pk", flat=True)) == [pending.pk]
+    page = confirm.content.decode()
+    assert "Delete <strong>3</strong> outbox rows?" in page
+    shown = set(
+        AssetEventQueue.objects.filter(parked_at__isnull=False).values_list("pk", flat=True)
+    )
+    # Two more rows park while the operator reads the page: they were not confirmed.
+    late = [parked_row(n_outlets=1).pk, parked_row(n_outlets=1).pk]
+    done = staff_client.post(url, confirm_form(page), follow=True)
+    assert texts(done)[0].startswith("Deleted 3 outbox row(s)")
+    assert sorted(AssetEventQueue.objects.values_list("pk", flat=True)) == sorted(
+        [pending.pk, *late]
+    )
+    entry = AuditEntry.objects.get(action="outbox.delete")
+    assert set(map(int, entry.targets.values_list("object_id", flat=True))) == shown
+
+
+def test_requeue_and_park_are_audited_with_the_operator(staff_client):
+    row = parked_row()
+    staff_client.post(OUTBOX, {"action": "requeue_now", "_selected_action": [row.pk]})
+    staff_client.post(OUTBOX, {"action": "park_rows", "_selected_action": [row.pk]})
+    entries = list(AuditEntry.objects.order_by("id").values_list("actor_name", "via", "action"))
+    assert entries == [
+        ("operator", "admin", "outbox.requeue"),
+        ("operator", "admin", "outbox.park"),
+    ]
+    row.refresh_from_db()
+    assert row.park_reason == "Parked by operator."
+    listing = staff_client.get(
+        reverse("admin:assets_app_auditentry_changelist"), {"q": str(row.pk)}
+    ).content.decode()
+    assert "outbox.requeue" in listing and "outbox.park" in listing
 
 
 def test_outbox_change_page_renders_payload_as_tables(staff_client):

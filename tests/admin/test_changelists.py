@@ -43,6 +43,8 @@ EXPECTED = {
     "assetdagrunqueue": 6,
     "assetevent": 5,
     "asseteventqueue": 7,
+    "auditentry": 9,
+    "audittarget": 6,
     "componentheartbeat": 5,
     "dag": 5,
     "dagrun": 8,
@@ -63,6 +65,8 @@ APPEND_ONLY = (
     "dagrunassetevent",
     "metriccounter",
     "componentheartbeat",
+    "auditentry",
+    "audittarget",
 )
 
 

@@ -12,7 +12,7 @@ from collections import Counter
 
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import outbox
+from assets_app import audit, outbox
 
 # Rows per `outbox.requeue` call (one short durable transaction each), so a large requeue
 # reports progress and never holds many row locks at once.
@@ -46,14 +46,24 @@ class Command(BaseCommand):
             self._list(rows, verbose=options["verbosity"] >= 2)
         requeued: list[int] = []
         if not dry_run:
+            actor = audit.Actor.os_user()
             for start in range(0, len(rows), CHUNK):
-                requeued += outbox.requeue(row_ids=[row[0] for row in rows[start : start + CHUNK]])
+                requeued += outbox.requeue(
+                    row_ids=[row[0] for row in rows[start : start + CHUNK]], actor=actor
+                )
                 if len(rows) > CHUNK and not as_json:
                     self.stderr.write(f"  ... {min(start + CHUNK, len(rows))}/{len(rows)} rows")
         selected_by_dag = Counter(dag_of.values())
         requeued_by_dag = Counter(dag_of[i] for i in requeued)
+        # Asked for by id but not parked (or gone), and selected but held by a drain: named, and
+        # the command fails, so a script notices.
+        not_parked = sorted(set(ids or ()) - set(dag_of))
+        held = [] if dry_run else sorted(set(dag_of) - set(requeued))
         if as_json:
-            self.stdout.write(self._json(rows, requeued, selected_by_dag, requeued_by_dag, dry_run))
+            self.stdout.write(
+                self._json(rows, requeued, selected_by_dag, requeued_by_dag, dry_run, not_parked)
+            )
+            self._fail_for(not_parked, held)
             return
         if dry_run:
             self.stdout.write(f"dry run: would requeue {len(rows)} parked rows")
@@ -69,6 +79,18 @@ class Command(BaseCommand):
             for dag_id, count in sorted(selected_by_dag.items()):
                 shown = count if dry_run else requeued_by_dag[dag_id]
                 self.stdout.write(f"{dag_id:<40} {count:>8} {shown:>14}")
+        self._fail_for(not_parked, held)
+
+    def _fail_for(self, not_parked: list[int], held: list[int]) -> None:
+        problems = []
+        if not_parked:
+            problems.append(f"not parked or not found: {audit.ids_text(not_parked)}")
+        if held:
+            problems.append(
+                f"held by a drain right now, not requeued (run again): {audit.ids_text(held)}"
+            )
+        if problems:
+            raise CommandError("could not requeue rows " + "; ".join(problems))
 
     def _list(self, rows, *, verbose: bool) -> None:
         for row_id, dag_id, task_id, try_number, attempts, last_error in (
@@ -83,7 +105,7 @@ class Command(BaseCommand):
             self.stdout.write(f"  ... and {len(rows) - LISTED_ROWS} more (-v 2 lists all)")
 
     @staticmethod
-    def _json(rows, requeued, selected_by_dag, requeued_by_dag, dry_run) -> str:
+    def _json(rows, requeued, selected_by_dag, requeued_by_dag, dry_run, not_parked) -> str:
         return json.dumps(
             {
                 "dry_run": dry_run,
@@ -91,6 +113,8 @@ class Command(BaseCommand):
                 "requeued": len(requeued),
                 "skipped": 0 if dry_run else len(rows) - len(requeued),
                 "requeued_ids": requeued,
+                "not_parked_ids": not_parked,
+                "skipped_ids": [] if dry_run else sorted({row[0] for row in rows} - set(requeued)),
                 "by_dag": {
                     dag_id: {"parked": count, "requeued": requeued_by_dag[dag_id]}
                     for dag_id, count in sorted(selected_by_dag.items())

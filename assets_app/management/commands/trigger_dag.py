@@ -4,7 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import exceptions, runs
+from assets_app import audit, exceptions, runs
 
 
 class Command(BaseCommand):
@@ -20,7 +20,10 @@ class Command(BaseCommand):
         except json.JSONDecodeError as exc:
             raise CommandError(f"--conf is not valid JSON: {exc}") from exc
         try:
-            run = runs.trigger_dag(dag_id=dag_id, conf=parsed)
+            actor = audit.Actor.os_user()
+            run = runs.trigger_dag(
+                dag_id=dag_id, conf=parsed, triggering_user_name=actor.name, actor=actor
+            )
         except exceptions.DomainError as exc:
             raise CommandError(exc.message) from exc
         self.stdout.write(f"created run {run.run_id} of dag {dag_id}")

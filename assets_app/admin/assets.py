@@ -61,6 +61,11 @@ class AssetAdmin(ReadOnlyAdmin):
     def has_change_permission(self, request, obj=None):
         return request.user.has_perm("assets_app.change_asset")
 
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # Django wraps this view in atomic(); the change goes through a domain function with its
+        # own durable transaction (and audit entry) instead.
+        return self._changeform_view(request, object_id, form_url, extra_context)
+
     def save_model(self, request, obj, form, change):
         if change and "uri" in form.changed_data:
             asset_events.change_asset_uri(asset_id=obj.pk, uri=obj.uri, actor=actor_of(request))

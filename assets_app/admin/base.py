@@ -12,6 +12,46 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from .. import audit
+from ..models import DagRunState, TIState
+
+# Run and TI states as colours, one mapping over the state values (Airflow's palette, roughly).
+# A state not listed here (a new TIState) is drawn in NEUTRAL_COLOUR, so nothing breaks.
+STATE_COLOURS: dict[str, str] = {
+    TIState.QUEUED: "#78716c",
+    TIState.RUNNING: "#2563eb",
+    TIState.SUCCESS: "#16a34a",
+    TIState.FAILED: "#dc2626",
+    TIState.UP_FOR_RETRY: "#d97706",
+    TIState.SKIPPED: "#db2777",
+    TIState.REMOVED: "#9ca3af",
+    TIState.UPSTREAM_FAILED: "#ea580c",
+    DagRunState.QUEUED: "#78716c",
+    DagRunState.RUNNING: "#2563eb",
+    DagRunState.SUCCESS: "#16a34a",
+    DagRunState.FAILED: "#dc2626",
+}
+NEUTRAL_COLOUR = "#a8a29e"
+
+
+def state_colour(state: str | None) -> str:
+    return STATE_COLOURS.get(state or "", NEUTRAL_COLOUR)
+
+
+def state_badge(state: str | None) -> str:
+    label = (state or "no status").replace("_", " ")
+    return format_html(
+        '<span class="aes-badge aes-state-badge" data-state="{}" style="background:{}">{}</span>',
+        state or "",
+        state_colour(state),
+        label,
+    )
+
+
+def run_duration(start: datetime | None, end: datetime | None, *, now: datetime) -> str:
+    """`42 s`; `12 s so far` while running; `-` before it started."""
+    if start is None:
+        return "-"
+    return duration((end or now) - start) + ("" if end else " so far")
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -1,5 +1,7 @@
 """Dags and tasks: schedule (with what is already satisfied), queued events with "clear", runs."""
 
+import json
+
 from django.contrib import admin
 from django.db.models import Count, Max, Min, OuterRef, Prefetch, Subquery
 from django.http import Http404, HttpResponseRedirect
@@ -10,7 +12,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import conditions, queued_events
+from .. import conditions, exceptions, queued_events, runs
 from ..models import (
     AssetAliasAsset,
     AssetDagRunQueue,
@@ -23,8 +25,17 @@ from ..models import (
     Task,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
+    TIState,
 )
-from .base import ReadOnlyAdmin, actor_of, count_of, duration, pretty_json
+from .base import (
+    STATE_COLOURS,
+    ReadOnlyAdmin,
+    actor_of,
+    count_of,
+    duration,
+    pretty_json,
+)
+from .runs import run_grid
 
 RECENT_RUNS = 15
 QUEUED_ROWS_SHOWN = 200
@@ -114,6 +125,7 @@ class DagAdmin(admin.ModelAdmin):
         "queued_event_count",
         "active_run_count",
         "last_run_at",
+        "grid_link",
     )
     list_filter = ("is_paused", ScheduleFilter)
     search_fields = ("dag_id", "description")
@@ -223,12 +235,98 @@ class DagAdmin(admin.ModelAdmin):
         )
         return render_to_string("admin/assets_app/run_list.html", {"runs": runs})
 
+    @admin.display(description="runs")
+    def grid_link(self, obj):
+        url = reverse("admin:assets_app_dag_grid", args=[obj.pk])
+        return format_html('<a href="{}">grid</a>', url)
+
     def get_urls(self):
-        view = self.admin_site.admin_view(self.queued_events_view)
+        view = self.admin_site.admin_view
         return [
-            path("<path:object_id>/queued-events/", view, name="assets_app_dag_queued_events"),
+            path("lineage/", view(self.lineage_view), name="assets_app_dag_lineage"),
+            path(
+                "<path:object_id>/queued-events/",
+                view(self.queued_events_view),
+                name="assets_app_dag_queued_events",
+            ),
+            path("<path:object_id>/grid/", view(self.grid_view), name="assets_app_dag_grid"),
+            path(
+                "<path:object_id>/trigger/", view(self.trigger_view), name="assets_app_dag_trigger"
+            ),
             *super().get_urls(),
         ]
+
+    def grid_view(self, request, object_id):
+        """Recent runs x tasks, coloured by state (`run_grid`: a fixed number of queries)."""
+        if not self.has_view_permission(request):
+            raise Http404
+        dag = get_object_or_404(Dag, pk=object_id)
+        legend = sorted(
+            {
+                (str(state), colour)
+                for state, colour in STATE_COLOURS.items()
+                if state in TIState.values
+            }
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Runs of {dag.dag_id}",
+            "grid": run_grid(dag=dag),
+            "legend": legend,
+            "tz_name": timezone.get_current_timezone_name(),
+        }
+        return TemplateResponse(request, "admin/assets_app/dag_grid.html", context)
+
+    def trigger_view(self, request, object_id):
+        """A manual run with a conf (`runs.trigger_dag`, as the API and `trigger_dag` do)."""
+        if not self.has_trigger_permission(request):
+            raise Http404
+        dag = get_object_or_404(Dag, pk=object_id)
+        conf_text, note, error = "{}", "", None
+        if request.method == "POST":
+            conf_text = request.POST.get("conf", "").strip() or "{}"
+            note = request.POST.get("note", "").strip()
+            try:
+                conf = json.loads(conf_text)
+                run = runs.trigger_dag(
+                    dag_id=dag.dag_id,
+                    conf=conf,
+                    note=note or None,
+                    triggering_user_name=request.user.get_username(),
+                    actor=actor_of(request),
+                )
+            except json.JSONDecodeError as exc:
+                error = f"conf is not valid JSON: {exc}"
+            except exceptions.DomainError as exc:
+                error = exc.message
+            else:
+                self.message_user(request, f"Triggered run {run.run_id} of {dag.dag_id}.")
+                return HttpResponseRedirect(
+                    reverse("admin:assets_app_dagrun_change", args=[run.pk])
+                )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Trigger {dag.dag_id}",
+            "dag": dag,
+            "conf": conf_text,
+            "note": note,
+            "error": error,
+        }
+        return TemplateResponse(request, "admin/assets_app/dag_trigger.html", context)
+
+    def has_trigger_permission(self, request):
+        return request.user.has_perm("assets_app.add_dagrun")
+
+    def lineage_view(self, request):
+        """Dags, assets and aliases as a laid-out graph (`lineage`), optionally one
+        neighbourhood (`?asset=NAME` or `?dag=DAG_ID`, `&depth=N`)."""
+        if not self.has_view_permission(request):
+            raise Http404
+        from . import lineage
+
+        return lineage.lineage_view(request, admin_site=self.admin_site, opts=self.opts)
 
     def queued_events_view(self, request, object_id):
         """The Dag's ADRQ rows by asset, its condition with the met parts, and "clear"."""

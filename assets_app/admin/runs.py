@@ -1,40 +1,138 @@
-"""Dag runs, their task instances and the events each run consumed."""
+"""Dag runs, their task instances, the events each run consumed and the events it produced."""
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from uuid import UUID
 
 from django.contrib import admin
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, IntegerField, OuterRef, Prefetch, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.template.loader import render_to_string
+from django.utils import timezone
 from django.utils.html import format_html
 
 from ..models import (
     AssetAliasEvent,
+    AssetEvent,
     AssetEventQueue,
+    AuditTarget,
+    Dag,
     DagRun,
     DagRunAssetEvent,
+    Task,
     TaskInstance,
     TIState,
 )
-from .base import ReadOnlyAdmin, admin_link, changelist_url, count_of, pretty_json
+from .base import (
+    ReadOnlyAdmin,
+    admin_link,
+    changelist_url,
+    count_of,
+    pretty_json,
+    run_duration,
+    state_badge,
+)
 
 CONSUMED_SHOWN = 200
+PRODUCED_SHOWN = 500
+GRID_RUNS = 25
 
 
-class TaskInstanceInline(admin.TabularInline):
-    model = TaskInstance
-    fields = ("link", "state", "try_number", "hostname", "start_date", "end_date")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
+@dataclass
+class TIOutput:
+    """What became of one TI's outlets: events registered, its outbox row, a deletion."""
 
-    def has_add_permission(self, request, obj=None):
-        return False
+    ti: TaskInstance
+    duration: str
+    events: list[AssetEvent] = field(default_factory=list)
+    row: AssetEventQueue | None = None
+    row_status: str = ""
+    deleted_by: str = ""
+    deleted_at: datetime | None = None
 
-    def has_change_permission(self, request, obj=None):
-        return False
+    @property
+    def lost(self) -> bool:
+        return self.row_status == "parked" or bool(self.deleted_by)
 
-    @admin.display(description="task")
-    def link(self, obj):
-        label = obj.task_id if obj.map_index < 0 else f"{obj.task_id}[{obj.map_index}]"
-        return admin_link(obj, label)
+
+def _row_status(row: AssetEventQueue, *, now: datetime) -> str:
+    if row.parked_at is not None:
+        return "parked"
+    if row.next_attempt_at > now and row.attempts:
+        return "backing off"
+    return "pending"
+
+
+def run_outputs(run: DagRun) -> list[TIOutput]:
+    """Per TI of the run: its events, its outbox row (pending / backing off / parked) and who
+    deleted its row, if anyone did. Four queries whatever the number of TIs and events."""
+    now = timezone.now()
+    tis = list(run.task_instances.order_by("task_id", "map_index"))
+    outputs = {
+        ti.id: TIOutput(ti=ti, duration=run_duration(ti.start_date, ti.end_date, now=now))
+        for ti in tis
+    }
+    events = (
+        AssetEvent.objects.filter(source_dag_id=run.dag_id, source_run_id=run.run_id)
+        .select_related("asset")
+        .order_by("id")[:PRODUCED_SHOWN]
+    )
+    for event in events:
+        if event.source_ti_id in outputs:
+            outputs[event.source_ti_id].events.append(event)
+    for row in AssetEventQueue.objects.filter(ti_id__in=list(outputs)).order_by("try_number"):
+        output = outputs[row.ti_id]
+        output.row, output.row_status = row, _row_status(row, now=now)
+    deletions = (
+        AuditTarget.objects.filter(
+            kind="outbox_row", ti_id__in=list(outputs), entry__action="outbox.delete"
+        )
+        .select_related("entry")
+        .order_by("entry__at")
+    )
+    for target in deletions:
+        output = outputs[UUID(str(target.ti_id))]
+        output.deleted_by, output.deleted_at = target.entry.actor_name, target.entry.at
+    return list(outputs.values())
+
+
+def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
+    """The Dag's last `runs` runs (oldest left) x its tasks, each cell a TI's state, try and
+    duration. Three queries whatever the number of runs, tasks and TIs; tasks that are gone
+    from the definition but have TIs in these runs are listed last."""
+    now = timezone.now()
+    recent = list(
+        DagRun.objects.filter(dag=dag)
+        .order_by("-id")
+        .values("id", "run_id", "run_type", "state", "run_after", "start_date", "end_date")[:runs]
+    )[::-1]
+    for run in recent:
+        run["duration"] = run_duration(run["start_date"], run["end_date"], now=now)
+    task_ids = list(
+        Task.objects.filter(dag=dag).order_by("task_id").values_list("task_id", flat=True)
+    )
+    cells: dict[tuple[str, int], list[dict]] = {}
+    for ti in TaskInstance.objects.filter(dag_run_id__in=[r["id"] for r in recent]).values(
+        "id", "dag_run_id", "task_id", "map_index", "state", "try_number", "start_date", "end_date"
+    ):
+        ti["duration"] = run_duration(ti["start_date"], ti["end_date"], now=now)
+        cells.setdefault((ti["task_id"], ti["dag_run_id"]), []).append(ti)
+    gone = sorted({task_id for task_id, _ in cells} - set(task_ids))
+    rows = []
+    for task_id in [*task_ids, *gone]:
+        row = []
+        for run in recent:
+            tis = sorted(cells.get((task_id, run["id"]), []), key=lambda t: t["map_index"])
+            row.append(
+                {
+                    "tis": tis,
+                    "first": tis[0] if tis else None,
+                    "mapped": len(tis) > 1,
+                    "run": run,
+                }
+            )
+        rows.append({"task_id": task_id, "gone": task_id in gone, "cells": row})
+    return {"dag": dag, "runs": recent, "rows": rows}
 
 
 @admin.register(DagRun)
@@ -47,33 +145,47 @@ class DagRunAdmin(admin.ModelAdmin):
         "run_type",
         "state",
         "run_after",
+        "run_time",
         "consumed_event_count",
         "ti_summary",
+        "outputs_status",
     )
     list_filter = ("run_type", "state", "dag")
     list_select_related = ("dag",)
     search_fields = ("run_id", "dag__dag_id")
     date_hierarchy = "run_after"
-    inlines = (TaskInstanceInline,)
-    readonly_fields = ("conf_json", "consumed_events_table")
+    readonly_fields = (
+        "outputs_warning",
+        "state_view",
+        "run_time",
+        "conf_json",
+        "task_instances_table",
+        "consumed_events_table",
+    )
     fieldsets = (
         (
             None,
             {
                 "fields": (
+                    "outputs_warning",
                     "dag",
                     "run_id",
                     "run_type",
-                    "state",
+                    "state_view",
                     "run_after",
                     "logical_date",
                     "start_date",
                     "end_date",
+                    "run_time",
                     "triggering_user_name",
                     "note",
                     "conf_json",
                 )
             },
+        ),
+        (
+            "Task instances and the events they produced",
+            {"fields": ("task_instances_table",), "classes": ("aes-wide",)},
         ),
         ("Consumed events", {"fields": ("consumed_events_table",), "classes": ("aes-wide",)}),
     )
@@ -92,14 +204,56 @@ class DagRunAdmin(admin.ModelAdmin):
                 consumed_event_count=count_of(DagRunAssetEvent, "dag_run"),
                 ti_total=count_of(TaskInstance, "dag_run"),
                 ti_done=count_of(TaskInstance, "dag_run", state=TIState.SUCCESS),
+                outputs_parked=_outbox_count(parked_at__isnull=False),
+                outputs_pending=_outbox_count(parked_at__isnull=True),
             )
+        )
+
+    def get_object(self, request, object_id, from_field=None):
+        # The change page's outputs are computed once and shared by its two fields.
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            obj.outputs = run_outputs(obj)
+        return obj
+
+    @admin.display(description="state", ordering="state")
+    def state_view(self, obj):
+        return state_badge(obj.state)
+
+    @admin.display(description="took")
+    def run_time(self, obj):
+        return run_duration(obj.start_date, obj.end_date, now=timezone.now())
+
+    @admin.display(description="outputs")
+    def outputs_status(self, obj):
+        if obj.outputs_parked:
+            return format_html(
+                '<span class="aes-badge aes-badge-parked">{} parked</span>', obj.outputs_parked
+            )
+        if obj.outputs_pending:
+            return format_html(
+                '<span class="aes-badge aes-badge-due">{} pending</span>', obj.outputs_pending
+            )
+        return "-"
+
+    @admin.display(description="")
+    def outputs_warning(self, obj):
+        lost = [o for o in obj.outputs if o.lost]
+        if not lost:
+            return "-"
+        return render_to_string("admin/assets_app/run_outputs_warning.html", {"lost": lost})
+
+    @admin.display(description="task instances")
+    def task_instances_table(self, obj):
+        return render_to_string(
+            "admin/assets_app/run_task_instances.html", {"outputs": obj.outputs, "run": obj}
         )
 
     @admin.display(description="consumed events", ordering="consumed_event_count")
     def consumed_event_count(self, obj):
         return obj.consumed_event_count
 
-    @admin.display(description="tasks succeeded")
+    @admin.display(description="tasks done")
     def ti_summary(self, obj):
         return f"{obj.ti_done} / {obj.ti_total}"
 
@@ -125,6 +279,20 @@ class DagRunAdmin(admin.ModelAdmin):
         )
 
 
+def _outbox_count(**filters):
+    """Outbox rows of the outer run's TIs (by source dag and run id), a correlated COUNT."""
+    counted = (
+        AssetEventQueue.objects.filter(
+            source_dag_id=OuterRef("dag_id"), source_run_id=OuterRef("run_id"), **filters
+        )
+        .order_by()
+        .values("source_dag_id")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(counted, output_field=IntegerField()), 0)
+
+
 @admin.register(TaskInstance)
 class TaskInstanceAdmin(admin.ModelAdmin):
     """TIs change only through the worker API (task_state owns their lock): view and delete."""
@@ -136,14 +304,22 @@ class TaskInstanceAdmin(admin.ModelAdmin):
         "run_id",
         "map_index",
         "try_number",
-        "state",
+        "state_view",
         "hostname",
         "start_date",
-        "end_date",
+        "took",
     )
     list_filter = ("state", "dag_id")
     search_fields = ("=id", "dag_id", "task_id", "run_id", "hostname")
     readonly_fields = ("dag_run_link", "outbox_rows")
+
+    @admin.display(description="state", ordering="state")
+    def state_view(self, obj):
+        return state_badge(obj.state)
+
+    @admin.display(description="took")
+    def took(self, obj):
+        return run_duration(obj.start_date, obj.end_date, now=timezone.now())
 
     def has_add_permission(self, request):
         return False

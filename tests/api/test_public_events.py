@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from assets_app import outbox, scheduling
 from assets_app.api.public_auth import create_api_token
-from assets_app.models import AssetDagRunQueue, AssetEvent, DagRun
+from assets_app.models import AssetDagRunQueue, AssetEvent, AuditEntry, DagRun
 from tests.asset_flow import asset_outlet, outbox_row, payload, scheduled_dag
 from tests.factories import AssetFactory
 
@@ -193,3 +193,28 @@ def test_datetimes_with_extreme_offsets_are_converted_or_refused_never_a_500(
     scheduled_dag("waits", "a")
     response = api.get(url, params)
     assert response.status_code == status, response.content
+
+
+def test_writes_are_audited_with_the_api_user_and_a_replay_is_not(api):
+    orders = AssetFactory(name="orders", uri="s3://b/orders")
+    scheduled_dag("down", {"name": "orders", "uri": "s3://b/orders"})
+    for _ in range(2):  # the replay (same Idempotency-Key) writes no second entry
+        assert (
+            post_event(api, {"asset_id": orders.id}, **{"Idempotency-Key": "k1"}).status_code == 200
+        )
+    assert api.delete("/api/v2/dags/down/assets/queuedEvents").status_code == 204
+    trigger = api.post(
+        "/api/v2/dags/down/dagRuns",
+        data=json.dumps({"conf": {"day": 3}}),
+        content_type="application/json",
+    )
+    assert trigger.status_code == 200, trigger.content
+    entries = list(
+        AuditEntry.objects.order_by("id").values_list("actor_name", "via", "action", "dag_id")
+    )
+    assert entries == [
+        ("ops", "api", "asset_event.create", ""),
+        ("ops", "api", "queued_events.clear", "down"),
+        ("ops", "api", "dag_run.trigger", "down"),
+    ]
+    assert AuditEntry.objects.get(action="dag_run.trigger").detail["conf"] == {"day": 3}

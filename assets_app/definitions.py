@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from django.db import models, transaction
+from django.db.models import Count, Exists, OuterRef
 
 from . import conditions, locks
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
@@ -52,6 +53,7 @@ from .models import (
     Asset,
     AssetAlias,
     AssetAliasAsset,
+    AssetDagRunQueue,
     Dag,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
@@ -116,19 +118,36 @@ class SyncResult:
     tasks_unchanged: int
     assets_created: int
     aliases_created: int
+    # Dags whose stored pause differs from their definition's `is_paused` and was kept (an
+    # operator paused or unpaused them; `apply_pause` overrides), as (dag_id, kept value).
+    pause_kept: tuple[tuple[str, bool], ...] = ()
+    # Queued events left waiting on assets that are no longer in their Dag's schedule, per Dag.
+    unscheduled_waiting: tuple[tuple[str, int], ...] = ()
 
     @property
     def changed(self) -> bool:
         return bool(self.dags_created or self.dags_updated)
 
     def summary(self) -> str:
-        return (
+        lines = [
             f"{len(self.dag_ids)} dags: {self.dags_created} created, {self.dags_updated} updated, "
             f"{self.dags_unchanged} unchanged; tasks: {self.tasks_created} created, "
             f"{self.tasks_updated} updated, {self.tasks_deleted} deleted, "
             f"{self.tasks_unchanged} unchanged; {self.assets_created} assets and "
             f"{self.aliases_created} aliases created"
-        )
+        ]
+        for dag_id, paused in self.pause_kept:
+            lines.append(
+                f"kept dag {dag_id} {'paused' if paused else 'unpaused'} as an operator set it "
+                "(its definition says otherwise; --apply-pause applies the definition)"
+            )
+        for dag_id, count in self.unscheduled_waiting:
+            lines.append(
+                f"dag {dag_id}: {count} queued events wait on assets no longer in its schedule "
+                "and will never be consumed (--clear-unscheduled clears them, or its queued "
+                "events page in the admin)"
+            )
+        return "\n".join(lines)
 
 
 # --- parsing -------------------------------------------------------------------------------
@@ -460,31 +479,35 @@ def _check_trigger_cycles(dags: Sequence[DagDefinition], alias_assets: dict[str,
 # --- sync ----------------------------------------------------------------------------------
 
 
-def sync_dags(*, paths: Sequence[str | Path]) -> SyncResult:
+def sync_dags(*, paths: Sequence[str | Path], apply_pause: bool = False) -> SyncResult:
     """Validate every file, then write all their Dags in one durable transaction.
 
     Nothing is written unless every file is valid (DefinitionError otherwise). Idempotent: a second
     run over the same files writes nothing. Concurrent syncs serialize on `locks.lock_dag_sync`.
+    A definition's `is_paused` is Airflow's `is_paused_upon_creation`: it sets a new Dag's pause
+    and leaves a stored Dag's pause (an operator's choice) alone, unless `apply_pause`.
     """
-    return sync_definitions(dags=load_paths(paths))
+    return sync_definitions(dags=load_paths(paths), apply_pause=apply_pause)
 
 
-def sync_definitions(*, dags: Sequence[DagDefinition]) -> SyncResult:
+def sync_definitions(*, dags: Sequence[DagDefinition], apply_pause: bool = False) -> SyncResult:
     """Write already-parsed definitions (see `sync_dags`); one durable transaction."""
     check_definitions(dags)
     with transaction.atomic(durable=True):
         # Concurrent syncs (several hosts at start-up) run one after the other; every read below
         # happens after the lock, so it sees what an earlier sync committed.
         locks.lock_dag_sync()
-        return _Sync(dags).run()
+        return _Sync(dags, apply_pause=apply_pause).run()
 
 
 class _Sync:
     """One sync inside the transaction. A fixed number of queries per step, not per Dag."""
 
-    def __init__(self, dags: Sequence[DagDefinition]) -> None:
+    def __init__(self, dags: Sequence[DagDefinition], *, apply_pause: bool = False) -> None:
         self.dags = list(dags)
+        self.apply_pause = apply_pause
         self.changed_dags: set[str] = set()
+        self.pause_kept: list[tuple[str, bool]] = []
 
     def run(self) -> SyncResult:
         # Checks that read stored rows come first: nothing is written before all have passed.
@@ -500,6 +523,7 @@ class _Sync:
         tasks, task_counts = self._tasks()
         self._outlet_refs(tasks, assets, aliases)
         self._schedule_refs(assets, aliases)
+        unscheduled = self._unscheduled_waiting()
         created = set(dags_created)
         updated = (self.changed_dags | set(dags_updated)) - created
         return SyncResult(
@@ -509,8 +533,30 @@ class _Sync:
             dags_unchanged=len(self.dags) - len(created) - len(updated),
             assets_created=assets_created,
             aliases_created=aliases_created,
+            pause_kept=tuple(self.pause_kept),
+            unscheduled_waiting=unscheduled,
             **task_counts,
         )
+
+    def _unscheduled_waiting(self) -> tuple[tuple[str, int], ...]:
+        """ADRQ rows of the synced Dags whose asset is neither in the Dag's schedule nor behind
+        one of its aliases any more: nothing will consume them. One query."""
+        dag_ids = [dag.dag_id for dag in self.dags]
+        scheduled = DagScheduleAssetReference.objects.filter(
+            dag_id=OuterRef("target_dag_id"), asset_id=OuterRef("asset_id")
+        )
+        via_alias = AssetAliasAsset.objects.filter(
+            asset_id=OuterRef("asset_id"),
+            alias__schedule_dag_refs__dag_id=OuterRef("target_dag_id"),
+        )
+        rows = (
+            AssetDagRunQueue.objects.filter(target_dag_id__in=dag_ids)
+            .filter(~Exists(scheduled), ~Exists(via_alias))
+            .order_by("target_dag_id")
+            .values_list("target_dag_id")
+            .annotate(n=Count("id"))
+        )
+        return tuple((dag_id, n) for dag_id, n in rows)
 
     def _assets(self) -> tuple[dict[str, Asset], int]:
         wanted: dict[str, tuple[AssetRef, DagDefinition, str]] = {}
@@ -592,6 +638,11 @@ class _Sync:
             if dag is None:
                 created.append(Dag(dag_id=definition.dag_id, **values))
                 continue
+            if not self.apply_pause:
+                # Airflow's is_paused_upon_creation: the stored pause is the operator's.
+                del values["is_paused"]
+                if dag.is_paused != definition.is_paused:
+                    self.pause_kept.append((dag.dag_id, dag.is_paused))
             changed = [name for name, value in values.items() if getattr(dag, name) != value]
             if changed:
                 for name in changed:

@@ -13,7 +13,7 @@ from django.db.models import Count, Min
 
 from . import audit, exceptions, locks
 from .asset_events import as_utc
-from .models import AssetDagRunQueue, Dag
+from .models import AssetAliasAsset, AssetDagRunQueue, Dag, DagScheduleAssetReference
 
 
 @dataclass(frozen=True)
@@ -93,3 +93,37 @@ def clear_queued_events(
                 },
             )
         return len(cleared)
+
+
+def clear_unscheduled_queued_events(*, dag_id: str, actor: audit.Actor | None = None) -> int:
+    """Delete a Dag's queued events whose asset is no longer in its schedule (directly or
+    behind one of its aliases): after a schedule change nothing would ever consume them. Own
+    durable transaction, audited; rows a scheduler holds are skipped. Returns rows deleted."""
+    _check_dag(dag_id)
+    with transaction.atomic(durable=True):
+        scheduled = set(
+            DagScheduleAssetReference.objects.filter(dag_id=dag_id).values_list(
+                "asset_id", flat=True
+            )
+        ) | set(
+            AssetAliasAsset.objects.filter(alias__schedule_dag_refs__dag_id=dag_id).values_list(
+                "asset_id", flat=True
+            )
+        )
+        rows = [row for row in locks.lock_dag_queue_rows(dag_id) if row.asset_id not in scheduled]
+        if rows:
+            AssetDagRunQueue.objects.filter(id__in=[row.id for row in rows]).delete()
+            audit.record(
+                actor=actor,
+                action="queued_events.clear",
+                summary=(
+                    f"cleared {len(rows)} queued event(s) of dag {dag_id} waiting on assets no "
+                    "longer in its schedule"
+                ),
+                targets=[
+                    audit.Target(kind="asset_event", object_id=row.asset_event_id) for row in rows
+                ],
+                dag_id=dag_id,
+                detail={"unscheduled": True, "asset_ids": sorted({r.asset_id for r in rows})},
+            )
+        return len(rows)

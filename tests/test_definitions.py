@@ -18,6 +18,8 @@ from assets_app.models import (
     Asset,
     AssetAlias,
     AssetAliasAsset,
+    AssetEvent,
+    AuditEntry,
     Dag,
     DagRun,
     DagScheduleAliasReference,
@@ -218,7 +220,9 @@ def test_changed_file_updates_removes_tasks_and_refs_and_leaves_other_dags_alone
     ]
     assert outlet_refs("producer", "transform") == ({"c"}, set())
     assert schedule_refs("consumer") == ({"c"}, {"y"})
-    assert Dag.objects.get(dag_id="consumer").is_paused is True
+    # is_paused is "paused upon creation" (Airflow): the stored Dag keeps its pause.
+    assert Dag.objects.get(dag_id="consumer").is_paused is False
+    assert result.pause_kept == (("consumer", False),)
     assert Dag.objects.get(dag_id="consumer").schedule == {
         "any": [{"asset": {"name": "c", "uri": "c"}}, {"alias": "y"}]
     }
@@ -600,3 +604,37 @@ def test_concurrent_syncs_of_the_same_new_files_both_succeed(tmp_path, with_asse
     assert sorted(r.dags_unchanged for r in results) == [0] + [dags] * (n - 1)
     assert Dag.objects.count() == dags
     assert Task.objects.count() == tasks
+
+
+def test_sync_keeps_an_operators_pause_unless_told_to_apply_the_definition(tmp_path):
+    path = write(tmp_path / "d.json", {"dag_id": "d", "is_paused": True})
+    sync(path)
+    assert Dag.objects.get(dag_id="d").is_paused is True  # applied on creation
+    Dag.objects.filter(dag_id="d").update(is_paused=False)  # the operator unpauses it
+    result = sync(path)
+    assert Dag.objects.get(dag_id="d").is_paused is False
+    assert result.pause_kept == (("d", False),)
+    assert "kept dag d unpaused as an operator set it" in result.summary()
+    out = StringIO()
+    call_command("sync_dags", str(path), "--apply-pause", stdout=out)
+    assert Dag.objects.get(dag_id="d").is_paused is True
+    assert "kept dag" not in out.getvalue()
+
+
+def test_sync_says_which_queued_events_a_schedule_change_strands_and_clears_them(tmp_path):
+    path = write(tmp_path / "d.json", [{"dag_id": "d", "schedule": {"any": ["a", "b"]}}])
+    sync(path)
+    a, b = Asset.objects.get(name="a"), Asset.objects.get(name="b")
+    dag = Dag.objects.get(dag_id="d")
+    for asset in (a, a, b):
+        dag.queued_events.create(asset_event=AssetEvent.objects.create(asset=asset), asset=asset)
+    write(tmp_path / "d.json", [{"dag_id": "d", "schedule": "b"}])
+    result = sync(path)
+    assert result.unscheduled_waiting == (("d", 2),)
+    assert "dag d: 2 queued events wait on assets no longer in its schedule" in result.summary()
+    out = StringIO()
+    call_command("sync_dags", str(path), "--clear-unscheduled", stdout=out)
+    assert "dag d: cleared 2 unscheduled queued events" in out.getvalue()
+    assert list(dag.queued_events.values_list("asset_id", flat=True)) == [b.pk]
+    entry = AuditEntry.objects.get()
+    assert (entry.action, entry.via, entry.row_count) == ("queued_events.clear", "command", 2)

@@ -5,6 +5,8 @@ queuedEvents API (`outbox.requeue/park/delete_rows`, `queued_events.clear_queued
 report what those did, including rows they skipped because a drain held them at that moment.
 """
 
+from datetime import datetime
+
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.template.loader import render_to_string
@@ -203,9 +205,11 @@ class AssetEventQueueAdmin(admin.ModelAdmin):
 
     @admin.display(description="attempts so far")
     def attempt_history_view(self, obj):
-        return render_to_string(
-            "admin/assets_app/attempt_history.html", {"attempts": obj.attempt_history or []}
-        )
+        attempts = [
+            {**a, "at": datetime.fromisoformat(a["at"]) if a.get("at") else None}
+            for a in obj.attempt_history or []
+        ]
+        return render_to_string("admin/assets_app/attempt_history.html", {"attempts": attempts})
 
     @admin.display(description="operator actions on this row")
     def audit_view(self, obj):

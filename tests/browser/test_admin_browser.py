@@ -16,8 +16,8 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from assets_app import heartbeats, outbox
-from assets_app.models import AssetEvent, AssetEventQueue, DagRun, DagRunType
+from assets_app import definitions, heartbeats, outbox, runs, task_state
+from assets_app.models import Asset, AssetEvent, AssetEventQueue, DagRun, DagRunType
 from tests.factories import AssetEventQueueFactory, AssetFactory, DagFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -146,3 +146,116 @@ def test_operator_requeues_a_parked_row_and_sees_its_events(
         # close it so the test database can be dropped at the end of the session.
         connections.close_all()
     assert screenshot.stat().st_size > 10_000
+
+
+LINEAGE_SHOT, GRID_SHOT, RUN_SHOT = (
+    Path(settings.BASE_DIR) / "docs" / name for name in ("lineage.png", "grid.png", "run.png")
+)
+
+
+def _shot(path: Path, tmp_path: Path) -> Path:
+    return path if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path / path.name
+
+
+def _run_ingest(*, orders_uri: str, fail: str | None = None) -> DagRun:
+    """A manual run of the example `ingest` Dag whose tasks succeed through the worker-facing
+    domain functions; `fetch_orders` reports `orders` at `orders_uri`."""
+    run = runs.trigger_dag(dag_id="ingest")
+    now = timezone.now()
+    for ti in run.task_instances.order_by("task_id"):
+        task_state.start(
+            ti_id=ti.id, hostname="worker-1", unixname="airflow", pid=4242, start_date=now
+        )
+        if ti.task_id == fail:
+            task_state.finish(ti_id=ti.id, state="failed", end_date=timezone.now())
+            continue
+        name = ti.task_id.removeprefix("fetch_")
+        uri = orders_uri if name == "orders" else f"s3://lake/raw/{name}"
+        task_state.succeed(
+            ti_id=ti.id,
+            end_date=timezone.now() + timedelta(seconds=3),
+            task_outlets=[{"name": name, "uri": uri, "type": "Asset"}],
+            outlet_events=[],
+        )
+    return run
+
+
+def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_audit(
+    live_server, monkeypatch, django_user_model, tmp_path
+):
+    sync_playwright = _playwright()
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    django_user_model.objects.create_superuser(username="operator", password="s3cret-pw")
+    definitions.sync_dags(paths=[Path(settings.BASE_DIR) / "examples" / "dags"])
+    for fail in ("fetch_payments", None, None):
+        _run_ingest(orders_uri="s3://lake/raw/orders", fail=fail)
+        outbox.drain(time_budget=5)
+    # The producer moved its orders: the worker now reports another uri for the same name.
+    broken = _run_ingest(orders_uri="s3://lake/v2/orders")
+    result = outbox.drain(time_budget=5)
+    assert result.parked == 1
+    row = AssetEventQueue.objects.get()
+    orders = Asset.objects.get(name="orders")
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{live_server.url}/admin/login/?next=/admin/assets_app/dag/lineage/")
+        page.fill("#id_username", "operator")
+        page.fill("#id_password", "s3cret-pw")
+        page.click("input[type=submit]")
+        page.wait_for_url("**/dag/lineage/")
+        assert page.locator(".aes-node").count() >= 9
+        page.screenshot(path=str(_shot(LINEAGE_SHOT, tmp_path)), full_page=True)
+
+        # Follow the asset to its consumer.
+        page.fill("input[name=asset]", "orders")
+        page.click("#lineage-filter input[type=submit]")
+        page.wait_for_url("**asset=orders**")
+        keys = page.eval_on_selector_all(".aes-node", "ns => ns.map(n => n.dataset.key)")
+        assert "dag:clean_orders" in keys and f"asset:{orders.pk}" in keys
+        page.click(".aes-node[data-key='dag:clean_orders']")
+        page.wait_for_url("**/dag/clean_orders/change/")
+        page.click("text=Runs grid")
+        page.wait_for_url("**/clean_orders/grid/")
+        assert page.locator("#run-grid .aes-cell[data-state]").count() >= 3
+
+        page.goto(f"{live_server.url}/admin/assets_app/dag/ingest/grid/")
+        assert page.locator("#run-grid .aes-cell[data-state=failed]").count() == 1
+        page.screenshot(path=str(_shot(GRID_SHOT, tmp_path)), full_page=True)
+
+        # The run whose output parked says so, and links to the row.
+        page.goto(f"{live_server.url}/admin/assets_app/dagrun/{broken.pk}/change/")
+        warning = page.inner_text("#outputs-warning")
+        assert "fetch_orders" in warning and "is parked" in warning
+        page.screenshot(path=str(_shot(RUN_SHOT, tmp_path)), full_page=True)
+        page.click(f"#outputs-warning a[href$='/asseteventqueue/{row.pk}/change/']")
+        page.wait_for_url(f"**/asseteventqueue/{row.pk}/change/")
+        reason = page.inner_text("#park-reason")
+        assert "s3://lake/v2/orders" in reason and "Correct the stored asset's uri" in reason
+        assert "permanent" in page.inner_text("#attempt-history").lower()
+
+        # The fix: the stored asset's uri, from the link in the reason.
+        page.click(f"#park-reason a[href$='/asset/{orders.pk}/change/']")
+        page.wait_for_url(f"**/asset/{orders.pk}/change/")
+        page.fill("input[name=uri]", "s3://lake/v2/orders")
+        page.click("input[name=_save]")
+        page.wait_for_url("**/assets_app/asset/")
+
+        page.goto(f"{live_server.url}/admin/assets_app/asseteventqueue/{row.pk}/change/")
+        page.click("button:has-text('Requeue now')")
+        assert f"Requeued 1 outbox row(s): {row.pk}." in page.inner_text("ul.messagelist")
+        result = outbox.drain(time_budget=5)
+        assert (result.registered, result.failed) == (1, 0)
+        page.goto(f"{live_server.url}/admin/assets_app/dagrun/{broken.pk}/change/")
+        assert page.locator("#outputs-warning").count() == 0
+        assert "orders #" in page.inner_text("#run-task-instances")
+
+        page.goto(f"{live_server.url}/admin/assets_app/auditentry/?via__exact=admin")
+        audit_list = page.inner_text("#result_list")
+        assert "outbox.requeue" in audit_list and "asset.change_uri" in audit_list
+        assert "operator" in audit_list
+        browser.close()
+        connections.close_all()
+    for shot in (LINEAGE_SHOT, GRID_SHOT, RUN_SHOT):
+        assert _shot(shot, tmp_path).stat().st_size > 10_000

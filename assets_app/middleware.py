@@ -1,6 +1,10 @@
-"""Request middleware: times worker API requests for the latency histogram on /metrics."""
+"""Request middleware: times worker API requests for the latency histogram on /metrics, and
+activates the operator's time zone for the admin."""
 
 import time
+import zoneinfo
+
+from django.utils import timezone
 
 from . import observability
 
@@ -27,3 +31,26 @@ class WorkerApiLatencyMiddleware:
         route = match.route if match is not None else "unmatched"
         observability.record_api_latency(method=request.method, route=route, seconds=elapsed)
         return response
+
+
+# The session key holding an operator's chosen time zone (set on the admin's time-zone page).
+TIMEZONE_SESSION_KEY = "aes_timezone"
+
+
+class OperatorTimezoneMiddleware:
+    """Shows times in the zone the operator chose (session), else in TIME_ZONE. After the
+    session middleware; the worker and public APIs answer in ISO 8601 with offsets anyway."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        name = getattr(request, "session", {}).get(TIMEZONE_SESSION_KEY)
+        if name:
+            try:
+                timezone.activate(zoneinfo.ZoneInfo(name))
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+                timezone.deactivate()
+        else:
+            timezone.deactivate()
+        return self.get_response(request)

@@ -113,6 +113,8 @@ class ComponentHealth:
     detail: dict
     healthy: bool
     status: str  # "ok" | "failing" | "stale" | "never seen"
+    # Healthy but not clean: the drain's last run failed or parked rows.
+    warning: str = ""
 
 
 def health_max_age() -> timedelta:
@@ -138,12 +140,59 @@ def component_health(*, now: datetime | None = None) -> list[ComponentHealth]:
             status = "failing"
         else:
             status = "stale"
+        detail = beat.detail or {}
+        warning = ""
+        if name == "drain" and (detail.get("failed") or detail.get("parked")):
+            warning = (
+                f"its last run failed {detail.get('failed', 0)} row(s), "
+                f"parked {detail.get('parked', 0)}"
+            )
         result.append(
             ComponentHealth(
-                name, beat.last_run_at, beat.last_ok_at, beat.detail or {}, ok_recently, status
+                name, beat.last_run_at, beat.last_ok_at, detail, ok_recently, status, warning
             )
         )
     return result
+
+
+@dataclass(frozen=True)
+class RecentError:
+    row_id: int
+    dag_id: str
+    task_id: str
+    at: datetime
+    kind: str
+    error: str
+    parked: bool
+
+
+def newest_errors(*, limit: int = 5) -> list[RecentError]:
+    """The outbox rows that failed most recently, newest first. One query."""
+    rows = (
+        AssetEventQueue.objects.exclude(last_error="")
+        .order_by("-updated_at", "-id")
+        .values_list(
+            "id",
+            "source_dag_id",
+            "source_task_id",
+            "updated_at",
+            "last_error_kind",
+            "last_error",
+            "parked_at",
+        )[:limit]
+    )
+    return [
+        RecentError(
+            row_id=row_id,
+            dag_id=dag_id,
+            task_id=task_id,
+            at=at,
+            kind=kind or "",
+            error=next((line for line in error.splitlines() if line.strip()), "")[:200],
+            parked=parked_at is not None,
+        )
+        for row_id, dag_id, task_id, at, kind, error, parked_at in rows
+    ]
 
 
 def database_reachable() -> bool:

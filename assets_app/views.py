@@ -1,6 +1,7 @@
-"""Plain HTTP views for machines: `/metrics` (Prometheus) and `/healthz`."""
+"""Plain HTTP views for machines: `/metrics` (Prometheus) and `/healthz`; `/favicon.ico`."""
 
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse, HttpResponsePermanentRedirect, JsonResponse
+from django.templatetags.static import static
 from django.views.decorators.http import require_GET
 
 from . import observability
@@ -31,3 +32,9 @@ def healthz(request):
         "max_age_seconds": observability.health_max_age().total_seconds(),
     }
     return JsonResponse(body, status=200 if result.ok else 503)
+
+
+@require_GET
+def favicon(request):
+    """Browsers ask for /favicon.ico whatever the page says: send them to the SVG icon."""
+    return HttpResponsePermanentRedirect(static("assets_app/favicon.svg"))

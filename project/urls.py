@@ -1,12 +1,17 @@
 from django.contrib import admin
 from django.urls import path
+from django.views.generic import RedirectView
 
 from assets_app import views
 from assets_app.admin import dashboard_view
+from assets_app.admin.preferences import timezone_view
 from assets_app.api import execution_api, public_api
 
 urlpatterns = [
+    path("", RedirectView.as_view(url="/admin/", permanent=False), name="home"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("admin/dashboard/", admin.site.admin_view(dashboard_view), name="asset_dashboard"),
+    path("admin/timezone/", admin.site.admin_view(timezone_view), name="operator_timezone"),
     path("admin/", admin.site.urls),
     path("execution/", execution_api.urls),
     path("api/v2/", public_api.urls),

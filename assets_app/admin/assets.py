@@ -17,7 +17,7 @@ from ..models import (
     TaskOutletAliasReference,
     TaskOutletAssetReference,
 )
-from .base import ReadOnlyAdmin, actor_of, count_of, pretty_json
+from .base import LinkTableAdmin, ReadOnlyAdmin, actor_of, count_of, pretty_json
 
 RECENT_EVENTS = 25
 
@@ -169,7 +169,7 @@ class AssetAliasAdmin(ReadOnlyAdmin):
 
 
 @admin.register(AssetAliasAsset)
-class AssetAliasAssetAdmin(ReadOnlyAdmin):
+class AssetAliasAssetAdmin(LinkTableAdmin):
     list_display = ("alias", "asset", "created_at")
     list_select_related = ("alias", "asset")
     search_fields = ("alias__name", "asset__name", "asset__uri")

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.utils.html import format_html, format_html_join
 
 from ..models import AuditEntry, AuditTarget
-from .base import ReadOnlyAdmin, pretty_json
+from .base import LinkTableAdmin, ReadOnlyAdmin, pretty_json
 
 TARGETS_SHOWN = 200
 
@@ -55,13 +55,10 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
 
 @admin.register(AuditTarget)
-class AuditTargetAdmin(ReadOnlyAdmin):
+class AuditTargetAdmin(LinkTableAdmin):
     """The rows of each entry: an internal table, reached from its entry (not on the index)."""
 
     list_display = ("entry", "kind", "object_id", "ti_id")
     list_select_related = ("entry",)
     list_filter = ("kind",)
     search_fields = ("=object_id", "=ti_id")
-
-    def has_module_permission(self, request):
-        return False

@@ -67,6 +67,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class LinkTableAdmin(ReadOnlyAdmin):
+    """A join table (task -> asset, Dag -> asset, ...): reachable from the pages that show its
+    links and by URL, but not listed on the index, where it would only crowd what operators use."""
+
+    def has_module_permission(self, request):
+        return False
+
+
 def actor_of(request) -> audit.Actor:
     """The logged-in operator as the audit trail's actor."""
     return audit.Actor.from_user(request.user, via="admin")

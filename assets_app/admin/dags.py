@@ -29,6 +29,7 @@ from ..models import (
 )
 from .base import (
     STATE_COLOURS,
+    LinkTableAdmin,
     ReadOnlyAdmin,
     actor_of,
     count_of,
@@ -167,6 +168,11 @@ class DagAdmin(admin.ModelAdmin):
     )
 
     def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        # Dags come and go with their definitions (sync_dags); deleting one here would cascade
+        # to its tasks, runs and queued events, which the admin does not offer either.
         return False
 
     def get_queryset(self, request):
@@ -442,21 +448,21 @@ class TaskAdmin(ReadOnlyAdmin):
 
 
 @admin.register(TaskOutletAssetReference)
-class TaskOutletAssetReferenceAdmin(ReadOnlyAdmin):
+class TaskOutletAssetReferenceAdmin(LinkTableAdmin):
     list_display = ("task", "asset")
     list_select_related = ("task", "asset")
     search_fields = ("task__task_id", "task__dag__dag_id", "asset__name")
 
 
 @admin.register(TaskOutletAliasReference)
-class TaskOutletAliasReferenceAdmin(ReadOnlyAdmin):
+class TaskOutletAliasReferenceAdmin(LinkTableAdmin):
     list_display = ("task", "alias")
     list_select_related = ("task", "alias")
     search_fields = ("task__task_id", "task__dag__dag_id", "alias__name")
 
 
 @admin.register(DagScheduleAssetReference)
-class DagScheduleAssetReferenceAdmin(ReadOnlyAdmin):
+class DagScheduleAssetReferenceAdmin(LinkTableAdmin):
     list_display = ("dag", "asset")
     list_select_related = ("dag", "asset")
     list_filter = ("dag",)
@@ -464,7 +470,7 @@ class DagScheduleAssetReferenceAdmin(ReadOnlyAdmin):
 
 
 @admin.register(DagScheduleAliasReference)
-class DagScheduleAliasReferenceAdmin(ReadOnlyAdmin):
+class DagScheduleAliasReferenceAdmin(LinkTableAdmin):
     list_display = ("dag", "alias")
     list_select_related = ("dag", "alias")
     list_filter = ("dag",)

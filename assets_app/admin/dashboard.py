@@ -133,6 +133,8 @@ def dashboard_view(request):
         "api_p50": _bound(observability.latency_quantile(latency, 0.5)),
         "api_p99": _bound(observability.latency_quantile(latency, 0.99)),
         "waiting": waiting,
+        "errors": observability.newest_errors(),
+        "tz_name": timezone.get_current_timezone_name(),
         "links": {
             "parked": changelist_url(AssetEventQueue, status="parked"),
             "due": changelist_url(AssetEventQueue, status="due"),

@@ -6,7 +6,7 @@ from django.template.loader import render_to_string
 from django.utils.html import format_html
 
 from ..models import AssetAliasEvent, AssetDagRunQueue, AssetEvent, DagRunAssetEvent
-from .base import ReadOnlyAdmin, admin_link, count_of, pretty_json
+from .base import LinkTableAdmin, ReadOnlyAdmin, admin_link, count_of, pretty_json
 
 
 class ConsumedFilter(admin.SimpleListFilter):
@@ -117,7 +117,7 @@ class AssetEventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(AssetAliasEvent)
-class AssetAliasEventAdmin(ReadOnlyAdmin):
+class AssetAliasEventAdmin(LinkTableAdmin):
     list_display = ("asset_event", "alias")
     list_select_related = ("asset_event", "alias")
     list_filter = ("alias",)

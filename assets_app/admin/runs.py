@@ -24,7 +24,7 @@ from ..models import (
     TIState,
 )
 from .base import (
-    ReadOnlyAdmin,
+    LinkTableAdmin,
     admin_link,
     changelist_url,
     count_of,
@@ -343,7 +343,7 @@ class TaskInstanceAdmin(admin.ModelAdmin):
 
 
 @admin.register(DagRunAssetEvent)
-class DagRunAssetEventAdmin(ReadOnlyAdmin):
+class DagRunAssetEventAdmin(LinkTableAdmin):
     list_display = ("dag_run", "dag", "asset_event", "asset_name")
     list_select_related = ("dag_run", "dag", "asset_event__asset")
     list_filter = ("dag",)

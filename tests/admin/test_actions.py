@@ -285,13 +285,33 @@ def test_dashboard_renders_gauges_chart_and_health_with_fixed_queries(
 
     populate(1)
     staff_client.get(reverse("asset_dashboard"))
-    with django_assert_num_queries(10):
+    with django_assert_num_queries(11):
         page = staff_client.get(reverse("asset_dashboard")).content.decode()
     assert '<div class="aes-label">Parked</div><div class="aes-value">1</div>' in page
     assert page.count('<svg class="aes-chart"') == 2
     assert "<title>" in page  # at least one bar (the events populate() created this minute)
     assert page.count('aes-badge-ok">ok</span>') == 2
     populate(5)
-    with django_assert_num_queries(10):
+    with django_assert_num_queries(11):
         page = staff_client.get(reverse("asset_dashboard")).content.decode()
     assert '<div class="aes-label">Parked</div><div class="aes-value">6</div>' in page
+
+
+def test_dashboard_shows_the_newest_errors_and_warns_when_the_drain_failed_rows(staff_client):
+    from assets_app import heartbeats
+
+    AssetEventQueueFactory(source_dag_id="ingest", source_task_id="old", last_error="Old: x")
+    newest = AssetEventQueueFactory(
+        source_dag_id="ingest",
+        source_task_id="fetch",
+        parked=True,
+        last_error="RegistrationError: asset name='a' conflicts\nTraceback",
+        last_error_kind="permanent",
+    )
+    heartbeats.record(component="drain", ok=True, detail={"failed": 2, "parked": 1})
+    page = staff_client.get(reverse("asset_dashboard")).content.decode()
+    errors = page[page.index('id="newest-errors"') :]
+    assert errors.index(f"#{newest.pk}") < errors.index("ingest.old")
+    assert "RegistrationError: asset name=&#x27;a&#x27; conflicts" in errors
+    assert "Traceback" not in errors
+    assert 'id="drain-warning" title="its last run failed 2 row(s), parked 1">warning<' in page

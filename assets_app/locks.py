@@ -48,6 +48,13 @@ def lock_task_instance(ti_id: UUID) -> TaskInstance | None:
     return TaskInstance.objects.select_for_update(of=("self",)).filter(id=ti_id).first()
 
 
+def lock_task_instances_to_clear(queryset: QuerySet[TaskInstance]) -> list[TaskInstance]:
+    """Lock a run's finished TIs for an operator's clear, by id, skipping rows a worker holds
+    (step 1 of the order, several TIs of one run: a worker only ever locks one TI, so no
+    deadlock; skipping means the clear never makes a worker wait)."""
+    return list(queryset.select_for_update(of=("self",), skip_locked=True).order_by("id"))
+
+
 def claim_queued_task_instances(
     *, limit: int, now: datetime, claim_timeout: timedelta
 ) -> list[TaskInstance]:

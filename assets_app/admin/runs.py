@@ -4,13 +4,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, Prefetch, Q, Subquery
 from django.db.models.functions import Coalesce
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from .. import runs
 from ..models import (
     AssetAliasEvent,
     AssetEvent,
@@ -25,6 +30,7 @@ from ..models import (
 )
 from .base import (
     LinkTableAdmin,
+    actor_of,
     admin_link,
     changelist_url,
     count_of,
@@ -209,11 +215,55 @@ class DagRunAdmin(admin.ModelAdmin):
             )
         )
 
+    def has_clear_permission(self, request):
+        return request.user.has_perm("assets_app.change_taskinstance")
+
+    def get_urls(self):
+        clear = self.admin_site.admin_view(self.clear_view)
+        return [
+            path("<path:object_id>/clear/", clear, name="assets_app_dagrun_clear"),
+            *super().get_urls(),
+        ]
+
+    def clear_view(self, request, object_id):
+        """POST: clear the run's finished TIs, only its failed ones (`only_failed`), or one TI
+        (`ti_id`), through `runs.clear_task_instances` (audited); back to the run page."""
+        if request.method != "POST" or not self.has_clear_permission(request):
+            raise PermissionDenied
+        run = get_object_or_404(DagRun, pk=object_id)
+        ti_id = request.POST.get("ti_id") or None
+        result = runs.clear_task_instances(
+            dag_run_id=run.pk,
+            ti_ids=[ti_id] if ti_id else None,
+            only_failed=request.POST.get("only_failed") == "1",
+            actor=actor_of(request),
+        )
+        if result.cleared:
+            self.message_user(
+                request,
+                f"Cleared {len(result.cleared)} task instance(s): {', '.join(result.cleared)}; "
+                "they are queued for a new try.",
+            )
+        if result.skipped:
+            self.message_user(
+                request,
+                f"Left alone (queued, running, or held by a worker right now): "
+                f"{', '.join(result.skipped)}.",
+                messages.WARNING,
+            )
+        return HttpResponseRedirect(reverse("admin:assets_app_dagrun_change", args=[run.pk]))
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra_context = {**(extra_context or {}), "can_clear": self.has_clear_permission(request)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
     def get_object(self, request, object_id, from_field=None):
         # The change page's outputs are computed once and shared by its two fields.
         obj = super().get_object(request, object_id, from_field)
         if obj is not None:
             obj.outputs = run_outputs(obj)
+            # The TI table's clear buttons need the CSRF token and the permission.
+            obj.request, obj.can_clear = request, self.has_clear_permission(request)
         return obj
 
     @admin.display(description="state", ordering="state")
@@ -246,7 +296,9 @@ class DagRunAdmin(admin.ModelAdmin):
     @admin.display(description="task instances")
     def task_instances_table(self, obj):
         return render_to_string(
-            "admin/assets_app/run_task_instances.html", {"outputs": obj.outputs, "run": obj}
+            "admin/assets_app/run_task_instances.html",
+            {"outputs": obj.outputs, "run": obj, "can_clear": getattr(obj, "can_clear", False)},
+            request=getattr(obj, "request", None),
         )
 
     @admin.display(description="consumed events", ordering="consumed_event_count")

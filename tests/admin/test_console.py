@@ -283,3 +283,55 @@ def test_outbox_row_page_shows_the_reason_the_conflicting_asset_and_the_attempts
     page = staff_client.get(url).content.decode()
     assert "bob" in page and "outbox.requeue" in page
     assert 'id="attempt-history"' in page  # kept as history
+
+
+def test_clear_requeues_finished_tis_for_a_new_try_and_leaves_running_ones(staff_client):
+    dag = DagFactory(dag_id="ingest")
+    Task.objects.create(dag=dag, task_id="failed", retries=2)
+    run = DagRunFactory(dag=dag, state="failed")
+    failed = TaskInstanceFactory(
+        dag_run=run,
+        task_id="failed",
+        state=TIState.FAILED,
+        max_tries=2,
+        try_number=3,
+        hostname="w1",
+        end_date=timezone.now(),
+    )
+    ok = TaskInstanceFactory(dag_run=run, task_id="ok", succeeded=True)
+    busy = TaskInstanceFactory(dag_run=run, task_id="busy", running=True)
+    url = reverse("admin:assets_app_dagrun_clear", args=[run.pk])
+
+    staff_client.post(url, {"only_failed": "1"})
+    failed.refresh_from_db()
+    assert (failed.state, failed.try_number, failed.max_tries, failed.hostname) == (
+        "queued",
+        4,
+        5,
+        "",
+    )
+    assert failed.end_date is None
+    ok.refresh_from_db()
+    assert ok.state == "success"
+    run.refresh_from_db()
+    assert (run.state, run.clear_number) == ("queued", 1)
+
+    response = staff_client.post(url, follow=True)
+    messages = [str(m) for m in response.context["messages"]]
+    assert messages[-2:] == [
+        "Cleared 1 task instance(s): ok; they are queued for a new try.",
+        "Left alone (queued, running, or held by a worker right now): busy, failed.",
+    ]
+    busy.refresh_from_db()
+    assert busy.state == "running"
+    entries = list(AuditEntry.objects.order_by("id").values_list("action", "row_count"))
+    assert entries == [("dag_run.clear", 1), ("dag_run.clear", 1)]
+    page = staff_client.get(reverse("admin:assets_app_dagrun_change", args=[run.pk]))
+    assert 'id="clear-run"' in page.content.decode()
+
+
+def test_clear_needs_a_post_and_the_permission(db, django_user_model, client):
+    run = DagRunFactory()
+    user = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    client.force_login(user)
+    assert client.post(reverse("admin:assets_app_dagrun_clear", args=[run.pk])).status_code == 403

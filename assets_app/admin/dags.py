@@ -40,6 +40,10 @@ from .runs import run_grid
 
 RECENT_RUNS = 15
 QUEUED_ROWS_SHOWN = 200
+# A schedule over 100,000 assets is legal; its page shows this much of it and links to the rest.
+SCHEDULE_TEXT_SHOWN = 4_000
+SCHEDULE_LIST_TEXT_SHOWN = 160
+SCHEDULE_JSON_SHOWN = 50_000
 
 
 def condition_text(raw) -> str:
@@ -192,11 +196,41 @@ class DagAdmin(admin.ModelAdmin):
 
     @admin.display(description="schedule")
     def schedule_summary(self, obj):
-        return condition_text(obj.schedule)
+        text = condition_text(obj.schedule)
+        # The changelist shows a line of it; the Dag page a screenful and a link to every asset.
+        limit = (
+            SCHEDULE_TEXT_SHOWN
+            if getattr(obj, "_on_change_page", False)
+            else (SCHEDULE_LIST_TEXT_SHOWN)
+        )
+        if len(text) <= limit:
+            return text
+        url = reverse("admin:assets_app_dagscheduleassetreference_changelist")
+        return format_html(
+            '{}… <a href="{}?dag__dag_id__exact={}">every asset it waits on</a>',
+            text[:limit],
+            url,
+            obj.dag_id,
+        )
 
     @admin.display(description="schedule (stored JSON)")
     def schedule_json(self, obj):
-        return pretty_json(obj.schedule)
+        if obj.schedule is None:
+            return pretty_json(None)
+        text = json.dumps(obj.schedule, indent=2, sort_keys=True)
+        if len(text) <= SCHEDULE_JSON_SHOWN:
+            return pretty_json(obj.schedule)
+        return format_html(
+            '<pre class="aes-json">{}\n… ({} characters in all)</pre>',
+            text[:SCHEDULE_JSON_SHOWN],
+            len(text),
+        )
+
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            obj._on_change_page = True
+        return obj
 
     @admin.display(description="tasks", ordering="task_count")
     def task_count(self, obj):

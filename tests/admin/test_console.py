@@ -335,3 +335,16 @@ def test_clear_needs_a_post_and_the_permission(db, django_user_model, client):
     user = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
     client.force_login(user)
     assert client.post(reverse("admin:assets_app_dagrun_clear", args=[run.pk])).status_code == 403
+
+
+def test_a_dag_scheduled_on_a_hundred_thousand_assets_has_a_small_page(staff_client):
+    names = [f"a{i:06}" for i in range(100_000)]
+    dag = DagFactory(
+        dag_id="huge", schedule={"any": [{"asset": {"name": n, "uri": n}} for n in names]}
+    )
+    page = staff_client.get(reverse("admin:assets_app_dag_change", args=[dag.pk]))
+    assert page.status_code == 200
+    assert len(page.content) < 300_000
+    assert "every asset it waits on" in page.content.decode()
+    listing = staff_client.get(reverse("admin:assets_app_dag_changelist"))
+    assert len(listing.content) < 100_000

@@ -7,20 +7,21 @@ waiting events) are read on every request.
 """
 
 import hashlib
-from dataclasses import dataclass
 
 from django.contrib import messages
+from django.contrib.admin.utils import quote
 from django.core.cache import cache
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from grandalf.graphs import Edge as GEdge
-from grandalf.graphs import Graph as GGraph
-from grandalf.graphs import Vertex
+from grandalf.graphs import Vertex, graph_core
 from grandalf.layouts import SugiyamaLayout
 
 from .. import lineage
-from .base import relative, state_colour
+from .base import NEUTRAL_COLOUR, relative, state_colour
 
 NODE_WIDTH = 190
 NODE_HEIGHT = 40
@@ -53,7 +54,7 @@ def _layout_component(component) -> tuple[dict[str, tuple[float, float]], dict, 
     sugiyama.xspace = ROW_GAP
     sugiyama.yspace = LAYER_GAP
     sugiyama.init_all()
-    sugiyama.draw(2)
+    sugiyama.draw(1)
     # grandalf layers top-down (y grows per layer): turn it so layers run left to right.
     positions = {v.data: (v.view.xy[1], v.view.xy[0]) for v in component.sV}
     paths = {
@@ -85,15 +86,31 @@ def layout(graph: lineage.Graph) -> dict:
     vertices = {key: Vertex(key) for key in keys}
     for vertex in vertices.values():
         vertex.view = _Box()
-    gedges = []
-    for edge in graph.edges:
-        if edge.source == edge.target:
-            continue
-        gedge = GEdge(vertices[edge.source], vertices[edge.target])
+    # Connected components are found here (grandalf's Graph() finds them in quadratic time: 3 s
+    # of a 3.6 s layout at 300 Dags), then each is laid out as one grandalf graph_core.
+    root = {key: key for key in keys}
+
+    def find(key: str) -> str:
+        while root[key] != key:
+            root[key] = root[root[key]]
+            key = root[key]
+        return key
+
+    links = sorted({(e.source, e.target) for e in graph.edges if e.source != e.target})
+    for source, target in links:
+        root[find(source)] = find(target)
+    members: dict[str, list[Vertex]] = {}
+    for key in keys:
+        members.setdefault(find(key), []).append(vertices[key])
+    edges_of: dict[str, list[GEdge]] = {}
+    for source, target in links:
+        gedge = GEdge(vertices[source], vertices[target])
         gedge.view = _Path()
-        gedges.append(gedge)
-    ggraph = GGraph(list(vertices.values()), gedges)
-    components = sorted((_layout_component(c) for c in ggraph.C), key=lambda c: (-c[3], -c[2]))
+        edges_of.setdefault(find(source), []).append(gedge)
+    components = sorted(
+        (_layout_component(graph_core(vs, edges_of.get(r, []))) for r, vs in members.items()),
+        key=lambda c: (-c[3], -c[2]),
+    )
     positions: dict[str, tuple[float, float]] = {}
     paths: dict[tuple[str, str], list[tuple[float, float]]] = {}
     x = y = row_height = width = 0.0
@@ -117,25 +134,25 @@ def layout(graph: lineage.Graph) -> dict:
     return result
 
 
-@dataclass(frozen=True)
-class DrawnNode:
-    node: lineage.Node
-    x: float  # left
-    y: float  # top
-    url: str
-    line1: str
-    line2: str
-    colour: str
-    focus: bool
+class _Urls:
+    """Admin change-page URLs by pk, reversed once per kind (a page has hundreds of nodes)."""
+
+    def __init__(self):
+        self.prefix = {
+            kind: reverse(f"admin:assets_app_{model}_change", args=["__pk__"])
+            for kind, model in (("dag", "dag"), ("asset", "asset"), ("alias", "assetalias"))
+        }
+
+    def __call__(self, kind: str, pk) -> str:
+        return self.prefix[kind].replace("__pk__", quote(str(pk)))
 
 
 def _short(text: str, limit: int = 26) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _drawn(node: lineage.Node, centre, *, now, focus: bool) -> DrawnNode:
+def _node_svg(node: lineage.Node, centre, *, now, focus: bool, urls: _Urls) -> str:
     if node.kind == "dag":
-        url = reverse("admin:assets_app_dag_change", args=[node.pk])
         if node.last_run_state:
             line2 = f"{node.last_run_state} {relative(node.last_run_at, now=now)}"
         else:
@@ -144,9 +161,8 @@ def _drawn(node: lineage.Node, centre, *, now, focus: bool) -> DrawnNode:
             line2 += f" · {node.waiting} waiting"
         if node.is_paused:
             line2 = "paused · " + line2
-        colour = state_colour(node.last_run_state) if node.last_run_state else "#a8a29e"
+        colour = state_colour(node.last_run_state) if node.last_run_state else NEUTRAL_COLOUR
     elif node.kind == "asset":
-        url = reverse("admin:assets_app_asset_change", args=[node.pk])
         line2 = (
             f"event {relative(node.last_event_at, now=now)}" if node.last_event_at else "no events"
         )
@@ -154,18 +170,38 @@ def _drawn(node: lineage.Node, centre, *, now, focus: bool) -> DrawnNode:
             line2 += f" · {node.waiting} waiting"
         colour = "#0891b2"
     else:
-        url = reverse("admin:assets_app_assetalias_change", args=[node.pk])
-        line2 = "alias"
-        colour = "#7c3aed"
-    return DrawnNode(
-        node=node,
-        x=round(centre[0] - NODE_WIDTH / 2, 1),
-        y=round(centre[1] - NODE_HEIGHT / 2, 1),
-        url=url,
-        line1=_short(node.label),
-        line2=_short(line2, 32),
-        colour=colour,
-        focus=focus,
+        line2, colour = "alias", "#7c3aed"
+    x, y = round(centre[0] - NODE_WIDTH / 2, 1), round(centre[1] - NODE_HEIGHT / 2, 1)
+    return format_html(
+        '<a href="{}" class="aes-node aes-node-{}{}" data-key="{}" data-label="{}">'
+        "<title>{} {} · {}</title>"
+        '<rect x="{}" y="{}" width="{}" height="{}" rx="{}"/>'
+        '<rect x="{}" y="{}" width="6" height="{}" fill="{}" class="aes-node-mark"/>'
+        '<text x="{}" y="{}" class="aes-node-label">{}</text>'
+        '<text x="{}" y="{}" class="aes-node-sub">{}</text></a>',
+        urls(node.kind, node.pk),
+        node.kind,
+        " aes-node-focus" if focus else "",
+        node.key,
+        node.label,
+        node.kind,
+        node.label,
+        line2,
+        x,
+        y,
+        NODE_WIDTH,
+        NODE_HEIGHT,
+        4 if node.kind == "dag" else 18,
+        x,
+        y,
+        NODE_HEIGHT,
+        colour,
+        x + 12,
+        y + 17,
+        _short(node.label),
+        x + 12,
+        y + 32,
+        _short(line2, 32),
     )
 
 
@@ -206,22 +242,31 @@ def lineage_view(request, *, admin_site, opts):
         messages.warning(request, f"{error}; showing everything.")
     shown = graph.neighbourhood(focus, depth=depth) if focus else graph
     placed = layout(shown)
-    nodes = [
-        _drawn(node, placed["positions"][key], now=now, focus=key == focus)
-        for key, node in sorted(shown.nodes.items())
-    ]
-    edges = [
-        {
-            "d": _path_d(
-                placed["paths"].get((e.source, e.target))
-                or [placed["positions"][e.source], placed["positions"][e.target]]
-            ),
-            "kind": e.kind,
-            "title": ", ".join(e.tasks) if e.tasks else e.kind,
-        }
-        for e in shown.edges
-        if e.source != e.target
-    ]
+    urls = _Urls()
+    # SVG markup is built here rather than in a template loop: hundreds of nodes and edges.
+    nodes = mark_safe(
+        "".join(
+            _node_svg(node, placed["positions"][key], now=now, focus=key == focus, urls=urls)
+            for key, node in sorted(shown.nodes.items())
+        )
+    )
+    edges = format_html_join(
+        "",
+        '<path d="{}" class="aes-edge aes-edge-{}" marker-end="url(#arrow)">'
+        "<title>{}</title></path>",
+        (
+            (
+                _path_d(
+                    placed["paths"].get((e.source, e.target))
+                    or [placed["positions"][e.source], placed["positions"][e.target]]
+                ),
+                e.kind,
+                ", ".join(e.tasks) if e.tasks else e.kind,
+            )
+            for e in shown.edges
+            if e.source != e.target
+        ),
+    )
     context = {
         **admin_site.each_context(request),
         "opts": opts,
@@ -230,8 +275,6 @@ def lineage_view(request, *, admin_site, opts):
         "edges": edges,
         "width": placed["width"],
         "height": placed["height"],
-        "node_width": NODE_WIDTH,
-        "node_height": NODE_HEIGHT,
         "focus": shown.nodes.get(focus) if focus else None,
         "depth": depth,
         "counts": {

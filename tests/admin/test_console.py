@@ -4,6 +4,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.core.cache import cache
 from django.urls import reverse
 from django.utils import timezone
@@ -40,9 +41,10 @@ LINEAGE = reverse("admin:assets_app_dag_lineage")
 
 
 def lineage_data(n_dags: int) -> None:
-    """`n_dags` Dags in chains: Dag i produces asset i through task `t<i>` (and emits through an
-    alias every tenth), and is scheduled on the assets of Dags i-1 and i-7; some runs, events
-    and queued events, so every node has something to say."""
+    """`n_dags` Dags in pipelines of ten, as teams build them: Dag i produces asset i through
+    task `t<i>` (every tenth also emits through an alias) and is scheduled on the assets of Dags
+    i-1 and i-3 of its pipeline; the third asset of every other pipeline also feeds the next
+    pipeline's seventh Dag. Some runs and events, so every node has something to say."""
     dags = Dag.objects.bulk_create(
         [Dag(dag_id=f"dag_{i:03}", schedule=None) for i in range(n_dags)]
     )
@@ -60,9 +62,11 @@ def lineage_data(n_dags: int) -> None:
     AssetAliasAsset.objects.create(alias=alias, asset=assets[0])
     refs = []
     for i, dag in enumerate(dags):
-        for j in {i - 1, i - 7}:
-            if j >= 0 and (i % 50):
-                refs.append(DagScheduleAssetReference(dag=dag, asset=assets[j]))
+        k = i % 10  # position in its pipeline
+        upstream = {j for j in (i - 1, i - 3) if j >= i - k}
+        if k == 6 and (i // 10) % 2 == 1:
+            upstream.add(i - k - 10 + 2)  # asset 2 of the previous pipeline
+        refs += [DagScheduleAssetReference(dag=dag, asset=assets[j]) for j in upstream]
     DagScheduleAssetReference.objects.bulk_create(refs)
     DagScheduleAliasReference.objects.create(dag=dags[-1], alias=alias)
     DagRun.objects.bulk_create(
@@ -106,12 +110,13 @@ def test_lineage_neighbourhood_of_an_asset_follows_it_to_its_consumers(staff_cli
     lineage_data(30)
     asset = Asset.objects.get(name="asset_010")
     page = staff_client.get(LINEAGE, {"asset": "asset_010", "depth": 1}).content.decode()
-    # producer Dag -> asset -> its two consumers (Dags 11 and 17), nothing else.
-    assert node_keys(page) == {f"asset:{asset.pk}", "dag:dag_010", "dag:dag_011", "dag:dag_017"}
-    assert reverse("admin:assets_app_dag_change", args=["dag_011"]) in page
+    # producer Dag -> asset -> its two consumers (Dags 11 and 13), nothing else.
+    assert node_keys(page) == {f"asset:{asset.pk}", "dag:dag_010", "dag:dag_011", "dag:dag_013"}
+    assert reverse("admin:assets_app_dag_change", args=[quote("dag_011")]) in page
     assert 'class="aes-node aes-node-asset aes-node-focus"' in page
     wider = staff_client.get(LINEAGE, {"dag": "dag_011", "depth": 2}).content.decode()
-    assert {"dag:dag_010", "dag:dag_012", "dag:dag_018"} <= node_keys(wider)
+    assert {"dag:dag_010", "dag:dag_012", "dag:dag_014"} <= node_keys(wider)
+    assert "dag:dag_020" not in node_keys(wider)
     unknown = staff_client.get(LINEAGE, {"asset": "nope"}).content.decode()
     assert "No asset &#x27;nope&#x27; takes part in any link; showing everything." in unknown
 

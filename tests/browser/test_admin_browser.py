@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 from django.conf import settings
+from django.contrib.admin.utils import quote
 from django.db import connections
 from django.utils import timezone
 
@@ -215,7 +216,7 @@ def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_au
         keys = page.eval_on_selector_all(".aes-node", "ns => ns.map(n => n.dataset.key)")
         assert "dag:clean_orders" in keys and f"asset:{orders.pk}" in keys
         page.click(".aes-node[data-key='dag:clean_orders']")
-        page.wait_for_url("**/dag/clean_orders/change/")
+        page.wait_for_url(f"**/dag/{quote('clean_orders')}/change/")
         page.click("text=Runs grid")
         page.wait_for_url("**/clean_orders/grid/")
         assert page.locator("#run-grid .aes-cell[data-state]").count() >= 3

@@ -166,10 +166,9 @@ class DagRunAdmin(admin.ModelAdmin):
     """Runs are written by the scheduler and the manual trigger; operators look and may delete."""
 
     list_display = (
-        "run_id",
+        "run_label",
         "dag",
-        "run_type",
-        "state",
+        "state_view",
         "run_after",
         "run_time",
         "consumed_event_count",
@@ -290,6 +289,12 @@ class DagRunAdmin(admin.ModelAdmin):
     def state_view(self, obj):
         return state_badge(obj.state)
 
+    @admin.display(description="run", ordering="run_id")
+    def run_label(self, obj):
+        return format_html(
+            '{}<br><span class="aes-muted">{}</span>', obj.run_id, obj.get_run_type_display()
+        )
+
     @admin.display(description="took")
     def run_time(self, obj):
         return run_duration(obj.start_date, obj.end_date, now=timezone.now())
@@ -321,7 +326,7 @@ class DagRunAdmin(admin.ModelAdmin):
             request=getattr(obj, "request", None),
         )
 
-    @admin.display(description="consumed events", ordering="consumed_event_count")
+    @admin.display(description="consumed", ordering="consumed_event_count")
     def consumed_event_count(self, obj):
         return obj.consumed_event_count
 
@@ -370,15 +375,12 @@ class TaskInstanceAdmin(admin.ModelAdmin):
     """TIs change only through the worker API (task_state owns their lock): view and delete."""
 
     list_display = (
-        "id",
-        "dag_id",
-        "task_id",
-        "run_id",
-        "map_index",
-        "try_number",
+        "task_label",
+        "run_label",
+        "try_label",
         "state_view",
         "hostname",
-        "start_date",
+        "started",
         "took",
     )
     list_filter = ("state", "dag_id")
@@ -388,6 +390,25 @@ class TaskInstanceAdmin(admin.ModelAdmin):
     @admin.display(description="state", ordering="state")
     def state_view(self, obj):
         return state_badge(obj.state)
+
+    @admin.display(description="task instance", ordering="dag_id")
+    def task_label(self, obj):
+        label = f"{obj.dag_id}.{obj.task_id}"
+        if obj.map_index >= 0:
+            label += f"[{obj.map_index}]"
+        return format_html('{}<br><span class="aes-muted">{}</span>', label, str(obj.id)[:8])
+
+    @admin.display(description="run", ordering="run_id")
+    def run_label(self, obj):
+        return obj.run_id
+
+    @admin.display(description="try", ordering="try_number")
+    def try_label(self, obj):
+        return obj.try_number
+
+    @admin.display(description="started", ordering="start_date")
+    def started(self, obj):
+        return obj.start_date
 
     @admin.display(description="took")
     def took(self, obj):

@@ -18,7 +18,7 @@ from django.db import connections
 from django.utils import timezone
 
 from assets_app import definitions, heartbeats, outbox, runs, task_state
-from assets_app.models import Asset, AssetEvent, AssetEventQueue, DagRun, DagRunType
+from assets_app.models import Asset, AssetEvent, AssetEventQueue, DagRun, DagRunType, Task
 from tests.factories import AssetEventQueueFactory, AssetFactory, DagFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -260,3 +260,60 @@ def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_au
         connections.close_all()
     for shot in (LINEAGE_SHOT, GRID_SHOT, RUN_SHOT):
         assert _shot(shot, tmp_path).stat().st_size > 10_000
+
+
+LIST_PAGES = (
+    "asseteventqueue",
+    "dagrun",
+    "taskinstance",
+    "auditentry",
+    "dag",
+    "assetevent",
+    "assetdagrunqueue",
+    "asset",
+    "task",
+)
+
+
+def test_list_pages_fit_a_1400_px_window(live_server, monkeypatch, django_user_model):
+    """Long Dag, task and run ids and long errors wrap or clip: no column is cut off."""
+    from tests.admin.conftest import populate
+
+    sync_playwright = _playwright()
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    django_user_model.objects.create_superuser(username="operator", password="s3cret-pw")
+    populate(3)
+    dag = DagFactory(dag_id="a_rather_long_dag_identifier_for_the_ingest_of_orders")
+    Task.objects.create(dag=dag, task_id="fetch_orders_from_the_warehouse_in_full")
+    for _ in range(2):
+        runs.trigger_dag(dag_id=dag.dag_id)
+    for _ in range(3):
+        AssetEventQueueFactory(
+            parked=True,
+            source_dag_id=dag.dag_id,
+            source_task_id="fetch_orders_from_the_warehouse_in_full",
+            source_run_id="manual__2026-12-01T11:36:54.243574+00:00_yscny8yg",
+            last_error="RegistrationError: asset name='orders' uri='s3://lake/v2/orders' "
+            "conflicts with an existing asset that has the same name or uri but not both",
+            last_error_kind="permanent",
+        )
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{live_server.url}/admin/login/")
+        page.fill("#id_username", "operator")
+        page.fill("#id_password", "s3cret-pw")
+        page.click("input[type=submit]")
+        page.wait_for_url("**/admin/")
+        widths = {}
+        for name in LIST_PAGES:
+            page.goto(f"{live_server.url}/admin/assets_app/{name}/")
+            widths[name] = page.evaluate(
+                "[document.querySelector('#result_list').scrollWidth,"
+                " document.querySelector('#changelist .results').clientWidth,"
+                " document.documentElement.scrollWidth]"
+            )
+        browser.close()
+        connections.close_all()
+    too_wide = {n: w for n, w in widths.items() if w[0] > w[1] or w[2] > 1400}
+    assert too_wide == {}

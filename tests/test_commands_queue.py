@@ -159,3 +159,15 @@ def test_requeue_parked_names_the_ids_it_could_not_requeue_and_fails():
     entry = AuditEntry.objects.get(action="outbox.requeue")
     assert (entry.via, entry.actor_name[:3]) == ("command", "os:")
     assert list(entry.targets.values_list("object_id", flat=True)) == [str(parked.id)]
+
+
+def test_trigger_dag_records_the_os_user(monkeypatch):
+    monkeypatch.setenv("SUDO_USER", "alice")
+    Dag.objects.create(dag_id="ingest")
+    out = run("trigger_dag", "ingest", "--conf", '{"day": 3}')
+    assert "created run manual__" in out
+    run_row = DagRun.objects.get()
+    entry = AuditEntry.objects.get()
+    assert entry.actor_name.startswith("os:alice (as ") and entry.via == "command"
+    assert run_row.triggering_user_name == entry.actor_name
+    assert entry.detail["conf"] == {"day": 3}

@@ -397,3 +397,19 @@ def test_drain_nudges_coalesce_while_one_is_waiting():
     tasks.nudge_scheduler(dag_ids=["b", "a"])
     (scheduler_task,) = [row for row in OrmQ.objects.all() if row.func() == tasks.SCHEDULE_FUNC]
     assert scheduler_task.kwargs() == {"dag_ids": ["a", "b"]}
+
+
+def test_changing_an_asset_uri_refuses_a_taken_or_empty_uri_and_writes_nothing():
+    from assets_app import exceptions
+
+    orders = AssetFactory(name="orders", uri="s3://old")
+    AssetFactory(name="other", uri="s3://taken")
+    with pytest.raises(exceptions.Conflict) as taken:
+        asset_events.change_asset_uri(asset_id=orders.pk, uri="s3://taken")
+    assert taken.value.reason == "asset_uri_taken"
+    with pytest.raises(exceptions.InvalidInput):
+        asset_events.change_asset_uri(asset_id=orders.pk, uri="  ")
+    with pytest.raises(exceptions.NotFound):
+        asset_events.change_asset_uri(asset_id=10**9, uri="s3://x")
+    orders.refresh_from_db()
+    assert orders.uri == "s3://old" and not AuditEntry.objects.exists()

@@ -224,6 +224,12 @@ def test_queued_events_page_shows_met_parts_and_clears(staff_client):
     response = staff_client.post(url, follow=True)
     assert texts(response) == ["Cleared 2 queued events of report."]
     assert AssetDagRunQueue.objects.count() == 0
+    assert list(
+        AuditEntry.objects.order_by("id").values_list("action", "actor_name", "row_count")
+    ) == [
+        ("queued_events.clear", "operator", 2),
+        ("queued_events.clear", "operator", 2),
+    ]
 
 
 def test_adrq_clear_action_clears_selected_dag_asset_pairs(staff_client):

@@ -188,11 +188,11 @@ class DagRunAdmin(admin.ModelAdmin):
         "consumed_events_table",
     )
     fieldsets = (
+        (None, {"fields": ("outputs_warning",), "classes": ("aes-wide", "aes-bare")}),
         (
             None,
             {
                 "fields": (
-                    "outputs_warning",
                     "dag",
                     "run_id",
                     "run_type",
@@ -315,7 +315,13 @@ class DagRunAdmin(admin.ModelAdmin):
     def outputs_warning(self, obj):
         lost = [o for o in obj.outputs if o.lost]
         if not lost:
-            return "-"
+            waiting = sum(1 for o in obj.outputs if o.row is not None)
+            text = (
+                f"{waiting} outbox row(s) of this run are waiting to be registered."
+                if waiting
+                else "No output of this run was lost."
+            )
+            return format_html('<span class="aes-muted">{}</span>', text)
         return render_to_string("admin/assets_app/run_outputs_warning.html", {"lost": lost})
 
     @admin.display(description="task instances")

@@ -14,7 +14,15 @@ from .dags import (
 from .events import AssetAliasEvent, AssetEvent
 from .metrics import ComponentHeartbeat, MetricCounter
 from .queue import AssetDagRunQueue, AssetEventQueue, FailureKind
-from .runs import DagRun, DagRunAssetEvent, DagRunState, DagRunType, TaskInstance, TIState
+from .runs import (
+    DagRun,
+    DagRunAssetEvent,
+    DagRunState,
+    DagRunTriggeredBy,
+    DagRunType,
+    TaskInstance,
+    TIState,
+)
 
 __all__ = [
     "ApiToken",
@@ -33,6 +41,7 @@ __all__ = [
     "DagRun",
     "DagRunAssetEvent",
     "DagRunState",
+    "DagRunTriggeredBy",
     "DagRunType",
     "DagScheduleAliasReference",
     "DagScheduleAssetReference",

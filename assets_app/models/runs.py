@@ -9,6 +9,17 @@ from .dags import DAG_ID_MAX_LENGTH, Dag
 class DagRunType(models.TextChoices):
     MANUAL = "manual"
     ASSET_TRIGGERED = "asset_triggered"
+    # A run of the Dag producing an asset, asked for by `POST /api/v2/assets/{id}/materialize`.
+    ASSET_MATERIALIZATION = "asset_materialization"
+
+
+class DagRunTriggeredBy(models.TextChoices):
+    """Who asked for a run (Airflow's `DagRunTriggeredByType`, the values this service uses)."""
+
+    CLI = "cli"
+    REST_API = "rest_api"
+    UI = "ui"
+    ASSET = "asset"
 
 
 class DagRunState(models.TextChoices):
@@ -39,7 +50,10 @@ class DagRun(models.Model):
 
     dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="runs")
     run_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
-    run_type = models.CharField(max_length=20, choices=DagRunType.choices)
+    run_type = models.CharField(max_length=30, choices=DagRunType.choices)
+    triggered_by = models.CharField(
+        max_length=20, choices=DagRunTriggeredBy.choices, null=True, blank=True
+    )
     state = models.CharField(max_length=20, choices=DagRunState.choices, default=DagRunState.QUEUED)
     run_after = models.DateTimeField(default=timezone.now)
     logical_date = models.DateTimeField(null=True, blank=True)
@@ -48,6 +62,8 @@ class DagRun(models.Model):
     start_date = models.DateTimeField(null=True, blank=True)
     end_date = models.DateTimeField(null=True, blank=True)
     clear_number = models.PositiveIntegerField(default=0)
+    # When the run was last queued: its creation, or its last clear (Airflow's `queued_at`).
+    queued_at = models.DateTimeField(default=timezone.now)
     conf = models.JSONField(default=dict, blank=True)
     triggering_user_name = models.CharField(max_length=150, null=True, blank=True)
     note = models.TextField(null=True, blank=True)

@@ -1,48 +1,32 @@
-"""Reading assets and asset events: the public API (`GET /api/v2/assets/events`, the asset an
-external event names) and the worker API (`GET /execution/assets/...`, `/asset-events/...`).
-No transaction, no locks, a fixed number of queries each. Writes go through `registration`."""
+"""Reading assets, aliases and asset events: the public API (`GET /api/v2/assets`,
+`/assets/aliases`, `/assets/events`, a run's upstream events, the asset an external event names)
+and the worker API
+(`GET /execution/assets/...`, `/asset-events/...`). No transaction, no locks, a fixed number of
+queries each. Writes go through `registration`."""
 
-from dataclasses import dataclass
-from datetime import UTC, datetime
+__all__ = ["as_utc"]
+
+from collections.abc import Sequence
+from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
-from . import audit, exceptions, locks
-from .models import Asset, AssetAlias, AssetEvent, DagRun
+from . import audit, exceptions, listing, locks
+from .listing import as_utc
+from .models import (
+    Asset,
+    AssetAlias,
+    AssetEvent,
+    DagRun,
+    DagRunAssetEvent,
+    DagScheduleAssetReference,
+    TaskOutletAssetReference,
+)
 from .models.assets import ASSET_KEY_MAX_LENGTH
 
 # Upper bound of one worker-API asset-event listing (also the largest `limit` accepted).
 MAX_EVENTS = 10_000
-
-ORDERINGS = {
-    "timestamp": ("timestamp", "id"),
-    "-timestamp": ("-timestamp", "-id"),
-    "id": ("id",),
-    "-id": ("-id",),
-}
-
-
-@dataclass(frozen=True)
-class EventPage:
-    events: list[AssetEvent]  # asset and consuming runs loaded
-    total_entries: int
-
-
-def as_utc(value: datetime | None, *, field: str) -> datetime | None:
-    """An aware datetime filter value converted to UTC. PostgreSQL refuses offsets beyond
-    +-15:59 (a 500 if passed through); a value that leaves the datetime range once in UTC is
-    InvalidInput."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise exceptions.InvalidInput(f"{field} needs a time zone", reason="invalid_datetime")
-    try:
-        return value.astimezone(UTC)
-    except OverflowError as exc:
-        raise exceptions.InvalidInput(
-            f"{field} is out of range once converted to UTC", reason="invalid_datetime"
-        ) from exc
 
 
 def find_asset(
@@ -65,6 +49,157 @@ def find_asset(
     return asset
 
 
+ASSET_ORDERING = listing.Ordering(
+    keys={
+        "id": "id",
+        "name": "name",
+        "uri": "uri",
+        "created_at": "created_at",
+        "updated_at": "updated_at",
+    },
+    default=("id",),
+)
+ALIAS_ORDERING = listing.Ordering(keys={"id": "id", "name": "name"}, default=("id",))
+EVENT_ORDERING = listing.Ordering(
+    keys={
+        "source_task_id": "source_task_id",
+        "source_dag_id": "source_dag_id",
+        "source_run_id": "source_run_id",
+        "source_map_index": "source_map_index",
+        "timestamp": "timestamp",
+        "id": "id",
+    },
+    default=("timestamp",),
+)
+
+
+def _with_last_event(assets: QuerySet[Asset]) -> QuerySet[Asset]:
+    """Annotate each asset with its latest event (by timestamp, then id), as Airflow picks it,
+    and prefetch what an AssetResponse shows: the Dags scheduled on it, the tasks producing it
+    (with their Dags) and its aliases. 3 prefetch queries for any number of assets."""
+    latest = AssetEvent.objects.filter(asset=OuterRef("pk")).order_by("-timestamp", "-id")
+    return assets.annotate(
+        last_event_id=Subquery(latest.values("id")[:1]),
+        last_event_timestamp=Subquery(latest.values("timestamp")[:1]),
+    ).prefetch_related(
+        Prefetch(
+            "schedule_dag_refs",
+            queryset=DagScheduleAssetReference.objects.select_related("dag").order_by("dag_id"),
+        ),
+        Prefetch(
+            "task_outlet_refs",
+            queryset=TaskOutletAssetReference.objects.select_related("task__dag").order_by(
+                "task__dag_id", "task__task_id"
+            ),
+        ),
+        Prefetch("aliases", queryset=AssetAlias.objects.order_by("id")),
+    )
+
+
+def _active() -> Q:
+    """Airflow's active assets are those a Dag definition still references: here, scheduled on
+    by a Dag or declared as a task outlet."""
+    return Q(Exists(DagScheduleAssetReference.objects.filter(asset=OuterRef("pk")))) | Q(
+        Exists(TaskOutletAssetReference.objects.filter(asset=OuterRef("pk")))
+    )
+
+
+def list_assets(
+    *,
+    name_pattern: str | None = None,
+    name_prefix_pattern: str | None = None,
+    uri_pattern: str | None = None,
+    uri_prefix_pattern: str | None = None,
+    dag_ids: Sequence[str] | None = None,
+    only_active: bool = True,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    """A page of assets (Airflow's `GET /assets` filters). `dag_ids`: assets a Dag is scheduled
+    on or produces. 5 queries whatever the page size (count, page, 3 prefetches); no locks."""
+    assets = Asset.objects.filter(
+        listing.pattern_q("name", name_pattern),
+        listing.prefix_q("name", name_prefix_pattern),
+        listing.pattern_q("uri", uri_pattern),
+        listing.prefix_q("uri", uri_prefix_pattern),
+    )
+    if only_active:
+        assets = assets.filter(_active())
+    if dag_ids:
+        if len(dag_ids) == 1 and "," in dag_ids[0]:
+            dag_ids = dag_ids[0].split(",")
+        assets = assets.filter(
+            Q(
+                Exists(
+                    DagScheduleAssetReference.objects.filter(
+                        asset=OuterRef("pk"), dag_id__in=dag_ids
+                    )
+                )
+            )
+            | Q(
+                Exists(
+                    TaskOutletAssetReference.objects.filter(
+                        asset=OuterRef("pk"), task__dag_id__in=dag_ids
+                    )
+                )
+            )
+        )
+    return listing.offset_page(
+        _with_last_event(assets), ASSET_ORDERING, order_by=order_by, limit=limit, offset=offset
+    )
+
+
+def get_asset_by_id(asset_id: int) -> Asset:
+    """One asset with what `list_assets` loads for each; NotFound otherwise. 4 queries."""
+    asset = _with_last_event(Asset.objects.filter(pk=asset_id)).first()
+    if asset is None:
+        raise exceptions.NotFound(
+            f"The Asset with ID: `{asset_id}` was not found", reason="asset_not_found"
+        )
+    return asset
+
+
+def list_aliases(
+    *,
+    name_pattern: str | None = None,
+    name_prefix_pattern: str | None = None,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    """A page of asset aliases. 2 queries; no locks."""
+    aliases = AssetAlias.objects.filter(
+        listing.pattern_q("name", name_pattern), listing.prefix_q("name", name_prefix_pattern)
+    )
+    return listing.offset_page(
+        aliases, ALIAS_ORDERING, order_by=order_by, limit=limit, offset=offset
+    )
+
+
+def get_alias(alias_id: int) -> AssetAlias:
+    alias = AssetAlias.objects.filter(pk=alias_id).first()
+    if alias is None:
+        raise exceptions.NotFound(
+            f"The Asset Alias with ID: `{alias_id}` was not found", reason="asset_alias_not_found"
+        )
+    return alias
+
+
+def _consuming_runs() -> Prefetch:
+    """Each event's consuming runs, each annotated with the event that triggered it (its most
+    recent consumed event, by timestamp then id, as Airflow defines `triggering`)."""
+    latest = (
+        DagRunAssetEvent.objects.filter(dag_run=OuterRef("pk"))
+        .order_by("-asset_event__timestamp", "-asset_event_id")
+        .values("asset_event_id")[:1]
+    )
+    return Prefetch(
+        "consuming_runs",
+        queryset=DagRun.objects.annotate(triggering_event_id=Subquery(latest)).order_by("id"),
+    )
+
+
 def list_asset_events(
     *,
     asset_id: int | None = None,
@@ -72,35 +207,57 @@ def list_asset_events(
     source_task_id: str | None = None,
     source_run_id: str | None = None,
     source_map_index: int | None = None,
+    name_pattern: str | None = None,
+    name_prefix_pattern: str | None = None,
     timestamp_gte: datetime | None = None,
+    timestamp_gt: datetime | None = None,
     timestamp_lte: datetime | None = None,
-    order_by: str = "timestamp",
-    limit: int = 50,
+    timestamp_lt: datetime | None = None,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
     offset: int = 0,
-) -> EventPage:
-    """A page of events matching the filters, with the total count. Three queries (count, page,
-    consuming runs) whatever the page size; no locks."""
-    if order_by not in ORDERINGS:
-        raise exceptions.InvalidInput(
-            f"order_by must be one of {sorted(ORDERINGS)}", reason="invalid_order_by"
-        )
-    filters = {
+) -> listing.Page:
+    """A page of events matching Airflow's `GET /assets/events` filters, with the total count.
+    Three queries (count, page with assets, consuming runs) whatever the page size; no locks."""
+    exact = {
         "asset_id": asset_id,
         "source_dag_id": source_dag_id,
         "source_task_id": source_task_id,
         "source_run_id": source_run_id,
         "source_map_index": source_map_index,
-        "timestamp__gte": as_utc(timestamp_gte, field="timestamp_gte"),
-        "timestamp__lte": as_utc(timestamp_lte, field="timestamp_lte"),
     }
-    queryset = AssetEvent.objects.filter(**{k: v for k, v in filters.items() if v is not None})
-    total = queryset.count()
-    page = list(
-        queryset.select_related("asset")
-        .prefetch_related(Prefetch("consuming_runs", queryset=DagRun.objects.order_by("id")))
-        .order_by(*ORDERINGS[order_by])[offset : offset + limit]
+    events = AssetEvent.objects.filter(
+        listing.pattern_q("asset__name", name_pattern),
+        listing.prefix_q("asset__name", name_prefix_pattern),
+        listing.range_q(
+            "timestamp", gte=timestamp_gte, gt=timestamp_gt, lte=timestamp_lte, lt=timestamp_lt
+        ),
+        **{k: v for k, v in exact.items() if v is not None},
     )
-    return EventPage(events=page, total_entries=total)
+    return listing.offset_page(
+        events.select_related("asset").prefetch_related(_consuming_runs()),
+        EVENT_ORDERING,
+        order_by=order_by,
+        limit=limit,
+        offset=offset,
+    )
+
+
+def events_consumed_by_run(*, dag_id: str, run_id: str) -> list[AssetEvent]:
+    """The events a run consumed (Airflow's upstream asset events), oldest first, with their
+    assets and consuming runs. NotFound for an unknown run. 3 queries; no locks."""
+    run = DagRun.objects.filter(dag_id=dag_id, run_id=run_id).values_list("id", flat=True).first()
+    if run is None:
+        raise exceptions.NotFound(
+            f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` was not found",
+            reason="dag_run_not_found",
+        )
+    return list(
+        AssetEvent.objects.filter(consumed_links__dag_run_id=run)
+        .select_related("asset")
+        .prefetch_related(_consuming_runs())
+        .order_by("timestamp", "id")
+    )
 
 
 def get_asset(*, name: str | None = None, uri: str | None = None) -> Asset:

@@ -40,6 +40,12 @@ class InvalidInput(DomainError):
     reason = "invalid_input"
 
 
+class BadRequest(DomainError):
+    """A request the API refuses as a whole, e.g. an unknown `order_by` attribute (HTTP 400)."""
+
+    reason = "bad_request"
+
+
 class PermissionDenied(DomainError):
     reason = "forbidden"
 

@@ -111,6 +111,16 @@ def lock_dag_queue_rows(
     return list(queryset.order_by("asset_event_id"))
 
 
+def lock_asset_queue_rows(asset_id: int) -> list[AssetDagRunQueue]:
+    """Lock one asset's ADRQ rows for every Dag (an operator clear), in the global ADRQ order
+    (target_dag_id, asset_event_id), skipping locked ones."""
+    return list(
+        AssetDagRunQueue.objects.select_for_update(skip_locked=True)
+        .filter(asset_id=asset_id)
+        .order_by("target_dag_id", "asset_event_id")
+    )
+
+
 def lock_dag_queue_entries(dag_id: str) -> list[tuple[int, int, datetime, str]]:
     """`lock_dag_queue_rows` for the scheduler's hot path: the same rows, locks (only the ADRQ
     rows: `of=("self",)`) and order, as (id, asset_event_id, event timestamp, asset name)

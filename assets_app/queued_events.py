@@ -30,25 +30,29 @@ def _check_dag(dag_id: str) -> None:
 
 
 def list_queued_events(
-    *, dag_id: str, asset_id: int | None = None, before: datetime | None = None
+    *, dag_id: str | None, asset_id: int | None = None, before: datetime | None = None
 ) -> list[QueuedEvent]:
-    """Queued events of a Dag (optionally one asset, optionally queued before a time), one per
-    asset, by asset id. Read-only, no locks. Unknown Dag: NotFound."""
-    _check_dag(dag_id)
+    """Queued events of a Dag (optionally one asset), or of one asset for every Dag (`dag_id`
+    None), optionally queued before a time: one per (Dag, asset), by Dag and asset id. Read-only,
+    no locks. Unknown Dag: NotFound."""
+    if dag_id is not None:
+        _check_dag(dag_id)
     before = as_utc(before, field="before")
-    queryset = AssetDagRunQueue.objects.filter(target_dag_id=dag_id)
+    queryset = AssetDagRunQueue.objects.all()
+    if dag_id is not None:
+        queryset = queryset.filter(target_dag_id=dag_id)
     if asset_id is not None:
         queryset = queryset.filter(asset_id=asset_id)
     if before is not None:
         queryset = queryset.filter(created_at__lt=before)
     rows = (
-        queryset.order_by("asset_id")
-        .values("asset_id")
+        queryset.order_by("target_dag_id", "asset_id")
+        .values("target_dag_id", "asset_id")
         .annotate(created_at=Min("created_at"), event_count=Count("id"))
     )
     return [
         QueuedEvent(
-            dag_id=dag_id,
+            dag_id=row["target_dag_id"],
             asset_id=row["asset_id"],
             created_at=row["created_at"],
             event_count=row["event_count"],
@@ -59,29 +63,37 @@ def list_queued_events(
 
 def clear_queued_events(
     *,
-    dag_id: str,
+    dag_id: str | None,
     asset_id: int | None = None,
     before: datetime | None = None,
     actor: audit.Actor | None = None,
 ) -> int:
-    """Delete a Dag's queued events (optionally for one asset / queued before a time): the Dag
-    will not consume those events. Own durable transaction, audited (the events cleared) when
-    anything was cleared; rows a scheduler is consuming right now are skipped (SKIP LOCKED)
-    since they are gone when it commits. Returns rows deleted. Unknown Dag: NotFound."""
-    _check_dag(dag_id)
+    """Delete a Dag's queued events (optionally for one asset), or one asset's for every Dag
+    (`dag_id` None), optionally only those queued before a time: the Dags will not consume those
+    events. Own durable transaction, audited (the events cleared) when anything was cleared;
+    rows a scheduler is consuming right now are skipped (SKIP LOCKED) since they are gone when
+    it commits. Returns rows deleted. Unknown Dag: NotFound."""
+    if dag_id is None and asset_id is None:
+        raise exceptions.InvalidInput("name a Dag or an asset", reason="queue_scope_required")
+    if dag_id is not None:
+        _check_dag(dag_id)
     before = as_utc(before, field="before")
     with transaction.atomic(durable=True):
-        rows = locks.lock_dag_queue_rows(
-            dag_id, asset_ids=[asset_id] if asset_id is not None else None
-        )
+        if dag_id is None:
+            rows = locks.lock_asset_queue_rows(asset_id)
+        else:
+            rows = locks.lock_dag_queue_rows(
+                dag_id, asset_ids=[asset_id] if asset_id is not None else None
+            )
         cleared = [row for row in rows if before is None or row.created_at < before]
         if cleared:
             AssetDagRunQueue.objects.filter(id__in=[row.id for row in cleared]).delete()
             scope = f" of asset #{asset_id}" if asset_id is not None else ""
+            owner = f"dag {dag_id}" if dag_id is not None else "every dag"
             audit.record(
                 actor=actor,
                 action="queued_events.clear",
-                summary=f"cleared {len(cleared)} queued event(s){scope} of dag {dag_id}",
+                summary=f"cleared {len(cleared)} queued event(s){scope} of {owner}",
                 targets=[
                     audit.Target(kind="asset_event", object_id=row.asset_event_id)
                     for row in cleared

@@ -26,9 +26,11 @@ from .models import (
     DagRun,
     DagRunAssetEvent,
     DagRunState,
+    DagRunTriggeredBy,
     DagRunType,
     Task,
     TaskInstance,
+    TaskOutletAssetReference,
     TIState,
 )
 from .models.runs import TI_FINISHED_STATES
@@ -46,6 +48,14 @@ def generate_run_id(*, run_type: str, run_after: datetime) -> str:
     return f"{run_type}__{run_after.isoformat()}_{suffix}"
 
 
+def initial_ti_states(*, dag_id: str, task_ids: Sequence[str]) -> dict[str, str]:
+    """The state each of these tasks' TIs starts in, when a run is created and when it is
+    cleared: the one place that decides it. Today every TI is queued at once (tasks have no
+    order); with task dependencies the roots are queued and the rest wait for their upstream.
+    No queries."""
+    return dict.fromkeys(task_ids, TIState.QUEUED)
+
+
 def create_dag_run(
     *,
     dag: Dag,
@@ -60,6 +70,7 @@ def create_dag_run(
     data_interval_end: datetime | None = None,
     note: str | None = None,
     tasks: Sequence[tuple[str, int]] | None = None,
+    triggered_by: str | None = None,
 ) -> DagRun:
     """Insert a queued DagRun, its consumed-event links and one queued TI per task of `dag`.
 
@@ -83,6 +94,8 @@ def create_dag_run(
         data_interval_end=data_interval_end,
         conf=dict(conf or {}),
         triggering_user_name=triggering_user_name,
+        triggered_by=triggered_by
+        or (DagRunTriggeredBy.ASSET if run_type == DagRunType.ASSET_TRIGGERED else None),
         note=note,
     )
     if tasks is None:
@@ -113,6 +126,7 @@ def create_dag_run(
             [(run.pk, dag.dag_id, event_id) for event_id in event_ids],
         )
     now = timezone.now()
+    states = initial_ti_states(dag_id=dag.dag_id, task_ids=[task_id for task_id, _ in tasks])
     _insert_instances(
         [
             TaskInstance(
@@ -122,7 +136,7 @@ def create_dag_run(
                 task_id=task_id,
                 try_number=1,
                 max_tries=retries,
-                state=TIState.QUEUED,
+                state=states[task_id],
                 queued_at=now,
             )
             for task_id, retries in tasks
@@ -194,9 +208,12 @@ def trigger_dag(
     data_interval_end: datetime | None = None,
     note: str | None = None,
     actor: audit.Actor | None = None,
+    triggered_by: str | None = None,
+    run_type: str = DagRunType.MANUAL,
 ) -> DagRun:
     """Create a manual run of `dag_id` with its queued TIs, in its own durable transaction,
     audited when `actor` is given (an operator's trigger; the scheduler's runs are not).
+    `run_type` is asset_materialization for `materialize_asset`.
 
     Errors (nothing written): unknown Dag -> NotFound ("dag_not_found"); paused Dag ->
     InvalidState ("dag_paused"); `conf` not a JSON object -> InvalidInput ("invalid_conf"); a
@@ -221,7 +238,8 @@ def trigger_dag(
             )
         run = create_dag_run(
             dag=dag,
-            run_type=DagRunType.MANUAL,
+            run_type=run_type,
+            triggered_by=triggered_by,
             run_id=run_id,
             run_after=run_after or timezone.now(),
             conf=conf,
@@ -241,6 +259,38 @@ def trigger_dag(
                 detail={"run_id": run.run_id, "conf": conf},
             )
         return run
+
+
+def materialize_asset(*, asset_id: int, **trigger: Any) -> DagRun:
+    """Run the one Dag that produces `asset_id` (a task declares it as an outlet), as
+    `trigger_dag` does, with run type asset_materialization. NotFound when no Dag produces it,
+    Conflict (`several_producers`) when more than one does; `trigger_dag`'s errors otherwise."""
+    dag_ids = list(
+        TaskOutletAssetReference.objects.filter(asset_id=asset_id)
+        .order_by("task__dag_id")
+        .values_list("task__dag_id", flat=True)
+        .distinct()[:2]
+    )
+    if not dag_ids:
+        raise exceptions.NotFound(
+            f"No Dag materializes asset with ID: {asset_id}", reason="no_producing_dag"
+        )
+    if len(dag_ids) > 1:
+        raise exceptions.Conflict(
+            f"More than one Dag materializes asset with ID: {asset_id}",
+            reason="several_producers",
+        )
+    return trigger_dag(dag_id=dag_ids[0], run_type=DagRunType.ASSET_MATERIALIZATION, **trigger)
+
+
+# --- clearing -----------------------------------------------------------------------------------
+
+
+def clearable_states(*, only_failed: bool = False) -> frozenset[str]:
+    """The TI states a clear acts on: finished (and up_for_retry), or only failed ones."""
+    if only_failed:
+        return frozenset({TIState.FAILED, TIState.UPSTREAM_FAILED})
+    return frozenset(TI_FINISHED_STATES | {TIState.UP_FOR_RETRY})
 
 
 @dataclass(frozen=True)
@@ -278,10 +328,9 @@ def clear_task_instances(
         if wanted is not None:
             candidates = candidates.filter(id__in=wanted)
         everything = {str(ti.id): ti.task_id for ti in candidates.only("id", "task_id")}
-        clearable = set(TI_FINISHED_STATES) | {TIState.UP_FOR_RETRY}
-        if only_failed:
-            clearable = {TIState.FAILED, TIState.UPSTREAM_FAILED}
+        clearable = clearable_states(only_failed=only_failed)
         locked = locks.lock_task_instances_to_clear(candidates.filter(state__in=sorted(clearable)))
+        states = initial_ti_states(dag_id=run.dag_id, task_ids=[ti.task_id for ti in locked])
         retries = dict(
             Task.objects.filter(
                 dag_id=run.dag_id, task_id__in={ti.task_id for ti in locked}
@@ -293,7 +342,7 @@ def clear_task_instances(
                 ti.task_id, max(ti.max_tries - ti.try_number, 0)
             )
             ti.try_number += 1
-            ti.state = TIState.QUEUED
+            ti.state = states[ti.task_id]
             ti.queued_at = now
             ti.hostname = ti.unixname = ti.claimed_by = ""
             ti.pid = ti.start_date = ti.end_date = ti.last_heartbeat_at = None
@@ -318,8 +367,13 @@ def clear_task_instances(
                     "updated_at",
                 ],
             )
+            # Airflow: queued again now, started afresh (start and end cleared).
             DagRun.objects.filter(pk=run.pk).update(
-                state=DagRunState.QUEUED, end_date=None, clear_number=models.F("clear_number") + 1
+                state=DagRunState.QUEUED,
+                start_date=None,
+                end_date=None,
+                queued_at=now,
+                clear_number=models.F("clear_number") + 1,
             )
             audit.record(
                 actor=actor,
@@ -339,4 +393,110 @@ def clear_task_instances(
         return ClearResult(
             cleared=tuple(sorted(everything[i] for i in cleared)),
             skipped=tuple(sorted(t for i, t in everything.items() if i not in cleared)),
+        )
+
+
+@dataclass(frozen=True)
+class RunClearResult:
+    run: DagRun
+    task_instances: list[TaskInstance]  # cleared (or, in a dry run, that would be)
+    new_task_ids: list[str]  # only_new: tasks of the Dag with no TI in the run
+
+
+def clear_dag_run(
+    *,
+    dag_id: str,
+    run_id: str,
+    dry_run: bool = True,
+    only_failed: bool = False,
+    only_new: bool = False,
+    note: str | None = None,
+    actor: audit.Actor | None = None,
+) -> RunClearResult:
+    """Airflow's `POST .../dagRuns/{run_id}/clear` on `clear_task_instances`: `dry_run` (the
+    default, as in Airflow) writes nothing and says which TIs would be cleared (or, with
+    `only_new`, which tasks the Dag gained since the run was created); otherwise those TIs get a
+    new try, or the new tasks get TIs, in the state `initial_ti_states` gives, the run is queued
+    again, and `note` (when given) replaces the run's note. Errors, nothing written: unknown run
+    -> NotFound; paused Dag -> InvalidState (`dag_paused`: claim does not look at pauses, so its
+    TIs would run at once). Each write is its own durable transaction."""
+    run = DagRun.objects.select_related("dag").filter(dag_id=dag_id, run_id=run_id).first()
+    if run is None:
+        raise exceptions.NotFound(
+            f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` was not found",
+            reason="dag_run_not_found",
+        )
+    tis = TaskInstance.objects.filter(dag_run=run).select_related("dag_run")
+    if only_new:
+        have = set(tis.values_list("task_id", flat=True))
+        tasks = dict(
+            Task.objects.filter(dag_id=dag_id)
+            .exclude(task_id__in=have)
+            .values_list("task_id", "retries")
+        )
+        planned, new_task_ids = [], sorted(tasks)
+    else:
+        planned = list(
+            tis.filter(state__in=sorted(clearable_states(only_failed=only_failed))).order_by(
+                "task_id", "map_index"
+            )
+        )
+        new_task_ids = []
+    if dry_run:
+        return RunClearResult(run=run, task_instances=planned, new_task_ids=new_task_ids)
+    if run.dag.is_paused:
+        raise exceptions.InvalidState(
+            f"dag {dag_id!r} is paused; unpause it to clear a run", reason="dag_paused"
+        )
+    if only_new:
+        _add_new_task_instances(run, tasks, actor=actor)
+    else:
+        clear_task_instances(dag_run_id=run.pk, only_failed=only_failed, actor=actor)
+    if note is not None:
+        DagRun.objects.filter(pk=run.pk).update(note=note)
+    run.refresh_from_db()
+    cleared = list(tis.filter(pk__in=[ti.pk for ti in planned]).order_by("task_id", "map_index"))
+    return RunClearResult(run=run, task_instances=cleared, new_task_ids=new_task_ids)
+
+
+def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> None:
+    """TIs for tasks the Dag gained after `run` was created, and the run queued again. Own
+    durable transaction; a task whose TI appeared meanwhile is left alone (the unique
+    (run, task, map index) constraint)."""
+    if not tasks:
+        return
+    now = timezone.now()
+    states = initial_ti_states(dag_id=run.dag_id, task_ids=sorted(tasks))
+    with transaction.atomic(durable=True):
+        TaskInstance.objects.bulk_create(
+            [
+                TaskInstance(
+                    dag_run=run,
+                    dag_id=run.dag_id,
+                    run_id=run.run_id,
+                    task_id=task_id,
+                    try_number=1,
+                    max_tries=retries,
+                    state=states[task_id],
+                    queued_at=now,
+                )
+                for task_id, retries in sorted(tasks.items())
+            ],
+            ignore_conflicts=True,
+        )
+        DagRun.objects.filter(pk=run.pk).update(
+            state=DagRunState.QUEUED,
+            start_date=None,
+            end_date=None,
+            queued_at=now,
+            clear_number=models.F("clear_number") + 1,
+        )
+        audit.record(
+            actor=actor,
+            action="dag_run.clear",
+            summary=f"added {len(tasks)} new task instance(s) to run {run.run_id} of dag "
+            f"{run.dag_id}",
+            targets=[audit.Target(kind="dag_run", object_id=run.pk)],
+            dag_id=run.dag_id,
+            detail={"run_id": run.run_id, "only_new": True},
         )

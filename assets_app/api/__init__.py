@@ -6,7 +6,7 @@ Routers live in `execution.py` and `public.py`; both APIs share the error mappin
 from ninja import NinjaAPI
 
 from . import errors
-from .parser import JsonParser
+from .parser import FullPrecisionRenderer, JsonParser
 
 execution_api = NinjaAPI(
     title="Asset event service - execution API",
@@ -21,11 +21,14 @@ public_api = NinjaAPI(
     urls_namespace="public_api",
     docs_url="/docs",
     parser=JsonParser(),
+    renderer=FullPrecisionRenderer(),
 )
 errors.install(execution_api)
 errors.install(public_api)
 
-from . import execution, public  # noqa: E402  (routers register themselves on the APIs)
+from . import execution, public, public_dags  # noqa: E402  (routers register on the APIs)
 
 execution_api.add_router("", execution.router)
+# Static paths before the ones with a variable segment where both could match (`dagRuns/list`).
+public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)

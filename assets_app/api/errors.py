@@ -1,4 +1,16 @@
-"""Every API error leaves here as `{"detail": {"reason": ..., "message": ..., ...}}`."""
+"""Every API error leaves here, in one of two shapes.
+
+- `{"detail": {"reason": ..., "message": ..., ...}}`: every error of the worker API, and every
+  error of the public API except 422. For the public API this is Airflow's `HTTPExceptionResponse`
+  (whose `detail` may be an object), so Airflow's REST client parses it, and scripts keep reading
+  `detail.reason`.
+- `{"detail": [{"type": ..., "loc": [...], "msg": ...}, ...]}`: a 422 of the public API, Airflow's
+  `HTTPValidationError` (what FastAPI answers), which the client parses into `ValidationError`s.
+  For a domain error (`InvalidInput`) `type` is its reason and `loc` is the `loc` it names.
+
+Unknown paths and methods under an API prefix answer JSON 404 / 405 (`json_fallback`, called by
+the request guard middleware), never Django's HTML pages.
+"""
 
 import json
 import logging
@@ -19,22 +31,47 @@ STATUS_BY_EXCEPTION: list[tuple[type[exceptions.DomainError], int]] = [
     (exceptions.InvalidState, 409),
     (exceptions.Conflict, 409),
     (exceptions.InvalidInput, 422),
+    (exceptions.BadRequest, 400),
 ]
+
+PUBLIC_PREFIX = "/api/v2/"
+# Paths whose unknown routes and methods answer JSON instead of Django's HTML pages.
+JSON_FALLBACK_PREFIXES = (PUBLIC_PREFIX,)
 
 
 def error_response(status: int, reason: str, message: str, **extra: Any) -> JsonResponse:
     return JsonResponse({"detail": {"reason": reason, "message": message, **extra}}, status=status)
 
 
+def validation_response(items: list[dict[str, Any]]) -> JsonResponse:
+    """Airflow's HTTPValidationError: 422 with a list of {type, loc, msg}."""
+    return JsonResponse({"detail": items}, status=422)
+
+
+def error_response_for(path: str, status: int, reason: str, message: str, **extra: Any):
+    """`error_response`, or for a 422 of the public API the HTTPValidationError shape."""
+    if status == 422 and path.startswith(PUBLIC_PREFIX):
+        loc = list(extra.pop("loc", ()))
+        return validation_response([{"type": reason, "loc": loc, "msg": message}])
+    return error_response(status, reason, message, **extra)
+
+
+def _status_of(exc: exceptions.DomainError) -> int:
+    return next((code for cls, code in STATUS_BY_EXCEPTION if isinstance(exc, cls)), 400)
+
+
 def _domain_error(request: HttpRequest, exc: exceptions.DomainError) -> HttpResponse:
-    status = next((code for cls, code in STATUS_BY_EXCEPTION if isinstance(exc, cls)), 400)
-    return error_response(status, exc.reason, exc.message, **exc.extra)
+    return error_response_for(request.path, _status_of(exc), exc.reason, exc.message, **exc.extra)
+
+
+def _items(exc: ValidationError) -> list[dict[str, Any]]:
+    return [{k: v for k, v in error.items() if k in ("type", "loc", "msg")} for error in exc.errors]
 
 
 def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-    errors = [
-        {k: v for k, v in error.items() if k in ("type", "loc", "msg")} for error in exc.errors
-    ]
+    errors = _items(exc)
+    if request.path.startswith(PUBLIC_PREFIX):
+        return validation_response(errors)
     first = errors[0] if errors else {}
     where = ".".join(str(part) for part in first.get("loc", ()))
     message = f"{where}: {first.get('msg', 'invalid')}" if where else "invalid request"
@@ -69,3 +106,27 @@ def install(api: NinjaAPI) -> None:
     api.add_exception_handler(HttpError, _http_error)
     api.add_exception_handler(Http404, _not_found)
     api.add_exception_handler(json.JSONDecodeError, _bad_json)
+
+
+def json_fallback(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """Under JSON_FALLBACK_PREFIXES, turn Django's HTML 404 (no route) and ninja's plain-text
+    405 (no such method on a route) into the JSON error shape; any other response unchanged."""
+    if response.status_code not in (404, 405) or not request.path.startswith(
+        JSON_FALLBACK_PREFIXES
+    ):
+        return response
+    if response.get("Content-Type", "").startswith("application/json"):
+        return response
+    if response.status_code == 404:
+        return error_response(
+            404, "not_found", f"no route {request.method} {request.path} in this API"
+        )
+    allowed = sorted(m.strip() for m in response.get("Allow", "").split(",") if m.strip())
+    answer = error_response(
+        405,
+        "method_not_allowed",
+        f"{request.method} is not allowed on {request.path}; allowed: {', '.join(allowed)}",
+        allowed=allowed,
+    )
+    answer["Allow"] = ", ".join(allowed)
+    return answer

@@ -9,7 +9,8 @@
 - A NUL character in the path, the query string, a header or the body is answered 422
   (`invalid_characters`): PostgreSQL stores NUL neither in text nor (as \\u0000) in jsonb, so
   such a value could only end as a DataError (500) or an outbox row that can never register.
-All answers leave the database untouched: no view runs.
+All answers leave the database untouched: no view runs. On the way out, an HTML 404 or plain 405
+under `/api/v2/` becomes a JSON error (`errors.json_fallback`).
 
 The body check reads the raw bytes, never parses JSON: in valid UTF-8 JSON a NUL can only be the
 escape `\\u0000` (a raw NUL byte is invalid JSON anyway), and `\\u0000` is an escape only when the
@@ -22,7 +23,7 @@ RFC 8259 requires UTF-8 between systems, and the Task SDK sends UTF-8.
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 
-from .errors import error_response
+from .errors import error_response, error_response_for, json_fallback
 
 API_PREFIXES = ("/execution/", "/api/")
 JSON_ONLY_PREFIX = "/execution/"
@@ -86,10 +87,11 @@ class ApiRequestGuardMiddleware:
                 "request body must be JSON (Content-Type: application/json)",
             )
         if _has_nul(request, body):
-            return error_response(
+            return error_response_for(
+                request.path,
                 422,
                 "invalid_characters",
                 "the path, query string, headers and body must not contain NUL characters "
                 "(\\u0000)",
             )
-        return self.get_response(request)
+        return json_fallback(request, self.get_response(request))

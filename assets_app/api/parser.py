@@ -1,5 +1,5 @@
-"""The JSON body parser of both APIs: JSON as RFC 8259 defines it, in UTF-8, holding only what
-PostgreSQL's jsonb can store.
+"""JSON in and out. `JsonParser`, the body parser of both APIs: JSON as RFC 8259 defines it, in
+UTF-8, holding only what PostgreSQL's jsonb can store.
 
 Python's json module also accepts `NaN`, `Infinity` and `-Infinity`, turns `1e400` into an
 infinite float, and decodes a lone UTF-16 surrogate escape (`"\\ud800"`) into a string no UTF-8
@@ -7,14 +7,21 @@ encoder accepts. Passed through, each ended as a DataError (500) when written to
 Here the first three are invalid JSON (400 `invalid_json`, like any parse error) and a lone
 surrogate is a 422 `invalid_characters`, like a NUL (see `middleware.py`). Still one parse per
 request; the surrogate check re-encodes the parsed body only when it holds a `\\ud...` escape.
+
+`FullPrecisionRenderer` renders the public API's responses: datetimes with their microseconds
+(Django's encoder keeps milliseconds only), so a timestamp read from one answer and passed back as
+a `timestamp_lte` filter still matches the row it came from, as with Airflow's pydantic output.
 """
 
 import json
 import math
+from datetime import datetime
 from typing import Any
 
 from django.http import HttpRequest
 from ninja.parser import Parser
+from ninja.renderers import JSONRenderer
+from ninja.responses import NinjaJSONEncoder
 
 from assets_app import exceptions
 
@@ -49,3 +56,15 @@ class JsonParser(Parser):
                 reason="invalid_characters",
             )
         return data
+
+
+class _FullPrecisionEncoder(NinjaJSONEncoder):
+    def default(self, o: Any) -> Any:
+        if isinstance(o, datetime):
+            text = o.isoformat()
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        return super().default(o)
+
+
+class FullPrecisionRenderer(JSONRenderer):
+    encoder_class = _FullPrecisionEncoder

@@ -1,82 +1,178 @@
-"""Request and response bodies of the public API (`/api/v2/`), shaped like Airflow 3's public API.
+"""Request and response bodies of the public API (`/api/v2/`), with the shapes of Airflow 3.3.2's
+public API (`v2-rest-api-generated.yaml`, compared by `tests/api/test_public_schema.py`): every
+field Airflow requires is present, nullable exactly where Airflow's is, with Airflow's names. A
+field this service has no concept of is answered as Airflow answers when it has none (null, an
+empty list, Airflow's default value), never left out.
 
-Request bodies forbid unknown fields (a typo is a 422, not a silently ignored value).
+Request bodies forbid unknown fields (a typo is a 422, not a silently ignored value) but accept
+every field of Airflow's body; one naming a feature the service lacks (`partition_key`) must be
+null. Query parameters are the endpoint's own (`public.py`, `public_dags.py`).
 """
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
+from uuid import UUID
 
 from ninja import Schema
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
-from assets_app.models import DagRun
+from assets_app import dags as dag_reads
+from assets_app import run_reads
+from assets_app.models import Asset, AssetAlias, AssetEvent, Dag, DagRun, TaskInstance
 from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
 from assets_app.models.dags import DAG_ID_MAX_LENGTH
 
 from .schemas import INT32_MAX, UtcDatetime
+
+# Airflow's `[api] maximum_page_limit` default, as the batch bodies' page_limit default.
+BATCH_PAGE_LIMIT = 100
+NOTE_MAX_LENGTH = 1000
+Offset = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Limit = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class StrictSchema(Schema):
     model_config = ConfigDict(extra="forbid")
 
 
-class TriggerDagRunBody(StrictSchema):
-    """Airflow 3's `TriggerDAGRunPostBody`, with `logical_date` optional (null by default)."""
-
-    dag_run_id: str | None = Field(default=None, min_length=1, max_length=DAG_ID_MAX_LENGTH)
-    logical_date: UtcDatetime | None = None
-    data_interval_start: UtcDatetime | None = None
-    data_interval_end: UtcDatetime | None = None
-    run_after: UtcDatetime | None = None
-    conf: dict[str, Any] | None = None
-    note: str | None = Field(default=None, max_length=1000)
-
-    @model_validator(mode="after")
-    def _intervals_together(self) -> "TriggerDagRunBody":
-        if (self.data_interval_start is None) != (self.data_interval_end is None):
-            raise ValueError("give both data_interval_start and data_interval_end, or neither")
-        return self
+def _no_partitions(value: str | None) -> str | None:
+    if value is not None:
+        raise ValueError("partition keys are not supported by this service; send null")
+    return value
 
 
-class DagRunResponse(Schema):
-    """A subset of Airflow's `DAGRunResponse`."""
+NoPartitionKey = Annotated[str | None, AfterValidator(_no_partitions)]
 
-    dag_run_id: str
+
+# --- errors (Airflow's HTTPExceptionResponse and HTTPValidationError) -------------------------
+
+
+class HTTPExceptionResponse(Schema):
+    """Every error but a 422: `detail` is `{"reason", "message", ...}`."""
+
+    detail: dict[str, Any] | str
+
+
+class ValidationError(Schema):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class HTTPValidationError(Schema):
+    """A 422: one item per problem; `type` is pydantic's error type, or the domain reason."""
+
+    detail: list[ValidationError]
+
+
+# --- assets and aliases -------------------------------------------------------------------------
+
+
+class DagScheduleAssetReference(Schema):
     dag_id: str
-    logical_date: datetime | None
-    queued_at: datetime | None
-    start_date: datetime | None
-    end_date: datetime | None
-    data_interval_start: datetime | None
-    data_interval_end: datetime | None
-    run_after: datetime
-    run_type: str
-    state: str
-    triggering_user_name: str | None
-    conf: dict[str, Any] | None
-    note: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class TaskOutletAssetReference(Schema):
+    dag_id: str
+    task_id: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class TaskInletAssetReference(Schema):
+    dag_id: str
+    task_id: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class AssetWatcherResponse(Schema):
+    name: str
+    trigger_id: int
+    created_date: datetime
+
+
+class AssetAliasResponse(Schema):
+    id: int
+    name: str
+    group: str
 
     @staticmethod
-    def from_run(run: DagRun) -> "DagRunResponse":
-        return DagRunResponse(
-            dag_run_id=run.run_id,
-            dag_id=run.dag_id,
-            logical_date=run.logical_date,
-            queued_at=run.created_at,
-            start_date=run.start_date,
-            end_date=run.end_date,
-            data_interval_start=run.data_interval_start,
-            data_interval_end=run.data_interval_end,
-            run_after=run.run_after,
-            run_type=run.run_type,
-            state=run.state,
-            triggering_user_name=run.triggering_user_name,
-            conf=run.conf,
-            note=run.note,
+    def from_alias(alias: AssetAlias) -> "AssetAliasResponse":
+        return AssetAliasResponse(id=alias.id, name=alias.name, group=alias.group)
+
+
+class AssetAliasCollectionResponse(Schema):
+    asset_aliases: list[AssetAliasResponse]
+    total_entries: int
+
+
+class LastAssetEventResponse(Schema):
+    id: int | None = None
+    timestamp: datetime | None = None
+
+
+class AssetResponse(Schema):
+    """Airflow's AssetResponse. The references carry their Dag's creation and last change times
+    (the service keeps none of its own for them); no inlets, no watchers."""
+
+    id: int
+    name: str
+    uri: str
+    group: str
+    extra: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    scheduled_dags: list[DagScheduleAssetReference]
+    producing_tasks: list[TaskOutletAssetReference]
+    consuming_tasks: list[TaskInletAssetReference]
+    aliases: list[AssetAliasResponse]
+    watchers: list[AssetWatcherResponse]
+    last_asset_event: LastAssetEventResponse | None
+
+    @staticmethod
+    def from_asset(asset: Asset) -> "AssetResponse":
+        """From an asset loaded by `asset_events.list_assets` / `get_asset_by_id`."""
+        return AssetResponse(
+            id=asset.id,
+            name=asset.name,
+            uri=asset.uri,
+            group=asset.group,
+            extra=asset.extra,
+            created_at=asset.created_at,
+            updated_at=asset.updated_at,
+            scheduled_dags=[
+                DagScheduleAssetReference(
+                    dag_id=ref.dag_id, created_at=ref.dag.created_at, updated_at=ref.dag.updated_at
+                )
+                for ref in asset.schedule_dag_refs.all()
+            ],
+            producing_tasks=[
+                TaskOutletAssetReference(
+                    dag_id=ref.task.dag_id,
+                    task_id=ref.task.task_id,
+                    created_at=ref.task.dag.created_at,
+                    updated_at=ref.task.dag.updated_at,
+                )
+                for ref in asset.task_outlet_refs.all()
+            ],
+            consuming_tasks=[],
+            aliases=[AssetAliasResponse.from_alias(alias) for alias in asset.aliases.all()],
+            watchers=[],
+            last_asset_event=LastAssetEventResponse(
+                id=asset.last_event_id, timestamp=asset.last_event_timestamp
+            ),
         )
 
 
-# --- Asset events and queued events (Airflow 3's datamodels/assets.py shapes) -----------------
+class AssetCollectionResponse(Schema):
+    assets: list[AssetResponse]
+    total_entries: int
+
+
+# --- asset events and queued events ---------------------------------------------------------
 
 
 class CreateAssetEventBody(StrictSchema):
@@ -87,6 +183,9 @@ class CreateAssetEventBody(StrictSchema):
     name: str | None = Field(default=None, min_length=1, max_length=ASSET_KEY_MAX_LENGTH)
     uri: str | None = Field(default=None, min_length=1, max_length=ASSET_KEY_MAX_LENGTH)
     extra: dict[str, Any] = Field(default_factory=dict)
+    partition_key: NoPartitionKey = None
+    # Airflow's consumer-team filter; this service has no teams.
+    access_control: None = None
 
     @model_validator(mode="after")
     def _one_asset_reference(self) -> "CreateAssetEventBody":
@@ -97,14 +196,19 @@ class CreateAssetEventBody(StrictSchema):
 
 
 class DagRunAssetReference(Schema):
+    """A run that consumed an event. Airflow's model requires `start_date`: a run that has not
+    started yet shows the time it was queued."""
+
     run_id: str
     dag_id: str
     logical_date: datetime | None
-    start_date: datetime | None
+    start_date: datetime
     end_date: datetime | None
     state: str
     data_interval_start: datetime | None
     data_interval_end: datetime | None
+    partition_key: str | None
+    triggering: bool
 
 
 class AssetEventResponse(Schema):
@@ -120,10 +224,12 @@ class AssetEventResponse(Schema):
     source_map_index: int
     created_dagruns: list[DagRunAssetReference]
     timestamp: datetime
+    partition_key: str | None
 
     @staticmethod
-    def from_event(event: Any) -> "AssetEventResponse":
-        """From an AssetEvent with `asset` loaded (and `consuming_runs` prefetched if any)."""
+    def from_event(event: AssetEvent) -> "AssetEventResponse":
+        """From an AssetEvent with `asset` loaded and `consuming_runs` prefetched as
+        `asset_events` does (each run annotated with `triggering_event_id`), or none at all."""
         return AssetEventResponse(
             id=event.id,
             asset_id=event.asset_id,
@@ -140,36 +246,24 @@ class AssetEventResponse(Schema):
                     run_id=run.run_id,
                     dag_id=run.dag_id,
                     logical_date=run.logical_date,
-                    start_date=run.start_date,
+                    start_date=run.start_date or run.queued_at,
                     end_date=run.end_date,
                     state=run.state,
                     data_interval_start=run.data_interval_start,
                     data_interval_end=run.data_interval_end,
+                    partition_key=None,
+                    triggering=getattr(run, "triggering_event_id", None) == event.id,
                 )
                 for run in event.consuming_runs.all()
             ],
             timestamp=event.timestamp,
+            partition_key=None,
         )
 
 
 class AssetEventCollectionResponse(Schema):
     asset_events: list[AssetEventResponse]
     total_entries: int
-
-
-class AssetEventFilters(Schema):
-    """Query parameters of `GET /api/v2/assets/events`."""
-
-    asset_id: int | None = None
-    source_dag_id: str | None = None
-    source_task_id: str | None = None
-    source_run_id: str | None = None
-    source_map_index: int | None = None
-    timestamp_gte: UtcDatetime | None = None
-    timestamp_lte: UtcDatetime | None = None
-    order_by: str = "timestamp"
-    limit: int = Field(default=50, ge=1, le=100)
-    offset: int = Field(default=0, ge=0, le=INT32_MAX)
 
 
 class QueuedEventResponse(Schema):
@@ -182,3 +276,502 @@ class QueuedEventResponse(Schema):
 class QueuedEventCollectionResponse(Schema):
     queued_events: list[QueuedEventResponse]
     total_entries: int
+
+
+# --- Dags -----------------------------------------------------------------------------------
+
+
+class DagTagResponse(Schema):
+    name: str
+    dag_id: str
+    dag_display_name: str
+
+
+class DagVersionResponse(Schema):
+    id: UUID
+    version_number: int
+    dag_id: str
+    bundle_name: str | None
+    bundle_version: str | None
+    created_at: datetime
+    dag_display_name: str
+    bundle_url: str | None
+
+
+def _dag_fields(dag: Dag) -> dict[str, Any]:
+    scheduled = dag.schedule is not None
+    return {
+        "dag_id": dag.dag_id,
+        "dag_display_name": dag.dag_id,
+        "is_paused": dag.is_paused,
+        "is_stale": False,
+        "last_parsed_time": dag.updated_at,
+        "last_parse_duration": None,
+        "last_expired": None,
+        "bundle_name": None,
+        "bundle_version": None,
+        "relative_fileloc": None,
+        "fileloc": dag.fileloc,
+        "description": dag.description or None,
+        "timetable_summary": "Asset" if scheduled else "None",
+        "timetable_description": (
+            "Triggered by assets" if scheduled else "Never, external triggers only"
+        ),
+        "timetable_partitioned": False,
+        "timetable_periodic": False,
+        "tags": [],
+        "max_active_tasks": AIRFLOW_MAX_ACTIVE_TASKS,
+        "max_active_runs": dag.max_active_runs,
+        "max_consecutive_failed_dag_runs": 0,
+        "has_task_concurrency_limits": False,
+        "has_import_errors": False,
+        "next_dagrun_logical_date": None,
+        "next_dagrun_data_interval_start": None,
+        "next_dagrun_data_interval_end": None,
+        "next_dagrun_run_after": None,
+        "allowed_run_types": None,
+        "owners": [],
+        "is_backfillable": False,
+        "file_token": "",
+    }
+
+
+# Airflow's `[core] max_active_tasks_per_dag` default; the service does not limit running TIs.
+AIRFLOW_MAX_ACTIVE_TASKS = 16
+
+
+class DAGResponse(Schema):
+    """Airflow's DAGResponse. No tags, owners, bundles or timetables here: empty lists, nulls and
+    Airflow's defaults; `timetable_summary` is Airflow's ("Asset" for an asset schedule, "None"
+    for manual runs only); `last_parsed_time` is the last time `sync_dags` changed the Dag."""
+
+    dag_id: str
+    dag_display_name: str
+    is_paused: bool
+    is_stale: bool
+    last_parsed_time: datetime | None
+    last_parse_duration: float | None
+    last_expired: datetime | None
+    bundle_name: str | None
+    bundle_version: str | None
+    relative_fileloc: str | None
+    fileloc: str
+    description: str | None
+    timetable_summary: str | None
+    timetable_description: str | None
+    timetable_partitioned: bool
+    timetable_periodic: bool
+    tags: list[DagTagResponse]
+    max_active_tasks: int
+    max_active_runs: int | None
+    max_consecutive_failed_dag_runs: int
+    has_task_concurrency_limits: bool
+    has_import_errors: bool
+    next_dagrun_logical_date: datetime | None
+    next_dagrun_data_interval_start: datetime | None
+    next_dagrun_data_interval_end: datetime | None
+    next_dagrun_run_after: datetime | None
+    allowed_run_types: list[str] | None
+    owners: list[str]
+    is_backfillable: bool
+    file_token: str
+
+    @staticmethod
+    def from_dag(dag: Dag) -> "DAGResponse":
+        return DAGResponse(**_dag_fields(dag))
+
+
+class DAGDetailsResponse(DAGResponse):
+    catchup: bool
+    dag_run_timeout: str | None
+    asset_expression: dict[str, Any] | None
+    doc_md: str | None
+    start_date: datetime | None
+    end_date: datetime | None
+    is_paused_upon_creation: bool | None
+    params: dict[str, Any] | None
+    render_template_as_native_obj: bool
+    template_search_path: list[str] | None
+    timezone: str | None
+    last_parsed: datetime | None
+    default_args: dict[str, Any] | None
+    rerun_with_latest_version: bool | None
+    owner_links: dict[str, str] | None
+    is_favorite: bool
+    active_runs_count: int
+    concurrency: int
+    latest_dag_version: DagVersionResponse | None
+
+    @staticmethod
+    def from_dag(dag: Dag) -> "DAGDetailsResponse":
+        """From a Dag loaded by `dags.get_dag(details=True)`."""
+        return DAGDetailsResponse(
+            **_dag_fields(dag),
+            catchup=False,
+            dag_run_timeout=None,
+            asset_expression=dag_reads.asset_expression(dag),
+            doc_md=None,
+            start_date=None,
+            end_date=None,
+            is_paused_upon_creation=None,
+            params={},
+            render_template_as_native_obj=False,
+            template_search_path=None,
+            timezone="UTC",
+            last_parsed=dag.updated_at,
+            default_args={},
+            rerun_with_latest_version=None,
+            owner_links={},
+            is_favorite=False,
+            active_runs_count=dag.active_runs_count or 0,
+            concurrency=AIRFLOW_MAX_ACTIVE_TASKS,
+            latest_dag_version=None,
+        )
+
+
+class DAGCollectionResponse(Schema):
+    dags: list[DAGResponse]
+    total_entries: int
+
+
+class DAGPatchBody(StrictSchema):
+    is_paused: bool
+
+
+# --- Dag runs -------------------------------------------------------------------------------
+
+
+class TriggerDagRunBody(StrictSchema):
+    """Airflow 3's `TriggerDAGRunPostBody`, with `logical_date` optional (null by default)."""
+
+    dag_run_id: str | None = Field(default=None, min_length=1, max_length=DAG_ID_MAX_LENGTH)
+    logical_date: UtcDatetime | None = None
+    data_interval_start: UtcDatetime | None = None
+    data_interval_end: UtcDatetime | None = None
+    run_after: UtcDatetime | None = None
+    conf: dict[str, Any] | None = None
+    note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
+    partition_key: NoPartitionKey = None
+
+    @model_validator(mode="after")
+    def _intervals_together(self) -> "TriggerDagRunBody":
+        if (self.data_interval_start is None) != (self.data_interval_end is None):
+            raise ValueError("give both data_interval_start and data_interval_end, or neither")
+        return self
+
+
+class MaterializeAssetBody(TriggerDagRunBody):
+    """Airflow's `MaterializeAssetBody`: the trigger body for the asset's producing Dag."""
+
+
+class DAGRunResponse(Schema):
+    """Airflow's DAGRunResponse. No Dag versions, bundles or partitions: empty / null."""
+
+    dag_run_id: str
+    dag_id: str
+    logical_date: datetime | None
+    queued_at: datetime | None
+    start_date: datetime | None
+    end_date: datetime | None
+    duration: float | None
+    data_interval_start: datetime | None
+    data_interval_end: datetime | None
+    run_after: datetime
+    last_scheduling_decision: datetime | None
+    run_type: str
+    state: str
+    triggered_by: str | None
+    triggering_user_name: str | None
+    conf: dict[str, Any] | None
+    note: str | None
+    dag_versions: list[DagVersionResponse]
+    bundle_version: str | None
+    dag_display_name: str
+    partition_key: str | None
+    partition_date: datetime | None
+
+    @staticmethod
+    def from_run(run: DagRun) -> "DAGRunResponse":
+        duration = None
+        if run.start_date is not None and run.end_date is not None:
+            duration = (run.end_date - run.start_date).total_seconds()
+        return DAGRunResponse(
+            dag_run_id=run.run_id,
+            dag_id=run.dag_id,
+            logical_date=run.logical_date,
+            queued_at=run.queued_at,
+            start_date=run.start_date,
+            end_date=run.end_date,
+            duration=duration,
+            data_interval_start=run.data_interval_start,
+            data_interval_end=run.data_interval_end,
+            run_after=run.run_after,
+            last_scheduling_decision=None,
+            run_type=run.run_type,
+            state=run.state,
+            triggered_by=run.triggered_by,
+            triggering_user_name=run.triggering_user_name,
+            conf=run.conf,
+            note=run.note,
+            dag_versions=[],
+            bundle_version=None,
+            dag_display_name=run.dag_id,
+            partition_key=None,
+            partition_date=None,
+        )
+
+
+class DAGRunCollectionResponse(Schema):
+    dag_runs: list[DAGRunResponse]
+    total_entries: int | None
+    total_entries_limit: int | None = None
+    next_cursor: str | None = None
+    previous_cursor: str | None = None
+
+
+class DAGRunClearBody(StrictSchema):
+    dry_run: bool = True
+    only_failed: bool = False
+    only_new: bool = False
+    # Every Dag here has one version, its latest.
+    run_on_latest_version: bool | None = None
+    note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
+
+
+class DAGRunsBatchBody(StrictSchema):
+    """Airflow's body of `POST /dags/{dag_id}/dagRuns/list`."""
+
+    order_by: str | None = None
+    page_offset: Offset = 0
+    page_limit: Limit = BATCH_PAGE_LIMIT
+    dag_ids: list[str] | None = None
+    states: list[str | None] | None = None
+    run_after_gte: UtcDatetime | None = None
+    run_after_gt: UtcDatetime | None = None
+    run_after_lte: UtcDatetime | None = None
+    run_after_lt: UtcDatetime | None = None
+    logical_date_gte: UtcDatetime | None = None
+    logical_date_gt: UtcDatetime | None = None
+    logical_date_lte: UtcDatetime | None = None
+    logical_date_lt: UtcDatetime | None = None
+    start_date_gte: UtcDatetime | None = None
+    start_date_gt: UtcDatetime | None = None
+    start_date_lte: UtcDatetime | None = None
+    start_date_lt: UtcDatetime | None = None
+    end_date_gte: UtcDatetime | None = None
+    end_date_gt: UtcDatetime | None = None
+    end_date_lte: UtcDatetime | None = None
+    end_date_lt: UtcDatetime | None = None
+    duration_gte: float | None = None
+    duration_gt: float | None = None
+    duration_lte: float | None = None
+    duration_lt: float | None = None
+    conf_contains: str | None = None
+
+
+# --- task instances -------------------------------------------------------------------------
+
+
+class TriggerResponse(Schema):
+    id: int
+    classpath: str
+    kwargs: str
+    created_date: datetime
+    queue: str | None
+    triggerer_id: int | None
+
+
+class JobResponse(Schema):
+    id: int
+    dag_id: str | None
+    state: str | None
+    job_type: str | None
+    start_date: datetime | None
+    end_date: datetime | None
+    latest_heartbeat: datetime | None
+    executor_class: str | None
+    hostname: str | None
+    unixname: str | None
+    dag_display_name: str | None = None
+
+
+class TaskInstanceResponse(Schema):
+    """Airflow's TaskInstanceResponse. The service runs no operators, pools, queues, executors
+    or triggers: Airflow's defaults (`default_pool`, one slot, queue `default`, priority 1) and
+    nulls. `state` is Airflow's name for the TI's state (null: no status yet)."""
+
+    id: UUID
+    task_id: str
+    dag_id: str
+    dag_run_id: str
+    map_index: int
+    logical_date: datetime | None
+    run_after: datetime
+    start_date: datetime | None
+    end_date: datetime | None
+    duration: float | None
+    state: str | None
+    try_number: int
+    max_tries: int
+    task_display_name: str
+    dag_display_name: str
+    hostname: str | None
+    unixname: str | None
+    pool: str
+    pool_slots: int
+    queue: str | None
+    priority_weight: int | None
+    operator: str | None
+    operator_name: str | None
+    queued_when: datetime | None
+    scheduled_when: datetime | None
+    pid: int | None
+    executor: str | None
+    executor_config: str
+    note: str | None
+    rendered_map_index: str | None
+    rendered_fields: dict[str, Any]
+    trigger: TriggerResponse | None
+    triggerer_job: JobResponse | None
+    dag_version: DagVersionResponse | None
+
+    @staticmethod
+    def from_ti(ti: TaskInstance) -> "TaskInstanceResponse":
+        """From a TI with `dag_run` loaded."""
+        duration = None
+        if ti.start_date is not None and ti.end_date is not None:
+            duration = (ti.end_date - ti.start_date).total_seconds()
+        return TaskInstanceResponse(
+            id=ti.id,
+            task_id=ti.task_id,
+            dag_id=ti.dag_id,
+            dag_run_id=ti.run_id,
+            map_index=ti.map_index,
+            logical_date=ti.dag_run.logical_date,
+            run_after=ti.dag_run.run_after,
+            start_date=ti.start_date,
+            end_date=ti.end_date,
+            duration=duration,
+            state=run_reads.airflow_ti_state(ti.state),
+            try_number=ti.try_number,
+            max_tries=ti.max_tries,
+            task_display_name=ti.task_id,
+            dag_display_name=ti.dag_id,
+            hostname=ti.hostname or None,
+            unixname=ti.unixname or None,
+            pool=run_reads.DEFAULT_POOL,
+            pool_slots=1,
+            queue=run_reads.DEFAULT_QUEUE,
+            priority_weight=1,
+            operator=None,
+            operator_name=None,
+            queued_when=ti.queued_at,
+            scheduled_when=None,
+            pid=ti.pid,
+            executor=None,
+            executor_config="{}",
+            note=None,
+            rendered_map_index=None,
+            rendered_fields={},
+            trigger=None,
+            triggerer_job=None,
+            dag_version=None,
+        )
+
+
+class TaskInstanceCollectionResponse(Schema):
+    task_instances: list[TaskInstanceResponse]
+    total_entries: int | None
+    total_entries_limit: int | None = None
+    next_cursor: str | None = None
+    previous_cursor: str | None = None
+
+
+class NewTaskResponse(Schema):
+    task_id: str
+    task_display_name: str
+
+
+class ClearTaskInstanceCollectionResponse(Schema):
+    task_instances: list[TaskInstanceResponse | NewTaskResponse]
+    total_entries: int
+
+
+class TaskInstancesBatchBody(StrictSchema):
+    """Airflow's body of `POST .../taskInstances/list`."""
+
+    dag_ids: list[str] | None = None
+    dag_run_ids: list[str] | None = None
+    task_ids: list[str] | None = None
+    state: list[str | None] | None = None
+    run_after_gte: UtcDatetime | None = None
+    run_after_gt: UtcDatetime | None = None
+    run_after_lte: UtcDatetime | None = None
+    run_after_lt: UtcDatetime | None = None
+    logical_date_gte: UtcDatetime | None = None
+    logical_date_gt: UtcDatetime | None = None
+    logical_date_lte: UtcDatetime | None = None
+    logical_date_lt: UtcDatetime | None = None
+    start_date_gte: UtcDatetime | None = None
+    start_date_gt: UtcDatetime | None = None
+    start_date_lte: UtcDatetime | None = None
+    start_date_lt: UtcDatetime | None = None
+    end_date_gte: UtcDatetime | None = None
+    end_date_gt: UtcDatetime | None = None
+    end_date_lte: UtcDatetime | None = None
+    end_date_lt: UtcDatetime | None = None
+    duration_gte: float | None = None
+    duration_gt: float | None = None
+    duration_lte: float | None = None
+    duration_lt: float | None = None
+    pool: list[str] | None = None
+    queue: list[str] | None = None
+    executor: list[str] | None = None
+    page_offset: Offset = 0
+    page_limit: Limit = BATCH_PAGE_LIMIT
+    order_by: str | None = None
+
+
+# --- monitor and version --------------------------------------------------------------------
+
+
+class BaseInfoResponse(Schema):
+    status: str | None
+
+
+class SchedulerInfoResponse(Schema):
+    status: str | None
+    latest_scheduler_heartbeat: str | None
+
+
+class TriggererInfoResponse(Schema):
+    status: str | None
+    latest_triggerer_heartbeat: str | None
+
+
+class DagProcessorInfoResponse(Schema):
+    status: str | None
+    latest_dag_processor_heartbeat: str | None
+
+
+class HealthInfoResponse(Schema):
+    metadatabase: BaseInfoResponse
+    scheduler: SchedulerInfoResponse
+    triggerer: TriggererInfoResponse
+    dag_processor: DagProcessorInfoResponse | None
+
+
+class VersionInfo(Schema):
+    version: str
+    git_version: str | None
+
+
+def responses(ok: Any, *errors: int, status: int = 200) -> dict[int, Any]:
+    """A route's `response=`: its success body and every error it can answer (401, 403 and 422
+    always), each in Airflow's error shape."""
+    codes: dict[int, Any] = {status: ok}
+    for code in (400, 401, 403, 404, 409, *errors):
+        if code in (401, 403) or code in errors:
+            codes[code] = HTTPExceptionResponse
+    codes[422] = HTTPValidationError
+    return codes

@@ -5,6 +5,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from assets_app import audit, exceptions, runs
+from assets_app.models import DagRunTriggeredBy
 
 
 class Command(BaseCommand):
@@ -22,7 +23,11 @@ class Command(BaseCommand):
         try:
             actor = audit.Actor.os_user()
             run = runs.trigger_dag(
-                dag_id=dag_id, conf=parsed, triggering_user_name=actor.name, actor=actor
+                dag_id=dag_id,
+                conf=parsed,
+                triggering_user_name=actor.name,
+                actor=actor,
+                triggered_by=DagRunTriggeredBy.CLI,
             )
         except exceptions.DomainError as exc:
             raise CommandError(exc.message) from exc

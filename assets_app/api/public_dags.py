@@ -1,0 +1,515 @@
+"""Public API (`/api/v2/`): Dags, Dag runs and task instances, with the paths, parameters and
+shapes of Airflow 3.3.2's public API. Same rules as `public.py`: token or staff session, one
+`@needs` permission per view, thin views over `dags`, `run_reads` and `runs`.
+
+Routes with a fixed segment (`dagRuns/list`, `taskInstances/list`) are registered before the
+ones whose variable segment would also match them.
+"""
+
+import json
+import time
+from collections.abc import Iterator
+
+from django.http import HttpRequest, StreamingHttpResponse
+from ninja import Field, Query, Router, Schema
+
+from assets_app import asset_events, dags, exceptions, run_reads, runs
+from assets_app.models import Dag, DagRun, DagRunTriggeredBy, TaskInstance
+
+from .public import Page, actor_of
+from .public_auth import public_api_auth
+from .public_permissions import needs
+from .public_schemas import (
+    AssetEventCollectionResponse,
+    AssetEventResponse,
+    ClearTaskInstanceCollectionResponse,
+    DAGCollectionResponse,
+    DAGDetailsResponse,
+    DAGPatchBody,
+    DAGResponse,
+    DAGRunClearBody,
+    DAGRunCollectionResponse,
+    DAGRunResponse,
+    DAGRunsBatchBody,
+    NewTaskResponse,
+    TaskInstanceCollectionResponse,
+    TaskInstanceResponse,
+    TaskInstancesBatchBody,
+    TriggerDagRunBody,
+    responses,
+)
+from .schemas import UtcDatetime
+
+router = Router(tags=["public"], auth=public_api_auth())
+
+# `wait` polls the run at most this often, whatever `interval` asks.
+MIN_WAIT_INTERVAL_SECONDS = 0.1
+NDJSON = "application/x-ndjson"
+
+
+# --- query parameters -----------------------------------------------------------------------
+
+
+class DagFilters(Page):
+    tags: list[str] = Field(default_factory=list)
+    tags_match_mode: str | None = Field(default=None, pattern="^(any|all)$")
+    owners: list[str] = Field(default_factory=list)
+    dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
+    dag_display_name_pattern: str | None = None
+    dag_display_name_prefix_pattern: str | None = None
+    exclude_stale: bool = True
+    paused: bool | None = None
+    has_import_errors: bool | None = None
+    last_dag_run_state: str | None = Field(
+        default=None, pattern="^(queued|running|success|failed)$"
+    )
+    bundle_name: str | None = None
+    bundle_version: str | None = None
+    has_asset_schedule: bool | None = None
+    asset_dependency: str | None = None
+    dag_run_start_date_gte: UtcDatetime | None = None
+    dag_run_start_date_gt: UtcDatetime | None = None
+    dag_run_start_date_lte: UtcDatetime | None = None
+    dag_run_start_date_lt: UtcDatetime | None = None
+    dag_run_end_date_gte: UtcDatetime | None = None
+    dag_run_end_date_gt: UtcDatetime | None = None
+    dag_run_end_date_lte: UtcDatetime | None = None
+    dag_run_end_date_lt: UtcDatetime | None = None
+    dag_run_state: list[str] = Field(default_factory=list)
+    is_favorite: bool | None = None
+    timetable_type: list[str] = Field(default_factory=list)
+
+    def domain(self) -> dags.DagFilters:
+        values = self.dict(
+            exclude={"limit", "offset", "order_by", "tags_match_mode", "exclude_stale"}
+        )
+        return dags.DagFilters(**values)
+
+
+class PatchDagsFilters(Schema):
+    update_mask: list[str] = Field(default_factory=list)
+    limit: int = Field(default=50, ge=0, le=2**31 - 1)
+    offset: int = Field(default=0, ge=0, le=2**31 - 1)
+    tags: list[str] = Field(default_factory=list)
+    tags_match_mode: str | None = Field(default=None, pattern="^(any|all)$")
+    owners: list[str] = Field(default_factory=list)
+    dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
+    exclude_stale: bool = True
+    paused: bool | None = None
+
+
+class UpdateMask(Schema):
+    update_mask: list[str] = Field(default_factory=list)
+
+
+class _Ranges(Schema):
+    run_after_gte: UtcDatetime | None = None
+    run_after_gt: UtcDatetime | None = None
+    run_after_lte: UtcDatetime | None = None
+    run_after_lt: UtcDatetime | None = None
+    logical_date_gte: UtcDatetime | None = None
+    logical_date_gt: UtcDatetime | None = None
+    logical_date_lte: UtcDatetime | None = None
+    logical_date_lt: UtcDatetime | None = None
+    start_date_gte: UtcDatetime | None = None
+    start_date_gt: UtcDatetime | None = None
+    start_date_lte: UtcDatetime | None = None
+    start_date_lt: UtcDatetime | None = None
+    end_date_gte: UtcDatetime | None = None
+    end_date_gt: UtcDatetime | None = None
+    end_date_lte: UtcDatetime | None = None
+    end_date_lt: UtcDatetime | None = None
+    duration_gte: float | None = None
+    duration_gt: float | None = None
+    duration_lte: float | None = None
+    duration_lt: float | None = None
+    updated_at_gte: UtcDatetime | None = None
+    updated_at_gt: UtcDatetime | None = None
+    updated_at_lte: UtcDatetime | None = None
+    updated_at_lt: UtcDatetime | None = None
+
+
+class RunFilters(Page, _Ranges):
+    cursor: str | None = None
+    partition_date_gte: str | None = None
+    partition_date_lte: str | None = None
+    conf_contains: str | None = None
+    run_type: list[str] = Field(default_factory=list)
+    state: list[str] = Field(default_factory=list)
+    dag_version: list[int] = Field(default_factory=list)
+    bundle_version: str | None = None
+    run_id_pattern: str | None = None
+    run_id_prefix_pattern: str | None = None
+    triggering_user_name_pattern: str | None = None
+    triggering_user_name_prefix_pattern: str | None = None
+    dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
+    partition_key_pattern: str | None = None
+    partition_key_prefix_pattern: str | None = None
+    consuming_asset_pattern: str | None = None
+
+    def domain(self) -> run_reads.RunFilters:
+        return run_reads.RunFilters(**self.dict(exclude={"limit", "offset", "order_by", "cursor"}))
+
+
+class TIFilters(Page, _Ranges):
+    cursor: str | None = None
+    task_id: str | None = None
+    task_display_name_pattern: str | None = None
+    task_display_name_prefix_pattern: str | None = None
+    task_group_id: str | None = None
+    dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
+    run_id_pattern: str | None = None
+    run_id_prefix_pattern: str | None = None
+    state: list[str] = Field(default_factory=list)
+    pool: list[str] = Field(default_factory=list)
+    pool_name_pattern: str | None = None
+    pool_name_prefix_pattern: str | None = None
+    queue: list[str] = Field(default_factory=list)
+    queue_name_pattern: str | None = None
+    queue_name_prefix_pattern: str | None = None
+    executor: list[str] = Field(default_factory=list)
+    version_number: list[int] = Field(default_factory=list)
+    try_number: list[int] = Field(default_factory=list)
+    operator: list[str] = Field(default_factory=list)
+    operator_name_pattern: str | None = None
+    operator_name_prefix_pattern: str | None = None
+    map_index: list[int] = Field(default_factory=list)
+    rendered_map_index_pattern: str | None = None
+    rendered_map_index_prefix_pattern: str | None = None
+
+    def domain(self) -> run_reads.TIFilters:
+        return run_reads.TIFilters(**self.dict(exclude={"limit", "offset", "order_by", "cursor"}))
+
+
+class WaitQuery(Schema):
+    interval: float = Field(gt=0, le=3600)
+    result: list[str] = Field(default_factory=list)
+
+
+def _check_update_mask(update_mask: list[str]) -> None:
+    if update_mask and update_mask != ["is_paused"]:
+        raise exceptions.BadRequest(
+            "Only `is_paused` field can be updated through the REST API",
+            reason="invalid_update_mask",
+        )
+
+
+def _dag_collection(page) -> DAGCollectionResponse:
+    return DAGCollectionResponse(
+        dags=[DAGResponse.from_dag(dag) for dag in page.rows], total_entries=page.total_entries
+    )
+
+
+def _run_collection(page) -> DAGRunCollectionResponse:
+    return DAGRunCollectionResponse(
+        dag_runs=[DAGRunResponse.from_run(run) for run in page.rows],
+        total_entries=page.total_entries,
+        total_entries_limit=page.total_entries_limit,
+        next_cursor=page.next_cursor,
+        previous_cursor=page.previous_cursor,
+    )
+
+
+def _ti_collection(page) -> TaskInstanceCollectionResponse:
+    return TaskInstanceCollectionResponse(
+        task_instances=[TaskInstanceResponse.from_ti(ti) for ti in page.rows],
+        total_entries=page.total_entries,
+        total_entries_limit=page.total_entries_limit,
+        next_cursor=page.next_cursor,
+        previous_cursor=page.previous_cursor,
+    )
+
+
+# --- Dags -----------------------------------------------------------------------------------
+
+
+@router.get("/dags", response=responses(DAGCollectionResponse), url_name="dags")
+@needs("view", Dag)
+def get_dags(request: HttpRequest, filters: Query[DagFilters]) -> DAGCollectionResponse:
+    """Dags, filtered and paged (Airflow: `GET /api/v2/dags`)."""
+    page = dags.list_dags(
+        filters=filters.domain(),
+        order_by=filters.order_by,
+        limit=filters.limit,
+        offset=filters.offset,
+    )
+    return _dag_collection(page)
+
+
+@router.patch("/dags", response=responses(DAGCollectionResponse, 400, 404))
+@needs("change", Dag)
+def patch_dags(
+    request: HttpRequest, body: DAGPatchBody, filters: Query[PatchDagsFilters]
+) -> DAGCollectionResponse:
+    """Pause or unpause every Dag matching `dag_id_pattern` / `dag_id_prefix_pattern` (`~`: all;
+    neither: none), as Airflow's `PATCH /api/v2/dags`; answers a page of them."""
+    _check_update_mask(filters.update_mask)
+    values = filters.dict(
+        exclude={"update_mask", "limit", "offset", "tags_match_mode", "exclude_stale"}
+    )
+    page = dags.set_paused(
+        is_paused=body.is_paused,
+        filters=dags.DagFilters(**values),
+        limit=filters.limit,
+        offset=filters.offset,
+        actor=actor_of(request),
+    )
+    return _dag_collection(page)
+
+
+@router.get("/dags/{dag_id}/details", response=responses(DAGDetailsResponse, 400, 404))
+@needs("view", Dag)
+def get_dag_details(request: HttpRequest, dag_id: str) -> DAGDetailsResponse:
+    """One Dag with Airflow's details (asset expression, active runs)."""
+    return DAGDetailsResponse.from_dag(dags.get_dag(dag_id, details=True))
+
+
+@router.get("/dags/{dag_id}", response=responses(DAGResponse, 400, 404), url_name="dag")
+@needs("view", Dag)
+def get_dag(request: HttpRequest, dag_id: str) -> DAGResponse:
+    """One Dag, or 404 (Airflow: same path)."""
+    return DAGResponse.from_dag(dags.get_dag(dag_id))
+
+
+@router.patch("/dags/{dag_id}", response=responses(DAGResponse, 400, 404))
+@needs("change", Dag)
+def patch_dag(
+    request: HttpRequest, dag_id: str, body: DAGPatchBody, mask: Query[UpdateMask]
+) -> DAGResponse:
+    """Pause or unpause a Dag (Airflow: `PATCH /api/v2/dags/{dag_id}`, `is_paused` only)."""
+    _check_update_mask(mask.update_mask)
+    page = dags.set_paused(is_paused=body.is_paused, dag_id=dag_id, actor=actor_of(request))
+    return DAGResponse.from_dag(page.rows[0])
+
+
+# --- Dag runs -------------------------------------------------------------------------------
+
+
+@router.post("/dags/{dag_id}/dagRuns/list", response=responses(DAGRunCollectionResponse, 400, 404))
+@needs("view", DagRun)
+def get_list_dag_runs_batch(
+    request: HttpRequest, dag_id: str, body: DAGRunsBatchBody
+) -> DAGRunCollectionResponse:
+    """Runs filtered by a body (Airflow: `POST /api/v2/dags/~/dagRuns/list`; `dag_ids` for several
+    Dags)."""
+    values = body.dict(exclude={"order_by", "page_offset", "page_limit", "states"})
+    filters = run_reads.RunFilters(
+        **values, state=["none" if s is None else s for s in (body.states or [])]
+    )
+    page = run_reads.list_runs(
+        dag_id=dag_id,
+        filters=filters,
+        order_by=[body.order_by] if body.order_by else None,
+        limit=body.page_limit,
+        offset=body.page_offset,
+    )
+    return _run_collection(page)
+
+
+@router.get("/dags/{dag_id}/dagRuns", response=responses(DAGRunCollectionResponse, 400, 404))
+@needs("view", DagRun)
+def get_dag_runs(
+    request: HttpRequest, dag_id: str, filters: Query[RunFilters]
+) -> DAGRunCollectionResponse:
+    """Runs of a Dag (`~`: of every Dag), filtered, ordered and paged by offset or by cursor
+    (Airflow: same path)."""
+    page = run_reads.list_runs(
+        dag_id=dag_id,
+        filters=filters.domain(),
+        order_by=filters.order_by,
+        limit=filters.limit,
+        offset=filters.offset,
+        cursor=filters.cursor,
+    )
+    return _run_collection(page)
+
+
+@router.post(
+    "/dags/{dag_id}/dagRuns",
+    response=responses(DAGRunResponse, 400, 404, 409),
+    url_name="trigger_dag_run",
+)
+@needs("add", DagRun)
+def trigger_dag_run(request: HttpRequest, dag_id: str, body: TriggerDagRunBody) -> DAGRunResponse:
+    """Trigger a manual run (Airflow: `POST /api/v2/dags/{dag_id}/dagRuns`)."""
+    run = runs.trigger_dag(
+        dag_id=dag_id,
+        conf=body.conf,
+        triggering_user_name=request.auth.get_username(),
+        triggered_by=DagRunTriggeredBy.REST_API,
+        run_id=body.dag_run_id,
+        run_after=body.run_after,
+        logical_date=body.logical_date,
+        data_interval_start=body.data_interval_start,
+        data_interval_end=body.data_interval_end,
+        note=body.note,
+        actor=actor_of(request),
+    )
+    return DAGRunResponse.from_run(run)
+
+
+@router.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/upstreamAssetEvents",
+    response=responses(AssetEventCollectionResponse, 404),
+)
+@needs("view", DagRun)
+def get_upstream_asset_events(
+    request: HttpRequest, dag_id: str, dag_run_id: str
+) -> AssetEventCollectionResponse:
+    """The asset events a run consumed (Airflow: same path)."""
+    events = asset_events.events_consumed_by_run(dag_id=dag_id, run_id=dag_run_id)
+    return AssetEventCollectionResponse(
+        asset_events=[AssetEventResponse.from_event(e) for e in events],
+        total_entries=len(events),
+    )
+
+
+@router.post(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/clear",
+    response=responses(ClearTaskInstanceCollectionResponse | DAGRunResponse, 404, 409),
+)
+@needs("change", DagRun)
+def clear_dag_run(request: HttpRequest, dag_id: str, dag_run_id: str, body: DAGRunClearBody):
+    """Clear a run (Airflow: same path): with `dry_run` (the default) the TIs it would clear (or,
+    with `only_new`, the new tasks), else the run, queued again with new tries."""
+    result = runs.clear_dag_run(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        dry_run=body.dry_run,
+        only_failed=body.only_failed,
+        only_new=body.only_new,
+        note=body.note,
+        actor=actor_of(request),
+    )
+    if body.dry_run:
+        items: list = [TaskInstanceResponse.from_ti(ti) for ti in result.task_instances]
+        items += [NewTaskResponse(task_id=t, task_display_name=t) for t in result.new_task_ids]
+        return ClearTaskInstanceCollectionResponse(task_instances=items, total_entries=len(items))
+    return DAGRunResponse.from_run(result.run)
+
+
+@router.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/wait",
+    response=responses(str, 404),
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "The run's state, one JSON object a line (NDJSON), until it ends",
+                "content": {NDJSON: {"schema": {"type": "string"}}},
+            }
+        }
+    },
+)
+@needs("view", DagRun)
+def wait_dag_run_until_finished(
+    request: HttpRequest, dag_id: str, dag_run_id: str, query: Query[WaitQuery]
+) -> StreamingHttpResponse:
+    """Stream `{"state": ...}` lines, one now and one every `interval` seconds, until the run is
+    success or failed (Airflow: same path, NDJSON). The service keeps no XCom results, so no
+    line has `results`. 404 for an unknown run."""
+    run_reads.get_run(dag_id=dag_id, run_id=dag_run_id)
+    interval = max(query.interval, MIN_WAIT_INTERVAL_SECONDS)
+
+    def lines() -> Iterator[str]:
+        state = run_reads.run_state(dag_id=dag_id, run_id=dag_run_id)
+        yield json.dumps({"state": state}) + "\n"
+        while state is not None and state not in run_reads.FINISHED_RUN_STATES:
+            time.sleep(interval)
+            state = run_reads.run_state(dag_id=dag_id, run_id=dag_run_id)
+            yield json.dumps({"state": state}) + "\n"
+
+    return StreamingHttpResponse(lines(), content_type=NDJSON)
+
+
+@router.get("/dags/{dag_id}/dagRuns/{dag_run_id}", response=responses(DAGRunResponse, 404))
+@needs("view", DagRun)
+def get_dag_run(request: HttpRequest, dag_id: str, dag_run_id: str) -> DAGRunResponse:
+    """One run, or 404 (Airflow: same path)."""
+    return DAGRunResponse.from_run(run_reads.get_run(dag_id=dag_id, run_id=dag_run_id))
+
+
+# --- task instances -------------------------------------------------------------------------
+
+
+@router.post(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/list",
+    response=responses(TaskInstanceCollectionResponse, 400, 404),
+)
+@needs("view", TaskInstance)
+def get_task_instances_batch(
+    request: HttpRequest, dag_id: str, dag_run_id: str, body: TaskInstancesBatchBody
+) -> TaskInstanceCollectionResponse:
+    """Task instances filtered by a body (Airflow: same path, usually with `~` / `~`)."""
+    values = body.dict(
+        exclude={"order_by", "page_offset", "page_limit", "pool", "queue", "executor", "state"}
+    )
+    filters = run_reads.TIFilters(
+        **values,
+        state=body.state or (),
+        pool=body.pool or (),
+        queue=body.queue or (),
+        executor=body.executor or (),
+    )
+    page = run_reads.list_task_instances(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        filters=filters,
+        order_by=[body.order_by] if body.order_by else None,
+        limit=body.page_limit,
+        offset=body.page_offset,
+    )
+    return _ti_collection(page)
+
+
+@router.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances",
+    response=responses(TaskInstanceCollectionResponse, 400, 404),
+)
+@needs("view", TaskInstance)
+def get_task_instances(
+    request: HttpRequest, dag_id: str, dag_run_id: str, filters: Query[TIFilters]
+) -> TaskInstanceCollectionResponse:
+    """Task instances of a run (`~` for every run / Dag), filtered, ordered and paged by offset
+    or by cursor (Airflow: same path)."""
+    page = run_reads.list_task_instances(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        filters=filters.domain(),
+        order_by=filters.order_by,
+        limit=filters.limit,
+        offset=filters.offset,
+        cursor=filters.cursor,
+    )
+    return _ti_collection(page)
+
+
+@router.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}/{map_index}",
+    response=responses(TaskInstanceResponse, 404),
+)
+@needs("view", TaskInstance)
+def get_mapped_task_instance(
+    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, map_index: int
+) -> TaskInstanceResponse:
+    """One mapped task instance (Airflow: same path)."""
+    ti = run_reads.get_task_instance(
+        dag_id=dag_id, run_id=dag_run_id, task_id=task_id, map_index=map_index
+    )
+    return TaskInstanceResponse.from_ti(ti)
+
+
+@router.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}",
+    response=responses(TaskInstanceResponse, 404),
+)
+@needs("view", TaskInstance)
+def get_task_instance(
+    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str
+) -> TaskInstanceResponse:
+    """One (unmapped) task instance, or 404 (Airflow: same path)."""
+    ti = run_reads.get_task_instance(dag_id=dag_id, run_id=dag_run_id, task_id=task_id)
+    return TaskInstanceResponse.from_ti(ti)

@@ -1,0 +1,257 @@
+"""Reading Dags and pausing them, for the public API (`/api/v2/dags`). Definitions are written by
+`definitions.sync` only; this module changes nothing but `is_paused`.
+
+Reads take no locks and a fixed number of queries. Each Dag is annotated with its latest run (the
+run with the highest id, as Airflow picks it): `last_run_state`, `last_run_start_date`,
+`last_run_end_date`, which Airflow's `dag_run_*` filters and `last_run_*` orderings use.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Value
+
+from . import audit, exceptions, listing
+from .models import (
+    Asset,
+    AssetAlias,
+    Dag,
+    DagRun,
+    DagRunState,
+    DagScheduleAliasReference,
+    DagScheduleAssetReference,
+)
+
+DAG_ORDERING = listing.Ordering(
+    keys={
+        "dag_id": "dag_id",
+        "dag_display_name": "dag_id",
+        # No Dag here has a next run on a timetable: ordering by it orders by dag_id.
+        "next_dagrun": Value(None),
+        "last_run_state": "last_run_state",
+        "last_run_start_date": "last_run_start_date",
+    },
+    default=("dag_id",),
+    pk="dag_id",
+)
+ACTIVE_RUN_STATES = (DagRunState.QUEUED, DagRunState.RUNNING)
+
+# Airflow's timetable classes for the two kinds of Dag this service runs.
+ASSET_TIMETABLE = "AssetTriggeredTimetable"
+NULL_TIMETABLE = "NullTimetable"
+
+
+def _with_latest_run(dags: QuerySet[Dag]) -> QuerySet[Dag]:
+    latest = DagRun.objects.filter(dag=OuterRef("pk")).order_by("-id")
+    return dags.annotate(
+        last_run_state=Subquery(latest.values("state")[:1]),
+        last_run_start_date=Subquery(latest.values("start_date")[:1]),
+        last_run_end_date=Subquery(latest.values("end_date")[:1]),
+    )
+
+
+@dataclass(frozen=True)
+class DagFilters:
+    """Airflow's `GET /dags` filters. Those on concepts this service has no values for (tags,
+    owners, bundles, favorites, import errors) match what Airflow matches when nothing has
+    them: asking for a value matches no Dag, asking for its absence matches every Dag."""
+
+    tags: Sequence[str] = ()
+    owners: Sequence[str] = ()
+    dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
+    dag_display_name_pattern: str | None = None
+    dag_display_name_prefix_pattern: str | None = None
+    paused: bool | None = None
+    has_import_errors: bool | None = None
+    last_dag_run_state: str | None = None
+    bundle_name: str | None = None
+    bundle_version: str | None = None
+    has_asset_schedule: bool | None = None
+    asset_dependency: str | None = None
+    dag_run_start_date_gte: datetime | None = None
+    dag_run_start_date_gt: datetime | None = None
+    dag_run_start_date_lte: datetime | None = None
+    dag_run_start_date_lt: datetime | None = None
+    dag_run_end_date_gte: datetime | None = None
+    dag_run_end_date_gt: datetime | None = None
+    dag_run_end_date_lte: datetime | None = None
+    dag_run_end_date_lt: datetime | None = None
+    dag_run_state: Sequence[str] = ()
+    is_favorite: bool | None = None
+    timetable_type: Sequence[str] = ()
+
+
+_NOTHING = Q(pk__in=[])
+
+
+def _filter(dags: QuerySet[Dag], f: DagFilters) -> QuerySet[Dag]:
+    q = (
+        listing.pattern_q("dag_id", f.dag_id_pattern)
+        & listing.prefix_q("dag_id", f.dag_id_prefix_pattern)
+        & listing.pattern_q("dag_id", f.dag_display_name_pattern)
+        & listing.prefix_q("dag_id", f.dag_display_name_prefix_pattern)
+        & listing.range_q(
+            "last_run_start_date",
+            gte=f.dag_run_start_date_gte,
+            gt=f.dag_run_start_date_gt,
+            lte=f.dag_run_start_date_lte,
+            lt=f.dag_run_start_date_lt,
+            param="dag_run_start_date",
+        )
+        & listing.range_q(
+            "last_run_end_date",
+            gte=f.dag_run_end_date_gte,
+            gt=f.dag_run_end_date_gt,
+            lte=f.dag_run_end_date_lte,
+            lt=f.dag_run_end_date_lt,
+            param="dag_run_end_date",
+        )
+    )
+    if f.tags or f.owners or f.has_import_errors or f.is_favorite:
+        q &= _NOTHING
+    if f.bundle_name is not None or f.bundle_version is not None:
+        q &= _NOTHING
+    if f.paused is not None:
+        q &= Q(is_paused=f.paused)
+    if f.last_dag_run_state is not None:
+        q &= Q(last_run_state=f.last_dag_run_state)
+    if f.dag_run_state:
+        states = [s for s in f.dag_run_state if s is not None]
+        state_q = Q(last_run_state__in=states)
+        if len(states) < len(f.dag_run_state):
+            state_q |= Q(last_run_state__isnull=True)
+        q &= state_q
+    scheduled = Q(Exists(DagScheduleAssetReference.objects.filter(dag=OuterRef("pk")))) | Q(
+        Exists(DagScheduleAliasReference.objects.filter(dag=OuterRef("pk")))
+    )
+    if f.has_asset_schedule is not None:
+        q &= scheduled if f.has_asset_schedule else ~scheduled
+    if f.timetable_type:
+        kinds = set(f.timetable_type)
+        if ASSET_TIMETABLE not in kinds:
+            q &= ~scheduled
+        if NULL_TIMETABLE not in kinds:
+            q &= scheduled
+    if f.asset_dependency is not None:
+        q &= Q(
+            Exists(
+                DagScheduleAssetReference.objects.filter(dag=OuterRef("pk")).filter(
+                    Q(asset__name__icontains=f.asset_dependency)
+                    | Q(asset__uri__icontains=f.asset_dependency)
+                )
+            )
+        )
+    return dags.filter(q)
+
+
+def list_dags(
+    *,
+    filters: DagFilters,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    """A page of Dags, each with its latest run annotated. 2 queries (count, page); no locks."""
+    dags = _filter(_with_latest_run(Dag.objects.all()), filters)
+    return listing.offset_page(dags, DAG_ORDERING, order_by=order_by, limit=limit, offset=offset)
+
+
+def get_dag(dag_id: str, *, details: bool = False) -> Dag:
+    """One Dag with its latest run annotated; with `details`, also its number of active runs and
+    the assets and aliases of its schedule (for `asset_expression`). NotFound otherwise.
+    1 query (3 with details); no locks."""
+    dags = _with_latest_run(Dag.objects.filter(dag_id=dag_id))
+    if details:
+        active = (
+            DagRun.objects.filter(dag=OuterRef("pk"), state__in=ACTIVE_RUN_STATES)
+            .order_by()
+            .values("dag")
+            .annotate(n=Count("*"))
+            .values("n")
+        )
+        dags = dags.annotate(active_runs_count=Subquery(active)).prefetch_related(
+            "schedule_asset_refs__asset", "schedule_alias_refs__alias"
+        )
+    dag = dags.first()
+    if dag is None:
+        raise exceptions.NotFound(
+            f"Dag with id {dag_id} was not found", reason="dag_not_found", dag_id=dag_id
+        )
+    return dag
+
+
+def asset_expression(dag: Dag) -> dict[str, Any] | None:
+    """The Dag's schedule in Airflow's `asset_expression` form ({"asset": {uri, name, group}},
+    {"alias": {name, group}}, {"all": [...]}, {"any": [...]}), from a Dag loaded by
+    `get_dag(details=True)`; None for a Dag without a schedule."""
+    if dag.schedule is None:
+        return None
+    groups: dict[tuple[str, str], str] = {}
+    for ref in dag.schedule_asset_refs.all():
+        asset: Asset = ref.asset
+        groups[("asset", asset.name)] = asset.group
+    for ref in dag.schedule_alias_refs.all():
+        alias: AssetAlias = ref.alias
+        groups[("alias", alias.name)] = alias.group
+
+    def convert(node: Any) -> Any:
+        if "asset" in node:
+            name, uri = node["asset"]["name"], node["asset"]["uri"]
+            return {"asset": {"uri": uri, "name": name, "group": groups.get(("asset", name))}}
+        if "alias" in node:
+            name = node["alias"]
+            return {"alias": {"name": name, "group": groups.get(("alias", name), "asset")}}
+        (op, children), *_ = node.items()
+        return {op: [convert(child) for child in children]}
+
+    return convert(dag.schedule)
+
+
+def set_paused(
+    *,
+    is_paused: bool,
+    dag_id: str | None = None,
+    filters: DagFilters | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+    actor: audit.Actor | None = None,
+) -> listing.Page:
+    """Pause or unpause one Dag (`dag_id`; NotFound when unknown), or every Dag matching
+    `filters` (Airflow's `PATCH /dags`: it needs `dag_id_pattern` or `dag_id_prefix_pattern`,
+    `~` for all, or matches nothing) and return a page of them. Own durable transaction, one
+    UPDATE (it waits for a scheduler pass holding one of those Dags, which is short). Idempotent:
+    pausing a paused Dag changes nothing; audited when `actor` is given."""
+    action = "dag.pause" if is_paused else "dag.unpause"
+    with transaction.atomic(durable=True):
+        if dag_id is not None:
+            if not Dag.objects.filter(dag_id=dag_id).update(is_paused=is_paused):
+                raise exceptions.NotFound(
+                    f"Dag with id {dag_id} was not found", reason="dag_not_found", dag_id=dag_id
+                )
+            if actor is not None:
+                audit.record(
+                    actor=actor, action=action, summary=f"{action} {dag_id}", dag_id=dag_id
+                )
+            return listing.Page(rows=[get_dag(dag_id)], total_entries=1)
+        filters = filters or DagFilters()
+        if filters.dag_id_pattern is None and filters.dag_id_prefix_pattern is None:
+            return listing.Page(rows=[], total_entries=0)
+        page = list_dags(filters=filters, limit=limit, offset=offset)
+        matching = _filter(_with_latest_run(Dag.objects.all()), filters)
+        changed = Dag.objects.filter(dag_id__in=matching.values("dag_id")).update(
+            is_paused=is_paused
+        )
+        if actor is not None and changed:
+            audit.record(
+                actor=actor,
+                action=action,
+                summary=f"{action} {changed} dag(s) matching {filters.dag_id_pattern!r} / "
+                f"{filters.dag_id_prefix_pattern!r}",
+            )
+        for dag in page.rows:
+            dag.is_paused = is_paused
+        return page

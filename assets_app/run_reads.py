@@ -1,0 +1,573 @@
+"""Reading DAG runs and task instances for the public API (`/api/v2/dags/{dag_id}/dagRuns/...`),
+with Airflow 3.3.2's filters, orderings and offset or cursor pages. No transaction, no locks, a
+fixed number of queries per page whatever its size. Runs are written by `runs`, `scheduling` and
+`task_state` only.
+
+`~` as a Dag id (and, for task instances, as a run id) means "every Dag" / "every run", as in
+Airflow. A run's `duration` is end - start in seconds; its `updated_at` is the latest of the times
+it was created, queued, started and ended (the service keeps no separate update time).
+"""
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import (
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Q,
+    QuerySet,
+    TextField,
+    Value,
+)
+from django.db.models.functions import Cast, Coalesce, Greatest
+
+from . import exceptions, listing
+from .models import Dag, DagRun, DagRunState, TaskInstance, TIState
+
+ALL = "~"
+
+# Airflow's DagRunState / TaskInstanceState values; "none" (and "no_status") ask for no state.
+AIRFLOW_RUN_STATES = ("queued", "running", "success", "failed")
+AIRFLOW_RUN_TYPES = (
+    "backfill",
+    "scheduled",
+    "manual",
+    "operator_triggered",
+    "asset_triggered",
+    "asset_materialization",
+)
+AIRFLOW_TI_STATES = (
+    "removed",
+    "scheduled",
+    "queued",
+    "running",
+    "success",
+    "restarting",
+    "failed",
+    "up_for_retry",
+    "up_for_reschedule",
+    "upstream_failed",
+    "skipped",
+    "deferred",
+    "awaiting_input",
+)
+# Every TI state of this service as Airflow names it; None is Airflow's "no status". A state
+# missing here is a test failure (tests/api/test_public_runs.py), not a silent null.
+TI_STATE_TO_AIRFLOW: dict[str, str | None] = {
+    TIState.QUEUED: "queued",
+    TIState.RUNNING: "running",
+    TIState.SUCCESS: "success",
+    TIState.FAILED: "failed",
+    TIState.UP_FOR_RETRY: "up_for_retry",
+    TIState.SKIPPED: "skipped",
+    TIState.REMOVED: "removed",
+    TIState.UPSTREAM_FAILED: "upstream_failed",
+}
+
+
+def airflow_ti_state(state: str | None) -> str | None:
+    return None if state is None else TI_STATE_TO_AIRFLOW.get(state)
+
+
+def _run_duration(prefix: str = "") -> ExpressionWrapper:
+    return ExpressionWrapper(
+        F(f"{prefix}end_date") - F(f"{prefix}start_date"), output_field=DurationField()
+    )
+
+
+def _run_updated_at() -> Greatest:
+    created = F("created_at")
+    return Greatest(
+        created,
+        Coalesce("queued_at", created),
+        Coalesce("start_date", created),
+        Coalesce("end_date", created),
+        output_field=DateTimeField(),
+    )
+
+
+RUN_ORDERING = listing.Ordering(
+    keys={
+        "id": "id",
+        "state": "state",
+        "dag_id": "dag_id",
+        "run_id": "run_id",
+        "dag_run_id": "run_id",
+        "logical_date": "logical_date",
+        "partition_date": Value(None, output_field=DateTimeField()),
+        "run_after": "run_after",
+        "start_date": "start_date",
+        "end_date": "end_date",
+        "updated_at": _run_updated_at(),
+        "conf": Cast("conf", TextField()),
+        "duration": _run_duration(),
+    },
+    default=("id",),
+)
+TI_ORDERING = listing.Ordering(
+    keys={
+        "id": "id",
+        "state": "state",
+        "duration": _run_duration(),
+        "start_date": "start_date",
+        "end_date": "end_date",
+        "map_index": "map_index",
+        "try_number": "try_number",
+        "logical_date": "dag_run__logical_date",
+        "run_after": "dag_run__run_after",
+        "data_interval_start": "dag_run__data_interval_start",
+        "data_interval_end": "dag_run__data_interval_end",
+        # Rendered map indexes are not kept: Airflow orders those equal by map_index.
+        "rendered_map_index": "map_index",
+        "operator": Value(None, output_field=TextField()),
+    },
+    default=("map_index",),
+)
+
+
+def _seconds(value: float | None) -> timedelta | None:
+    return None if value is None else timedelta(seconds=value)
+
+
+def _states(values: Sequence[str], allowed: Sequence[str], what: str) -> tuple[list[str], bool]:
+    """(states, also no state) from Airflow's `state` list; an unknown value is a 422."""
+    states: list[str] = []
+    none = False
+    for value in values:
+        if value in ("none", "no_status"):
+            none = True
+        elif value in allowed:
+            states.append(value)
+        else:
+            raise exceptions.InvalidInput(
+                f"Invalid value for {what}. Valid values are {', '.join(allowed)}",
+                reason=f"invalid_{what.replace(' ', '_')}",
+                loc=("query", "state" if what == "state" else "run_type"),
+            )
+    return states, none
+
+
+def _check_dag(dag_id: str) -> None:
+    if dag_id != ALL and not Dag.objects.filter(dag_id=dag_id).exists():
+        raise exceptions.NotFound(
+            f"The Dag with ID: `{dag_id}` was not found", reason="dag_not_found", dag_id=dag_id
+        )
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    """Airflow's `GET /dags/{dag_id}/dagRuns` filters (also `POST .../dagRuns/list`)."""
+
+    dag_ids: Sequence[str] | None = None
+    run_after_gte: datetime | None = None
+    run_after_gt: datetime | None = None
+    run_after_lte: datetime | None = None
+    run_after_lt: datetime | None = None
+    logical_date_gte: datetime | None = None
+    logical_date_gt: datetime | None = None
+    logical_date_lte: datetime | None = None
+    logical_date_lt: datetime | None = None
+    start_date_gte: datetime | None = None
+    start_date_gt: datetime | None = None
+    start_date_lte: datetime | None = None
+    start_date_lt: datetime | None = None
+    end_date_gte: datetime | None = None
+    end_date_gt: datetime | None = None
+    end_date_lte: datetime | None = None
+    end_date_lt: datetime | None = None
+    duration_gte: float | None = None
+    duration_gt: float | None = None
+    duration_lte: float | None = None
+    duration_lt: float | None = None
+    updated_at_gte: datetime | None = None
+    updated_at_gt: datetime | None = None
+    updated_at_lte: datetime | None = None
+    updated_at_lt: datetime | None = None
+    conf_contains: str | None = None
+    run_type: Sequence[str] = ()
+    state: Sequence[str] = ()
+    dag_version: Sequence[int] = ()
+    bundle_version: str | None = None
+    run_id_pattern: str | None = None
+    run_id_prefix_pattern: str | None = None
+    triggering_user_name_pattern: str | None = None
+    triggering_user_name_prefix_pattern: str | None = None
+    dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
+    partition_key_pattern: str | None = None
+    partition_key_prefix_pattern: str | None = None
+    consuming_asset_pattern: str | None = None
+    partition_date_gte: Any = None
+    partition_date_lte: Any = None
+
+
+def _run_queryset(dag_id: str, f: RunFilters) -> QuerySet[DagRun]:
+    if f.partition_date_gte is not None or f.partition_date_lte is not None:
+        if dag_id == ALL:
+            raise exceptions.BadRequest(
+                "partition_date_gte and partition_date_lte require a specific dag_id.",
+                reason="partition_dates_need_dag",
+            )
+        _check_dag(dag_id)
+        raise exceptions.BadRequest(
+            f"Dag with dag_id: '{dag_id}' is not partitioned; partition_date_gte and "
+            "partition_date_lte are not supported.",
+            reason="dag_not_partitioned",
+        )
+    _check_dag(dag_id)
+    runs = DagRun.objects.annotate(duration=_run_duration(), updated_at=_run_updated_at())
+    if dag_id != ALL:
+        runs = runs.filter(dag_id=dag_id)
+    if f.dag_ids is not None:
+        runs = runs.filter(dag_id__in=list(f.dag_ids))
+    q = (
+        listing.range_q(
+            "run_after",
+            gte=f.run_after_gte,
+            gt=f.run_after_gt,
+            lte=f.run_after_lte,
+            lt=f.run_after_lt,
+        )
+        & listing.range_q(
+            "logical_date",
+            gte=f.logical_date_gte,
+            gt=f.logical_date_gt,
+            lte=f.logical_date_lte,
+            lt=f.logical_date_lt,
+        )
+        & listing.range_q(
+            "start_date",
+            gte=f.start_date_gte,
+            gt=f.start_date_gt,
+            lte=f.start_date_lte,
+            lt=f.start_date_lt,
+        )
+        & listing.range_q(
+            "end_date",
+            gte=f.end_date_gte,
+            gt=f.end_date_gt,
+            lte=f.end_date_lte,
+            lt=f.end_date_lt,
+        )
+        & listing.range_q(
+            "duration",
+            gte=_seconds(f.duration_gte),
+            gt=_seconds(f.duration_gt),
+            lte=_seconds(f.duration_lte),
+            lt=_seconds(f.duration_lt),
+        )
+        & listing.range_q(
+            "updated_at",
+            gte=f.updated_at_gte,
+            gt=f.updated_at_gt,
+            lte=f.updated_at_lte,
+            lt=f.updated_at_lt,
+        )
+        & listing.pattern_q("run_id", f.run_id_pattern)
+        & listing.prefix_q("run_id", f.run_id_prefix_pattern)
+        & listing.pattern_q("triggering_user_name", f.triggering_user_name_pattern)
+        & listing.prefix_q("triggering_user_name", f.triggering_user_name_prefix_pattern)
+        & listing.pattern_q("dag_id", f.dag_id_pattern)
+        & listing.prefix_q("dag_id", f.dag_id_prefix_pattern)
+    )
+    if f.conf_contains:
+        runs = runs.annotate(conf_text=Cast("conf", TextField()))
+        q &= Q(conf_text__contains=f.conf_contains)
+    if f.state:
+        states, none = _states(f.state, AIRFLOW_RUN_STATES, "state")
+        q &= Q(state__in=states) | (Q(state__isnull=True) if none else Q(pk__in=[]))
+    if f.run_type:
+        types, none = _states(f.run_type, AIRFLOW_RUN_TYPES, "run type")
+        q &= Q(run_type__in=types)
+    # No Dag versions, bundle versions or partition keys here: asking for one matches nothing.
+    if f.dag_version or f.bundle_version is not None:
+        q &= Q(pk__in=[])
+    if f.partition_key_pattern is not None or f.partition_key_prefix_pattern is not None:
+        q &= Q(pk__in=[])
+    if f.consuming_asset_pattern:
+        pattern = f.consuming_asset_pattern
+        q &= Q(consumed_events__asset__name__icontains=pattern) | Q(
+            consumed_events__asset__uri__icontains=pattern
+        )
+        runs = runs.filter(q).distinct()
+        return DagRun.objects.filter(pk__in=runs.values("pk")).annotate(
+            duration=_run_duration(), updated_at=_run_updated_at()
+        )
+    return runs.filter(q)
+
+
+def list_runs(
+    *,
+    dag_id: str,
+    filters: RunFilters,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+    cursor: str | None = None,
+) -> listing.Page:
+    """A page of runs of `dag_id` (or of every Dag for `~`). NotFound for an unknown Dag. 3
+    queries (Dag check, count, page); no locks."""
+    runs = _run_queryset(dag_id, filters)
+    return listing.page_of(
+        runs, RUN_ORDERING, order_by=order_by, limit=limit, offset=offset, cursor=cursor
+    )
+
+
+def get_run(*, dag_id: str, run_id: str) -> DagRun:
+    run = (
+        DagRun.objects.annotate(duration=_run_duration())
+        .filter(dag_id=dag_id, run_id=run_id)
+        .first()
+    )
+    if run is None:
+        raise exceptions.NotFound(
+            f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` was not found",
+            reason="dag_run_not_found",
+        )
+    return run
+
+
+def run_state(*, dag_id: str, run_id: str) -> str | None:
+    """The run's state, or None when it does not exist (any more). One query."""
+    return (
+        DagRun.objects.filter(dag_id=dag_id, run_id=run_id).values_list("state", flat=True).first()
+    )
+
+
+FINISHED_RUN_STATES = frozenset({DagRunState.SUCCESS, DagRunState.FAILED})
+
+
+@dataclass(frozen=True)
+class TIFilters:
+    """Airflow's `GET .../taskInstances` filters (also the batch body). Pools, queues,
+    executors, operators and rendered map indexes have one value here (Airflow's defaults:
+    pool `default_pool`, queue `default`, no executor / operator / rendered index)."""
+
+    task_id: str | None = None
+    task_ids: Sequence[str] | None = None
+    dag_ids: Sequence[str] | None = None
+    dag_run_ids: Sequence[str] | None = None
+    run_after_gte: datetime | None = None
+    run_after_gt: datetime | None = None
+    run_after_lte: datetime | None = None
+    run_after_lt: datetime | None = None
+    logical_date_gte: datetime | None = None
+    logical_date_gt: datetime | None = None
+    logical_date_lte: datetime | None = None
+    logical_date_lt: datetime | None = None
+    start_date_gte: datetime | None = None
+    start_date_gt: datetime | None = None
+    start_date_lte: datetime | None = None
+    start_date_lt: datetime | None = None
+    end_date_gte: datetime | None = None
+    end_date_gt: datetime | None = None
+    end_date_lte: datetime | None = None
+    end_date_lt: datetime | None = None
+    updated_at_gte: datetime | None = None
+    updated_at_gt: datetime | None = None
+    updated_at_lte: datetime | None = None
+    updated_at_lt: datetime | None = None
+    duration_gte: float | None = None
+    duration_gt: float | None = None
+    duration_lte: float | None = None
+    duration_lt: float | None = None
+    task_display_name_pattern: str | None = None
+    task_display_name_prefix_pattern: str | None = None
+    task_group_id: str | None = None
+    dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
+    run_id_pattern: str | None = None
+    run_id_prefix_pattern: str | None = None
+    state: Sequence[str | None] = ()
+    pool: Sequence[str] = ()
+    pool_name_pattern: str | None = None
+    pool_name_prefix_pattern: str | None = None
+    queue: Sequence[str] = ()
+    queue_name_pattern: str | None = None
+    queue_name_prefix_pattern: str | None = None
+    executor: Sequence[str] = ()
+    version_number: Sequence[int] = ()
+    try_number: Sequence[int] = ()
+    operator: Sequence[str] = ()
+    operator_name_pattern: str | None = None
+    operator_name_prefix_pattern: str | None = None
+    map_index: Sequence[int] = ()
+    rendered_map_index_pattern: str | None = None
+    rendered_map_index_prefix_pattern: str | None = None
+
+
+DEFAULT_POOL = "default_pool"
+DEFAULT_QUEUE = "default"
+
+
+def _constant_pattern(value: str, pattern: str | None, prefix: str | None) -> Q:
+    """`*_pattern` / `*_prefix_pattern` on a field every TI has the same `value` of."""
+    q = Q()
+    if pattern is not None:
+        terms = ["%" if t == "~" else t for t in pattern.split("|") if t.strip()] or [pattern]
+        if not any(_like(value, t) for t in terms):
+            q &= Q(pk__in=[])
+    if prefix is not None:
+        terms = [t.strip() for t in prefix.split("|") if t.strip()] or [prefix]
+        if not any(t == "~" or value.startswith(t) for t in terms):
+            q &= Q(pk__in=[])
+    return q
+
+
+def _like(value: str, term: str) -> bool:
+    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in term)
+    return re.search(regex, value, re.IGNORECASE | re.DOTALL) is not None
+
+
+def _ti_queryset(dag_id: str, run_id: str, f: TIFilters) -> QuerySet[TaskInstance]:
+    tis = TaskInstance.objects.select_related("dag_run").annotate(duration=_run_duration())
+    if run_id != ALL:
+        if dag_id == ALL:
+            raise exceptions.BadRequest(
+                "dag_id is required when dag_run_id is specified", reason="dag_id_required"
+            )
+        if not DagRun.objects.filter(dag_id=dag_id, run_id=run_id).exists():
+            raise exceptions.NotFound(
+                f"DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` was not found",
+                reason="dag_run_not_found",
+            )
+        tis = tis.filter(dag_id=dag_id, run_id=run_id)
+    elif dag_id != ALL:
+        _check_dag(dag_id)
+        tis = tis.filter(dag_id=dag_id)
+    if f.task_group_id is not None:
+        raise exceptions.NotFound(
+            f"Task group {f.task_group_id} not found", reason="task_group_not_found"
+        )
+    q = (
+        listing.range_q(
+            "dag_run__run_after",
+            gte=f.run_after_gte,
+            gt=f.run_after_gt,
+            lte=f.run_after_lte,
+            lt=f.run_after_lt,
+            param="run_after",
+        )
+        & listing.range_q(
+            "dag_run__logical_date",
+            gte=f.logical_date_gte,
+            gt=f.logical_date_gt,
+            lte=f.logical_date_lte,
+            lt=f.logical_date_lt,
+            param="logical_date",
+        )
+        & listing.range_q(
+            "start_date",
+            gte=f.start_date_gte,
+            gt=f.start_date_gt,
+            lte=f.start_date_lte,
+            lt=f.start_date_lt,
+        )
+        & listing.range_q(
+            "end_date",
+            gte=f.end_date_gte,
+            gt=f.end_date_gt,
+            lte=f.end_date_lte,
+            lt=f.end_date_lt,
+        )
+        & listing.range_q(
+            "updated_at",
+            gte=f.updated_at_gte,
+            gt=f.updated_at_gt,
+            lte=f.updated_at_lte,
+            lt=f.updated_at_lt,
+        )
+        & listing.range_q(
+            "duration",
+            gte=_seconds(f.duration_gte),
+            gt=_seconds(f.duration_gt),
+            lte=_seconds(f.duration_lte),
+            lt=_seconds(f.duration_lt),
+        )
+        & listing.pattern_q("task_id", f.task_display_name_pattern)
+        & listing.prefix_q("task_id", f.task_display_name_prefix_pattern)
+        & listing.pattern_q("dag_id", f.dag_id_pattern)
+        & listing.prefix_q("dag_id", f.dag_id_prefix_pattern)
+        & listing.pattern_q("run_id", f.run_id_pattern)
+        & listing.prefix_q("run_id", f.run_id_prefix_pattern)
+        & listing.constant_q(DEFAULT_POOL, f.pool)
+        & listing.constant_q(DEFAULT_QUEUE, f.queue)
+        & _constant_pattern(DEFAULT_POOL, f.pool_name_pattern, f.pool_name_prefix_pattern)
+        & _constant_pattern(DEFAULT_QUEUE, f.queue_name_pattern, f.queue_name_prefix_pattern)
+    )
+    if f.task_id is not None:
+        q &= Q(task_id=f.task_id)
+    if f.task_ids is not None:
+        q &= Q(task_id__in=list(f.task_ids))
+    if f.dag_ids is not None:
+        q &= Q(dag_id__in=list(f.dag_ids))
+    if f.dag_run_ids is not None:
+        q &= Q(run_id__in=list(f.dag_run_ids))
+    if f.try_number:
+        q &= Q(try_number__in=list(f.try_number))
+    if f.map_index:
+        q &= Q(map_index__in=list(f.map_index))
+    if f.state:
+        states, none = _states(
+            [("none" if s is None else s) for s in f.state], AIRFLOW_TI_STATES, "state"
+        )
+        ours = [s for s, a in TI_STATE_TO_AIRFLOW.items() if a in states]
+        unnamed = [s for s, a in TI_STATE_TO_AIRFLOW.items() if a is None]
+        state_q = Q(state__in=ours)
+        if none:
+            state_q |= Q(state__isnull=True) | Q(state__in=unnamed)
+        q &= state_q
+    # No executors, operators, Dag versions or rendered map indexes: asking for one matches none.
+    if f.executor or f.operator or f.version_number:
+        q &= Q(pk__in=[])
+    for pattern in (
+        f.operator_name_pattern,
+        f.operator_name_prefix_pattern,
+        f.rendered_map_index_pattern,
+        f.rendered_map_index_prefix_pattern,
+    ):
+        if pattern is not None:
+            q &= Q(pk__in=[])
+    return tis.filter(q)
+
+
+def list_task_instances(
+    *,
+    dag_id: str,
+    run_id: str,
+    filters: TIFilters,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+    cursor: str | None = None,
+) -> listing.Page:
+    """A page of TIs of one run (or, with `~`, of every run / Dag), each with its run loaded.
+    NotFound for an unknown Dag or run; BadRequest for a run id with `~` as Dag. 3 queries
+    (check, count, page); no locks."""
+    tis = _ti_queryset(dag_id, run_id, filters)
+    return listing.page_of(
+        tis, TI_ORDERING, order_by=order_by, limit=limit, offset=offset, cursor=cursor
+    )
+
+
+def get_task_instance(
+    *, dag_id: str, run_id: str, task_id: str, map_index: int = -1
+) -> TaskInstance:
+    ti = (
+        TaskInstance.objects.select_related("dag_run")
+        .annotate(duration=_run_duration())
+        .filter(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index)
+        .first()
+    )
+    if ti is None:
+        raise exceptions.NotFound(
+            f"The Task Instance with dag_id: `{dag_id}`, run_id: `{run_id}`, task_id: "
+            f"`{task_id}` and map_index: `{map_index}` was not found",
+            reason="task_instance_not_found",
+        )
+    return ti

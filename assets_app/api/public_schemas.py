@@ -57,6 +57,8 @@ class ValidationError(Schema):
     loc: list[str | int]
     msg: str
     type: str
+    input: Any = None
+    ctx: dict[str, Any] = Field(default_factory=dict)
 
 
 class HTTPValidationError(Schema):

@@ -1,0 +1,62 @@
+"""The Airflow packages the compatibility tests check us against, each outside our own
+virtualenv, installed once and cached by a hash of what they pin (like `bin/_env.sh` does for
+`.venv`):
+
+- `client_python()`: the interpreter of `.venv-airflow-client`, a virtualenv with
+  `requirements-airflow-client.txt` (apache-airflow-client 3.3.2);
+- `airflow_openapi()`: Airflow 3.3.2's own public API document, `v2-rest-api-generated.yaml`, read
+  from the apache-airflow-core wheel (downloaded without its dependencies into that virtualenv's
+  `wheels/`; the wheel is only read, never installed).
+"""
+
+import functools
+import hashlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIREMENTS = ROOT / "tests/compat/requirements-airflow-client.txt"
+CORE = "apache-airflow-core==3.3.2"
+CORE_DOCUMENT = "airflow/api_fastapi/core_api/openapi/v2-rest-api-generated.yaml"
+VENV = ROOT / ".venv-airflow-client"
+
+
+def _want() -> str:
+    return hashlib.sha256(REQUIREMENTS.read_bytes() + CORE.encode()).hexdigest()
+
+
+def _run(*argv: str) -> None:
+    print(f">> {' '.join(argv)}", file=sys.stderr, flush=True)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+
+
+@functools.cache
+def _ensure() -> Path:
+    stamp = VENV / ".requirements.sha256"
+    if stamp.exists() and stamp.read_text() == _want():
+        return VENV
+    python = VENV / "bin/python"
+    if not python.exists():
+        _run(sys.executable, "-m", "venv", str(VENV))
+    _run(str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    _run(str(python), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS))
+    wheels = VENV / "wheels"
+    _run(str(python), "-m", "pip", "download", "--quiet", "--no-deps", CORE, "-d", str(wheels))
+    stamp.write_text(_want())
+    return VENV
+
+
+def client_python() -> Path:
+    return _ensure() / "bin/python"
+
+
+@functools.cache
+def airflow_openapi() -> dict:
+    version = CORE.split("==")[1]
+    wheel = next((_ensure() / "wheels").glob(f"apache_airflow_core-{version}-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        return yaml.safe_load(archive.read(CORE_DOCUMENT))

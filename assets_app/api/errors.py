@@ -6,7 +6,8 @@
   `detail.reason`.
 - `{"detail": [{"type": ..., "loc": [...], "msg": ...}, ...]}`: a 422 of the public API, Airflow's
   `HTTPValidationError` (what FastAPI answers), which the client parses into `ValidationError`s.
-  For a domain error (`InvalidInput`) `type` is its reason and `loc` is the `loc` it names.
+  For a domain error (`InvalidInput`) `type` and `ctx.reason` are its reason and `loc` is the
+  `loc` it names; a schema error has pydantic's `type` and no `ctx.reason`.
 
 Unknown paths and methods under an API prefix answer JSON 404 / 405 (`json_fallback`, called by
 the request guard middleware), never Django's HTML pages.
@@ -52,7 +53,8 @@ def error_response_for(path: str, status: int, reason: str, message: str, **extr
     """`error_response`, or for a 422 of the public API the HTTPValidationError shape."""
     if status == 422 and path.startswith(PUBLIC_PREFIX):
         loc = list(extra.pop("loc", ()))
-        return validation_response([{"type": reason, "loc": loc, "msg": message}])
+        item = {"type": reason, "loc": loc, "msg": message, "ctx": {"reason": reason, **extra}}
+        return validation_response([item])
     return error_response(status, reason, message, **extra)
 
 

@@ -52,6 +52,7 @@ def test_post_event_registers_it_queues_dags_and_returns_airflow_shape(api):
         "source_map_index": -1,
         "created_dagruns": [],
         "timestamp": body["timestamp"],
+        "partition_key": None,
     }
     assert list(AssetDagRunQueue.objects.values_list("target_dag_id", "asset_event_id")) == [
         ("down", event.id)
@@ -80,18 +81,33 @@ def test_post_event_by_name_and_uri_and_idempotency_key(api):
     [
         ({"asset_id": 999_999}, 404, "asset_not_found"),
         ({"name": "nope"}, 404, "asset_not_found"),
-        ({}, 422, "validation_error"),
-        ({"asset_id": 1, "name": "x"}, 422, "validation_error"),
-        ({"name": "orders", "extra": []}, 422, "validation_error"),
-        ({"name": "orders", "surprise": 1}, 422, "validation_error"),
+        ({}, 422, "value_error"),
+        ({"asset_id": 1, "name": "x"}, 422, "value_error"),
+        ({"name": "orders", "extra": []}, 422, "dict_type"),
+        ({"name": "orders", "surprise": 1}, 422, "extra_forbidden"),
+        ({"name": "orders", "partition_key": "p1"}, 422, "value_error"),
     ],
 )
 def test_post_event_rejects_bad_input_and_writes_nothing(api, body, status, reason):
+    """404 in Airflow's HTTPExceptionResponse shape (detail.reason kept), 422 in its
+    HTTPValidationError shape (a list of {type, loc, msg})."""
     AssetFactory(name="orders", uri="orders")
     response = post_event(api, body)
     assert response.status_code == status, response.content
-    assert response.json()["detail"]["reason"] == reason
+    detail = response.json()["detail"]
+    if status == 422:
+        assert [item["type"] for item in detail] == [reason]
+        assert detail[0]["loc"][0] == "body" and detail[0]["msg"]
+    else:
+        assert detail["reason"] == reason
     assert AssetEvent.objects.count() == 0
+
+
+def test_post_event_accepts_airflows_null_partition_key(api):
+    orders = AssetFactory(name="orders", uri="orders")
+    response = post_event(api, {"asset_id": orders.id, "partition_key": None, "extra": {}})
+    assert response.status_code == 200, response.content
+    assert response.json()["partition_key"] is None
 
 
 def test_anonymous_is_refused(client):
@@ -114,7 +130,7 @@ def test_get_events_filters_pages_and_lists_the_runs_that_consumed_them(
     outbox.drain()
     run = DagRun.objects.get(dag_id="down")
 
-    with django_assert_max_num_queries(6):
+    with django_assert_max_num_queries(5):
         response = api.get(EVENTS, {"asset_id": orders.id, "limit": 2, "offset": 1})
     body = response.json()
     assert response.status_code == 200
@@ -125,11 +141,14 @@ def test_get_events_filters_pages_and_lists_the_runs_that_consumed_them(
             "run_id": run.run_id,
             "dag_id": "down",
             "logical_date": None,
-            "start_date": None,
             "end_date": None,
             "state": "queued",
             "data_interval_start": None,
             "data_interval_end": None,
+            "partition_key": None,
+            # Airflow requires a start date here: a queued run shows when it was queued.
+            "start_date": run.queued_at.isoformat().replace("+00:00", "Z"),
+            "triggering": False,
         }
     ]
     by_dag = api.get(EVENTS, {"source_dag_id": "etl2", "order_by": "-timestamp"}).json()
@@ -140,9 +159,12 @@ def test_get_events_filters_pages_and_lists_the_runs_that_consumed_them(
         "total_entries": 0,
     }
     bad = api.get(EVENTS, {"order_by": "nonsense"})
-    assert (bad.status_code, bad.json()["detail"]["reason"]) == (422, "invalid_order_by")
-    assert api.get(EVENTS, {"limit": 0}).status_code == 422
-    assert api.get(EVENTS, {"limit": 101}).status_code == 422
+    assert (bad.status_code, bad.json()["detail"]["reason"]) == (400, "invalid_order_by")
+    assert "'nonsense'" in bad.json()["detail"]["message"]
+    # Airflow's bounds: limit >= 0 (0 is an empty page with the total), clamped to 100.
+    assert api.get(EVENTS, {"limit": 0}).json() == {"asset_events": [], "total_entries": 4}
+    assert api.get(EVENTS, {"limit": -1}).status_code == 422
+    assert len(api.get(EVENTS, {"limit": 101}).json()["asset_events"]) == 4
     assert api.get(EVENTS, {"offset": 2**63}).status_code == 422
 
 

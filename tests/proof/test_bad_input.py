@@ -45,14 +45,26 @@ def _send(method, path, *, body=None, raw=None, content_type="application/json",
     return getattr(client, method)(path, data=data, headers=headers or {}, **kwargs)
 
 
+def _reason(response) -> tuple[str, str]:
+    """(reason, message) of an error body: `{"detail": {"reason", "message"}}`, or for a 422 of
+    the public API Airflow's HTTPValidationError `{"detail": [{"type", "loc", "msg", "ctx"}]}`:
+    a domain error's reason is in `ctx.reason`, a schema error is "validation_error"."""
+    detail = json.loads(response.content)["detail"]
+    if isinstance(detail, list):
+        assert detail and all(isinstance(item["loc"], list) for item in detail), detail
+        first = detail[0]
+        return first.get("ctx", {}).get("reason", "validation_error"), first["msg"]
+    return detail["reason"], detail["message"]
+
+
 def _assert_rejected(response, status: int, before: dict, reason: str | None = None) -> str:
     assert response.status_code == status, response.content[:500]
-    detail = json.loads(response.content)["detail"]
-    assert isinstance(detail["reason"], str) and isinstance(detail["message"], str)
+    found, message = _reason(response)
+    assert isinstance(found, str) and isinstance(message, str)
     if reason is not None:
-        assert detail["reason"] == reason, detail
+        assert found == reason, json.loads(response.content)
     assert app_table_counts() == before
-    return detail["reason"]
+    return found
 
 
 def _ti(world, which):

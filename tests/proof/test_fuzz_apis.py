@@ -5,7 +5,8 @@ Every operation of the worker API (`/execution/openapi.json`) and the public API
 sent in-process through the WSGI application (the whole Django stack, middleware included). Path
 ids are sometimes swapped for real objects (queued, running and finished TIs with their own
 tokens; a real Dag and asset) so the cases reach the domain code, not only validation. Checks for
-every case: no 5xx; every 4xx carries `{"detail": {"reason": str, ...}}`; after a 4xx, the row
+every case: no 5xx; every 4xx carries `{"detail": {"reason": str, ...}}` (a 422 of the public
+API: Airflow's `{"detail": [{"type", "loc", "msg"}, ...]}`); after a 4xx, the row
 counts of every table of the app, django_q and auth are exactly what they were before the request.
 
 Hypothesis runs derandomized (the same cases on every run) with a fixed number of examples per
@@ -48,8 +49,15 @@ def _check(response, before: dict[str, int], label: str) -> str:
     assert status < 500, f"{label}: {status} {response.text[:500]}"
     if 400 <= status < 500:
         body = json.loads(response.text)
-        assert isinstance(body.get("detail"), dict), f"{label}: {status} {response.text[:300]}"
-        assert isinstance(body["detail"].get("reason"), str), f"{label}: {response.text[:300]}"
+        detail = body.get("detail")
+        if status == 422 and isinstance(detail, list):  # public API: Airflow's HTTPValidationError
+            assert detail, f"{label}: {response.text[:300]}"
+            for item in detail:
+                assert isinstance(item.get("loc"), list), f"{label}: {response.text[:300]}"
+                assert isinstance(item.get("msg"), str) and isinstance(item.get("type"), str)
+        else:
+            assert isinstance(detail, dict), f"{label}: {status} {response.text[:300]}"
+            assert isinstance(detail.get("reason"), str), f"{label}: {response.text[:300]}"
         after = app_table_counts()
         changed = {t: (before[t], after[t]) for t in before if before[t] != after[t]}
         assert not changed, f"{label}: {status} changed row counts {changed}"

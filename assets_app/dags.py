@@ -12,7 +12,16 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import (
+    Count,
+    DateTimeField,
+    Exists,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+)
 
 from . import audit, exceptions, listing
 from .models import (
@@ -30,7 +39,7 @@ DAG_ORDERING = listing.Ordering(
         "dag_id": "dag_id",
         "dag_display_name": "dag_id",
         # No Dag here has a next run on a timetable: ordering by it orders by dag_id.
-        "next_dagrun": Value(None),
+        "next_dagrun": Value(None, output_field=DateTimeField()),
         "last_run_state": "last_run_state",
         "last_run_start_date": "last_run_start_date",
     },
@@ -120,7 +129,7 @@ def _filter(dags: QuerySet[Dag], f: DagFilters) -> QuerySet[Dag]:
     if f.last_dag_run_state is not None:
         q &= Q(last_run_state=f.last_dag_run_state)
     if f.dag_run_state:
-        states = [s for s in f.dag_run_state if s is not None]
+        states = [s for s in f.dag_run_state if s not in (None, "none")]
         state_q = Q(last_run_state__in=states)
         if len(states) < len(f.dag_run_state):
             state_q |= Q(last_run_state__isnull=True)

@@ -92,6 +92,16 @@ def test_order_by_lists_are_validated_and_honoured(api):
     }
     too_many = api.get("/api/v2/dags", {"order_by": ["dag_id"] * 11})
     assert too_many.status_code == 400
+    for name in ("dag_id", "dag_display_name", "next_dagrun", "last_run_state"):
+        page = api.get("/api/v2/dags", {"order_by": [name, "-last_run_start_date"]})
+        assert page.status_code == 200, (name, page.content)
+        assert sorted(d["dag_id"] for d in page.json()["dags"]) == ["d0", "d1", "d2"]
+    runs_by = api.get("/api/v2/dags/~/dagRuns", {"order_by": ["-duration", "conf", "updated_at"]})
+    assert runs_by.status_code == 200 and runs_by.json()["total_entries"] == 3
+    tis_by = api.get(
+        "/api/v2/dags/~/dagRuns/~/taskInstances", {"order_by": ["operator", "-run_after"]}
+    )
+    assert tis_by.status_code == 200 and tis_by.json()["total_entries"] == 3
 
 
 def test_patterns_prefixes_and_pipes(api):

@@ -98,7 +98,7 @@ def clear_queued_events(
                     audit.Target(kind="asset_event", object_id=row.asset_event_id)
                     for row in cleared
                 ],
-                dag_id=dag_id,
+                dag_id=dag_id or "",
                 detail={
                     "asset_id": asset_id,
                     "before": before.isoformat() if before else None,

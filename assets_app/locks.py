@@ -5,8 +5,10 @@ transaction takes a lock from an earlier step after one from a later step):
 
   1. TaskInstance row (task_state): alone. While it is held the only other write is inserting one
      outbox row; nothing else is locked or loaded (invariant 1). `of=("self",)` always.
-  2. Outbox rows (drain): claimed FOR UPDATE SKIP LOCKED, oldest due first. Under them the drain
-     inserts AssetEvents and then ADRQ rows sorted by (target_dag_id, asset_event_id) (invariant 7).
+  2. Outbox rows (drain): claimed FOR UPDATE SKIP LOCKED, oldest due first, in a short claim
+     transaction that only stamps them (`claimed_at`); then locked again by id, SKIP LOCKED, for
+     the batch transaction. Under them the drain inserts AssetEvents and then ADRQ rows sorted by
+     (target_dag_id, asset_event_id) (invariant 7).
   3. Dag row (scheduler): FOR NO KEY UPDATE SKIP LOCKED, which serializes scheduling of one Dag
      without blocking the FOR KEY SHARE that ADRQ/DagRun foreign-key inserts take on it.
   4. That Dag's ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, by asset_event_id; the scheduler
@@ -73,11 +75,36 @@ def claim_queued_task_instances(
 
 
 def claim_due_outbox_rows(*, limit: int, now: datetime) -> list[AssetEventQueue]:
-    """Lock up to `limit` due, unparked outbox rows, oldest due first, skipping locked ones."""
+    """Lock up to `limit` due, unparked, unclaimed outbox rows, oldest due first, skipping
+    locked ones. Their payloads are not read (the drain's claim only sizes the batch)."""
     return list(
         AssetEventQueue.objects.select_for_update(skip_locked=True)
-        .filter(parked_at__isnull=True, next_attempt_at__lte=now)
+        .filter(parked_at__isnull=True, claimed_at__isnull=True, next_attempt_at__lte=now)
+        .defer("payload")
         .order_by("next_attempt_at", "id")[:limit]
+    )
+
+
+def claim_abandoned_outbox_rows(
+    *, claimed_before: datetime, limit: int = 100
+) -> list[AssetEventQueue]:
+    """Lock up to `limit` unparked rows a drain claimed before `claimed_before` and no drain
+    holds now (SKIP LOCKED): their attempt died with its drain. Payloads are not read."""
+    return list(
+        AssetEventQueue.objects.select_for_update(skip_locked=True)
+        .filter(parked_at__isnull=True, claimed_at__lt=claimed_before)
+        .defer("payload")
+        .order_by("claimed_at", "id")[:limit]
+    )
+
+
+def lock_claimed_outbox_rows(*, ids: Sequence[int], claimed_at: datetime) -> list[AssetEventQueue]:
+    """Lock, for registration, those of `ids` that are still claimed by the claim stamped
+    `claimed_at` and not parked, by id, skipping rows another drain holds."""
+    return list(
+        AssetEventQueue.objects.select_for_update(skip_locked=True)
+        .filter(id__in=list(ids), claimed_at=claimed_at, parked_at__isnull=True)
+        .order_by("id")
     )
 
 

@@ -12,11 +12,8 @@ WORKER_API_PREFIX = "/execution/"
 
 
 class WorkerApiLatencyMiddleware:
-    """Times each `/execution/` request and records it after the response is built.
-
-    The record is one upsert, run after commit (right away: no request transaction is open by
-    then), so the histogram costs one statement per worker request and nothing for other paths.
-    """
+    """Times each `/execution/` request and records it after the response is built, in the
+    process-memory histogram (`observability.record_api_latency`: no statement)."""
 
     def __init__(self, get_response):
         self.get_response = get_response

@@ -1,14 +1,14 @@
 """What operators watch: queue gauges, activity per minute, component health, the worker API
 latency histogram, and their Prometheus text rendering (`/metrics`).
 
-Everything here reads the database (gauges are computed per scrape with a fixed number of
-queries; counters and the histogram live in the sharded `MetricCounter` rows of `metrics.py`), so
-every API process and django-q2 cluster contributes and any process can answer a scrape.
+Gauges are computed per scrape with a fixed number of queries and counters live in the sharded
+`MetricCounter` rows of `metrics.py`, so every API process and django-q2 cluster contributes and
+any process can answer a scrape. The worker API latency histogram is the exception: it is only
+recorded by the web processes, in memory (prometheus_client, see below).
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections import defaultdict
 from collections.abc import Iterable
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Count, Min, Q, Sum
+from django.db import connection
+from django.db.models import Count, Min, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -29,7 +29,6 @@ from .models import (
     ComponentHeartbeat,
     DagRun,
     DagRunType,
-    MetricCounter,
 )
 
 PREFIX = "asset_service_"
@@ -37,9 +36,6 @@ COMPONENTS = ("drain", "scheduler")
 
 # Upper bounds (seconds) of the worker API latency histogram; +Inf is implied.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-# MetricCounter names of the histogram: "<LATENCY_KEY>|<method>|<route>|<bucket index or sum_us>".
-LATENCY_KEY = "api_latency"
-_NAME_MAX = MetricCounter._meta.get_field("name").max_length
 
 
 @dataclass(frozen=True)
@@ -205,36 +201,59 @@ def database_reachable() -> bool:
 
 
 # --- worker API latency histogram ---------------------------------------------------------
+#
+# Kept in process memory by prometheus_client, not in the database: recording a request is an
+# in-memory (or mmap) increment, no statement. Under gunicorn, PROMETHEUS_MULTIPROC_DIR (set by
+# bin/serve, the proof suites and the benchmark harness; prometheus_client reads it when first
+# imported) makes every worker write its values to files there, and any worker answering
+# /metrics sums all of them. Without it each process reports its own requests.
+
+HISTOGRAM_NAME = f"{PREFIX}worker_api_request_duration_seconds"
+_histogram_holder: list = []
 
 
-def _latency_name(method: str, route: str, suffix: str) -> str:
-    head = f"{LATENCY_KEY}|{method}|"
-    tail = f"|{suffix}"
-    return head + route[: _NAME_MAX - len(head) - len(tail)] + tail
+def _histogram():
+    if not _histogram_holder:
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        from prometheus_client import Histogram
 
-
-def _write_latency(method: str, route: str, seconds: float) -> None:
-    bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)  # len(LATENCY_BUCKETS) means +Inf
-    table = MetricCounter._meta.db_table
-    shard = os.getpid() % metrics.SHARDS
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (name, shard, value) VALUES (%s, %s, 1), (%s, %s, %s) "
-            f"ON CONFLICT (name, shard) DO UPDATE SET value = {table}.value + excluded.value",
-            [
-                _latency_name(method, route, str(bucket)),
-                shard,
-                _latency_name(method, route, "sum_us"),
-                shard,
-                round(seconds * 1_000_000),
-            ],
+        _histogram_holder.append(
+            Histogram(
+                HISTOGRAM_NAME,
+                "Worker API (/execution/) request latency.",
+                ["method", "route"],
+                buckets=LATENCY_BUCKETS,
+                registry=None,
+            )
         )
+    return _histogram_holder[0]
 
 
 def record_api_latency(*, method: str, route: str, seconds: float) -> None:
-    """Count one worker API request in the latency histogram: one upsert of two counter rows,
-    after the current transaction commits (immediately in autocommit), like `metrics.incr`."""
-    transaction.on_commit(lambda: _write_latency(method, route, seconds))
+    """Count one worker API request in the latency histogram (process memory; no query)."""
+    _histogram().labels(method=method, route=route).observe(seconds)
+
+
+def reset_api_latency() -> None:
+    """Forget this process's histogram (tests; in multiprocess mode the files stay)."""
+    _histogram().clear()
+
+
+def _histogram_samples():
+    """The histogram's samples: of every process writing to PROMETHEUS_MULTIPROC_DIR, else of
+    this process."""
+    histogram = _histogram()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import CollectorRegistry, multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        families = [f for f in registry.collect() if f.name == HISTOGRAM_NAME]
+    else:
+        families = list(histogram.collect())
+    return [sample for family in families for sample in family.samples]
 
 
 @dataclass(frozen=True)
@@ -250,34 +269,33 @@ class LatencySeries:
 
 
 def latency_histograms() -> list[LatencySeries]:
-    """The histogram series summed over shards, sorted by (route, method). One query."""
-    rows = (
-        MetricCounter.objects.filter(name__startswith=f"{LATENCY_KEY}|")
-        .values_list("name")
-        .annotate(total=Sum("value"))
-        .order_by()
-    )
-    buckets: dict[tuple[str, str], list[int]] = defaultdict(
-        lambda: [0] * (len(LATENCY_BUCKETS) + 1)
-    )
-    sums: dict[tuple[str, str], int] = defaultdict(int)
-    for name, total in rows:
-        _, method, rest = name.split("|", 2)
-        route, suffix = rest.rsplit("|", 1)
-        if suffix == "sum_us":
-            sums[(method, route)] += int(total)
-        else:
-            buckets[(method, route)][int(suffix)] += int(total)
-    keys = sorted(set(buckets) | set(sums), key=lambda k: (k[1], k[0]))
-    return [
-        LatencySeries(
-            method=m,
-            route=r,
-            buckets=tuple(buckets[(m, r)]),
-            sum_seconds=sums[(m, r)] / 1_000_000,
+    """The histogram series (summed over processes), sorted by (route, method). No query."""
+    bounds = [*(float(b) for b in LATENCY_BUCKETS), float("inf")]
+    cumulative: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * len(bounds))
+    sums: dict[tuple[str, str], float] = defaultdict(float)
+    for sample in _histogram_samples():
+        key = (sample.labels.get("method", ""), sample.labels.get("route", ""))
+        if sample.name.endswith("_bucket"):
+            cumulative[key][bounds.index(float(sample.labels["le"]))] += sample.value
+        elif sample.name.endswith("_sum"):
+            sums[key] += sample.value
+    series = []
+    for method, route in sorted(cumulative, key=lambda k: (k[1], k[0])):
+        totals = cumulative[(method, route)]
+        per_bucket = [round(totals[0])] + [
+            round(totals[i] - totals[i - 1]) for i in range(1, len(totals))
+        ]
+        if not sum(per_bucket):
+            continue
+        series.append(
+            LatencySeries(
+                method=method,
+                route=route,
+                buckets=tuple(per_bucket),
+                sum_seconds=sums[(method, route)],
+            )
         )
-        for m, r in keys
-    ]
+    return series
 
 
 def latency_quantile(series: list[LatencySeries], q: float) -> float | None:

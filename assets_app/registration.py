@@ -86,6 +86,9 @@ class RegistrationResult:
     ignored_outlet_events: int
     queued_rows: int
     dag_ids: frozenset[str]
+    # Events the whole payload makes (its emission order is fixed): a caller registering it in
+    # windows (`register_payloads(windows=...)`) is done when its window reaches this.
+    emissions: int = 0
 
 
 @dataclass
@@ -106,6 +109,22 @@ class _Plan:
     new_asset_extra: dict[AssetKey, dict[str, Any]] = field(default_factory=dict)
     ignored: list[int] = field(default_factory=list)  # per payload
     sources: list[dict[str, Any]] = field(default_factory=list)  # per payload
+    emission_counts: list[int] = field(default_factory=list)  # per payload, before windowing
+
+    def keep_windows(self, windows: Sequence[tuple[int, int | None]]) -> None:
+        """Keep, of each payload's emissions (in their fixed order), those in its window
+        [start, stop), and only the assets those need."""
+        position: dict[int, int] = defaultdict(int)
+        kept = []
+        for e in self.emissions:
+            start, stop = windows[e.payload_index]
+            at = position[e.payload_index]
+            position[e.payload_index] = at + 1
+            if at >= start and (stop is None or at < stop):
+                kept.append(e)
+        self.emissions = kept
+        wanted = {e.key for e in kept}
+        self.new_asset_extra = {k: v for k, v in self.new_asset_extra.items() if k in wanted}
 
 
 def _asset_key(raw: Any, *, where: str) -> AssetKey:
@@ -144,6 +163,7 @@ def _plan(payloads: Sequence[dict[str, Any]]) -> _Plan:
     plan = _Plan()
     for index, payload in enumerate(payloads):
         where = f"payload[{index}]"
+        first = len(plan.emissions)
         if not isinstance(payload, dict):
             raise RegistrationError(f"{where}: must be an object")
         plan.sources.append(_source(payload, where=where))
@@ -205,6 +225,7 @@ def _plan(payloads: Sequence[dict[str, Any]]) -> _Plan:
             emission.ordinal = ordinals[emission.key]
             ordinals[emission.key] += 1
             plan.emissions.append(emission)
+        plan.emission_counts.append(len(plan.emissions) - first)
     return plan
 
 
@@ -413,7 +434,11 @@ def _resolve_references(payloads: Sequence[dict[str, Any]]) -> Sequence[dict[str
     return resolved
 
 
-def register_payloads(*, payloads: Sequence[dict[str, Any]]) -> list[RegistrationResult]:
+def register_payloads(
+    *,
+    payloads: Sequence[dict[str, Any]],
+    windows: Sequence[tuple[int, int | None]] | None = None,
+) -> list[RegistrationResult]:
     """Register a batch of outbox payloads; one result per payload, in order.
 
     Runs inside the caller's transaction and takes no explicit locks; a fixed number of queries
@@ -421,9 +446,18 @@ def register_payloads(*, payloads: Sequence[dict[str, Any]]) -> list[Registratio
     ADRQ rows). A malformed payload raises RegistrationError before any write; a database error
     leaves partial writes that the caller must roll back (the drain uses a savepoint).
     Metrics (events written, outlet events ignored) are counted on commit.
+
+    `windows` (one (start, stop) per payload, stop None for "to the end") registers only those
+    events of each payload, by their position in the payload's fixed emission order (each
+    result's `emissions` is the payload's total): the drain registers a huge payload in chunks,
+    one transaction each. Ordinals come from the whole payload, so a chunk writes the same
+    events (same idempotency keys) whichever transaction registers it.
     """
     now = timezone.now()
     plan = _plan(_resolve_references(payloads))
+    emission_counts = list(plan.emission_counts)
+    if windows is not None:
+        plan.keep_windows(windows)
     results_events: list[list[int]] = [[] for _ in payloads]
     results_new: list[int] = [0] * len(payloads)
     results_queued: list[int] = [0] * len(payloads)
@@ -453,7 +487,7 @@ def register_payloads(*, payloads: Sequence[dict[str, Any]]) -> list[Registratio
             rows.append(
                 (
                     asset_ids[e.key],
-                    json.dumps(e.extra),
+                    json.dumps(e.extra) if e.extra else "{}",
                     s["dag_id"],
                     s["run_id"],
                     s["task_id"],
@@ -534,6 +568,7 @@ def register_payloads(*, payloads: Sequence[dict[str, Any]]) -> list[Registratio
             ignored_outlet_events=plan.ignored[i],
             queued_rows=results_queued[i],
             dag_ids=frozenset(results_dags[i]),
+            emissions=emission_counts[i],
         )
         for i in range(len(payloads))
     ]

@@ -2,9 +2,10 @@
 
 This module owns the TI row lock (`locks.lock_task_instance`, `of=("self",)`). While it is held a
 function only reads the TI and writes its new state (invariant 1): the SELECT ... FOR UPDATE, one
-UPDATE, then COMMIT, whatever the number of outlets or consumed events. A success inserts its
-outbox row in the same transaction but just before taking the lock (see `_succeed_queued`), so
-the payload's size never lengthens the hold. Everything else happens after the commit, without
+UPDATE, then COMMIT, whatever the number of outlets or consumed events. A success in queue mode
+takes the lock with its conditional UPDATE itself (UPDATE, then COMMIT) and inserts its outbox row
+in the same transaction just before (see `_succeed_queued`), so the payload's size never
+lengthens the hold. Everything else happens after the commit, without
 the lock:
 
 - the DagRun follows its TIs in its own short statement (conditional UPDATE, no lock): `running`
@@ -25,6 +26,7 @@ workers claim it again after the delay; an ineligible one becomes `failed`. A TI
 never left in `up_for_retry`, so a replayed retry request finds it queued and gets 409.
 """
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -32,7 +34,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, Exists, OuterRef, TextField, Value, When
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -274,7 +276,8 @@ def succeed(
     """running -> success, handing the outlets to registration.
 
     `queue` mode (default): one durable transaction: read the TI, INSERT its outbox row
-    (`outbox.enqueue`), lock the TI, re-check it, UPDATE it, commit; the drain is nudged on commit.
+    (`outbox.enqueue`), then one conditional UPDATE that locks and re-checks it, commit; the drain
+    is nudged on commit.
     `inline` mode (`ASSET_REGISTRATION_MODE`, read at call time): one durable transaction that
     first registers the events (`registration.register_payload`, before the lock), then locks and
     re-checks the TI; if it is no longer running the whole transaction rolls back. After the
@@ -305,20 +308,26 @@ def _succeed_queued(
     task_outlets: list[dict[str, Any]],
     outlet_events: list[dict[str, Any]],
 ) -> StateChange:
-    """Insert the outbox row first, then lock the TI: the lock covers only FOR UPDATE + UPDATE.
+    """Read the TI, insert the outbox row, then take the lock with the state change itself.
 
     The outbox INSERT carries the whole payload (100 KB for 1,000 outlets, compressed by
-    PostgreSQL as it is stored), so doing it under the lock made the hold grow with the outlets.
-    It is still in the same transaction as the state change (invariant 2): if the re-check under
-    the lock finds the TI changed, everything rolls back. A concurrent success of the same try
-    waits on the outbox row's (ti_id, try_number) unique index and then fails with an
-    IntegrityError, which is answered from the committed state (replay or 409).
+    PostgreSQL as it is stored), so it runs before the lock. The lock is then taken by one
+    conditional UPDATE (running, same try -> success), which waits for a concurrent holder and
+    re-checks its condition on the row it finds: the hold is that UPDATE and COMMIT. It is still
+    one transaction with the outbox row (invariant 2): if the UPDATE matches nothing (the TI left
+    `running` or was retried meanwhile), everything rolls back. A concurrent success of the same
+    try waits on the outbox row's (ti_id, try_number) unique index and then fails with an
+    IntegrityError. Both are answered from the committed state (replay or 409).
+
+    On PostgreSQL the three statements are plain SQL built once (`_read_task_instance`,
+    `outbox.enqueue`, `_set_success_if_running`): building them with the ORM on every request
+    was most of the request's CPU (bench/success_breakdown.py).
     """
     from . import tasks  # django_q is imported only where a nudge is sent
 
     try:
         with transaction.atomic(durable=True):
-            seen = TaskInstance.objects.filter(id=ti_id).first()
+            seen = _read_task_instance(ti_id)
             if seen is None:
                 raise _not_found(ti_id)
             if seen.state != TIState.RUNNING:
@@ -326,30 +335,71 @@ def _succeed_queued(
             outbox.enqueue(
                 ti=seen, outlets=task_outlets, outlet_events=outlet_events, end_date=end_date
             )
-            ti = locks.lock_task_instance(ti_id)
-            if ti is None:
-                raise _not_found(ti_id)
-            if ti.state != TIState.RUNNING or ti.try_number != seen.try_number:
-                raise _ChangedUnderUs(ti)
-            _set_success(ti, end_date=end_date)
+            if not _set_success_if_running(ti=seen, end_date=end_date):
+                raise _ChangedUnderUs(_read_task_instance(ti_id))
             transaction.on_commit(tasks.nudge_drain)
     except _ChangedUnderUs as changed:
+        if changed.ti is None:
+            raise _not_found(ti_id) from None
         return _replay_or_conflict(changed.ti, action="marked success")
     except IntegrityError:
         current = TaskInstance.objects.filter(id=ti_id).first()
         if current is None:
             raise _not_found(ti_id) from None
         return _replay_or_conflict(current, action="marked success")
-    _finish_run_if_done(ti.dag_run_id, dag_id=ti.dag_id, now=timezone.now())
-    return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
+    _finish_run_if_done(seen.dag_run_id, dag_id=seen.dag_id, now=timezone.now())
+    return StateChange(ti_id=seen.id, state=seen.state, replayed=False, try_number=seen.try_number)
 
 
 class _ChangedUnderUs(Exception):
-    """The TI left `running` between the unlocked read and the lock: roll back the outbox row."""
+    """The TI left `running` between the unlocked read and the lock: roll back the outbox row.
+    Carries the TI as the transaction sees it after the locking UPDATE (None: deleted)."""
 
-    def __init__(self, ti: TaskInstance) -> None:
-        super().__init__(ti.state)
+    def __init__(self, ti: TaskInstance | None) -> None:
+        super().__init__(ti.state if ti is not None else "deleted")
         self.ti = ti
+
+
+@functools.cache
+def _ti_select_sql() -> tuple[str, list[str]]:
+    meta = TaskInstance._meta
+    fields = meta.concrete_fields
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    return f'SELECT {columns} FROM "{meta.db_table}" WHERE "id" = %s', [f.attname for f in fields]
+
+
+def _read_task_instance(ti_id: UUID) -> TaskInstance | None:
+    """The TI, unlocked: `TaskInstance.objects.filter(id=ti_id).first()`, built once on
+    PostgreSQL (psycopg returns every column type of the model as the ORM would)."""
+    if connection.vendor != "postgresql":
+        return TaskInstance.objects.filter(id=ti_id).first()
+    sql, names = _ti_select_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [ti_id])
+        row = cursor.fetchone()
+    return None if row is None else TaskInstance.from_db(connection.alias, names, row)
+
+
+def _set_success_if_running(*, ti: TaskInstance, end_date: datetime) -> bool:
+    """running (same try) -> success in one UPDATE, which takes the TI row lock (invariant 1:
+    the lock covers this statement and COMMIT). Updates `ti` and returns True when it matched;
+    False when the TI is no longer running that try. Runs inside the caller's transaction."""
+    now = timezone.now()
+    if connection.vendor != "postgresql":
+        matched = TaskInstance.objects.filter(
+            id=ti.id, state=TIState.RUNNING, try_number=ti.try_number
+        ).update(state=TIState.SUCCESS, end_date=end_date, updated_at=now)
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'UPDATE "{TaskInstance._meta.db_table}" SET "state" = %s, "end_date" = %s, '
+                '"updated_at" = %s WHERE "id" = %s AND "state" = %s AND "try_number" = %s',
+                [TIState.SUCCESS, end_date, now, ti.id, TIState.RUNNING, ti.try_number],
+            )
+            matched = cursor.rowcount
+    if matched:
+        ti.state, ti.end_date, ti.updated_at = TIState.SUCCESS, end_date, now
+    return bool(matched)
 
 
 def _replay_or_conflict(ti: TaskInstance, *, action: str) -> StateChange:

@@ -7,7 +7,9 @@ Each entry point is thin: it calls one domain function. Nudges are sent after co
 
 from collections.abc import Iterable
 
+from django.db import connection
 from django.utils import timezone
+from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.tasks import async_task
@@ -30,11 +32,47 @@ def _drain_waiting() -> bool:
     return any(row.func() == DRAIN_FUNC for row in waiting[:COALESCE_LOOKAHEAD])
 
 
+class _RememberingBroker(ORM):
+    """The ORM broker, remembering the broker row of the task it enqueues."""
+
+    enqueued_id: int | None = None
+
+    def enqueue(self, task):
+        self.enqueued_id = super().enqueue(task)
+        return self.enqueued_id
+
+
+# Broker row of the last drain nudge this process sent (per process: no coordination needed).
+_last_drain_nudge: dict[str, int] = {}
+
+
+def _still_waiting(row_id: int) -> bool:
+    """Is that broker row still waiting for a cluster to pick it up? One primary-key read."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {OrmQ._meta.db_table} WHERE id = %s AND lock <= %s",
+            [row_id, timezone.now()],
+        )
+        return cursor.fetchone() is not None
+
+
 def nudge_drain() -> None:
     """Ask a django-q2 worker to drain the outbox soon, unless a drain task is already waiting.
-    Call after commit."""
-    if not _drain_waiting():
-        async_task(DRAIN_FUNC, task_name="asset-drain-nudge")
+    Call after commit.
+
+    Per success this is one primary-key read: the drain task this process sent last is still
+    waiting. Only when it is not (picked up, or none sent yet) does the nudge look through the
+    broker's waiting rows (`_drain_waiting`, which decodes them) and, finding none, send a task.
+    """
+    last = _last_drain_nudge.get("id")
+    if last is not None and _still_waiting(last):
+        return
+    if _drain_waiting():
+        return
+    broker = _RememberingBroker(list_key=Conf.CLUSTER_NAME)
+    async_task(DRAIN_FUNC, task_name="asset-drain-nudge", broker=broker)
+    if broker.enqueued_id is not None:
+        _last_drain_nudge["id"] = broker.enqueued_id
 
 
 def nudge_scheduler(*, dag_ids: Iterable[str] | None = None) -> None:

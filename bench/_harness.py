@@ -469,6 +469,12 @@ def start_gunicorn(
         "--log-level",
         "warning",
     ]
+    # The latency histogram's multiprocess directory (bin/serve sets one up the same way).
+    metrics_dir = log.parent / f"prometheus-{port}"
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    for stale in metrics_dir.glob("*.db"):
+        stale.unlink()
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), **env}
     server = Server(argv, server_env(url, **env), log)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -114,11 +114,17 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("MAX_REQUEST_BODY_BYTES", default=10 * 102
 # "inline": success registers events in its own transaction before taking the TI lock.
 ASSET_REGISTRATION_MODE = env.str("ASSET_REGISTRATION_MODE", default="queue")
 ASSET_QUEUE_BATCH_SIZE = env.int("ASSET_QUEUE_BATCH_SIZE", default=500)
+# Outlets one drain transaction registers (batches are sized by it; bigger rows are chunked).
+ASSET_QUEUE_BATCH_OUTLETS = env.int("ASSET_QUEUE_BATCH_OUTLETS", default=10_000)
 ASSET_QUEUE_MAX_ATTEMPTS = env.int("ASSET_QUEUE_MAX_ATTEMPTS", default=10)
 ASSET_QUEUE_BACKOFF_BASE_SECONDS = env.float("ASSET_QUEUE_BACKOFF_BASE_SECONDS", default=2.0)
 ASSET_QUEUE_BACKOFF_CAP_SECONDS = env.float("ASSET_QUEUE_BACKOFF_CAP_SECONDS", default=600.0)
 # One drain or scheduler invocation keeps working until its queue is empty or this budget is spent.
 ASSET_DRAIN_TIME_BUDGET_SECONDS = env.float("ASSET_DRAIN_TIME_BUDGET_SECONDS", default=20.0)
+# The drain yields to a burst of successes (outbox._Pacer): above this arrival rate, for at most
+# this long in a row.
+ASSET_DRAIN_YIELD_ABOVE_PER_SECOND = env.float("ASSET_DRAIN_YIELD_ABOVE_PER_SECOND", default=100.0)
+ASSET_DRAIN_YIELD_MAX_SECONDS = env.float("ASSET_DRAIN_YIELD_MAX_SECONDS", default=5.0)
 # /healthz fails when the drain or scheduler has not succeeded for this long (the django-q2
 # sweep runs each of them every minute).
 ASSET_HEALTH_MAX_AGE_SECONDS = env.int("ASSET_HEALTH_MAX_AGE_SECONDS", default=180)

@@ -363,13 +363,21 @@ def test_crash_between_registration_and_commit_leaves_the_row_pending_and_retry_
     crashed = ComponentHeartbeat.objects.get(component="drain")
     assert (crashed.last_run_at is not None, crashed.last_ok_at) == (True, None)
     row.refresh_from_db()
+    # The claim committed before the attempt: the row says a drain took it and never finished.
     assert (row.attempts, row.parked_at, row.last_error) == (0, None, "")
+    assert row.claimed_at is not None
     assert AssetEvent.objects.count() == 0
     assert AssetDagRunQueue.objects.count() == 0
     assert metrics.value(metrics.REGISTERED) == 0
+    # Within the claim's grace the row is left alone (its drain may be about to lock it).
+    assert outbox.drain().claimed == 0
 
     monkeypatch.undo()
+    monkeypatch.setattr(outbox, "CLAIM_GRACE_SECONDS", 0.0)
     result = outbox.drain()
+    # The dead attempt is counted (and would park the row at the maximum), then retried at once.
+    assert (result.failed, result.parked) == (1, 0)
+    assert metrics.value(metrics.FAILED_ATTEMPTS) == 1
     assert (result.registered, result.events_written, result.runs_triggered) == (1, 1, 1)
     assert AssetEvent.objects.count() == 1
     assert AssetEventQueue.objects.count() == 0

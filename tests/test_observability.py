@@ -1,7 +1,12 @@
-"""/metrics (Prometheus text format, values from the database) and /healthz."""
+"""/metrics (Prometheus text format: gauges and counters from the database, the worker API
+latency histogram from process memory) and /healthz."""
 
+import os
 import re
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -28,6 +33,13 @@ def scrape(client=None) -> tuple[str, dict[str, float]]:
         assert match, f"not a sample line: {line!r}"
         samples[match[1] + (match[2] or "")] = float(match[3])
     return text, samples
+
+
+@pytest.fixture(autouse=True)
+def empty_latency_histogram():
+    observability.reset_api_latency()
+    yield
+    observability.reset_api_latency()
 
 
 def beat(component, *, ago, ok=True):
@@ -66,11 +78,11 @@ def test_metrics_gauges_and_counters():
 @pytest.mark.django_db
 def test_metrics_query_count_is_fixed(django_assert_num_queries):
     AssetEventQueueFactory()
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(4):
         scrape()
     for _ in range(20):
         AssetEventQueueFactory(parked=True)
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(4):
         scrape()
 
 
@@ -99,13 +111,38 @@ def test_worker_api_latency_histogram_counts_each_request():
 
 
 @pytest.mark.django_db
-def test_latency_histogram_sums_shards_and_places_buckets():
-    observability._write_latency("PATCH", "r", 0.003)
-    observability._write_latency("PATCH", "r", 0.2)
-    observability._write_latency("PATCH", "r", 30.0)
-    (series,) = observability.latency_histograms()
+def test_latency_histogram_places_buckets_without_a_query(django_assert_num_queries):
+    with django_assert_num_queries(0):
+        observability.record_api_latency(method="PATCH", route="r", seconds=0.003)
+        observability.record_api_latency(method="PATCH", route="r", seconds=0.2)
+        observability.record_api_latency(method="PATCH", route="r", seconds=30.0)
+        (series,) = observability.latency_histograms()
     assert series.buckets == (1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1)
     assert series.sum_seconds == pytest.approx(30.203)
+
+
+def test_latency_histogram_sums_the_processes_of_a_multiprocess_directory(tmp_path, monkeypatch):
+    """Under gunicorn every worker records into PROMETHEUS_MULTIPROC_DIR; whichever worker
+    answers /metrics reports the sum. Two real processes record, this one reads."""
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "PYTHONPATH": str(root),
+    }
+    record = (
+        "import sys, django; django.setup(); from assets_app import observability as o; "
+        "o.record_api_latency(method='PATCH', route='r', seconds=float(sys.argv[1]))"
+    )
+    for seconds in ("0.003", "0.2"):
+        subprocess.run([sys.executable, "-c", record, seconds], env=env, cwd=root, check=True)
+    assert len(list(tmp_path.glob("*.db"))) == 2  # one file per process
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    (series,) = observability.latency_histograms()
+    assert (series.method, series.route) == ("PATCH", "r")
+    assert series.buckets == (1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0)
+    assert series.sum_seconds == pytest.approx(0.203)
 
 
 @pytest.mark.django_db
@@ -161,12 +198,11 @@ def test_healthz_threshold_comes_from_settings(settings):
     assert Client().get("/healthz").status_code == 200
 
 
-@pytest.mark.django_db
 def test_latency_quantile_is_the_bucket_bound():
     assert observability.latency_quantile([], 0.5) is None
     for seconds in (0.003, 0.004, 0.02, 0.2):
-        observability._write_latency("GET", "a", seconds)
-    observability._write_latency("PUT", "b", 12.0)
+        observability.record_api_latency(method="GET", route="a", seconds=seconds)
+    observability.record_api_latency(method="PUT", route="b", seconds=12.0)
     series = observability.latency_histograms()
     assert observability.latency_quantile(series, 0.4) == 0.005
     assert observability.latency_quantile(series, 0.6) == 0.025

@@ -51,7 +51,7 @@ def ti_update_state(
         change = task_state.succeed(
             ti_id=task_instance_id,
             end_date=payload.end_date,
-            task_outlets=[o.model_dump(exclude_none=True) for o in payload.task_outlets or ()],
+            task_outlets=list(payload.task_outlets or ()),
             outlet_events=list(payload.outlet_events or ()),
         )
     elif isinstance(payload, schemas.TIRetryStatePayload):

@@ -51,6 +51,16 @@ class AssetEventQueue(models.Model):
     source_task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
     source_map_index = models.IntegerField(default=-1)
     payload = models.JSONField()
+    # Outlets + outlet events in the payload: the drain's measure of a row's work. Batches are
+    # sized by it (ASSET_QUEUE_BATCH_OUTLETS), and a row above that is registered in chunks.
+    outlet_count = models.PositiveIntegerField(default=0)
+    # How many of the payload's events (in registration order) are registered: a row
+    # registered in chunks keeps its place here, committed with each chunk's events.
+    registered_count = models.PositiveIntegerField(default=0)
+    # Set (and committed) by a drain before it registers the row, cleared when that attempt
+    # ends. Found set on a row no drain holds, it says the attempt died with its drain (a
+    # timeout, a kill, a lost connection): the drain counts that attempt (`_record_failure`).
+    claimed_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(default=timezone.now)
     last_error = models.TextField(blank=True, default="")
@@ -86,6 +96,12 @@ class AssetEventQueue(models.Model):
                 condition=models.Q(parked_at__isnull=False),
             ),
             models.Index(fields=["source_dag_id", "source_task_id"], name="outbox_by_source"),
+            # Rows whose drain may have died (see `claimed_at`): few, looked up every batch.
+            models.Index(
+                fields=["claimed_at"],
+                name="outbox_claimed",
+                condition=models.Q(claimed_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

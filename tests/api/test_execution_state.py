@@ -391,18 +391,18 @@ def test_concurrent_successes_of_one_try_write_one_outbox_row_and_one_is_a_repla
 
 
 def test_success_rolls_back_its_outbox_row_when_the_ti_changed_before_the_lock(monkeypatch):
-    """The TI is read, its outbox row inserted, then the lock finds it no longer running: the
-    row is rolled back with the transaction and the answer is a 409."""
-    from assets_app import locks, task_state
+    """The TI is read, its outbox row inserted, then the locking UPDATE finds it no longer
+    running: the row is rolled back with the transaction and the answer is a 409."""
+    from assets_app import task_state
 
     ti = TaskInstanceFactory(running=True)
-    real_lock = locks.lock_task_instance
+    real_lock = task_state._set_success_if_running
 
-    def lock_after_a_concurrent_failure(ti_id):
-        TaskInstance.objects.filter(id=ti_id).update(state=TIState.FAILED)
-        return real_lock(ti_id)
+    def lock_after_a_concurrent_failure(*, ti, end_date):
+        TaskInstance.objects.filter(id=ti.id).update(state=TIState.FAILED)
+        return real_lock(ti=ti, end_date=end_date)
 
-    monkeypatch.setattr(locks, "lock_task_instance", lock_after_a_concurrent_failure)
+    monkeypatch.setattr(task_state, "_set_success_if_running", lock_after_a_concurrent_failure)
     with pytest.raises(InvalidState) as raised:
         task_state.succeed(
             ti_id=ti.id, end_date=timezone.now(), task_outlets=OUTLETS, outlet_events=[]

@@ -251,10 +251,12 @@ class QCluster(ServiceProcess):
 
 
 @pytest.fixture
-def service_env(transactional_db) -> dict[str, str]:
-    """Environment for a server subprocess: the test database, this process's secrets."""
+def service_env(transactional_db, tmp_path) -> dict[str, str]:
+    """Environment for a server subprocess: the test database, this process's secrets, a fresh
+    multiprocess directory for the latency histogram (as bin/serve sets up)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DJANGO_SETTINGS"))}
     env.update(
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"),
         DATABASE_URL=database_url(),
         DJANGO_SETTINGS_MODULE="project.settings",
         SECRET_KEY=settings.SECRET_KEY,

@@ -190,6 +190,7 @@ def fill_outbox(
                     "source": source,
                     "end_date": now.isoformat(),
                 },
+                outlet_count=len(declared),
                 next_attempt_at=now,
                 created_at=now,
             )

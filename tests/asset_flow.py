@@ -81,6 +81,7 @@ def outbox_row(body: dict[str, Any]) -> AssetEventQueue:
         source_task_id=source["task_id"],
         source_map_index=source["map_index"],
         payload=body,
+        outlet_count=len(body.get("outlets") or []) + len(body.get("outlet_events") or []),
     )
 
 

@@ -2,6 +2,7 @@ import io
 import uuid
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.core.management import call_command
 from django.db import DataError, IntegrityError, OperationalError, connection
@@ -421,3 +422,155 @@ def test_changing_an_asset_uri_refuses_a_taken_or_empty_uri_and_writes_nothing()
         asset_events.change_asset_uri(asset_id=10**9, uri="s3://x")
     orders.refresh_from_db()
     assert orders.uri == "s3://old" and not AuditEntry.objects.exists()
+
+
+def _rows_with_outlets(*counts: int) -> list[AssetEventQueue]:
+    return [
+        outbox_row(
+            payload(
+                outlets=[
+                    {"name": f"r{i}-a{j}", "uri": f"s3://r{i}/a{j}", "type": "Asset"}
+                    for j in range(n)
+                ],
+                task_id=f"t{i}",
+            )
+        )
+        for i, n in enumerate(counts)
+    ]
+
+
+def test_batches_are_sized_by_outlets_and_a_big_row_is_registered_in_chunks(settings):
+    """A batch takes rows while their outlets fit ASSET_QUEUE_BATCH_OUTLETS; a row above it is
+    taken alone and registered a chunk per batch, keeping its place, each chunk committed with
+    its events; between chunks the row is free (an operator could park it)."""
+    settings.ASSET_QUEUE_BATCH_OUTLETS = 10
+    *_, big = _rows_with_outlets(4, 4, 4, 25)
+
+    first = outbox.drain_batch()
+    assert (first.claimed, first.registered, first.events_written) == (2, 2, 8)
+    assert first.more
+    second = outbox.drain_batch()  # small_c alone: big would not fit with it
+    assert (second.claimed, second.registered, second.events_written) == (1, 1, 4)
+    chunks = []
+    while AssetEventQueue.objects.exists():
+        batch = outbox.drain_batch()
+        chunks.append((batch.claimed, batch.registered, batch.chunked, batch.events_written))
+        if AssetEventQueue.objects.exists():
+            big.refresh_from_db()
+            assert big.claimed_at is None  # released between chunks
+            chunks.append(big.registered_count)
+    assert chunks == [(1, 0, 1, 10), 10, (1, 0, 1, 10), 20, (1, 1, 0, 5)]
+    events = AssetEvent.objects.filter(source_task_id="t3")
+    assert events.count() == 25
+    assert set(events.values_list("source_ordinal", flat=True)) == {0}
+    assert outbox.drain_batch().claimed == 0
+
+
+def test_a_chunk_registered_again_writes_nothing_twice(settings):
+    """The place a chunked row keeps is an optimisation: a chunk registered again (its place
+    lost) writes nothing new, since the events' idempotency keys come from the whole payload."""
+    settings.ASSET_QUEUE_BATCH_OUTLETS = 10
+    (big,) = _rows_with_outlets(25)
+    outbox.drain_batch()
+    AssetEventQueue.objects.filter(id=big.id).update(registered_count=0)
+    while AssetEventQueue.objects.exists():
+        outbox.drain_batch()
+    assert AssetEvent.objects.count() == 25
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_savepoint_rollback_that_fails_is_never_followed_by_per_row_retries(monkeypatch, caplog):
+    """Issue 13 item 7: the batch fails and rolling back its savepoint fails too (the session
+    was terminated; psycopg may not have marked the connection closed yet). Django marks the
+    transaction `needs_rollback`, so no row may be retried on it: the error goes up, the
+    transaction rolls back, and no row records a failure."""
+    from django.db import DatabaseError, connections
+
+    from assets_app import registration
+
+    rows = _rows_with_outlets(1, 1, 1)
+
+    def batch_fails(**kwargs):
+        raise DatabaseError("the batch failed")
+
+    real = connections["default"]
+
+    def rollback_fails(sid):
+        raise DatabaseError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(registration, "register_payloads", batch_fails)
+    monkeypatch.setattr(real, "savepoint_rollback", rollback_fails)
+    with pytest.raises(DatabaseError, match="the batch failed"):
+        outbox.drain_batch()
+    monkeypatch.undo()
+    assert not [r for r in caplog.records if " failed: " in r.getMessage()]
+    assert list(AssetEventQueue.objects.values_list("attempts", flat=True)) == [0, 0, 0]
+    assert AssetEventQueue.objects.count() == len(rows)
+
+
+def _wrapped(error: Exception) -> Exception:
+    from django.db import OperationalError
+
+    try:
+        try:
+            raise error
+        except Exception as exc:
+            raise OperationalError(str(exc)) from exc
+    except OperationalError as wrapped:
+        return wrapped
+
+
+@pytest.mark.parametrize(
+    ("make_error", "unusable"),
+    [
+        (lambda: psycopg.errors.AdminShutdown("terminating connection"), True),
+        (lambda: psycopg.errors.ConnectionFailure("connection failure"), True),
+        (lambda: psycopg.OperationalError("consuming input failed: server closed"), True),
+        (lambda: psycopg.errors.LockNotAvailable("lock timeout"), False),
+        (lambda: psycopg.errors.UniqueViolation("duplicate key"), False),
+    ],
+    ids=["57P01", "08006", "client-side", "lock-timeout", "unique-violation"],
+)
+def test_connection_loss_is_recognised_however_it_surfaces(make_error, unusable):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    assert outbox._connection_unusable(_wrapped(make_error())) is unusable
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_drain_yields_to_busy_requests_for_a_bounded_time_then_works(settings):
+    """While a foreground session (a request) is in a transaction, the drain waits before its
+    batch, but at most ASSET_DRAIN_YIELD_MAX_SECONDS; then it registers. Idle: no wait."""
+    import threading
+
+    from django.db import connections, transaction
+
+    settings.ASSET_DRAIN_YIELD_MAX_SECONDS = 0.5
+    orders = AssetFactory(name="orders")
+    outbox_row(payload(outlets=[asset_outlet(orders)]))
+    holding, release = threading.Event(), threading.Event()
+
+    def request_in_a_transaction():
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+                holding.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=request_in_a_transaction)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        result = outbox.drain()
+    finally:
+        release.set()
+        thread.join(10)
+    detail = ComponentHeartbeat.objects.get(component="drain").detail
+    assert 0.5 <= detail["yielded_seconds"] < 1.0
+    assert result.registered == 1
+    outbox_row(payload(outlets=[asset_outlet(orders)], task_id="again"))
+    outbox.drain()
+    assert ComponentHeartbeat.objects.get(component="drain").detail["yielded_seconds"] == 0

@@ -18,8 +18,11 @@ import time
 import psutil
 import pytest
 import requests
+from django.conf import settings
 from django.db.models import Count
+from django.test import Client
 
+from assets_app import outbox
 from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue, TaskInstance
 
 from .conftest import (
@@ -144,3 +147,45 @@ def test_500_concurrent_successes_with_300_outlets_each(servers):
         0,
         0,
     )
+
+
+def test_a_100000_outlet_success_is_registered_completely_in_bounded_transactions():
+    """A success with 100,000 outlets (a ~7 MB body, under the 10 MB limit) is accepted at the
+    worker API door and registered completely by the drain, no transaction registering more
+    than ASSET_QUEUE_BATCH_OUTLETS events: every outlet becomes exactly one event, and the
+    Dag scheduled on three of them consumes each once."""
+    outlets = 100_000
+    names = [f"huge-{i}" for i in range(outlets)]
+    make_scheduled_dag("huge_downstream", {"any": names[:3]})
+    (ti,) = make_running_tis("huge_producer", 1)
+    body = json.dumps(success_body(names)).encode()
+    response = Client().patch(
+        f"/execution/task-instances/{ti.id}/state",
+        data=body,
+        content_type="application/json",
+        headers=auth_headers(ti.id),
+    )
+    assert response.status_code == 204, response.content[:500]
+    (row,) = AssetEventQueue.objects.all()
+    assert row.outlet_count == outlets
+
+    budget = settings.ASSET_QUEUE_BATCH_OUTLETS
+    started = time.monotonic()
+    written = []
+    while AssetEventQueue.objects.exists():
+        assert time.monotonic() - started < 600, "the drain did not finish the row"
+        batch = outbox.drain_batch()
+        assert batch.failed == 0
+        written.append(batch.events_written)
+    figure(
+        f"huge success: {outlets:,} outlets ({len(body) / 2**20:.1f} MiB) registered in "
+        f"{len(written)} transactions of at most {max(written):,} events, "
+        f"{time.monotonic() - started:.1f} s"
+    )
+    assert max(written) <= budget
+    assert sum(written) == outlets
+    assert AssetEvent.objects.filter(source_ti_id=ti.id).count() == outlets
+    assert AssetEvent.objects.values("asset_id").distinct().count() == outlets
+    report = consumption_report()  # the 3 events the downstream Dag waits on: consumed once
+    assert (report["missed"], report["foreign"], report["doubled"]) == (0, 0, 0)
+    assert report["runs"] >= 1

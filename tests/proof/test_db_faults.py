@@ -6,16 +6,31 @@ import random
 import threading
 import time
 
+import psycopg
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
 
-from assets_app import outbox
+from assets_app import metrics, outbox
 from assets_app.models import AssetEvent, AssetEventQueue, TaskInstance
 
-from .conftest import figure, make_running_tis, make_scheduled_dag, run_in_threads, wait_until
+from .conftest import (
+    database_url,
+    figure,
+    make_running_tis,
+    make_scheduled_dag,
+    run_in_threads,
+    wait_until,
+)
 from .workers import succeed_ti
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def no_yielding(settings):
+    """These threads poll the database busily; the drain must not wait for them here."""
+    settings.ASSET_DRAIN_YIELD_MAX_SECONDS = 0
+
 
 ASSETS = [f"fault-{i}" for i in range(10)]
 
@@ -40,10 +55,22 @@ def _backend_holds_outbox_row_locks(pid: int) -> bool:
         return cursor.fetchone()[0] > 0
 
 
-def test_terminated_drain_connection_mid_batch_rolls_back_and_recovers(caplog):
+def _claims() -> set:
+    """(row, claim stamp) of every claim left behind: one per attempt that died."""
+    return set(
+        AssetEventQueue.objects.filter(claimed_at__isnull=False).values_list("id", "claimed_at")
+    )
+
+
+def test_terminated_drain_connection_mid_batch_rolls_back_and_recovers(caplog, monkeypatch):
     """pg_terminate_backend on the drain's session while its batch transaction is open, 3 times;
     right after each, every outbox row still queued has no events and every row gone has all of
-    them; a later drain registers the rest exactly once."""
+    them, and no row was retried one by one on the dead session (however the termination
+    surfaced: in a statement, in the savepoint's rollback, at COMMIT); a later drain counts
+    the attempts that died (exactly the rows a killed batch had claimed) and registers the rest
+    exactly once."""
+    # One drain at a time here: a claim with no lock behind it is dead at once.
+    monkeypatch.setattr(outbox, "CLAIM_GRACE_SECONDS", 0.0)
     make_scheduled_dag("fault_downstream", {"any": ASSETS})
     tis = make_running_tis("fault_producer", 800)
     rng = random.Random(3)
@@ -54,6 +81,7 @@ def test_terminated_drain_connection_mid_batch_rolls_back_and_recovers(caplog):
 
     terminations = 0
     errors: list[str] = []
+    died: set = set()
     for _ in range(3):
         pid_box: list[int] = []
         ready = threading.Event()
@@ -87,16 +115,81 @@ def test_terminated_drain_connection_mid_batch_rolls_back_and_recovers(caplog):
         assert queued, "the drain finished before it was terminated"
         assert not queued & set(by_ti)
         assert by_ti == {ti.id: sorted(outlets[ti.id]) for ti in tis if ti.id not in queued}
+        # Killed in its batch transaction, a drain leaves its claims behind (killed in the claim
+        # transaction itself, it leaves none new); the next drain counts those attempts.
+        died |= _claims()
 
     assert terminations == 3
     assert len(errors) == 3
     # A dead session is not retried row by row (every row would fail the same way).
-    assert not [r for r in caplog.records if "outbox row" in r.getMessage()]
+    assert not [r for r in caplog.records if " failed: " in r.getMessage()]
     while outbox.drain(batch_size=50).claimed:
         pass
-    figure(f"db faults: {terminations} drain connections terminated mid-batch ({errors})")
+    figure(
+        f"db faults: {terminations} drain connections terminated mid-batch ({errors}); "
+        f"{len(died)} attempts that died counted"
+    )
+    assert died
+    assert metrics.value(metrics.FAILED_ATTEMPTS) == len(died)
     assert AssetEventQueue.objects.count() == 0
     assert _events_by_ti() == {ti.id: sorted(outlets[ti.id]) for ti in tis}
+
+
+def _terminate_and_wait(pid: int) -> None:
+    """Terminate a backend from another session and wait until it is gone."""
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        assert other.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+        deadline = time.monotonic() + 10
+        while other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
+            assert time.monotonic() < deadline, "the backend did not exit"
+            time.sleep(0.01)
+
+
+def test_a_row_whose_drain_is_killed_mid_batch_has_its_attempt_counted_and_parks(
+    settings, monkeypatch
+):
+    """Each drain of the row loses its session just before COMMIT (the row is registered, its
+    transaction open): nothing commits, but the attempt is counted by the next drain, so a row
+    that always kills its drain is parked after ASSET_QUEUE_MAX_ATTEMPTS with the reason; between
+    attempts no drain holds it, so the operator's Park works; requeued, it registers once."""
+    settings.ASSET_QUEUE_MAX_ATTEMPTS = 2
+    monkeypatch.setattr(outbox, "CLAIM_GRACE_SECONDS", 0.0)
+    (ti,) = make_running_tis("fault_killed_producer", 1)
+    succeed_ti(ti, [{"name": a, "uri": a} for a in ASSETS[:3]])
+    (row,) = AssetEventQueue.objects.all()
+
+    def kill_own_session(rows) -> None:
+        _terminate_and_wait(connection.connection.info.backend_pid)
+
+    def drain_killed() -> None:
+        monkeypatch.setattr(outbox, "_before_commit", kill_own_session)
+        with pytest.raises(DatabaseError):
+            outbox.drain()
+        monkeypatch.setattr(outbox, "_before_commit", lambda rows: None)
+        connections.close_all()
+
+    drain_killed()  # attempt 1 dies
+    row.refresh_from_db()
+    assert (row.attempts, row.parked_at, row.last_error) == (0, None, "")
+    assert row.claimed_at is not None
+    drain_killed()  # counts attempt 1, retries the row alone: attempt 2 dies
+    row.refresh_from_db()
+    assert (row.attempts, row.parked_at) == (1, None)
+    assert row.last_error_type == outbox.DRAIN_DIED_TYPE
+    assert "died" in row.last_error
+    result = outbox.drain()  # counts attempt 2: the maximum, so the row parks
+    assert (result.claimed, result.failed, result.parked) == (0, 1, 1)
+    row.refresh_from_db()
+    assert row.attempts == 2 and row.parked_at is not None and row.claimed_at is None
+    assert not AssetEvent.objects.exists()
+
+    assert outbox.requeue(row_ids=[row.id]) == [row.id]
+    drain_killed()
+    assert outbox.park(row_ids=[row.id]) == [row.id]  # no drain holds it: Park works
+    assert outbox.requeue(row_ids=[row.id]) == [row.id]
+    outbox.drain()
+    assert not AssetEventQueue.objects.exists()
+    assert _events_by_ti() == {ti.id: sorted(ASSETS[:3])}
 
 
 def _queue_three_rows_one_on_a_locked_asset() -> tuple[list, dict]:

@@ -5,8 +5,10 @@ Each entry point is thin: it calls one domain function. Nudges are sent after co
 (`transaction.on_commit(nudge_drain)`), so a task never runs before the rows it should see exist.
 """
 
+import os
 from collections.abc import Iterable
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 from django_q.brokers.orm import ORM
@@ -81,11 +83,27 @@ def nudge_scheduler(*, dag_ids: Iterable[str] | None = None) -> None:
     async_task(SCHEDULE_FUNC, task_name="asset-scheduler-nudge", **kwargs)
 
 
+_reniced: list[int] = []
+
+
+def _background_priority() -> None:
+    """Run this cluster worker process at ASSET_DRAIN_NICE (added to its niceness, once per
+    process): registration and scheduling are background work, and on a host shared with the
+    web tier the success answers should get the cores first. Only ever lowers the priority, so
+    it needs no privilege; its PostgreSQL backend keeps its own priority."""
+    nice = int(settings.ASSET_DRAIN_NICE)
+    if nice > 0 and os.getpid() not in _reniced and hasattr(os, "nice"):
+        os.nice(nice)
+        _reniced.append(os.getpid())
+
+
 def drain() -> None:
     """django-q2 task: drain the outbox until it is empty or the time budget is spent."""
+    _background_priority()
     outbox.drain()
 
 
 def schedule(dag_ids: list[str] | None = None) -> None:
     """django-q2 task: one scheduler pass (over `dag_ids`, or every Dag with queued events)."""
+    _background_priority()
     scheduling.schedule_dags(dag_ids=dag_ids)

@@ -3,7 +3,6 @@
 Every setting read here is documented, with its default, in `.env.example`.
 """
 
-import sys
 from pathlib import Path
 
 import environ
@@ -64,9 +63,6 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "project.wsgi.application"
 
-FOREGROUND_APPLICATION_NAME = "asset-events"
-BACKGROUND_APPLICATION_NAME = "asset-events-qcluster"
-
 # SQLite by default so the demo runs anywhere; PostgreSQL when DATABASE_URL says so. The
 # concurrency guarantees (SKIP LOCKED claims, row locks) are claimed for PostgreSQL only.
 DATABASES = {
@@ -86,12 +82,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
-    # Sessions say which side they serve: the drain yields to foreground sessions (requests,
-    # commands) that are busy in the database (outbox._Pacer); the cluster's are background.
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-        "application_name",
-        BACKGROUND_APPLICATION_NAME if "qcluster" in sys.argv else FOREGROUND_APPLICATION_NAME,
-    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -131,8 +121,12 @@ ASSET_QUEUE_BACKOFF_BASE_SECONDS = env.float("ASSET_QUEUE_BACKOFF_BASE_SECONDS",
 ASSET_QUEUE_BACKOFF_CAP_SECONDS = env.float("ASSET_QUEUE_BACKOFF_CAP_SECONDS", default=600.0)
 # One drain or scheduler invocation keeps working until its queue is empty or this budget is spent.
 ASSET_DRAIN_TIME_BUDGET_SECONDS = env.float("ASSET_DRAIN_TIME_BUDGET_SECONDS", default=20.0)
-# The drain yields to busy web requests (outbox._Pacer) for at most this long in a row; 0: never.
+# The drain yields to a burst of successes (outbox._Pacer): while more than this many per second
+# arrive and wait undrained, for at most ASSET_DRAIN_YIELD_MAX_SECONDS in a row; 0: never.
+ASSET_DRAIN_YIELD_ABOVE_PER_SECOND = env.float("ASSET_DRAIN_YIELD_ABOVE_PER_SECOND", default=40.0)
 ASSET_DRAIN_YIELD_MAX_SECONDS = env.float("ASSET_DRAIN_YIELD_MAX_SECONDS", default=5.0)
+# Niceness the cluster's workers add to themselves when they run the drain or the scheduler.
+ASSET_DRAIN_NICE = env.int("ASSET_DRAIN_NICE", default=10)
 # /healthz fails when the drain or scheduler has not succeeded for this long (the django-q2
 # sweep runs each of them every minute).
 ASSET_HEALTH_MAX_AGE_SECONDS = env.int("ASSET_HEALTH_MAX_AGE_SECONDS", default=180)

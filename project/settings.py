@@ -125,8 +125,9 @@ ASSET_DRAIN_TIME_BUDGET_SECONDS = env.float("ASSET_DRAIN_TIME_BUDGET_SECONDS", d
 # arrive and wait undrained, for at most ASSET_DRAIN_YIELD_MAX_SECONDS in a row; 0: never.
 ASSET_DRAIN_YIELD_ABOVE_PER_SECOND = env.float("ASSET_DRAIN_YIELD_ABOVE_PER_SECOND", default=40.0)
 ASSET_DRAIN_YIELD_MAX_SECONDS = env.float("ASSET_DRAIN_YIELD_MAX_SECONDS", default=5.0)
-# Niceness the cluster's workers add to themselves when they run the drain or the scheduler.
-ASSET_DRAIN_NICE = env.int("ASSET_DRAIN_NICE", default=10)
+# Niceness the cluster's workers add to themselves when they run the drain or the scheduler
+# (off by default: on a host busy with other work it starves the drain, see .env.example).
+ASSET_DRAIN_NICE = env.int("ASSET_DRAIN_NICE", default=0)
 # /healthz fails when the drain or scheduler has not succeeded for this long (the django-q2
 # sweep runs each of them every minute).
 ASSET_HEALTH_MAX_AGE_SECONDS = env.int("ASSET_HEALTH_MAX_AGE_SECONDS", default=180)

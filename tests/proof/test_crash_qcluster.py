@@ -44,6 +44,9 @@ CLUSTER_ENV = {
     # Small batches: a drain is many short transactions, like a busy production queue.
     "ASSET_QUEUE_BATCH_SIZE": "10",
     "ASSET_DRAIN_TIME_BUDGET_SECONDS": "5",
+    # The workers keep successes coming: a drain yielding to them would seldom have a batch
+    # open for the killer to hit.
+    "ASSET_DRAIN_YIELD_MAX_SECONDS": "0",
 }
 
 

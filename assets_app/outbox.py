@@ -588,9 +588,9 @@ def _undrained_arrival_rate() -> float:
 
 def drain(*, batch_size: int | None = None, time_budget: float | None = None) -> DrainResult:
     """Drain batches (`drain_batch`) until one says no due rows are left or `time_budget`
-    seconds (default ASSET_DRAIN_TIME_BUDGET_SECONDS) are spent, yielding to a burst of
-    successes before each batch (`_Pacer`). Records the "drain" heartbeat. Safe to run
-    concurrently and twice (django-q2 redelivery)."""
+    seconds (default ASSET_DRAIN_TIME_BUDGET_SECONDS) are spent (then, with rows left, it nudges
+    a fresh drain task), yielding to a burst of successes before each batch (`_Pacer`).
+    Records the "drain" heartbeat. Safe to run concurrently and twice (django-q2 redelivery)."""
     batch_size = batch_size or int(settings.ASSET_QUEUE_BATCH_SIZE)
     if time_budget is None:
         time_budget = float(settings.ASSET_DRAIN_TIME_BUDGET_SECONDS)
@@ -612,7 +612,13 @@ def drain(*, batch_size: int | None = None, time_budget: float | None = None) ->
             totals["parked"] += batch.parked
             totals["events_written"] += batch.events_written
             totals["runs"] += batch.runs_triggered
-            if not batch.more or time.monotonic() - started >= time_budget:
+            if not batch.more:
+                break
+            if time.monotonic() - started >= time_budget:
+                # Out of budget with due rows left (a burst's backlog, a chunked row): hand
+                # over to a fresh drain task now rather than leave them to the next success's
+                # nudge or the one-minute sweep (nudges coalesce: at most one waits).
+                _nudge()
                 break
         ok = True
     finally:

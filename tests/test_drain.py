@@ -252,13 +252,17 @@ def test_one_bad_row_in_a_batch_does_not_sink_the_others():
     }
 
 
-def test_drain_stops_when_its_time_budget_is_spent():
+def test_drain_stops_when_its_time_budget_is_spent_and_hands_over(monkeypatch):
     asset = AssetFactory(name="a")
     for _ in range(5):
         outbox_row(payload(outlets=[asset_outlet(asset)]))
+    nudged = []
+    monkeypatch.setattr(outbox, "_nudge", lambda: nudged.append(1))
     result = outbox.drain(batch_size=2, time_budget=0)
     assert (result.batches, result.registered) == (1, 2)
+    assert nudged == [1]  # rows are left: a fresh drain task takes over
     result = outbox.drain(batch_size=2, time_budget=60)
+    assert nudged == [1]  # emptied the queue: nothing to hand over
     assert (result.batches, result.registered) == (2, 3)
     assert AssetEventQueue.objects.count() == 0
 

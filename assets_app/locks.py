@@ -6,9 +6,10 @@ transaction takes a lock from an earlier step after one from a later step):
   1. TaskInstance row (task_state): alone. While it is held the only other write is inserting one
      outbox row; nothing else is locked or loaded (invariant 1). `of=("self",)` always.
   2. Outbox rows (drain): claimed FOR UPDATE SKIP LOCKED, oldest due first, in a short claim
-     transaction that only stamps them (`claimed_at`); then locked again by id, SKIP LOCKED, for
-     the batch transaction. Under them the drain inserts AssetEvents and then ADRQ rows sorted by
-     (target_dag_id, asset_event_id) (invariant 7).
+     transaction that only stamps them (`claimed_at`); then locked again by id and stamp for the
+     batch transaction (waiting, briefly, see `lock_claimed_outbox_rows`). Under them the drain
+     inserts AssetEvents and then ADRQ rows sorted by (target_dag_id, asset_event_id)
+     (invariant 7).
   3. Dag row (scheduler): FOR NO KEY UPDATE SKIP LOCKED, which serializes scheduling of one Dag
      without blocking the FOR KEY SHARE that ADRQ/DagRun foreign-key inserts take on it.
   4. That Dag's ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, by asset_event_id; the scheduler
@@ -100,9 +101,17 @@ def claim_abandoned_outbox_rows(
 
 def lock_claimed_outbox_rows(*, ids: Sequence[int], claimed_at: datetime) -> list[AssetEventQueue]:
     """Lock, for registration, those of `ids` that are still claimed by the claim stamped
-    `claimed_at` and not parked, by id, skipping rows another drain holds."""
+    `claimed_at` and not parked, by id.
+
+    This one waits (no SKIP LOCKED): another drain's claim transaction may hold these rows for
+    a moment without taking them (PostgreSQL keeps the lock of a row a SKIP LOCKED scan locked
+    and then rejected on re-checking its condition, until that transaction ends). Skipping them
+    would leave our claim behind and the rows would look abandoned. The wait is short and
+    cannot be part of a cycle: claim transactions never wait, and a row is re-claimed by another
+    drain only after no drain held it for the claim's grace (it is then re-checked here and
+    dropped)."""
     return list(
-        AssetEventQueue.objects.select_for_update(skip_locked=True)
+        AssetEventQueue.objects.select_for_update()
         .filter(id__in=list(ids), claimed_at=claimed_at, parked_at__isnull=True)
         .order_by("id")
     )

@@ -454,8 +454,8 @@ def drain_batch(*, batch_size: int | None = None) -> BatchResult:
     `registered_count` (committed with each chunk's events; the events' idempotency keys make a
     repeated chunk write nothing). Between chunks the row is unlocked, so an operator can park it.
 
-    Locks: the batch's outbox rows again (FOR UPDATE SKIP LOCKED, only those this claim
-    stamped), so concurrent drains never wait or double-register. The whole batch is registered
+    Locks: the batch's outbox rows again (FOR UPDATE, only those this claim stamped; claiming
+    itself never waits), so concurrent drains never double-register. The whole batch is registered
     in one savepoint with set-based queries (a fixed number of queries whatever the batch size);
     if that fails, each row is retried in its own savepoint so one poison row only fails itself,
     unless the transaction itself is lost (`_connection_unusable`): then the error goes up and

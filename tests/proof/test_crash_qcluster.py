@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ASSETS = [f"crash-q-{i}" for i in range(12)]
 OUTLETS_PER_TI = 10
-TI_POOL = 1500
+TI_POOL = 3000  # the workers must not run out before the killer is done (~1,460 used under load)
 MIN_KILLS = 12
 MIN_MID_BATCH_KILLS = 10
 MAX_KILLS = 30

@@ -8,6 +8,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     initial = True
 
     dependencies = [
@@ -16,817 +17,409 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name="AssetAlias",
+            name='AssetAlias',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("name", models.CharField(max_length=1500, unique=True)),
-                ("group", models.CharField(default="asset", max_length=1500)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(max_length=1500, unique=True)),
+                ('group', models.CharField(default='asset', max_length=1500)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                "verbose_name_plural": "asset aliases",
-                "ordering": ["name"],
+                'verbose_name_plural': 'asset aliases',
+                'ordering': ['name'],
             },
         ),
         migrations.CreateModel(
-            name="ComponentHeartbeat",
+            name='ComponentHeartbeat',
             fields=[
-                ("component", models.CharField(max_length=50, primary_key=True, serialize=False)),
-                ("last_run_at", models.DateTimeField()),
-                ("last_ok_at", models.DateTimeField(blank=True, null=True)),
-                ("detail", models.JSONField(blank=True, default=dict)),
+                ('component', models.CharField(max_length=50, primary_key=True, serialize=False)),
+                ('last_run_at', models.DateTimeField()),
+                ('last_ok_at', models.DateTimeField(blank=True, null=True)),
+                ('detail', models.JSONField(blank=True, default=dict)),
             ],
         ),
         migrations.CreateModel(
-            name="ApiToken",
+            name='ApiToken',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("name", models.CharField(max_length=200)),
-                ("key_hash", models.CharField(editable=False, max_length=64, unique=True)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                ("last_used_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "user",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(max_length=200)),
+                ('key_hash', models.CharField(editable=False, max_length=64, unique=True)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('last_used_at', models.DateTimeField(blank=True, null=True)),
+                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                "ordering": ["-created_at"],
+                'ordering': ['-created_at'],
             },
         ),
         migrations.CreateModel(
-            name="Asset",
+            name='Asset',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("name", models.CharField(max_length=1500, unique=True)),
-                ("uri", models.CharField(max_length=1500, unique=True)),
-                ("group", models.CharField(default="asset", max_length=1500)),
-                ("extra", models.JSONField(blank=True, default=dict)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                ("updated_at", models.DateTimeField(auto_now=True)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(max_length=1500, unique=True)),
+                ('uri', models.CharField(max_length=1500, unique=True)),
+                ('group', models.CharField(default='asset', max_length=1500)),
+                ('extra', models.JSONField(blank=True, default=dict)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
             ],
             options={
-                "ordering": ["name"],
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(("name", ""), _negated=True), name="asset_name_not_empty"
-                    ),
-                    models.CheckConstraint(
-                        condition=models.Q(("uri", ""), _negated=True), name="asset_uri_not_empty"
-                    ),
-                ],
+                'ordering': ['name'],
+                'constraints': [models.CheckConstraint(condition=models.Q(('name', ''), _negated=True), name='asset_name_not_empty'), models.CheckConstraint(condition=models.Q(('uri', ''), _negated=True), name='asset_uri_not_empty')],
             },
         ),
         migrations.CreateModel(
-            name="AssetAliasAsset",
+            name='AssetAliasAsset',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                (
-                    "alias",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="asset_links",
-                        to="assets_app.assetalias",
-                    ),
-                ),
-                (
-                    "asset",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="alias_links",
-                        to="assets_app.asset",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('alias', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='asset_links', to='assets_app.assetalias')),
+                ('asset', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alias_links', to='assets_app.asset')),
             ],
         ),
         migrations.AddField(
-            model_name="assetalias",
-            name="assets",
-            field=models.ManyToManyField(
-                blank=True,
-                related_name="aliases",
-                through="assets_app.AssetAliasAsset",
-                to="assets_app.asset",
-            ),
+            model_name='assetalias',
+            name='assets',
+            field=models.ManyToManyField(blank=True, related_name='aliases', through='assets_app.AssetAliasAsset', to='assets_app.asset'),
         ),
         migrations.CreateModel(
-            name="AssetAliasEvent",
+            name='AssetAliasEvent',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                (
-                    "alias",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="event_links",
-                        to="assets_app.assetalias",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('alias', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='event_links', to='assets_app.assetalias')),
             ],
         ),
         migrations.CreateModel(
-            name="AssetEvent",
+            name='AssetEvent',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("extra", models.JSONField(blank=True, default=dict)),
-                ("timestamp", models.DateTimeField(default=django.utils.timezone.now)),
-                ("source_dag_id", models.CharField(blank=True, max_length=250, null=True)),
-                ("source_run_id", models.CharField(blank=True, max_length=250, null=True)),
-                ("source_task_id", models.CharField(blank=True, max_length=250, null=True)),
-                ("source_map_index", models.IntegerField(default=-1)),
-                ("source_ti_id", models.UUIDField(blank=True, null=True)),
-                ("source_try_number", models.PositiveIntegerField(blank=True, null=True)),
-                ("source_ordinal", models.PositiveIntegerField(default=0)),
-                (
-                    "external_key",
-                    models.CharField(blank=True, max_length=300, null=True, unique=True),
-                ),
-                (
-                    "asset",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="events",
-                        to="assets_app.asset",
-                    ),
-                ),
-                (
-                    "source_aliases",
-                    models.ManyToManyField(
-                        blank=True,
-                        related_name="events",
-                        through="assets_app.AssetAliasEvent",
-                        to="assets_app.assetalias",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('extra', models.JSONField(blank=True, default=dict)),
+                ('timestamp', models.DateTimeField(default=django.utils.timezone.now)),
+                ('source_dag_id', models.CharField(blank=True, max_length=250, null=True)),
+                ('source_run_id', models.CharField(blank=True, max_length=250, null=True)),
+                ('source_task_id', models.CharField(blank=True, max_length=250, null=True)),
+                ('source_map_index', models.IntegerField(default=-1)),
+                ('source_ti_id', models.UUIDField(blank=True, null=True)),
+                ('source_try_number', models.PositiveIntegerField(blank=True, null=True)),
+                ('source_ordinal', models.PositiveIntegerField(default=0)),
+                ('external_key', models.CharField(blank=True, max_length=300, null=True, unique=True)),
+                ('asset', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='assets_app.asset')),
+                ('source_aliases', models.ManyToManyField(blank=True, related_name='events', through='assets_app.AssetAliasEvent', to='assets_app.assetalias')),
             ],
             options={
-                "ordering": ["-timestamp", "-id"],
+                'ordering': ['-timestamp', '-id'],
             },
         ),
         migrations.AddField(
-            model_name="assetaliasevent",
-            name="asset_event",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.CASCADE,
-                related_name="alias_links",
-                to="assets_app.assetevent",
-            ),
+            model_name='assetaliasevent',
+            name='asset_event',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alias_links', to='assets_app.assetevent'),
         ),
         migrations.CreateModel(
-            name="AssetEventQueue",
+            name='AssetEventQueue',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("ti_id", models.UUIDField()),
-                ("try_number", models.PositiveIntegerField()),
-                ("source_dag_id", models.CharField(max_length=250)),
-                ("source_run_id", models.CharField(max_length=250)),
-                ("source_task_id", models.CharField(max_length=250)),
-                ("source_map_index", models.IntegerField(default=-1)),
-                ("payload", models.JSONField()),
-                ("attempts", models.PositiveIntegerField(default=0)),
-                ("next_attempt_at", models.DateTimeField(default=django.utils.timezone.now)),
-                ("last_error", models.TextField(blank=True, default="")),
-                ("last_error_type", models.CharField(blank=True, default="", max_length=200)),
-                ("parked_at", models.DateTimeField(blank=True, null=True)),
-                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
-                ("updated_at", models.DateTimeField(auto_now=True)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('ti_id', models.UUIDField()),
+                ('try_number', models.PositiveIntegerField()),
+                ('source_dag_id', models.CharField(max_length=250)),
+                ('source_run_id', models.CharField(max_length=250)),
+                ('source_task_id', models.CharField(max_length=250)),
+                ('source_map_index', models.IntegerField(default=-1)),
+                ('payload', models.JSONField()),
+                ('attempts', models.PositiveIntegerField(default=0)),
+                ('next_attempt_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('last_error', models.TextField(blank=True, default='')),
+                ('last_error_type', models.CharField(blank=True, default='', max_length=200)),
+                ('parked_at', models.DateTimeField(blank=True, null=True)),
+                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
             ],
             options={
-                "verbose_name": "asset event outbox row",
-                "indexes": [
-                    models.Index(
-                        condition=models.Q(("parked_at__isnull", True)),
-                        fields=["next_attempt_at", "id"],
-                        name="outbox_due",
-                    ),
-                    models.Index(
-                        condition=models.Q(("parked_at__isnull", False)),
-                        fields=["parked_at"],
-                        name="outbox_parked",
-                    ),
-                    models.Index(
-                        fields=["source_dag_id", "source_task_id"], name="outbox_by_source"
-                    ),
-                ],
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("ti_id", "try_number"), name="outbox_unique_ti_try"
-                    )
-                ],
+                'verbose_name': 'asset event outbox row',
+                'indexes': [models.Index(condition=models.Q(('parked_at__isnull', True)), fields=['next_attempt_at', 'id'], name='outbox_due'), models.Index(condition=models.Q(('parked_at__isnull', False)), fields=['parked_at'], name='outbox_parked'), models.Index(fields=['source_dag_id', 'source_task_id'], name='outbox_by_source')],
+                'constraints': [models.UniqueConstraint(fields=('ti_id', 'try_number'), name='outbox_unique_ti_try')],
             },
         ),
         migrations.CreateModel(
-            name="Dag",
+            name='Dag',
             fields=[
-                ("dag_id", models.CharField(max_length=250, primary_key=True, serialize=False)),
-                ("description", models.TextField(blank=True, default="")),
-                ("is_paused", models.BooleanField(default=False)),
-                ("max_active_runs", models.PositiveIntegerField(default=16)),
-                ("schedule", models.JSONField(blank=True, null=True)),
-                ("fileloc", models.CharField(blank=True, default="", max_length=2000)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                ("updated_at", models.DateTimeField(auto_now=True)),
+                ('dag_id', models.CharField(max_length=250, primary_key=True, serialize=False)),
+                ('description', models.TextField(blank=True, default='')),
+                ('is_paused', models.BooleanField(default=False)),
+                ('max_active_runs', models.PositiveIntegerField(default=16)),
+                ('schedule', models.JSONField(blank=True, null=True)),
+                ('fileloc', models.CharField(blank=True, default='', max_length=2000)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
             ],
             options={
-                "ordering": ["dag_id"],
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(("dag_id", ""), _negated=True), name="dag_id_not_empty"
-                    ),
-                    models.CheckConstraint(
-                        condition=models.Q(("max_active_runs__gte", 1)),
-                        name="dag_max_active_runs_positive",
-                    ),
-                ],
+                'ordering': ['dag_id'],
+                'constraints': [models.CheckConstraint(condition=models.Q(('dag_id', ''), _negated=True), name='dag_id_not_empty'), models.CheckConstraint(condition=models.Q(('max_active_runs__gte', 1)), name='dag_max_active_runs_positive')],
             },
         ),
         migrations.CreateModel(
-            name="AssetDagRunQueue",
+            name='AssetDagRunQueue',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
-                (
-                    "asset",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="queued_for",
-                        to="assets_app.asset",
-                    ),
-                ),
-                (
-                    "asset_event",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="queued_for",
-                        to="assets_app.assetevent",
-                    ),
-                ),
-                (
-                    "target_dag",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="queued_events",
-                        to="assets_app.dag",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('asset', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='queued_for', to='assets_app.asset')),
+                ('asset_event', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='queued_for', to='assets_app.assetevent')),
+                ('target_dag', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='queued_events', to='assets_app.dag')),
             ],
             options={
-                "verbose_name": "queued asset event",
+                'verbose_name': 'queued asset event',
             },
         ),
         migrations.CreateModel(
-            name="DagRun",
+            name='DagRun',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("run_id", models.CharField(max_length=250)),
-                (
-                    "run_type",
-                    models.CharField(
-                        choices=[("manual", "Manual"), ("asset_triggered", "Asset Triggered")],
-                        max_length=20,
-                    ),
-                ),
-                (
-                    "state",
-                    models.CharField(
-                        choices=[
-                            ("queued", "Queued"),
-                            ("running", "Running"),
-                            ("success", "Success"),
-                            ("failed", "Failed"),
-                        ],
-                        default="queued",
-                        max_length=20,
-                    ),
-                ),
-                ("run_after", models.DateTimeField(default=django.utils.timezone.now)),
-                ("logical_date", models.DateTimeField(blank=True, null=True)),
-                ("data_interval_start", models.DateTimeField(blank=True, null=True)),
-                ("data_interval_end", models.DateTimeField(blank=True, null=True)),
-                ("start_date", models.DateTimeField(blank=True, null=True)),
-                ("end_date", models.DateTimeField(blank=True, null=True)),
-                ("clear_number", models.PositiveIntegerField(default=0)),
-                ("conf", models.JSONField(blank=True, default=dict)),
-                ("triggering_user_name", models.CharField(blank=True, max_length=150, null=True)),
-                ("note", models.TextField(blank=True, null=True)),
-                ("created_at", models.DateTimeField(auto_now_add=True)),
-                (
-                    "dag",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="runs",
-                        to="assets_app.dag",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('run_id', models.CharField(max_length=250)),
+                ('run_type', models.CharField(choices=[('manual', 'Manual'), ('asset_triggered', 'Asset Triggered')], max_length=20)),
+                ('state', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('success', 'Success'), ('failed', 'Failed')], default='queued', max_length=20)),
+                ('run_after', models.DateTimeField(default=django.utils.timezone.now)),
+                ('logical_date', models.DateTimeField(blank=True, null=True)),
+                ('data_interval_start', models.DateTimeField(blank=True, null=True)),
+                ('data_interval_end', models.DateTimeField(blank=True, null=True)),
+                ('start_date', models.DateTimeField(blank=True, null=True)),
+                ('end_date', models.DateTimeField(blank=True, null=True)),
+                ('clear_number', models.PositiveIntegerField(default=0)),
+                ('conf', models.JSONField(blank=True, default=dict)),
+                ('triggering_user_name', models.CharField(blank=True, max_length=150, null=True)),
+                ('note', models.TextField(blank=True, null=True)),
+                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ('dag', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='assets_app.dag')),
             ],
             options={
-                "ordering": ["-id"],
+                'ordering': ['-id'],
             },
         ),
         migrations.CreateModel(
-            name="DagRunAssetEvent",
+            name='DagRunAssetEvent',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                (
-                    "asset_event",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="consumed_links",
-                        to="assets_app.assetevent",
-                    ),
-                ),
-                (
-                    "dag",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="+",
-                        to="assets_app.dag",
-                    ),
-                ),
-                (
-                    "dag_run",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="consumed_links",
-                        to="assets_app.dagrun",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('asset_event', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='consumed_links', to='assets_app.assetevent')),
+                ('dag', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='assets_app.dag')),
+                ('dag_run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='consumed_links', to='assets_app.dagrun')),
             ],
         ),
         migrations.AddField(
-            model_name="dagrun",
-            name="consumed_events",
-            field=models.ManyToManyField(
-                blank=True,
-                related_name="consuming_runs",
-                through="assets_app.DagRunAssetEvent",
-                to="assets_app.assetevent",
-            ),
+            model_name='dagrun',
+            name='consumed_events',
+            field=models.ManyToManyField(blank=True, related_name='consuming_runs', through='assets_app.DagRunAssetEvent', to='assets_app.assetevent'),
         ),
         migrations.CreateModel(
-            name="DagScheduleAliasReference",
+            name='DagScheduleAliasReference',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                (
-                    "alias",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="schedule_dag_refs",
-                        to="assets_app.assetalias",
-                    ),
-                ),
-                (
-                    "dag",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="schedule_alias_refs",
-                        to="assets_app.dag",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('alias', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='schedule_dag_refs', to='assets_app.assetalias')),
+                ('dag', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='schedule_alias_refs', to='assets_app.dag')),
             ],
         ),
         migrations.CreateModel(
-            name="DagScheduleAssetReference",
+            name='DagScheduleAssetReference',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                (
-                    "asset",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="schedule_dag_refs",
-                        to="assets_app.asset",
-                    ),
-                ),
-                (
-                    "dag",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="schedule_asset_refs",
-                        to="assets_app.dag",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('asset', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='schedule_dag_refs', to='assets_app.asset')),
+                ('dag', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='schedule_asset_refs', to='assets_app.dag')),
             ],
         ),
         migrations.CreateModel(
-            name="MetricCounter",
+            name='MetricCounter',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("name", models.CharField(max_length=100)),
-                ("shard", models.PositiveSmallIntegerField(default=0)),
-                ("value", models.BigIntegerField(default=0)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(max_length=100)),
+                ('shard', models.PositiveSmallIntegerField(default=0)),
+                ('value', models.BigIntegerField(default=0)),
             ],
             options={
-                "constraints": [
-                    models.UniqueConstraint(fields=("name", "shard"), name="metric_counter_unique")
-                ],
+                'constraints': [models.UniqueConstraint(fields=('name', 'shard'), name='metric_counter_unique')],
             },
         ),
         migrations.CreateModel(
-            name="Task",
+            name='Task',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("task_id", models.CharField(max_length=250)),
-                ("retries", models.PositiveIntegerField(default=0)),
-                (
-                    "dag",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="tasks",
-                        to="assets_app.dag",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('task_id', models.CharField(max_length=250)),
+                ('retries', models.PositiveIntegerField(default=0)),
+                ('dag', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tasks', to='assets_app.dag')),
             ],
             options={
-                "ordering": ["dag_id", "task_id"],
+                'ordering': ['dag_id', 'task_id'],
             },
         ),
         migrations.CreateModel(
-            name="TaskInstance",
+            name='TaskInstance',
             fields=[
-                (
-                    "id",
-                    models.UUIDField(
-                        default=uuid.uuid4, editable=False, primary_key=True, serialize=False
-                    ),
-                ),
-                ("dag_id", models.CharField(max_length=250)),
-                ("run_id", models.CharField(max_length=250)),
-                ("task_id", models.CharField(max_length=250)),
-                ("map_index", models.IntegerField(default=-1)),
-                ("try_number", models.PositiveIntegerField(default=1)),
-                ("max_tries", models.PositiveIntegerField(default=0)),
-                (
-                    "state",
-                    models.CharField(
-                        choices=[
-                            ("queued", "Queued"),
-                            ("running", "Running"),
-                            ("success", "Success"),
-                            ("failed", "Failed"),
-                            ("up_for_retry", "Up For Retry"),
-                            ("skipped", "Skipped"),
-                            ("removed", "Removed"),
-                            ("upstream_failed", "Upstream Failed"),
-                        ],
-                        default="queued",
-                        max_length=20,
-                    ),
-                ),
-                ("hostname", models.CharField(blank=True, default="", max_length=1000)),
-                ("unixname", models.CharField(blank=True, default="", max_length=1000)),
-                ("pid", models.IntegerField(blank=True, null=True)),
-                ("queued_at", models.DateTimeField(default=django.utils.timezone.now)),
-                ("start_date", models.DateTimeField(blank=True, null=True)),
-                ("end_date", models.DateTimeField(blank=True, null=True)),
-                ("last_heartbeat_at", models.DateTimeField(blank=True, null=True)),
-                ("claimed_by", models.CharField(blank=True, default="", max_length=1000)),
-                ("claimed_at", models.DateTimeField(blank=True, null=True)),
-                ("retry_at", models.DateTimeField(blank=True, null=True)),
-                ("updated_at", models.DateTimeField(auto_now=True)),
-                (
-                    "dag_run",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="task_instances",
-                        to="assets_app.dagrun",
-                    ),
-                ),
+                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
+                ('dag_id', models.CharField(max_length=250)),
+                ('run_id', models.CharField(max_length=250)),
+                ('task_id', models.CharField(max_length=250)),
+                ('map_index', models.IntegerField(default=-1)),
+                ('try_number', models.PositiveIntegerField(default=1)),
+                ('max_tries', models.PositiveIntegerField(default=0)),
+                ('state', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('success', 'Success'), ('failed', 'Failed'), ('up_for_retry', 'Up For Retry'), ('skipped', 'Skipped'), ('removed', 'Removed'), ('upstream_failed', 'Upstream Failed')], default='queued', max_length=20)),
+                ('hostname', models.CharField(blank=True, default='', max_length=1000)),
+                ('unixname', models.CharField(blank=True, default='', max_length=1000)),
+                ('pid', models.IntegerField(blank=True, null=True)),
+                ('queued_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('start_date', models.DateTimeField(blank=True, null=True)),
+                ('end_date', models.DateTimeField(blank=True, null=True)),
+                ('last_heartbeat_at', models.DateTimeField(blank=True, null=True)),
+                ('claimed_by', models.CharField(blank=True, default='', max_length=1000)),
+                ('claimed_at', models.DateTimeField(blank=True, null=True)),
+                ('retry_at', models.DateTimeField(blank=True, null=True)),
+                ('updated_at', models.DateTimeField(auto_now=True)),
+                ('dag_run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='task_instances', to='assets_app.dagrun')),
             ],
             options={
-                "ordering": ["dag_run_id", "task_id", "map_index"],
+                'ordering': ['dag_run_id', 'task_id', 'map_index'],
             },
         ),
         migrations.CreateModel(
-            name="TaskOutletAliasReference",
+            name='TaskOutletAliasReference',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                (
-                    "alias",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="task_outlet_refs",
-                        to="assets_app.assetalias",
-                    ),
-                ),
-                (
-                    "task",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="outlet_alias_refs",
-                        to="assets_app.task",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('alias', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='task_outlet_refs', to='assets_app.assetalias')),
+                ('task', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='outlet_alias_refs', to='assets_app.task')),
             ],
         ),
         migrations.AddField(
-            model_name="task",
-            name="outlet_aliases",
-            field=models.ManyToManyField(
-                blank=True,
-                related_name="producing_tasks",
-                through="assets_app.TaskOutletAliasReference",
-                to="assets_app.assetalias",
-            ),
+            model_name='task',
+            name='outlet_aliases',
+            field=models.ManyToManyField(blank=True, related_name='producing_tasks', through='assets_app.TaskOutletAliasReference', to='assets_app.assetalias'),
         ),
         migrations.CreateModel(
-            name="TaskOutletAssetReference",
+            name='TaskOutletAssetReference',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                (
-                    "asset",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="task_outlet_refs",
-                        to="assets_app.asset",
-                    ),
-                ),
-                (
-                    "task",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="outlet_asset_refs",
-                        to="assets_app.task",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('asset', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='task_outlet_refs', to='assets_app.asset')),
+                ('task', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='outlet_asset_refs', to='assets_app.task')),
             ],
         ),
         migrations.AddField(
-            model_name="task",
-            name="outlet_assets",
-            field=models.ManyToManyField(
-                blank=True,
-                related_name="producing_tasks",
-                through="assets_app.TaskOutletAssetReference",
-                to="assets_app.asset",
-            ),
+            model_name='task',
+            name='outlet_assets',
+            field=models.ManyToManyField(blank=True, related_name='producing_tasks', through='assets_app.TaskOutletAssetReference', to='assets_app.asset'),
         ),
         migrations.AddConstraint(
-            model_name="assetaliasasset",
-            constraint=models.UniqueConstraint(
-                fields=("alias", "asset"), name="alias_asset_unique"
-            ),
+            model_name='assetaliasasset',
+            constraint=models.UniqueConstraint(fields=('alias', 'asset'), name='alias_asset_unique'),
         ),
         migrations.AddConstraint(
-            model_name="assetalias",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("name", ""), _negated=True), name="asset_alias_name_not_empty"
-            ),
+            model_name='assetalias',
+            constraint=models.CheckConstraint(condition=models.Q(('name', ''), _negated=True), name='asset_alias_name_not_empty'),
         ),
         migrations.AddIndex(
-            model_name="assetevent",
-            index=models.Index(fields=["asset", "timestamp"], name="asset_event_by_asset_time"),
+            model_name='assetevent',
+            index=models.Index(fields=['asset', 'timestamp'], name='asset_event_by_asset_time'),
         ),
         migrations.AddIndex(
-            model_name="assetevent",
-            index=models.Index(fields=["timestamp"], name="asset_event_by_time"),
+            model_name='assetevent',
+            index=models.Index(fields=['timestamp'], name='asset_event_by_time'),
         ),
         migrations.AddConstraint(
-            model_name="assetevent",
-            constraint=models.UniqueConstraint(
-                condition=models.Q(("source_ti_id__isnull", False)),
-                fields=("source_ti_id", "source_try_number", "asset", "source_ordinal"),
-                name="asset_event_idempotency_key",
-            ),
+            model_name='assetevent',
+            constraint=models.UniqueConstraint(condition=models.Q(('source_ti_id__isnull', False)), fields=('source_ti_id', 'source_try_number', 'asset', 'source_ordinal'), name='asset_event_idempotency_key'),
         ),
         migrations.AddConstraint(
-            model_name="assetevent",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    ("source_ti_id__isnull", True),
-                    ("source_try_number__isnull", False),
-                    _connector="OR",
-                ),
-                name="asset_event_ti_has_try",
-            ),
+            model_name='assetevent',
+            constraint=models.CheckConstraint(condition=models.Q(('source_ti_id__isnull', True), ('source_try_number__isnull', False), _connector='OR'), name='asset_event_ti_has_try'),
         ),
         migrations.AddIndex(
-            model_name="assetaliasevent",
-            index=models.Index(fields=["asset_event", "alias"], name="alias_event_by_event"),
+            model_name='assetaliasevent',
+            index=models.Index(fields=['asset_event', 'alias'], name='alias_event_by_event'),
         ),
         migrations.AddConstraint(
-            model_name="assetaliasevent",
-            constraint=models.UniqueConstraint(
-                fields=("alias", "asset_event"), name="alias_event_unique"
-            ),
+            model_name='assetaliasevent',
+            constraint=models.UniqueConstraint(fields=('alias', 'asset_event'), name='alias_event_unique'),
         ),
         migrations.AddIndex(
-            model_name="assetdagrunqueue",
-            index=models.Index(fields=["asset", "target_dag"], name="adrq_by_asset"),
+            model_name='assetdagrunqueue',
+            index=models.Index(fields=['asset', 'target_dag'], name='adrq_by_asset'),
         ),
         migrations.AddConstraint(
-            model_name="assetdagrunqueue",
-            constraint=models.UniqueConstraint(
-                fields=("target_dag", "asset_event"), name="adrq_unique_dag_event"
-            ),
+            model_name='assetdagrunqueue',
+            constraint=models.UniqueConstraint(fields=('target_dag', 'asset_event'), name='adrq_unique_dag_event'),
         ),
         migrations.AddIndex(
-            model_name="dagrunassetevent",
-            index=models.Index(fields=["dag_run", "asset_event"], name="consumed_by_run"),
+            model_name='dagrunassetevent',
+            index=models.Index(fields=['dag_run', 'asset_event'], name='consumed_by_run'),
         ),
         migrations.AddConstraint(
-            model_name="dagrunassetevent",
-            constraint=models.UniqueConstraint(
-                fields=("dag", "asset_event"), name="event_consumed_once_per_dag"
-            ),
+            model_name='dagrunassetevent',
+            constraint=models.UniqueConstraint(fields=('dag', 'asset_event'), name='event_consumed_once_per_dag'),
         ),
         migrations.AddIndex(
-            model_name="dagrun",
-            index=models.Index(fields=["dag", "state"], name="dag_run_by_dag_state"),
+            model_name='dagrun',
+            index=models.Index(fields=['dag', 'state'], name='dag_run_by_dag_state'),
         ),
         migrations.AddConstraint(
-            model_name="dagrun",
-            constraint=models.UniqueConstraint(fields=("dag", "run_id"), name="dag_run_id_unique"),
+            model_name='dagrun',
+            constraint=models.UniqueConstraint(fields=('dag', 'run_id'), name='dag_run_id_unique'),
         ),
         migrations.AddConstraint(
-            model_name="dagrun",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("run_type__in", ["manual", "asset_triggered"])),
-                name="dag_run_type_valid",
-            ),
+            model_name='dagrun',
+            constraint=models.CheckConstraint(condition=models.Q(('run_type__in', ['manual', 'asset_triggered'])), name='dag_run_type_valid'),
         ),
         migrations.AddConstraint(
-            model_name="dagrun",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("state__in", ["queued", "running", "success", "failed"])),
-                name="dag_run_state_valid",
-            ),
+            model_name='dagrun',
+            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['queued', 'running', 'success', 'failed'])), name='dag_run_state_valid'),
         ),
         migrations.AddIndex(
-            model_name="dagschedulealiasreference",
-            index=models.Index(fields=["alias", "dag"], name="dag_sched_alias_by_alias"),
+            model_name='dagschedulealiasreference',
+            index=models.Index(fields=['alias', 'dag'], name='dag_sched_alias_by_alias'),
         ),
         migrations.AddConstraint(
-            model_name="dagschedulealiasreference",
-            constraint=models.UniqueConstraint(
-                fields=("dag", "alias"), name="dag_schedule_alias_unique"
-            ),
+            model_name='dagschedulealiasreference',
+            constraint=models.UniqueConstraint(fields=('dag', 'alias'), name='dag_schedule_alias_unique'),
         ),
         migrations.AddIndex(
-            model_name="dagscheduleassetreference",
-            index=models.Index(fields=["asset", "dag"], name="dag_sched_asset_by_asset"),
+            model_name='dagscheduleassetreference',
+            index=models.Index(fields=['asset', 'dag'], name='dag_sched_asset_by_asset'),
         ),
         migrations.AddConstraint(
-            model_name="dagscheduleassetreference",
-            constraint=models.UniqueConstraint(
-                fields=("dag", "asset"), name="dag_schedule_asset_unique"
-            ),
+            model_name='dagscheduleassetreference',
+            constraint=models.UniqueConstraint(fields=('dag', 'asset'), name='dag_schedule_asset_unique'),
         ),
         migrations.AddIndex(
-            model_name="taskinstance",
-            index=models.Index(
-                condition=models.Q(("state", "queued")),
-                fields=["queued_at"],
-                name="ti_queued_claim",
-            ),
+            model_name='taskinstance',
+            index=models.Index(condition=models.Q(('state', 'queued')), fields=['queued_at'], name='ti_queued_claim'),
         ),
         migrations.AddIndex(
-            model_name="taskinstance",
-            index=models.Index(fields=["dag_id", "run_id"], name="ti_by_dag_run_ids"),
+            model_name='taskinstance',
+            index=models.Index(fields=['dag_id', 'run_id'], name='ti_by_dag_run_ids'),
         ),
         migrations.AddConstraint(
-            model_name="taskinstance",
-            constraint=models.UniqueConstraint(
-                fields=("dag_run", "task_id", "map_index"), name="ti_unique_per_run"
-            ),
+            model_name='taskinstance',
+            constraint=models.UniqueConstraint(fields=('dag_run', 'task_id', 'map_index'), name='ti_unique_per_run'),
         ),
         migrations.AddConstraint(
-            model_name="taskinstance",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    (
-                        "state__in",
-                        [
-                            "queued",
-                            "running",
-                            "success",
-                            "failed",
-                            "up_for_retry",
-                            "skipped",
-                            "removed",
-                            "upstream_failed",
-                        ],
-                    )
-                ),
-                name="ti_state_valid",
-            ),
+            model_name='taskinstance',
+            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['queued', 'running', 'success', 'failed', 'up_for_retry', 'skipped', 'removed', 'upstream_failed'])), name='ti_state_valid'),
         ),
         migrations.AddConstraint(
-            model_name="taskinstance",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("try_number__gte", 1)), name="ti_try_positive"
-            ),
+            model_name='taskinstance',
+            constraint=models.CheckConstraint(condition=models.Q(('try_number__gte', 1)), name='ti_try_positive'),
         ),
         migrations.AddConstraint(
-            model_name="taskinstance",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("pid__isnull", True), ("pid__gt", 0), _connector="OR"),
-                name="ti_pid_positive",
-            ),
+            model_name='taskinstance',
+            constraint=models.CheckConstraint(condition=models.Q(('pid__isnull', True), ('pid__gt', 0), _connector='OR'), name='ti_pid_positive'),
         ),
         migrations.AddConstraint(
-            model_name="taskoutletaliasreference",
-            constraint=models.UniqueConstraint(
-                fields=("task", "alias"), name="task_outlet_alias_unique"
-            ),
+            model_name='taskoutletaliasreference',
+            constraint=models.UniqueConstraint(fields=('task', 'alias'), name='task_outlet_alias_unique'),
         ),
         migrations.AddConstraint(
-            model_name="taskoutletassetreference",
-            constraint=models.UniqueConstraint(
-                fields=("task", "asset"), name="task_outlet_asset_unique"
-            ),
+            model_name='taskoutletassetreference',
+            constraint=models.UniqueConstraint(fields=('task', 'asset'), name='task_outlet_asset_unique'),
         ),
         migrations.AddConstraint(
-            model_name="task",
-            constraint=models.UniqueConstraint(
-                fields=("dag", "task_id"), name="task_unique_per_dag"
-            ),
+            model_name='task',
+            constraint=models.UniqueConstraint(fields=('dag', 'task_id'), name='task_unique_per_dag'),
         ),
         migrations.AddConstraint(
-            model_name="task",
-            constraint=models.CheckConstraint(
-                condition=models.Q(("task_id", ""), _negated=True), name="task_id_not_empty"
-            ),
+            model_name='task',
+            constraint=models.CheckConstraint(condition=models.Q(('task_id', ''), _negated=True), name='task_id_not_empty'),
         ),
     ]

@@ -32,10 +32,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ASSETS = [f"crash-q-{i}" for i in range(12)]
 OUTLETS_PER_TI = 10
-TI_POOL = 3000  # the workers must not run out before the killer is done (~1,460 used under load)
+# Running TIs are made in batches of this size whenever the workers have used them all: how many
+# the kill phase takes depends on the machine's load (1,460 to over 3,000 seen), so a fixed pool
+# could run dry before the killer is done.
+TI_BATCH = 500
 MIN_KILLS = 12
 MIN_MID_BATCH_KILLS = 10
 MAX_KILLS = 30
+# Workers pause while this many outbox rows wait: enough for every kill to find a batch open, and
+# a backlog the last cluster drains in seconds, however slowly a loaded machine starts clusters.
+MAX_BACKLOG = 150
+# How long the killer waits for a (re)started cluster to open a batch: a cluster's start (Django
+# import, django-q2 spawn) took over 5 s on a loaded 2-core machine.
+OPEN_BATCH_WAIT = 30
 CLUSTER_ENV = {
     "Q_CLUSTER_WORKERS": "2",
     # A killed drain task's broker row is redelivered after `retry`: keep it short.
@@ -65,11 +74,19 @@ def _drain_batch_open() -> bool:
 
 def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
     make_scheduled_dag("crash_q_downstream", {"any": ASSETS[:6]})
-    tis = make_running_tis("crash_q_producer", TI_POOL)
     rng = random.Random(11)
-    outlets = {ti.id: rng.sample(ASSETS, OUTLETS_PER_TI) for ti in tis}
-    pending = list(tis)
+    outlets: dict = {}
+    pending: list = []
     pending_lock = threading.Lock()
+
+    def refill() -> None:
+        """More running TIs, each with its outlets (caller holds `pending_lock`)."""
+        tis = make_running_tis("crash_q_producer", TI_BATCH)
+        outlets.update({ti.id: rng.sample(ASSETS, OUTLETS_PER_TI) for ti in tis})
+        pending.extend(tis)
+
+    refill()
+    last = pending.pop()  # kept for the final success whose nudge wakes the last cluster
     succeeded: list = []
     stop_workers = threading.Event()
 
@@ -79,12 +96,14 @@ def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
             for _ in range(local.randint(1, 4)):
                 with pending_lock:
                     if not pending:
-                        return
+                        refill()
                     ti = pending.pop()
                 succeed_ti(ti, [{"name": a, "uri": a} for a in outlets[ti.id]])
                 with pending_lock:
                     succeeded.append(ti)
             time.sleep(local.uniform(0.1, 0.4))
+            while AssetEventQueue.objects.count() > MAX_BACKLOG and not stop_workers.is_set():
+                time.sleep(0.1)
 
     cluster = servers("qcluster", env=CLUSTER_ENV)
     kills = 0
@@ -98,7 +117,7 @@ def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
                 kills < MIN_KILLS or mid_batch_kills < MIN_MID_BATCH_KILLS
             ):
                 time.sleep(local.uniform(0.2, 1.5))
-                deadline = time.monotonic() + 5
+                deadline = time.monotonic() + OPEN_BATCH_WAIT
                 open_batch = _drain_batch_open()
                 while not open_batch and time.monotonic() < deadline:
                     time.sleep(0.002)
@@ -116,7 +135,6 @@ def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
 
     # One more success: its on-commit nudge wakes the last cluster, which drains everything due
     # (the rows of every batch a kill rolled back included).
-    last = pending.pop()
     succeed_ti(last, [{"name": a, "uri": a} for a in outlets[last.id]])
     succeeded.append(last)
 

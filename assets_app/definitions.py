@@ -6,7 +6,10 @@ A file holds one Dag object or a list of them:
      "max_active_runs": 16, "is_paused": false, "description": "...",
      "tasks": [{"task_id": "build", "retries": 2,
                 "outlets": ["report", {"name": "r2", "uri": "s3://b/r2"}],
-                "outlet_aliases": ["reports"]}]}
+                "outlet_aliases": ["reports"]},
+               {"task_id": "publish", "upstream": ["build"], "trigger_rule": "all_success",
+                "retry_delay_seconds": 60, "retry_exponential_backoff": 2.0,
+                "max_retry_delay_seconds": 600}]}
 
 Only `dag_id` is required (a task needs `task_id`). Every problem is a `DefinitionError` naming the
 file and the JSON path, e.g. `dags/report.json: [0].tasks[1].outlets[0].name: must be a string`.
@@ -16,7 +19,10 @@ Validation, before anything is written:
   blank strings; ids limited to letters, digits, `_`, `.` and `-` (they appear in URLs);
   `max_active_runs >= 1`, `retries >= 0`; the schedule condition (`conditions.parse`, so an
   unknown operator is rejected there); duplicate task ids in a Dag, duplicate outlets in a task,
-  duplicate `dag_id`s across all the files of one sync.
+  duplicate `dag_id`s across all the files of one sync; `upstream` ids that name no task of the
+  Dag, a task upstream of itself, and cycles among a Dag's tasks (the message names them);
+  `trigger_rule` one of Airflow's (`TriggerRule`); retry delays finite numbers >= 0
+  (`retry_exponential_backoff` is Airflow's multiplier, `true` meaning 2.0).
 - Asset identity: one name means one uri (and one uri one name) across the files and against the
   assets already stored, since both are unique.
 - Trigger cycles ("cycles of aliases" in DESIGN 6.3). Aliases here resolve only to assets, so an
@@ -28,7 +34,8 @@ Validation, before anything is written:
 
 Sync (`sync_dags`) writes everything in one durable transaction: Dags are upserted by `dag_id`,
 tasks by (Dag, task_id); tasks missing from a Dag's definition are deleted; task outlets and the
-schedule references (`DagScheduleAssetReference` / `DagScheduleAliasReference`) are made to match
+schedule references (`DagScheduleAssetReference` / `DagScheduleAliasReference`) and the upstream
+links (`TaskUpstream`) are made to match
 the definition exactly; referenced assets and aliases are created if missing. Only rows that differ
 are written, so a second sync of the same files changes nothing (not even `updated_at`). Dags that
 are stored but absent from the files are left alone: deleting a Dag deletes its runs, so that is an
@@ -60,14 +67,34 @@ from .models import (
     Task,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
+    TaskUpstream,
+    TriggerRule,
 )
 from .models.assets import ASSET_KEY_MAX_LENGTH
-from .models.dags import DAG_ID_MAX_LENGTH
+from .models.dags import DAG_ID_MAX_LENGTH, DEFAULT_RETRY_DELAY_SECONDS
 
 DAG_KEYS = ("dag_id", "schedule", "max_active_runs", "is_paused", "description", "tasks")
-TASK_KEYS = ("task_id", "retries", "outlets", "outlet_aliases")
+TASK_KEYS = (
+    "task_id",
+    "retries",
+    "outlets",
+    "outlet_aliases",
+    "upstream",
+    "trigger_rule",
+    "retry_delay_seconds",
+    "retry_exponential_backoff",
+    "max_retry_delay_seconds",
+)
 DEFAULT_MAX_ACTIVE_RUNS = 16
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
+# Task columns a definition sets (besides its id, outlets and upstream links).
+TASK_FIELDS = (
+    "retries",
+    "trigger_rule",
+    "retry_delay_seconds",
+    "retry_exponential_backoff",
+    "max_retry_delay_seconds",
+)
 
 
 class DefinitionError(ValueError):
@@ -86,6 +113,11 @@ class TaskDefinition:
     retries: int = 0
     outlets: tuple[AssetRef, ...] = ()
     outlet_aliases: tuple[str, ...] = ()
+    upstream: tuple[str, ...] = ()
+    trigger_rule: str = TriggerRule.ALL_SUCCESS
+    retry_delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
+    retry_exponential_backoff: float = 0.0
+    max_retry_delay_seconds: float | None = None
     path: str = field(default="", compare=False)
 
 
@@ -251,6 +283,7 @@ class _Parser:
                 )
             seen[task.task_id] = task.path
             tasks.append(task)
+        self.check_upstream(tasks, dag_id)
         return DagDefinition(
             dag_id=dag_id,
             schedule=schedule,
@@ -290,13 +323,92 @@ class _Parser:
             if name in aliases:
                 raise self.error(item_path, f"duplicate outlet alias {name!r}")
             aliases.append(name)
+        upstream: list[str] = []
+        upstream_path = _join(path, "upstream")
+        for i, raw_id in enumerate(self.list(obj.get("upstream", []), upstream_path)):
+            item_path = f"{upstream_path}[{i}]"
+            upstream_id = self.identifier(raw_id, item_path)
+            if upstream_id in upstream:
+                raise self.error(item_path, f"duplicate upstream task {upstream_id!r}")
+            if upstream_id == task_id:
+                raise self.error(item_path, f"task {task_id!r} cannot be its own upstream")
+            upstream.append(upstream_id)
+        trigger_rule = obj.get("trigger_rule", TriggerRule.ALL_SUCCESS)
+        if not isinstance(trigger_rule, str) or trigger_rule not in TriggerRule.values:
+            raise self.error(
+                _join(path, "trigger_rule"),
+                f"unknown trigger rule {trigger_rule!r} (allowed: {', '.join(TriggerRule.values)})",
+            )
+        delay = DEFAULT_RETRY_DELAY_SECONDS
+        if "retry_delay_seconds" in obj:
+            delay = self.number(obj["retry_delay_seconds"], _join(path, "retry_delay_seconds"))
+        backoff = 0.0
+        if "retry_exponential_backoff" in obj:
+            raw = obj["retry_exponential_backoff"]
+            key = _join(path, "retry_exponential_backoff")
+            # Airflow's multiplier; true is its "standard" exponential backoff (2.0).
+            backoff = (2.0 if raw else 0.0) if isinstance(raw, bool) else self.number(raw, key)
+        max_delay = None
+        if obj.get("max_retry_delay_seconds") is not None:
+            max_delay = self.number(
+                obj["max_retry_delay_seconds"], _join(path, "max_retry_delay_seconds")
+            )
         return TaskDefinition(
             task_id=task_id,
             retries=retries,
             outlets=tuple(outlets),
             outlet_aliases=tuple(aliases),
+            upstream=tuple(upstream),
+            trigger_rule=trigger_rule,
+            retry_delay_seconds=delay,
+            retry_exponential_backoff=backoff,
+            max_retry_delay_seconds=max_delay,
             path=path,
         )
+
+    def number(self, raw: Any, path: str) -> float:
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            raise self.error(path, f"must be a number, got {_type(raw)}")
+        if raw < 0 or raw != raw or raw == float("inf"):
+            raise self.error(path, f"must be a finite number of at least 0, got {raw}")
+        return float(raw)
+
+    def check_upstream(self, tasks: Sequence[TaskDefinition], dag_id: str) -> None:
+        """Every upstream id names a task of the Dag, and the tasks have no cycle (named)."""
+        by_id = {task.task_id: task for task in tasks}
+        for task in tasks:
+            for i, upstream_id in enumerate(task.upstream):
+                if upstream_id not in by_id:
+                    raise self.error(
+                        f"{_join(task.path, 'upstream')}[{i}]",
+                        f"unknown upstream task {upstream_id!r} (dag {dag_id!r} has no such task)",
+                    )
+        # Iterative depth-first search over "runs after"; a back edge is a cycle.
+        state: dict[str, int] = {}  # 1 on the stack, 2 done
+        for start in by_id:
+            if start in state:
+                continue
+            stack: list[tuple[str, Iterator[str]]] = [(start, iter(by_id[start].upstream))]
+            state[start] = 1
+            while stack:
+                node, edges = stack[-1]
+                for nxt in edges:
+                    if state.get(nxt) == 1:
+                        path = [n for n, _ in stack]
+                        cycle = [*path[path.index(nxt) :], nxt]
+                        raise self.error(
+                            _join(by_id[nxt].path, "upstream"),
+                            f"the tasks of dag {dag_id!r} form a cycle: "
+                            + " -> ".join(reversed(cycle))
+                            + " (each runs after the one before it)",
+                        )
+                    if nxt not in state:
+                        state[nxt] = 1
+                        stack.append((nxt, iter(by_id[nxt].upstream)))
+                        break
+                else:
+                    state[node] = 2
+                    stack.pop()
 
 
 def _type(value: Any) -> str:
@@ -522,6 +634,7 @@ class _Sync:
         dags_created, dags_updated = self._dags()
         tasks, task_counts = self._tasks()
         self._outlet_refs(tasks, assets, aliases)
+        self._upstream_links(tasks)
         self._schedule_refs(assets, aliases)
         unscheduled = self._unscheduled_waiting()
         created = set(dags_created)
@@ -660,18 +773,20 @@ class _Sync:
         updated: list[Task] = []
         for key, definition in wanted.items():
             task = stored.get(key)
+            values = {name: getattr(definition, name) for name in TASK_FIELDS}
             if task is None:
-                created.append(
-                    Task(dag_id=key[0], task_id=definition.task_id, retries=definition.retries)
-                )
-            elif task.retries != definition.retries:
-                task.retries = definition.retries
+                created.append(Task(dag_id=key[0], task_id=definition.task_id, **values))
+                continue
+            changed = [name for name, value in values.items() if getattr(task, name) != value]
+            if changed:
+                for name in changed:
+                    setattr(task, name, values[name])
                 updated.append(task)
         removed = [task.pk for key, task in stored.items() if key not in wanted]
         if removed:
             Task.objects.filter(pk__in=removed).delete()
         if updated:
-            Task.objects.bulk_update(updated, ["retries"])
+            Task.objects.bulk_update(updated, list(TASK_FIELDS))
         Task.objects.bulk_create(created)
         for dag_id, _ in [*(k for k in stored if k not in wanted)]:
             self.changed_dags.add(dag_id)
@@ -715,6 +830,22 @@ class _Sync:
             {"task_id__in": list(dag_of)},
             ("task_id", "alias_id"),
             want_aliases,
+            lambda key: dag_of[key[0]],
+        )
+
+    def _upstream_links(self, tasks: dict[tuple[str, str], Task]) -> None:
+        dag_of = {task.pk: task.dag_id for task in tasks.values()}
+        wanted = {
+            (tasks[(dag.dag_id, definition.task_id)].pk, tasks[(dag.dag_id, upstream_id)].pk)
+            for dag in self.dags
+            for definition in dag.tasks
+            for upstream_id in definition.upstream
+        }
+        self._match(
+            TaskUpstream,
+            {"task_id__in": list(dag_of)},
+            ("task_id", "upstream_id"),
+            wanted,
             lambda key: dag_of[key[0]],
         )
 

@@ -11,16 +11,17 @@ manual run is created regardless of how many runs are active; only the asset sch
 active runs before it creates one.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, models, transaction
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from . import audit, exceptions, locks
+from . import audit, dependencies, exceptions, locks
 from .models import (
     Dag,
     DagRun,
@@ -31,6 +32,7 @@ from .models import (
     Task,
     TaskInstance,
     TaskOutletAssetReference,
+    TaskUpstream,
     TIState,
 )
 from .models.runs import TI_FINISHED_STATES
@@ -48,12 +50,38 @@ def generate_run_id(*, run_type: str, run_after: datetime) -> str:
     return f"{run_type}__{run_after.isoformat()}_{suffix}"
 
 
-def initial_ti_states(*, dag_id: str, task_ids: Sequence[str]) -> dict[str, str]:
-    """The state each of these tasks' TIs starts in, when a run is created and when it is
-    cleared: the one place that decides it. Today every TI is queued at once (tasks have no
-    order); with task dependencies the roots are queued and the rest wait for their upstream.
-    No queries."""
-    return dict.fromkeys(task_ids, TIState.QUEUED)
+def initial_ti_states(
+    *, dag_id: str, task_ids: Sequence[str], with_upstream: Collection[str] | None = None
+) -> dict[str, str]:
+    """The state each of these tasks' TIs starts in, when a run is created and when TIs are
+    cleared or added: the one place that decides it. A task with no upstream task (a root) is
+    queued; the others wait (`scheduled`, not claimable) until `dependencies.evaluate` finds
+    their trigger rule met. Callers that cleared or added TIs of an existing run evaluate it
+    after their commit, since some upstream may already be done.
+
+    `with_upstream`: those of `task_ids` that have upstream tasks, when the caller read them
+    already (run creation reads them with the tasks); otherwise one query."""
+    if with_upstream is None:
+        with_upstream = set(
+            TaskUpstream.objects.filter(task__dag_id=dag_id, task__task_id__in=list(task_ids))
+            .values_list("task__task_id", flat=True)
+            .distinct()
+        )
+    return {
+        task_id: TIState.SCHEDULED if task_id in with_upstream else TIState.QUEUED
+        for task_id in task_ids
+    }
+
+
+def dag_tasks(dag_ids: Sequence[str]) -> QuerySet:
+    """(dag_id, task_id, retries, has upstream) of these Dags' tasks, by Dag and task id: what
+    `create_dag_run` needs of them, in one query."""
+    return (
+        Task.objects.filter(dag_id__in=list(dag_ids))
+        .annotate(has_upstream=Exists(TaskUpstream.objects.filter(task_id=OuterRef("pk"))))
+        .order_by("dag_id", "task_id")
+        .values_list("dag_id", "task_id", "retries", "has_upstream")
+    )
 
 
 def create_dag_run(
@@ -69,17 +97,18 @@ def create_dag_run(
     data_interval_start: datetime | None = None,
     data_interval_end: datetime | None = None,
     note: str | None = None,
-    tasks: Sequence[tuple[str, int]] | None = None,
+    tasks: Sequence[tuple[str, int, bool]] | None = None,
     triggered_by: str | None = None,
 ) -> DagRun:
-    """Insert a queued DagRun, its consumed-event links and one queued TI per task of `dag`.
+    """Insert a queued DagRun, its consumed-event links and one TI per task of `dag` (queued for
+    roots, waiting for the others: `initial_ti_states`).
 
     Runs inside the caller's transaction and takes no locks. Queries: 1 for the tasks (none when
-    the caller passes `tasks`, the Dag's (task_id, retries) sorted by task_id: the scheduler reads
-    them for a whole pass at once), 1 for the run, 1 for the consumed-event links when there are
-    any, 1 for the TIs. An explicit `run_id` adds a savepoint around the run insert (2 more
-    queries): one already used by this Dag raises `exceptions.Conflict` (reason
-    "dag_run_exists") and leaves the caller's transaction usable.
+    the caller passes `tasks`, the Dag's (task_id, retries, has upstream) sorted by task_id, as
+    `dag_tasks` reads them: the scheduler reads them for a whole pass at once), 1 for the run,
+    1 for the consumed-event links when there are any, 1 for the TIs. An explicit `run_id` adds
+    a savepoint around the run insert (2 more queries): one already used by this Dag raises
+    `exceptions.Conflict` (reason "dag_run_exists") and leaves the caller's transaction usable.
     """
     if run_type not in DagRunType.values:
         raise exceptions.InvalidInput(f"unknown run type {run_type!r}", reason="invalid_run_type")
@@ -99,9 +128,7 @@ def create_dag_run(
         note=note,
     )
     if tasks is None:
-        tasks = list(
-            Task.objects.filter(dag=dag).order_by("task_id").values_list("task_id", "retries")
-        )
+        tasks = [row[1:] for row in dag_tasks([dag.dag_id])]
     if run_id is None:
         # A generated run_id carries 8 random characters: a clash is not a case to prepare a
         # savepoint for on every run (the scheduler's hot path); it would be an IntegrityError.
@@ -126,7 +153,11 @@ def create_dag_run(
             [(run.pk, dag.dag_id, event_id) for event_id in event_ids],
         )
     now = timezone.now()
-    states = initial_ti_states(dag_id=dag.dag_id, task_ids=[task_id for task_id, _ in tasks])
+    states = initial_ti_states(
+        dag_id=dag.dag_id,
+        task_ids=[task_id for task_id, _, _ in tasks],
+        with_upstream={task_id for task_id, _, has_upstream in tasks if has_upstream},
+    )
     _insert_instances(
         [
             TaskInstance(
@@ -139,7 +170,7 @@ def create_dag_run(
                 state=states[task_id],
                 queued_at=now,
             )
-            for task_id, retries in tasks
+            for task_id, retries, _ in tasks
         ]
     )
     return run
@@ -315,7 +346,8 @@ def clear_task_instances(
     `clear_number` + 1. Queued and running TIs are left alone (Airflow refuses to clear a
     running one without stopping it), and so are TIs whose row a worker holds right now (SKIP
     LOCKED: the TI lock is never waited on here). Own durable transaction, audited when anything
-    was cleared. Unknown run: NotFound.
+    was cleared; then (after the commit) the run's waiting TIs are evaluated, so a cleared TI
+    whose upstream are done is queued and the others wait. Unknown run: NotFound.
     """
     wanted = {str(i) for i in ti_ids} if ti_ids is not None else None
     with transaction.atomic(durable=True):
@@ -390,10 +422,13 @@ def clear_task_instances(
                 detail={"run_id": run.run_id, "only_failed": only_failed},
             )
         cleared = {str(ti.id) for ti in locked}
-        return ClearResult(
-            cleared=tuple(sorted(everything[i] for i in cleared)),
-            skipped=tuple(sorted(t for i, t in everything.items() if i not in cleared)),
-        )
+    if locked:
+        # A cleared TI waits for its upstream, some of which may be done already.
+        dependencies.evaluate(dag_run_id=dag_run_id, finished_task_ids=None)
+    return ClearResult(
+        cleared=tuple(sorted(everything[i] for i in cleared)),
+        skipped=tuple(sorted(t for i, t in everything.items() if i not in cleared)),
+    )
 
 
 @dataclass(frozen=True)
@@ -500,3 +535,4 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
             dag_id=run.dag_id,
             detail={"run_id": run.run_id, "only_new": True},
         )
+    dependencies.evaluate(dag_run_id=run.pk, finished_task_ids=None)

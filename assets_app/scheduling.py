@@ -30,7 +30,6 @@ from .models import (
     DagRun,
     DagRunState,
     DagRunType,
-    Task,
 )
 
 logger = logging.getLogger(__name__)
@@ -101,23 +100,19 @@ class _Pass:
     def __init__(self, candidates: list[str] | None = None) -> None:
         self.locks = locks.SchedulingLocks(active_states=ACTIVE_RUN_STATES)
         self._candidates = candidates
-        self._tasks: dict[str, list[tuple[str, int]]] = {}
+        self._tasks: dict[str, list[tuple[str, int, bool]]] = {}
         self._read_ahead = 0
         self._conditions: dict[str, conditions.Condition] = {}
 
-    def tasks(self, dag_id: str, position: int) -> list[tuple[str, int]] | None:
+    def tasks(self, dag_id: str, position: int) -> list[tuple[str, int, bool]] | None:
         """The tasks of the candidate at `position`, or None (create_dag_run reads them)."""
         if self._candidates is None:
             return None
         if position >= self._read_ahead:
             batch = self._candidates[position : position + TASKS_BATCH]
             self._tasks = {dag: [] for dag in batch}
-            for dag, task_id, retries in (
-                Task.objects.filter(dag_id__in=batch)
-                .order_by("dag_id", "task_id")
-                .values_list("dag_id", "task_id", "retries")
-            ):
-                self._tasks[dag].append((task_id, retries))
+            for dag, task_id, retries, has_upstream in runs.dag_tasks(batch):
+                self._tasks[dag].append((task_id, retries, has_upstream))
             self._read_ahead = position + len(batch)
         return self._tasks[dag_id]
 

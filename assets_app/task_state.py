@@ -21,12 +21,15 @@ that state return "replayed" and write nothing. Any other transition from a non-
 
 Retries: `retry` follows Airflow's eligibility rule (`max_tries != 0 and try_number <= max_tries`).
 An eligible TI goes straight back to `queued` with `try_number + 1`, `retry_at = now + delay`
-(the body's `retry_delay_seconds`, else `DEFAULT_RETRY_DELAY_SECONDS`) and its claim cleared, so
+(the body's `retry_delay_seconds`, else its task's delay and backoff, `retry_delay_for`) and
+its claim cleared, so
 workers claim it again after the delay; an ineligible one becomes `failed`. A TI is therefore
 never left in `up_for_retry`, so a replayed retry request finds it queued and gets 409.
 """
 
 import functools
+import hashlib
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -35,11 +38,11 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Exists, OuterRef, TextField, Value, When
+from django.db.models import Case, Exists, OuterRef, Subquery, TextField, Value, When
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from . import exceptions, locks, outbox
+from . import dependencies, exceptions, locks, outbox
 from .models import (
     AssetAliasEvent,
     AssetDagRunQueue,
@@ -48,12 +51,14 @@ from .models import (
     DagRunState,
     Task,
     TaskInstance,
+    TaskUpstream,
     TIState,
 )
+from .models.dags import DEFAULT_RETRY_DELAY_SECONDS
 from .models.runs import TI_FINISHED_STATES
 
-# Airflow's default `retry_delay` (timedelta(seconds=300)).
-DEFAULT_RETRY_DELAY_SECONDS = 300.0
+# Airflow's `[core] max_task_retry_delay` default: the cap of an exponential backoff.
+MAX_RETRY_DELAY_SECONDS = 24 * 60 * 60
 
 TERMINAL_NON_SUCCESS = frozenset(
     {TIState.FAILED, TIState.SKIPPED, TIState.REMOVED, TIState.UPSTREAM_FAILED}
@@ -139,22 +144,25 @@ def _mark_run_running(dag_run_id: int, *, now: datetime) -> None:
     )
 
 
-def _finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> None:
-    """One conditional UPDATE: success/failed once no TI of the run is unfinished.
+def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
+    """One conditional UPDATE: success/failed once no TI of the run is unfinished. Failed when a
+    leaf TI (its task has no downstream task; Airflow's `DagRun.update_state` looks at leaves)
+    is failed or upstream_failed, else success. Returns whether it finished the run.
 
     A run that finishes frees a `max_active_runs` slot, so if its Dag has queued events waiting
     the scheduler is nudged (after commit) instead of leaving them to the one-minute sweep.
     """
     tis = TaskInstance.objects.filter(dag_run_id=OuterRef("pk"))
+    has_downstream = TaskUpstream.objects.filter(
+        upstream__dag_id=OuterRef("dag_id"), upstream__task_id=OuterRef("task_id")
+    )
+    failing_leaf = tis.filter(state__in=_RUN_FAILING_STATES).filter(~Exists(has_downstream))
     finished = (
         DagRun.objects.filter(id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING))
         .filter(~Exists(tis.exclude(state__in=TI_FINISHED_STATES)))
         .update(
             state=Case(
-                When(
-                    Exists(tis.filter(state__in=_RUN_FAILING_STATES)),
-                    then=Value(DagRunState.FAILED),
-                ),
+                When(Exists(failing_leaf), then=Value(DagRunState.FAILED)),
                 default=Value(DagRunState.SUCCESS),
             ),
             end_date=now,
@@ -164,6 +172,17 @@ def _finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> None:
         from . import tasks  # django_q is imported only where a nudge is sent
 
         transaction.on_commit(partial(tasks.nudge_scheduler, dag_ids=[dag_id]))
+    return bool(finished)
+
+
+def after_ti_finished(ti: TaskInstance) -> None:
+    """What follows a TI's finish (success, failed, skipped, upstream_failed), after its commit
+    and without its lock: its run's downstream TIs are evaluated (`dependencies.evaluate`, one
+    statement per round), then the run may finish. When the evaluation queued a TI the run
+    cannot be finished, so that statement is not run."""
+    evaluation = dependencies.evaluate(dag_run_id=ti.dag_run_id, finished_task_ids=[ti.task_id])
+    if not evaluation.queued:
+        finish_run_if_done(ti.dag_run_id, dag_id=ti.dag_id, now=timezone.now())
 
 
 # --- start ------------------------------------------------------------------------------------
@@ -347,7 +366,7 @@ def _succeed_queued(
         if current is None:
             raise _not_found(ti_id) from None
         return _replay_or_conflict(current, action="marked success")
-    _finish_run_if_done(seen.dag_run_id, dag_id=seen.dag_id, now=timezone.now())
+    after_ti_finished(seen)
     return StateChange(ti_id=seen.id, state=seen.state, replayed=False, try_number=seen.try_number)
 
 
@@ -447,7 +466,7 @@ def _succeed_inline(
         if registered.dag_ids:
             # No drain runs in this mode, so the scheduler hears about the new ADRQ rows here.
             transaction.on_commit(partial(tasks.nudge_scheduler, dag_ids=registered.dag_ids))
-    _finish_run_if_done(locked.dag_run_id, dag_id=locked.dag_id, now=timezone.now())
+    after_ti_finished(locked)
     return StateChange(
         ti_id=locked.id, state=locked.state, replayed=False, try_number=locked.try_number
     )
@@ -472,7 +491,7 @@ def finish(*, ti_id: UUID, state: str, end_date: datetime) -> StateChange:
         ti.state = state
         ti.end_date = end_date
         ti.save(update_fields=["state", "end_date", "updated_at"])
-    _finish_run_if_done(ti.dag_run_id, dag_id=ti.dag_id, now=timezone.now())
+    after_ti_finished(ti)
     return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
 
 
@@ -483,35 +502,159 @@ def retry(
     *, ti_id: UUID, end_date: datetime, retry_delay_seconds: float | None = None
 ) -> StateChange:
     """running -> queued again (try_number + 1, claimable after the delay) while retries remain,
-    else failed. Lock, check, one UPDATE, commit (see the module docstring)."""
+    else failed (and its downstream evaluated). The delay is the body's `retry_delay_seconds`
+    when given, else the task's (`retry_delay`) with its exponential backoff
+    (`retry_delay_for`). The task's policy is read before the lock (one unlocked query); then
+    lock, check, one UPDATE, commit (see the module docstring)."""
+    policy = None if retry_delay_seconds is not None else _retry_policy(ti_id)
     now = timezone.now()
-    delay = DEFAULT_RETRY_DELAY_SECONDS if retry_delay_seconds is None else retry_delay_seconds
     with transaction.atomic(durable=True):
         ti = locks.lock_task_instance(ti_id)
         if ti is None:
             raise _not_found(ti_id)
         if ti.state != TIState.RUNNING:
             raise _not_running(ti, "marked up_for_retry")
-        if _is_eligible_to_retry(try_number=ti.try_number, max_tries=ti.max_tries):
-            ti.state = TIState.QUEUED
-            ti.try_number += 1
-            ti.queued_at = now
-            ti.retry_at = now + timedelta(seconds=delay)
-            ti.claimed_by = ""
-            ti.claimed_at = None
-            ti.hostname = ""
-            ti.unixname = ""
-            ti.pid = None
-            ti.start_date = None
-            ti.end_date = None
-            ti.last_heartbeat_at = None
-        else:
-            ti.state = TIState.FAILED
-            ti.end_date = end_date
+        _requeue_or_fail(ti, now=now, end_date=end_date, delay=retry_delay_seconds, policy=policy)
         ti.save()
     if ti.state == TIState.FAILED:
-        _finish_run_if_done(ti.dag_run_id, dag_id=ti.dag_id, now=timezone.now())
+        after_ti_finished(ti)
     return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """A task's retry delay settings (Airflow's `retry_delay`, `retry_exponential_backoff` (a
+    multiplier; 0 or 1 = constant), `max_retry_delay`) and what the backoff hash reads."""
+
+    delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
+    backoff: float = 0.0
+    max_delay_seconds: float | None = None
+    logical_date: datetime | None = None
+
+
+def _retry_policy(ti_id: UUID) -> RetryPolicy:
+    """The TI's task's retry policy, unlocked, one query (defaults for a TI whose task is gone)."""
+    task = Task.objects.filter(dag_id=OuterRef("dag_id"), task_id=OuterRef("task_id"))
+    row = (
+        TaskInstance.objects.filter(id=ti_id)
+        .annotate(
+            delay=Subquery(task.values("retry_delay_seconds")[:1]),
+            backoff=Subquery(task.values("retry_exponential_backoff")[:1]),
+            max_delay=Subquery(task.values("max_retry_delay_seconds")[:1]),
+        )
+        .values_list("delay", "backoff", "max_delay", "dag_run__logical_date")
+        .first()
+    )
+    if row is None or row[0] is None:
+        return RetryPolicy(logical_date=row[3] if row else None)
+    return RetryPolicy(
+        delay_seconds=row[0], backoff=row[1], max_delay_seconds=row[2], logical_date=row[3]
+    )
+
+
+def retry_delay_for(*, policy: RetryPolicy, dag_id: str, task_id: str, try_number: int) -> float:
+    """Seconds before try `try_number + 1` may start, by Airflow's rule (`next_retry_datetime`):
+    the task's delay; with a backoff multiplier m (not 0 or 1), a deterministic value between
+    ceil(delay * m ** (try_number - 1)) (at least 1) and twice that, from a hash of the TI,
+    capped at 24 h and at `max_delay_seconds`."""
+    delay = float(policy.delay_seconds)
+    multiplier = policy.backoff or 1.0
+    if multiplier != 1.0 and multiplier > 0:
+        try:
+            min_backoff = math.ceil(delay * multiplier ** (try_number - 1))
+        except OverflowError:
+            min_backoff = MAX_RETRY_DELAY_SECONDS
+        min_backoff = max(min_backoff, 1)
+        key = f"{dag_id}#{task_id}#{policy.logical_date}#{try_number}".encode()
+        ti_hash = int(hashlib.sha1(key, usedforsecurity=False).hexdigest(), 16)
+        delay = float(min(min_backoff + ti_hash % min_backoff, MAX_RETRY_DELAY_SECONDS))
+        if policy.max_delay_seconds:
+            delay = min(float(policy.max_delay_seconds), delay)
+    return delay
+
+
+def _requeue_or_fail(
+    ti: TaskInstance,
+    *,
+    now: datetime,
+    end_date: datetime,
+    delay: float | None,
+    policy: RetryPolicy | None,
+) -> None:
+    """Set a running TI's failed try to queued again (next try, claimable after the delay) when
+    it has tries left, else failed. No query; the caller saves it under the TI lock."""
+    if _is_eligible_to_retry(try_number=ti.try_number, max_tries=ti.max_tries):
+        if delay is None:
+            delay = retry_delay_for(
+                policy=policy or RetryPolicy(),
+                dag_id=ti.dag_id,
+                task_id=ti.task_id,
+                try_number=ti.try_number,
+            )
+        ti.state = TIState.QUEUED
+        ti.try_number += 1
+        ti.queued_at = now
+        ti.retry_at = now + timedelta(seconds=delay)
+        ti.claimed_by = ""
+        ti.claimed_at = None
+        ti.hostname = ""
+        ti.unixname = ""
+        ti.pid = None
+        ti.start_date = None
+        ti.end_date = None
+        ti.last_heartbeat_at = None
+    else:
+        ti.state = TIState.FAILED
+        ti.end_date = end_date
+
+
+# --- workers that died ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeartbeatSweep:
+    """TIs the heartbeat-timeout sweep found dead: retried (queued again) and failed."""
+
+    retried: tuple[UUID, ...]
+    failed: tuple[UUID, ...]
+
+
+def fail_dead_task_instances(*, limit: int = 500) -> HeartbeatSweep:
+    """Running TIs whose heartbeat stopped for `TASK_HEARTBEAT_TIMEOUT_SECONDS` (read at call
+    time; Airflow's `task_instance_heartbeat_timeout`, 300 s) are failed, or retried when they
+    have tries left (with their task's retry delay), as a worker's `up_for_retry` would; a
+    failed one's downstream is then evaluated. Each TI in its own short transaction: its lock,
+    re-checked still running with the same try and stale heartbeat, one UPDATE, commit. The
+    dead worker's late heartbeat or success then finds it not running: 409, nothing written."""
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=float(settings.TASK_HEARTBEAT_TIMEOUT_SECONDS))
+    stale = list(
+        TaskInstance.objects.filter(state=TIState.RUNNING, last_heartbeat_at__lt=cutoff)
+        .order_by("last_heartbeat_at")
+        .values_list("id", "try_number")[:limit]
+    )
+    retried: list[UUID] = []
+    failed: list[UUID] = []
+    for ti_id, try_number in stale:
+        policy = _retry_policy(ti_id)
+        with transaction.atomic(durable=True):
+            ti = locks.lock_task_instance(ti_id)
+            if (
+                ti is None
+                or ti.state != TIState.RUNNING
+                or ti.try_number != try_number
+                or ti.last_heartbeat_at is None
+                or ti.last_heartbeat_at >= cutoff
+            ):
+                continue
+            _requeue_or_fail(ti, now=now, end_date=now, delay=None, policy=policy)
+            ti.save()
+        if ti.state == TIState.FAILED:
+            failed.append(ti.id)
+            after_ti_finished(ti)
+        else:
+            retried.append(ti.id)
+    return HeartbeatSweep(retried=tuple(retried), failed=tuple(failed))
 
 
 # --- heartbeat ----------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ COMPONENTS = [
     ("      COMMIT", "django.db.backends.base.base:BaseDatabaseWrapper.commit"),
     ("      on-commit: drain nudge", "assets_app.tasks:nudge_drain"),
     ("      on-commit: counter upsert", "assets_app.metrics:_add"),
-    ("      _finish_run_if_done", "assets_app.task_state:_finish_run_if_done"),
+    ("      after_ti_finished", "assets_app.task_state:after_ti_finished"),
     (
         "histogram: record (schedules the upsert / observes)",
         "assets_app.observability:record_api_latency",

@@ -135,6 +135,9 @@ WORKER_API_KEY = env.str("WORKER_API_KEY", default="dev-worker-api-key")
 WORKER_TOKEN_LIFETIME_SECONDS = env.int("WORKER_TOKEN_LIFETIME_SECONDS", default=3600)
 # A claimed TI that is not started within this many seconds can be claimed again.
 WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", default=300)
+# A running TI whose heartbeat stopped this long ago is failed (or retried) by the scheduler's
+# sweep (Airflow's `[scheduler] task_instance_heartbeat_timeout`).
+TASK_HEARTBEAT_TIMEOUT_SECONDS = env.float("TASK_HEARTBEAT_TIMEOUT_SECONDS", default=300)
 
 # django-q2: ORM broker on the default database. Each task's timeout stays below `retry` so the
 # broker never redelivers a task that is still running (DESIGN 7).

@@ -28,6 +28,7 @@ from assets_app.models import (
     TaskInstance,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
+    TaskUpstream,
 )
 from tests.factories import AssetAliasFactory, AssetFactory, DagFactory, TaskFactory
 
@@ -43,6 +44,7 @@ SNAPSHOT_MODELS = (
     TaskOutletAliasReference,
     DagScheduleAssetReference,
     DagScheduleAliasReference,
+    TaskUpstream,
     DagRun,
     TaskInstance,
 )
@@ -266,7 +268,15 @@ def test_sync_query_count_does_not_grow_with_dags(tmp_path, django_assert_max_nu
             {
                 "dag_id": f"d{i}",
                 "schedule": {"all": [f"in{i}", {"alias": f"al{i}"}]},
-                "tasks": [{"task_id": f"t{j}", "outlets": [f"out{i}_{j}"]} for j in range(5)],
+                "tasks": [
+                    {
+                        "task_id": f"t{j}",
+                        "outlets": [f"out{i}_{j}"],
+                        "upstream": [f"t{k}" for k in range(j)],
+                        "trigger_rule": "none_failed",
+                    }
+                    for j in range(5)
+                ],
             }
             for i in range(n)
         ]
@@ -278,6 +288,7 @@ def test_sync_query_count_does_not_grow_with_dags(tmp_path, django_assert_max_nu
     with django_assert_max_num_queries(len(one.captured_queries)):
         sync(big)
     assert Task.objects.count() == 5 + 300
+    assert TaskUpstream.objects.count() == 61 * 10
 
 
 # --- bad files: each names file + path, and writes nothing ----------------------------------
@@ -457,6 +468,49 @@ BAD_CASES = {
         },
         "schedule",
         "dag 'loop' would trigger itself: loop.t produces asset 'stored'",
+    ),
+    "unknown_upstream_task": (
+        {"dag_id": "d", "tasks": [{"task_id": "a"}, {"task_id": "b", "upstream": ["a", "zz"]}]},
+        "tasks[1].upstream[1]",
+        "unknown upstream task 'zz' (dag 'd' has no such task)",
+    ),
+    "task_upstream_of_itself": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "upstream": ["a"]}]},
+        "tasks[0].upstream[0]",
+        "task 'a' cannot be its own upstream",
+    ),
+    "duplicate_upstream": (
+        {"dag_id": "d", "tasks": [{"task_id": "a"}, {"task_id": "b", "upstream": ["a", "a"]}]},
+        "tasks[1].upstream[1]",
+        "duplicate upstream task 'a'",
+    ),
+    "task_cycle": (
+        {
+            "dag_id": "d",
+            "tasks": [
+                {"task_id": "root"},
+                {"task_id": "a", "upstream": ["root", "c"]},
+                {"task_id": "b", "upstream": ["a"]},
+                {"task_id": "c", "upstream": ["b"]},
+            ],
+        },
+        "tasks[1].upstream",
+        "the tasks of dag 'd' form a cycle: a -> b -> c -> a",
+    ),
+    "unknown_trigger_rule": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "trigger_rule": "all_succes"}]},
+        "tasks[0].trigger_rule",
+        "unknown trigger rule 'all_succes' (allowed: all_success, all_failed",
+    ),
+    "negative_retry_delay": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "retry_delay_seconds": -1}]},
+        "tasks[0].retry_delay_seconds",
+        "must be a finite number of at least 0, got -1",
+    ),
+    "retry_delay_not_a_number": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "max_retry_delay_seconds": "60"}]},
+        "tasks[0].max_retry_delay_seconds",
+        "must be a number, got a string",
     ),
 }
 

@@ -10,6 +10,8 @@ from .dags import (
     Task,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
+    TaskUpstream,
+    TriggerRule,
 )
 from .events import AssetAliasEvent, AssetEvent
 from .metrics import ComponentHeartbeat, MetricCounter
@@ -52,4 +54,6 @@ __all__ = [
     "TaskInstance",
     "TaskOutletAliasReference",
     "TaskOutletAssetReference",
+    "TaskUpstream",
+    "TriggerRule",
 ]

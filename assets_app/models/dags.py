@@ -32,12 +32,49 @@ class Dag(models.Model):
         return self.dag_id
 
 
+class TriggerRule(models.TextChoices):
+    """Airflow's trigger rules (`airflow.utils.trigger_rule.TriggerRule`, the ones that do not
+    need setup/teardown tasks); `dependencies.py` evaluates them."""
+
+    ALL_SUCCESS = "all_success"
+    ALL_FAILED = "all_failed"
+    ALL_DONE = "all_done"
+    ALL_SKIPPED = "all_skipped"
+    ONE_SUCCESS = "one_success"
+    ONE_FAILED = "one_failed"
+    ONE_DONE = "one_done"
+    NONE_FAILED = "none_failed"
+    NONE_FAILED_MIN_ONE_SUCCESS = "none_failed_min_one_success"
+    NONE_SKIPPED = "none_skipped"
+    ALWAYS = "always"
+
+
+# Airflow's default `retry_delay` (timedelta(seconds=300)).
+DEFAULT_RETRY_DELAY_SECONDS = 300.0
+
+
 class Task(models.Model):
-    """A task of a Dag, with its declared outlets (assets and aliases)."""
+    """A task of a Dag: its declared outlets (assets and aliases), its upstream tasks (through
+    `TaskUpstream`) and trigger rule, and its retry policy (Airflow's `retries`, `retry_delay`,
+    `retry_exponential_backoff` (a multiplier, 0 = constant delay), `max_retry_delay`)."""
 
     dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="tasks")
     task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
     retries = models.PositiveIntegerField(default=0)
+    trigger_rule = models.CharField(
+        max_length=40, choices=TriggerRule.choices, default=TriggerRule.ALL_SUCCESS
+    )
+    retry_delay_seconds = models.FloatField(default=DEFAULT_RETRY_DELAY_SECONDS)
+    retry_exponential_backoff = models.FloatField(default=0.0)
+    max_retry_delay_seconds = models.FloatField(null=True, blank=True)
+    upstream = models.ManyToManyField(
+        "self",
+        through="TaskUpstream",
+        through_fields=("task", "upstream"),
+        symmetrical=False,
+        related_name="downstream",
+        blank=True,
+    )
     outlet_assets = models.ManyToManyField(
         Asset, through="TaskOutletAssetReference", related_name="producing_tasks", blank=True
     )
@@ -50,10 +87,43 @@ class Task(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["dag", "task_id"], name="task_unique_per_dag"),
             models.CheckConstraint(condition=~models.Q(task_id=""), name="task_id_not_empty"),
+            models.CheckConstraint(
+                condition=models.Q(trigger_rule__in=TriggerRule.values), name="task_trigger_rule"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(retry_delay_seconds__gte=0)
+                & models.Q(retry_exponential_backoff__gte=0)
+                & (
+                    models.Q(max_retry_delay_seconds__isnull=True)
+                    | models.Q(max_retry_delay_seconds__gte=0)
+                ),
+                name="task_retry_delays_not_negative",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.dag_id}.{self.task_id}"
+
+
+class TaskUpstream(models.Model):
+    """ "`task` runs after `upstream`" (Airflow's `upstream >> task`), both tasks of one Dag
+    (`sync_dags` checks it, and that the links have no cycle)."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="upstream_links")
+    upstream = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="downstream_links")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "upstream"], name="task_upstream_unique"),
+            models.CheckConstraint(
+                condition=~models.Q(task=models.F("upstream")), name="task_upstream_not_self"
+            ),
+        ]
+        # Downstream evaluation starts from the task that finished.
+        indexes = [models.Index(fields=["upstream", "task"], name="task_upstream_by_upstream")]
+
+    def __str__(self) -> str:
+        return f"{self.upstream_id} >> {self.task_id}"
 
 
 class TaskOutletAssetReference(models.Model):

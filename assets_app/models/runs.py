@@ -30,6 +30,10 @@ class DagRunState(models.TextChoices):
 
 
 class TIState(models.TextChoices):
+    # Waiting for its upstream tasks' trigger rule: not claimable (Airflow's "no state" /
+    # `scheduled` before the scheduler queues it). `dependencies.py` queues it, or marks it
+    # upstream_failed / skipped.
+    SCHEDULED = "scheduled"
     QUEUED = "queued"
     RUNNING = "running"
     SUCCESS = "success"
@@ -40,6 +44,7 @@ class TIState(models.TextChoices):
     UPSTREAM_FAILED = "upstream_failed"
 
 
+TI_WAITING_STATES = frozenset({TIState.SCHEDULED})
 TI_FINISHED_STATES = frozenset(
     {TIState.SUCCESS, TIState.FAILED, TIState.SKIPPED, TIState.REMOVED, TIState.UPSTREAM_FAILED}
 )
@@ -160,6 +165,16 @@ class TaskInstance(models.Model):
                 condition=models.Q(state="queued"),
             ),
             models.Index(fields=["dag_id", "run_id"], name="ti_by_dag_run_ids"),
+            # The sweep: runs with TIs waiting for their upstream, and running TIs whose
+            # heartbeat stopped.
+            models.Index(
+                fields=["dag_run"], name="ti_waiting", condition=models.Q(state="scheduled")
+            ),
+            models.Index(
+                fields=["last_heartbeat_at"],
+                name="ti_running_heartbeat",
+                condition=models.Q(state="running"),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -1,7 +1,8 @@
 """The django-q2 schedules of the service: the periodic sweeps behind the on-commit nudges.
 
 A nudge gives low latency; the sweep catches what a nudge missed (a lost task, a Dag unpaused,
-a run finished under max_active_runs, a row whose backoff expired). django-q2's scheduler wakes
+a run finished under max_active_runs, a row whose backoff expired, a run whose ready TIs a crash
+left waiting, a TI whose worker died). django-q2's scheduler wakes
 about every 30 s, so one minute is the finest useful interval (DESIGN 7).
 """
 
@@ -14,6 +15,8 @@ from django_q.models import Schedule
 SWEEPS = {
     "asset-drain-sweep": "assets_app.tasks.drain",
     "asset-scheduler-sweep": "assets_app.tasks.schedule",
+    # Runs a crash left waiting, TIs whose worker stopped heartbeating (invariant 11).
+    "task-instance-repair-sweep": "assets_app.tasks.repair",
 }
 
 

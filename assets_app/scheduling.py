@@ -241,3 +241,47 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
         seconds=seconds,
         dags_locked=tuple(locked),
     )
+
+
+@dataclass(frozen=True)
+class RepairResult:
+    """What a repair sweep did: TIs of dead workers retried / failed, waiting TIs queued or
+    finished (upstream_failed / skipped), runs finished."""
+
+    tis_retried: int
+    tis_failed: int
+    tis_queued: int
+    tis_finished: int
+    runs_finished: int
+
+
+def repair_task_instances() -> RepairResult:
+    """The sweep behind task dependencies and heartbeats (invariant 11): running TIs whose
+    heartbeat stopped for `TASK_HEARTBEAT_TIMEOUT_SECONDS` are failed or retried
+    (`task_state.fail_dead_task_instances`), then runs a crash left with ready TIs waiting, or
+    with every TI finished, are evaluated and finished (`dependencies.sweep_waiting_runs`).
+    Every write is conditional: safe to run concurrently with workers, finishes and other
+    sweeps. Records the "repair" heartbeat."""
+    from . import dependencies, task_state
+
+    ok = False
+    detail: dict[str, Any] = {}
+    try:
+        dead = task_state.fail_dead_task_instances()
+        waiting = dependencies.sweep_waiting_runs()
+        ok = True
+        detail = {
+            "tis_retried": len(dead.retried),
+            "tis_failed": len(dead.failed),
+            "tis_queued": waiting.tis_queued,
+            "runs_finished": waiting.runs_finished,
+        }
+    finally:
+        heartbeats.record(component="repair", ok=ok, detail=detail)
+    return RepairResult(
+        tis_retried=len(dead.retried),
+        tis_failed=len(dead.failed),
+        tis_queued=waiting.tis_queued,
+        tis_finished=waiting.tis_finished,
+        runs_finished=waiting.runs_finished,
+    )

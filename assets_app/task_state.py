@@ -38,7 +38,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Exists, OuterRef, Subquery, TextField, Value, When
+from django.db.models import Case, Exists, OuterRef, Q, Subquery, TextField, Value, When
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -655,6 +655,45 @@ def fail_dead_task_instances(*, limit: int = 500) -> HeartbeatSweep:
         else:
             retried.append(ti.id)
     return HeartbeatSweep(retried=tuple(retried), failed=tuple(failed))
+
+
+# --- skip-downstream --------------------------------------------------------------------------
+
+
+# Airflow's skip-downstream leaves TIs that are executing or finished this way alone.
+_NOT_SKIPPABLE = (TIState.RUNNING, TIState.SUCCESS, TIState.FAILED)
+
+
+def skip_downstream(*, ti_id: UUID, tasks: list[tuple[str, int]]) -> int:
+    """A branching TI skips tasks of its run (Airflow's `PATCH .../skip-downstream`): those of
+    `tasks` ((task_id, map_index)) not running, success or failed become skipped, in one
+    conditional UPDATE (autocommit; the TI's own row is not locked: it only names the run).
+    Then, as after any finish, their downstream are evaluated and the run may finish. Returns
+    how many TIs were skipped; replaying it skips nothing more. Unknown TI: NotFound."""
+    source = TaskInstance.objects.filter(id=ti_id).values("dag_run_id", "dag_id").first()
+    if source is None:
+        raise _not_found(ti_id)
+    wanted = sorted(set(tasks))
+    if not wanted:
+        return 0
+    now = timezone.now()
+    keys = Q()
+    for task_id, map_index in wanted:
+        keys |= Q(task_id=task_id, map_index=map_index)
+    count = (
+        TaskInstance.objects.filter(keys, dag_run_id=source["dag_run_id"])
+        .exclude(state__in=_NOT_SKIPPABLE)
+        .exclude(state=TIState.SKIPPED)
+        .update(state=TIState.SKIPPED, start_date=now, end_date=now, updated_at=now)
+    )
+    if not count:
+        return 0
+    evaluation = dependencies.evaluate(
+        dag_run_id=source["dag_run_id"], finished_task_ids=sorted({t for t, _ in wanted})
+    )
+    if not evaluation.queued:
+        finish_run_if_done(source["dag_run_id"], dag_id=source["dag_id"], now=timezone.now())
+    return count
 
 
 # --- heartbeat ----------------------------------------------------------------------------------

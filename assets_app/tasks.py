@@ -103,6 +103,12 @@ def drain() -> None:
     outbox.drain()
 
 
+def repair() -> None:
+    """django-q2 task: fail/retry TIs whose worker died, queue what a crash left waiting."""
+    _background_priority()
+    scheduling.repair_task_instances()
+
+
 def schedule(dag_ids: list[str] | None = None) -> None:
     """django-q2 task: one scheduler pass (over `dag_ids`, or every Dag with queued events)."""
     _background_priority()

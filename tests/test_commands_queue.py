@@ -90,7 +90,12 @@ def test_setup_schedules_is_idempotent_with_a_timeout_below_retry(settings):
     assert "created schedule asset-drain-sweep" in run("setup_schedules")
     assert "updated schedule asset-drain-sweep" in run("setup_schedules")
     schedules = {s.name: s for s in Schedule.objects.all()}
-    assert sorted(schedules) == ["asset-drain-sweep", "asset-scheduler-sweep"]
+    assert sorted(schedules) == [
+        "asset-drain-sweep",
+        "asset-scheduler-sweep",
+        "task-instance-repair-sweep",
+    ]
+    assert schedules["task-instance-repair-sweep"].func == "assets_app.tasks.repair"
     drain = schedules["asset-drain-sweep"]
     assert (drain.func, drain.schedule_type, drain.minutes, drain.repeats) == (
         "assets_app.tasks.drain",

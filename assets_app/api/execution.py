@@ -75,6 +75,17 @@ def ti_heartbeat(request: HttpRequest, task_instance_id: UUID, payload: schemas.
     return response
 
 
+@router.patch(f"{TI_PATH}/skip-downstream", auth=auth.task_token)
+def ti_skip_downstream(
+    request: HttpRequest,
+    task_instance_id: UUID,
+    payload: schemas.TISkippedDownstreamTasksStatePayload,
+):
+    tasks = [(t, -1) if isinstance(t, str) else (t[0], t[1]) for t in payload.tasks]
+    task_state.skip_downstream(ti_id=task_instance_id, tasks=tasks)
+    return HttpResponse(status=204)
+
+
 @router.post(
     "/workloads/claim",
     auth=auth.worker_api_key,

@@ -134,6 +134,15 @@ class TIHeartbeatInfo(RequestBody):
     pid: Pid
 
 
+class TISkippedDownstreamTasksStatePayload(RequestBody):
+    """Airflow's body of `PATCH .../skip-downstream`: task ids, or [task_id, map_index] pairs."""
+
+    tasks: Annotated[
+        list[Annotated[str, Field(min_length=1)] | tuple[Annotated[str, Field(min_length=1)], int]],
+        Field(max_length=10_000),
+    ]
+
+
 class ClaimRequest(RequestBody):
     hostname: Annotated[str, Field(min_length=1, max_length=HOSTNAME_MAX_LENGTH)]
     limit: Annotated[int, Field(ge=1, le=1000)] = 1

@@ -6,7 +6,10 @@ from assets_app import scheduling
 
 
 class Command(BaseCommand):
-    help = "Create asset-triggered Dag runs from queued events. Loops unless --once."
+    help = (
+        "Create asset-triggered Dag runs from queued events (and, without --dag, repair runs a "
+        "crash left waiting and TIs whose worker died). Loops unless --once."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -15,6 +18,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, once, dag_ids, sleep, **options):
         while True:
+            if not dag_ids:
+                repaired = scheduling.repair_task_instances()
+                if any(vars(repaired).values()):
+                    self.stdout.write(f"repair: {repaired}")
             result = scheduling.schedule_dags(dag_ids=dag_ids)
             if once or result.run_ids:
                 self.stdout.write(

@@ -5,6 +5,7 @@ import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -79,4 +80,16 @@ def test_demo_runs_the_example_graph_to_the_end(tmp_path):
         process.wait(timeout=15)
     text = log.read_text()
     assert "4 dags: 4 created" in text
+    # The demo Dags' dependencies held: each downstream started after its upstream ended.
+    with contextlib.closing(sqlite3.connect(tmp_path / "db.sqlite3")) as db:
+        times = {
+            (dag_id, task_id): (start, end)
+            for dag_id, task_id, start, end in db.execute(
+                "SELECT dag_id, task_id, start_date, end_date FROM assets_app_taskinstance"
+            )
+        }
+    # (6 events include payments, so fetch_payments has run; notify may not have started yet.)
+    assert times[("ingest", "fetch_payments")][0] >= times[("ingest", "fetch_orders")][1], times
+    notify_start = times[("daily_report", "notify")][0]
+    assert notify_start is None or notify_start >= times[("daily_report", "build")][1], times
     assert f"watch http://127.0.0.1:{port}/admin/dashboard/" in text

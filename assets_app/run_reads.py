@@ -59,6 +59,7 @@ AIRFLOW_TI_STATES = (
 # Every TI state of this service as Airflow names it; None is Airflow's "no status". A state
 # missing here is a test failure (tests/api/test_public_runs.py), not a silent null.
 TI_STATE_TO_AIRFLOW: dict[str, str | None] = {
+    TIState.SCHEDULED: "scheduled",
     TIState.QUEUED: "queued",
     TIState.RUNNING: "running",
     TIState.SUCCESS: "success",

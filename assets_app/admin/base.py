@@ -17,6 +17,7 @@ from ..models import DagRunState, TIState
 # Run and TI states as colours, one mapping over the state values (Airflow's palette, roughly).
 # A state not listed here (a new TIState) is drawn in NEUTRAL_COLOUR, so nothing breaks.
 STATE_COLOURS: dict[str, str] = {
+    TIState.SCHEDULED: "#d6d3d1",
     TIState.QUEUED: "#78716c",
     TIState.RUNNING: "#2563eb",
     TIState.SUCCESS: "#16a34a",

@@ -25,6 +25,7 @@ from ..models import (
     Task,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
+    TaskUpstream,
     TIState,
 )
 from .base import (
@@ -86,7 +87,14 @@ class ScheduleFilter(admin.SimpleListFilter):
 
 class TaskInline(admin.TabularInline):
     model = Task
-    fields = ("task_id", "retries", "outlets")
+    fields = (
+        "task_id",
+        "upstream_ids",
+        "trigger_rule",
+        "retries",
+        "retry_delay_seconds",
+        "outlets",
+    )
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -105,11 +113,18 @@ class TaskInline(admin.TabularInline):
                     "outlet_alias_refs",
                     queryset=TaskOutletAliasReference.objects.select_related("alias"),
                 ),
+                Prefetch(
+                    "upstream_links", queryset=TaskUpstream.objects.select_related("upstream")
+                ),
             )
         )
 
     def has_add_permission(self, request, obj=None):
         return False
+
+    @admin.display(description="upstream")
+    def upstream_ids(self, obj):
+        return ", ".join(sorted(link.upstream.task_id for link in obj.upstream_links.all())) or "-"
 
     @admin.display(description="outlets")
     def outlets(self, obj):
@@ -457,9 +472,18 @@ def _status_tree(status: conditions.ConditionStatus, alias_assets) -> dict:
 
 @admin.register(Task)
 class TaskAdmin(ReadOnlyAdmin):
-    list_display = ("task_id", "dag", "retries", "outlet_asset_count", "outlet_alias_count")
+    list_display = (
+        "task_id",
+        "dag",
+        "trigger_rule",
+        "upstream_count",
+        "retries",
+        "retry_delay_seconds",
+        "outlet_asset_count",
+        "outlet_alias_count",
+    )
     list_select_related = ("dag",)
-    list_filter = ("dag",)
+    list_filter = ("dag", "trigger_rule")
     search_fields = ("task_id", "dag__dag_id")
 
     def get_queryset(self, request):
@@ -469,8 +493,13 @@ class TaskAdmin(ReadOnlyAdmin):
             .annotate(
                 outlet_asset_count=count_of(TaskOutletAssetReference, "task"),
                 outlet_alias_count=count_of(TaskOutletAliasReference, "task"),
+                upstream_count=count_of(TaskUpstream, "task"),
             )
         )
+
+    @admin.display(description="upstream tasks", ordering="upstream_count")
+    def upstream_count(self, obj):
+        return obj.upstream_count
 
     @admin.display(description="outlet assets", ordering="outlet_asset_count")
     def outlet_asset_count(self, obj):
@@ -493,6 +522,16 @@ class TaskOutletAliasReferenceAdmin(LinkTableAdmin):
     list_display = ("task", "alias")
     list_select_related = ("task", "alias")
     search_fields = ("task__task_id", "task__dag__dag_id", "alias__name")
+
+
+@admin.register(TaskUpstream)
+class TaskUpstreamAdmin(LinkTableAdmin):
+    """ "task runs after upstream" links, from `sync_dags`."""
+
+    list_display = ("upstream", "task")
+    list_select_related = ("task", "upstream")
+    list_filter = ("task__dag",)
+    search_fields = ("task__task_id", "upstream__task_id", "task__dag__dag_id")
 
 
 @admin.register(DagScheduleAssetReference)

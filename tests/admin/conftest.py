@@ -19,6 +19,7 @@ from assets_app.models import (
     MetricCounter,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
+    TaskUpstream,
 )
 from tests.factories import (
     AssetAliasFactory,
@@ -54,6 +55,7 @@ def populate(n: int) -> None:
         task = TaskFactory(dag=producer)
         TaskOutletAssetReference.objects.create(task=task, asset=asset)
         TaskOutletAliasReference.objects.create(task=task, alias=alias)
+        TaskUpstream.objects.create(task=TaskFactory(dag=producer), upstream=task)
         consumer = DagFactory(schedule={"any": [{"asset": {"name": asset.name, "uri": asset.uri}}]})
         DagScheduleAssetReference.objects.create(dag=consumer, asset=asset)
         DagScheduleAliasReference.objects.create(dag=consumer, alias=alias)

@@ -56,6 +56,7 @@ EXPECTED = {
     "taskinstance": 6,
     "taskoutletaliasreference": 5,
     "taskoutletassetreference": 5,
+    "taskupstream": 6,
 }
 
 APPEND_ONLY = (

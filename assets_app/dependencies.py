@@ -37,7 +37,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from .models import DagRun, DagRunState, Task, TaskInstance, TaskUpstream, TIState, TriggerRule
-from .models.runs import TI_FINISHED_STATES
+from .models.runs import TI_FINISHED_STATES, TI_UNFINISHED_STATES
 
 # Upper bound on cascade rounds: a cascade is at most as deep as the longest path in the Dag;
 # this only stops a runaway loop (the sweep finishes whatever is left).
@@ -89,12 +89,23 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
     def count(state: str) -> str:
         return f"SUM(CASE WHEN ut.state = {_q(state)} THEN 1 ELSE 0 END)"
 
-    # The waiting TIs to look at: downstream of the given tasks, or (the sweep) all of them.
-    via = (
-        f"JOIN {link} l0 ON l0.task_id = t.id "
-        f"JOIN {task} u0 ON u0.id = l0.upstream_id AND u0.task_id IN (SELECT value FROM given)"
+    run = DagRun._meta.db_table
+    # The waiting TIs to look at: downstream of the given tasks (found from them through the
+    # indexes: task by (dag, task_id), links by upstream, TI by (run, task_id)), or (the sweep)
+    # every waiting TI of the run.
+    cand = (
+        f"""SELECT DISTINCT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule
+    FROM {task} u0
+    JOIN {link} l0 ON l0.upstream_id = u0.id
+    JOIN {task} t ON t.id = l0.task_id
+    JOIN {ti} w ON w.dag_run_id = %s AND w.dag_id = t.dag_id AND w.task_id = t.task_id
+    WHERE u0.dag_id = (SELECT dag_id FROM {run} WHERE id = %s)
+      AND u0.task_id IN (SELECT value FROM given) AND w.state = {waiting}"""
         if from_tasks
-        else ""
+        else f"""SELECT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule
+    FROM {ti} w
+    JOIN {task} t ON t.dag_id = w.dag_id AND t.task_id = w.task_id
+    WHERE w.dag_run_id = %s AND w.state = {waiting}"""
     )
     given = (
         # The finished task ids come as one JSON array parameter: one statement text for any
@@ -109,11 +120,7 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
     )
     return f"""
 WITH {given}cand AS (
-    SELECT DISTINCT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule
-    FROM {ti} w
-    JOIN {task} t ON t.dag_id = w.dag_id AND t.task_id = w.task_id
-    {via}
-    WHERE w.dag_run_id = %s AND w.state = {waiting}
+    {cand}
 ),
 counts AS (
     SELECT c.ti_id, c.rule,
@@ -172,12 +179,12 @@ def evaluate_round(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) 
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     with connection.cursor() as cursor:
         if finished_task_ids is None:
-            cursor.execute(_sql(from_tasks=False), [dag_run_id, dag_run_id, now, now, now])
+            params = [dag_run_id, dag_run_id, now, now, now]
+            cursor.execute(_sql(from_tasks=False), params)
         else:
-            cursor.execute(
-                _sql(from_tasks=True),
-                [json.dumps(list(finished_task_ids)), dag_run_id, dag_run_id, now, now, now],
-            )
+            given = json.dumps(list(finished_task_ids))
+            params = [given, dag_run_id, dag_run_id, dag_run_id, now, now, now]
+            cursor.execute(_sql(from_tasks=True), params)
         return list(cursor.fetchall())
 
 
@@ -229,8 +236,8 @@ def sweep_waiting_runs(*, limit: int = 1000) -> SweepResult:
         result = evaluate(dag_run_id=run_id, finished_task_ids=None)
         queued += len(result.queued)
         finished += len(result.finished)
-    unfinished = TaskInstance.objects.filter(dag_run_id=OuterRef("pk")).exclude(
-        state__in=TI_FINISHED_STATES
+    unfinished = TaskInstance.objects.filter(
+        dag_run_id=OuterRef("pk"), state__in=TI_UNFINISHED_STATES
     )
     stranded = list(
         DagRun.objects.filter(state__in=active)

@@ -55,7 +55,7 @@ from .models import (
     TIState,
 )
 from .models.dags import DEFAULT_RETRY_DELAY_SECONDS
-from .models.runs import TI_FINISHED_STATES
+from .models.runs import TI_UNFINISHED_STATES
 
 # Airflow's `[core] max_task_retry_delay` default: the cap of an exponential backoff.
 MAX_RETRY_DELAY_SECONDS = 24 * 60 * 60
@@ -159,7 +159,7 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
     failing_leaf = tis.filter(state__in=_RUN_FAILING_STATES).filter(~Exists(has_downstream))
     finished = (
         DagRun.objects.filter(id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING))
-        .filter(~Exists(tis.exclude(state__in=TI_FINISHED_STATES)))
+        .filter(~Exists(tis.filter(state__in=TI_UNFINISHED_STATES)))
         .update(
             state=Case(
                 When(Exists(failing_leaf), then=Value(DagRunState.FAILED)),

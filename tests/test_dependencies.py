@@ -408,3 +408,11 @@ def test_the_sweep_finishes_a_run_a_crash_left_with_every_ti_finished(monkeypatc
     assert dependencies.sweep_waiting_runs().runs_finished == 1
     run.refresh_from_db()
     assert run.state == DagRunState.SUCCESS
+
+
+def test_the_unfinished_index_lists_every_unfinished_state():
+    """`ti_unfinished` spells its states out; a new TI state must be added to it."""
+    from assets_app.models.runs import TI_UNFINISHED_STATES
+
+    index = next(i for i in TaskInstance._meta.indexes if i.name == "ti_unfinished")
+    assert sorted(dict(index.condition.children)["state__in"]) == list(TI_UNFINISHED_STATES)

@@ -48,7 +48,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='taskinstance',
-            index=models.Index(condition=models.Q(('state', 'scheduled')), fields=['dag_run'], name='ti_waiting'),
+            index=models.Index(condition=models.Q(('state__in', ['queued', 'running', 'scheduled', 'up_for_retry'])), fields=['dag_run', 'state'], name='ti_unfinished'),
         ),
         migrations.AddIndex(
             model_name='taskinstance',

@@ -44,10 +44,11 @@ class TIState(models.TextChoices):
     UPSTREAM_FAILED = "upstream_failed"
 
 
-TI_WAITING_STATES = frozenset({TIState.SCHEDULED})
 TI_FINISHED_STATES = frozenset(
     {TIState.SUCCESS, TIState.FAILED, TIState.SKIPPED, TIState.REMOVED, TIState.UPSTREAM_FAILED}
 )
+# The others, listed (not "not finished") so that a query can use the `ti_unfinished` index.
+TI_UNFINISHED_STATES = tuple(sorted(set(TIState.values) - TI_FINISHED_STATES))
 
 
 class DagRun(models.Model):
@@ -165,10 +166,13 @@ class TaskInstance(models.Model):
                 condition=models.Q(state="queued"),
             ),
             models.Index(fields=["dag_id", "run_id"], name="ti_by_dag_run_ids"),
-            # The sweep: runs with TIs waiting for their upstream, and running TIs whose
-            # heartbeat stopped.
+            # "Is every TI of this run finished?" after each finish, and the sweep's runs with
+            # TIs waiting for their upstream: both read only a run's unfinished TIs. The
+            # states are spelled out as in TI_UNFINISHED_STATES (a new state belongs here too).
             models.Index(
-                fields=["dag_run"], name="ti_waiting", condition=models.Q(state="scheduled")
+                fields=["dag_run", "state"],
+                name="ti_unfinished",
+                condition=models.Q(state__in=["queued", "running", "scheduled", "up_for_retry"]),
             ),
             models.Index(
                 fields=["last_heartbeat_at"],

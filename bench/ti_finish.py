@@ -87,7 +87,7 @@ def main() -> None:
 
     warmup, rounds = (2, 8) if args.quick else (5, 40)
     rounds = args.rounds or rounds
-    results: dict[tuple[int, str], dict] = {}
+    prepared: dict[tuple[int, str], list] = {}
     for n in SIZES:
         dag_id = f"chain_{n}"
         dag = {
@@ -102,18 +102,26 @@ def main() -> None:
             if n == 1 and position == "middle":
                 continue  # the only task is the last one
             k = n // 2 if position == "middle" else n - 1
-            prepared = _prepare(dag_id, k, warmup + rounds)
-            with connection.cursor() as cursor:
-                cursor.execute("ANALYZE")  # as autovacuum would have, on tables this size
-            samples = h.run_rounds(
-                lambda i, p=prepared: _finish(p.pop()), warmup=warmup, rounds=rounds
-            )
-            results[(n, position)] = {
-                "latency_ms": h.stats(s["ms"] for s in samples),
-                "statements": sorted({s["statements"] for s in samples}),
-                "after_commit": sorted({s["after_commit"] for s in samples}),
-                "evaluation": sorted({s["evaluation"] for s in samples}),
-            }
+            prepared[(n, position)] = _prepare(dag_id, k, warmup + rounds)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # as autovacuum would have, on tables this size
+    # Interleaved: round i finishes one TI of every case, so a change in the machine's load
+    # (it is shared) weighs on every size alike.
+    samples: dict[tuple[int, str], list[dict]] = {case: [] for case in prepared}
+    for i in range(warmup + rounds):
+        for case, ti_ids in prepared.items():
+            sample = _finish(ti_ids.pop())
+            if i >= warmup:
+                samples[case].append(sample)
+    results = {
+        case: {
+            "latency_ms": h.stats(s["ms"] for s in got),
+            "statements": sorted({s["statements"] for s in got}),
+            "after_commit": sorted({s["after_commit"] for s in got}),
+            "evaluation": sorted({s["evaluation"] for s in got}),
+        }
+        for case, got in samples.items()
+    }
     rows = []
     for (n, position), r in results.items():
         base = results[(SIZES[0], "last")] if position == "last" else results[(SIZES[1], position)]

@@ -121,7 +121,7 @@ def test_setup_schedules_refuses_a_drain_budget_not_below_the_task_timeout(setti
         run("setup_schedules")
 
 
-def test_sweep_schedules_enqueue_the_drain_and_scheduler_tasks_with_their_timeout(
+def test_sweep_schedules_enqueue_the_drain_repair_and_scheduler_tasks_with_their_timeout(
     settings, monkeypatch
 ):
     from django_q import scheduler as q_scheduler
@@ -140,6 +140,7 @@ def test_sweep_schedules_enqueue_the_drain_and_scheduler_tasks_with_their_timeou
     timeout = settings.Q_CLUSTER["timeout"]
     assert queued == [
         ("assets_app.tasks.drain", timeout, {}),
+        ("assets_app.tasks.repair", timeout, {}),
         ("assets_app.tasks.schedule", timeout, {}),
     ]
     # catch_up is off: one task per schedule however many minutes were missed, next run ahead.

@@ -353,6 +353,7 @@ def test_openapi_schema_lists_every_worker_endpoint(client):
         "/execution/task-instances/{task_instance_id}/run",
         "/execution/task-instances/{task_instance_id}/state",
         "/execution/task-instances/{task_instance_id}/heartbeat",
+        "/execution/task-instances/{task_instance_id}/skip-downstream",
         "/execution/workloads/claim",
         "/execution/assets/by-name",
         "/execution/assets/by-uri",

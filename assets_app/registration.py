@@ -28,10 +28,10 @@ many payloads, outlets and Dags there are.
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -55,6 +55,17 @@ AssetKey = tuple[str, str]  # (name, uri)
 logger = logging.getLogger(__name__)
 # Outlet types that refer to an existing asset by one of its keys.
 REFERENCE_TYPES = {"AssetNameRef": "name", "AssetUriRef": "uri"}
+K = TypeVar("K")
+
+
+def in_lock_order(keys: Iterable[K]) -> list[K]:
+    """`keys` in the service's one global order for the unique keys a transaction inserts:
+    new assets (name, uri), new aliases, alias -> asset links and ADRQ rows (target_dag_id,
+    asset_event_id, ...) (invariant 7). Two transactions inserting some of the same keys wait
+    for each other key by key (INSERT ... ON CONFLICT waits for the other's outcome); in one
+    order that is a queue, in two orders a deadlock. Every such insert goes through here, and
+    the deadlock proof (tests/proof/test_deadlocks.py) breaks it on purpose as its control."""
+    return sorted(keys)
 
 
 def check_constraints_immediately() -> None:
@@ -260,7 +271,7 @@ def _resolve_assets(wanted: dict[AssetKey, dict[str, Any]]) -> dict[AssetKey, in
             Asset.objects.bulk_create(
                 [
                     Asset(name=name, uri=uri, extra=wanted[(name, uri)])
-                    for name, uri in sorted(free)
+                    for name, uri in in_lock_order(free)
                 ],
                 ignore_conflicts=True,
             )
@@ -289,7 +300,7 @@ def _resolve_aliases(names: set[str]) -> dict[str, int]:
         return dict(AssetAlias.objects.filter(name__in=names).values_list("name", "id"))
 
     found = lookup()
-    missing = sorted(names - set(found))
+    missing = in_lock_order(names - set(found))
     if missing:
         AssetAlias.objects.bulk_create(
             [AssetAlias(name=name) for name in missing], ignore_conflicts=True
@@ -469,7 +480,7 @@ def register_payloads(
         alias_names = {name for e in plan.emissions for name in e.alias_names}
         alias_ids = _resolve_aliases(alias_names) if alias_names else {}
 
-        links = sorted(
+        links = in_lock_order(
             {(alias_ids[name], asset_ids[e.key]) for e in plan.emissions for name in e.alias_names}
         )
         if links:
@@ -558,7 +569,7 @@ def register_payloads(
                 results_queued[e.payload_index] += len(targets)
             if queue_rows:
                 # Events are new, so no row can conflict; ON CONFLICT is belt and braces.
-                _insert_queue_rows(sorted(queue_rows), now=now)
+                _insert_queue_rows(in_lock_order(queue_rows), now=now)
 
     metrics.incr(metrics.EVENTS_WRITTEN, sum(results_new))
     metrics.incr(metrics.OUTLET_EVENTS_IGNORED, sum(plan.ignored))
@@ -640,16 +651,15 @@ def register_external_event(
         )
         if event_id is None:
             return AssetEvent.objects.select_related("asset").get(external_key=external_key), False
-        dag_ids = sorted(
-            set(
-                DagScheduleAssetReference.objects.filter(asset_id=asset.pk).values_list(
-                    "dag_id", flat=True
-                )
+        dag_ids = set(
+            DagScheduleAssetReference.objects.filter(asset_id=asset.pk).values_list(
+                "dag_id", flat=True
             )
         )
         if dag_ids:
-            _insert_queue_rows([(dag_id, event_id, asset.pk) for dag_id in dag_ids], now=now)
-            transaction.on_commit(lambda: tasks.nudge_scheduler(dag_ids=dag_ids))
+            rows = in_lock_order((dag_id, event_id, asset.pk) for dag_id in dag_ids)
+            _insert_queue_rows(rows, now=now)
+            transaction.on_commit(lambda: tasks.nudge_scheduler(dag_ids=sorted(dag_ids)))
         metrics.incr(metrics.EVENTS_WRITTEN)
         audit.record(
             actor=actor,

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -55,6 +58,7 @@ class Mutant:
     seconds: float = 0.0
     detail: str = ""
     killed_by: list[str] = field(default_factory=list)
+    output: str = ""
 
 
 def load(path: Path = LIST) -> list[Mutant]:
@@ -115,17 +119,34 @@ def copy_tree(target: Path) -> None:
         shutil.copy2(source, dest)
 
 
-def mutant_database_url() -> str:
+def mutant_database_url(slot: int = 0) -> str:
+    """The database URL of a mutant run in `slot` (pytest-django tests in `test_<its name>`)."""
     url = os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL") or DEFAULT_DB
     parts = urlsplit(url)
     name = parts.path.lstrip("/") or "asset_events"
-    return urlunsplit(parts._replace(path=f"/{name}_mutant"))
+    suffix = "_mutant" if slot == 0 else f"_mutant{slot}"
+    return urlunsplit(parts._replace(path=f"/{name}{suffix}"))
 
 
-def pytest_run(tree: Path, tests: list[str], *, create_db: bool) -> tuple[int, str, float]:
+def clone_test_database(slot: int) -> None:
+    """Make slot's test database a copy of slot 0's (migrated by the baseline run): a template
+    copy takes a moment where migrating a new one takes a pytest run of its own."""
+    import psycopg
+
+    source = "test_" + urlsplit(mutant_database_url(0)).path.lstrip("/")
+    target = "test_" + urlsplit(mutant_database_url(slot)).path.lstrip("/")
+    admin = urlunsplit(urlsplit(mutant_database_url(0))._replace(path="/postgres"))
+    with psycopg.connect(admin.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{target}"')
+        c.execute(f'CREATE DATABASE "{target}" TEMPLATE "{source}"')
+
+
+def pytest_run(
+    tree: Path, tests: list[str], *, create_db: bool, slot: int = 0
+) -> tuple[int, str, float]:
     env = {
         **os.environ,
-        "DATABASE_URL": mutant_database_url(),
+        "DATABASE_URL": mutant_database_url(slot),
         "PYTHONDONTWRITEBYTECODE": "1",
         # Only the plugins the suite's own tests need: importing hypothesis, schemathesis and
         # faker's plugins was most of a run's start-up (the fuzz tests are no mutant's tests).
@@ -145,7 +166,8 @@ def pytest_run(tree: Path, tests: list[str], *, create_db: bool) -> tuple[int, s
         "-rfE",
         "-p",
         "no:cacheprovider",
-        "--create-db" if create_db else "--reuse-db",
+        "--reuse-db",  # keep the database for the next run (--create-db: migrate it afresh)
+        *(["--create-db"] if create_db else []),
         *tests,
     ]
     started = time.monotonic()
@@ -170,7 +192,27 @@ def tail(output: str, lines: int = 15) -> str:
     return "\n".join(output.strip().splitlines()[-lines:])
 
 
-def run(mutants: list[Mutant], *, keep: bool) -> int:
+def run_one(mutant: Mutant, pristine: Path, tree: Path, slot: int, keep: bool) -> None:
+    shutil.copytree(pristine, tree)
+    apply(mutant, tree)
+    code, output, mutant.seconds = pytest_run(tree, mutant.tests, create_db=False, slot=slot)
+    if code in (1, -1):
+        mutant.result = "killed"
+        mutant.killed_by = failed_tests(output)
+        mutant.detail = ", ".join(mutant.killed_by) or ("timeout" if code == -1 else "")
+    elif code == 0:
+        mutant.result = "SURVIVED"
+        mutant.detail = "every named test passed"
+    else:
+        mutant.result = "ERROR"
+        mutant.detail = f"pytest exit {code}: {tail(output, 3)}"
+    if mutant.result != "killed":
+        mutant.output = tail(output)
+    if not keep:
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+def run(mutants: list[Mutant], *, keep: bool, jobs: int) -> int:
     base = Path(tempfile.mkdtemp(prefix="ae-mutants-"))
     started = time.monotonic()
     try:
@@ -190,26 +232,35 @@ def run(mutants: list[Mutant], *, keep: bool) -> int:
                 print(f"!! the named tests fail (exit {code}) without any mutant: fix that first")
                 return 1
             print(f"   passed in {seconds:.1f} s")
-        for n, mutant in enumerate(live, 1):
-            tree = base / f"m{n:02d}"
-            shutil.copytree(pristine, tree)
-            apply(mutant, tree)
-            code, output, mutant.seconds = pytest_run(tree, mutant.tests, create_db=False)
-            if code in (1, -1):
-                mutant.result = "killed"
-                mutant.killed_by = failed_tests(output)
-                mutant.detail = ", ".join(mutant.killed_by) or ("timeout" if code == -1 else "")
-            elif code == 0:
-                mutant.result = "SURVIVED"
-                mutant.detail = "every named test passed"
-            else:
-                mutant.result = "ERROR"
-                mutant.detail = f"pytest exit {code}: {tail(output, 3)}"
-            print(f"   [{n}/{len(live)}] {mutant.id}: {mutant.result} ({mutant.seconds:.1f} s)")
-            if mutant.result != "killed":
-                print(tail(output))
-            if not keep:
-                shutil.rmtree(tree, ignore_errors=True)
+        jobs = max(1, min(jobs, len(live)))
+        for slot in range(1, jobs):
+            clone_test_database(slot)
+        slots: queue.Queue[int] = queue.Queue()
+        for slot in range(jobs):
+            slots.put(slot)
+        done = [0]
+        lock = threading.Lock()
+
+        def work(n: int, mutant: Mutant) -> None:
+            slot = slots.get()
+            try:
+                run_one(mutant, pristine, base / f"m{n:02d}", slot, keep)
+            finally:
+                slots.put(slot)
+            with lock:
+                done[0] += 1
+                print(
+                    f"   [{done[0]}/{len(live)}] {mutant.id}: {mutant.result} "
+                    f"({mutant.seconds:.1f} s)",
+                    flush=True,
+                )
+                if mutant.output:
+                    print(mutant.output, flush=True)
+
+        print(f">> {len(live)} mutants, {jobs} at a time")
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for future in [pool.submit(work, n, m) for n, m in enumerate(live, 1)]:
+                future.result()
     finally:
         if keep:
             print(f">> trees kept in {base}")
@@ -226,9 +277,10 @@ def report(mutants: list[Mutant], seconds: float) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     print()
     for i, row in enumerate(rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + row[4])
+        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[4]]))
         if i == 0:
-            print("  ".join("-" * w for w in widths) + "-" * 15)
+            print("  ".join([*("-" * w for w in widths), "-" * 15]))
     counts = {r: sum(1 for m in mutants if m.result == r) for r in ("killed", "SURVIVED")}
     other = len(mutants) - sum(counts.values())
     print(
@@ -248,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the mutants and their tests")
     parser.add_argument("--check", action="store_true", help="only check for stale mutants")
     parser.add_argument("--keep", action="store_true", help="keep the mutated trees")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("MUTANT_JOBS", "2")),
+        help="mutants run at a time, each on its own database (default 2, or $MUTANT_JOBS)",
+    )
     args = parser.parse_args(argv)
     mutants = load()
     if args.ids:
@@ -268,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"STALE {mutant_id}: {reason}")
         print(f"{len(mutants)} mutants, {len(stale)} stale")
         return 1 if stale else 0
-    return run(mutants, keep=args.keep)
+    return run(mutants, keep=args.keep, jobs=args.jobs)
 
 
 if __name__ == "__main__":

@@ -59,10 +59,11 @@ from .conftest import consumption_report, figure, make_scheduled_dag, pg_deadloc
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-ROUNDS = 3  # the ordered run
-CONTROL_ROUNDS = 8  # the control: at most this many rounds to see a deadlock (usually 1 or 2)
+ROUNDS = 2  # the ordered run
+CONTROL_ROUNDS = 3  # the control: at most this many rounds to see a deadlock (it takes one)
 DRAINS = 4
-NEW_ASSETS = 1000
+NEW_ASSETS = 200
+ROW_DELAY = 0.002  # seconds each asset row insert takes (see `slow_asset_inserts`)
 NEW_ALIASES = 20
 HOT_DAGS = 4
 SCHEDULERS = 2
@@ -213,6 +214,30 @@ def _run_round(round_no: int, observed: Observed) -> None:
     )
 
 
+@pytest.fixture
+def slow_asset_inserts() -> Iterator[None]:
+    """A test-only trigger that makes each asset row insert take ROW_DELAY: an INSERT of the
+    round's NEW_ASSETS then lasts long enough that concurrent drains' inserts always run at
+    the same time, whatever the machine's load (without it two drains overlapped in only some
+    rounds: a 1,000-row insert takes milliseconds). Nothing else changes: the locks, waits and
+    PostgreSQL's deadlock detection are the real ones."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION test_slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            f"BEGIN PERFORM pg_sleep({ROW_DELAY}); RETURN NEW; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER test_slow_insert BEFORE INSERT ON assets_app_asset "
+            "FOR EACH ROW EXECUTE FUNCTION test_slow_insert()"
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS test_slow_insert ON assets_app_asset")
+            cursor.execute("DROP FUNCTION IF EXISTS test_slow_insert()")
+
+
 def _setup_hot_dags() -> None:
     conditions = [HOT, {"all": [HOT]}, {"any": [HOT]}, {"all": [{"any": [HOT]}]}]
     for j in range(HOT_DAGS):
@@ -237,7 +262,7 @@ def _drive(
     return observed, pg_deadlocks() - deadlocks_before, done, elapsed
 
 
-def test_drains_creating_the_same_new_assets_never_deadlock(monkeypatch):
+def test_drains_creating_the_same_new_assets_never_deadlock(monkeypatch, slow_asset_inserts):
     _setup_hot_dags()
     observed, deadlocks_pg, rounds, elapsed = _drive(
         monkeypatch, rounds=ROUNDS, stop_at_first_deadlock=False
@@ -251,7 +276,7 @@ def test_drains_creating_the_same_new_assets_never_deadlock(monkeypatch):
         f"{report['runs']} runs, {elapsed:.1f} s"
     )
     assert (observed.deadlocks, deadlocks_pg) == (0, 0)
-    assert overlapping >= 1, "no two drains ever inserted the same assets at once: nothing driven"
+    assert overlapping == rounds, "drains did not insert the same assets at once: nothing driven"
     assert AssetEventQueue.objects.count() == 0
     assert AssetDagRunQueue.objects.count() == 0
     assert report["consumptions"] == HOT_DAGS * (rounds * DRAINS)
@@ -263,7 +288,7 @@ def test_drains_creating_the_same_new_assets_never_deadlock(monkeypatch):
     )
 
 
-def test_control_with_the_lock_order_broken_the_drive_deadlocks(monkeypatch):
+def test_control_with_the_lock_order_broken_the_drive_deadlocks(monkeypatch, slow_asset_inserts):
     """The same drive with `in_lock_order` replaced by the callers' own order (what dropping
     the sort would do): opposite payload orders then meet, and the test above would fail."""
     _setup_hot_dags()

@@ -9,7 +9,8 @@ the test pass:
 - claiming never waits (invariant 5): rows another connection holds, under `lock_timeout`, are
   skipped at once instead of waited for;
 - the scheduler deletes exactly the ADRQ rows it locked (invariant 8): a row another connection
-  holds, and a row committed by a drain while the pass runs, both survive the pass.
+  holds, and a row committed by a drain while the pass runs, both survive the pass;
+- starting a TI locks only the TI row (invariant 9): its run's row held elsewhere is no wait.
 """
 
 import contextlib
@@ -25,7 +26,14 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from assets_app import outbox, registration, runs, scheduling, task_state
-from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue, DagRun
+from assets_app.models import (
+    AssetDagRunQueue,
+    AssetEvent,
+    AssetEventQueue,
+    DagRun,
+    DagRunState,
+    TIState,
+)
 from tests.asset_flow import asset_event, asset_outlet, outbox_row, payload, scheduled_dag
 from tests.factories import AssetFactory, DagRunFactory, TaskInstanceFactory
 
@@ -197,6 +205,26 @@ def test_a_worker_claim_skips_a_ti_another_claim_holds_and_never_waits():
             elapsed = time.monotonic() - started
     assert [w.ti.id for w in claimed] == [tis[1].id, tis[2].id]
     assert elapsed < 1.5, f"the claim waited {elapsed:.2f} s for a TI another claim held"
+
+
+# --- invariant 9: starting a TI locks only the TI row ----------------------------------------
+
+
+def test_starting_a_ti_does_not_wait_on_its_run_row_another_session_holds():
+    """`of=("self",)`: a lock that also took the DagRun row (the TI query joins it) would queue
+    every worker starting a TI of the run behind whoever holds the run (a run state change)."""
+    run = DagRunFactory(state=DagRunState.RUNNING)
+    ti = TaskInstanceFactory(dag_run=run)
+    with other_connection() as other:
+        other.execute("SELECT id FROM assets_app_dagrun WHERE id = %s FOR UPDATE", [run.id])
+        with lock_timeout():
+            started = time.monotonic()
+            context = task_state.start(
+                ti_id=ti.id, hostname="w", unixname="u", pid=7, start_date=timezone.now()
+            )
+            elapsed = time.monotonic() - started
+    assert context.ti.state == TIState.RUNNING
+    assert elapsed < 1.5, f"starting the TI waited {elapsed:.2f} s on its run's row"
 
 
 # --- invariant 8: the scheduler deletes exactly the ADRQ rows it locked ----------------------

@@ -15,7 +15,6 @@ the test pass:
 
 import contextlib
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -62,7 +61,9 @@ def other_connection() -> Iterator[psycopg.Connection]:
 
 @contextlib.contextmanager
 def lock_timeout() -> Iterator[None]:
-    """Make this session fail (LockNotAvailable) instead of waiting longer than LOCK_TIMEOUT."""
+    """Make this session fail (LockNotAvailable) instead of waiting longer than LOCK_TIMEOUT:
+    a claim that waits on a row the other session holds (until the test ends) fails the test
+    with that error, not with a time measured on a loaded machine."""
     with connection.cursor() as cursor:
         cursor.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
     try:
@@ -173,12 +174,9 @@ def test_the_drain_claim_skips_rows_another_session_holds_and_never_waits():
         ).fetchall()
         assert sorted(r[0] for r in locked) == sorted(held)
         with lock_timeout():
-            started = time.monotonic()
             result = outbox.drain_batch(batch_size=10)
-            elapsed = time.monotonic() - started
 
     assert (result.claimed, result.registered, result.failed) == (3, 3, 0)
-    assert elapsed < 1.5, f"the claim waited {elapsed:.2f} s for rows another session held"
     left = {row.id: row for row in AssetEventQueue.objects.all()}
     assert sorted(left) == sorted(held)
     # The held claimed row was not taken for a dead attempt while someone held it.
@@ -200,11 +198,8 @@ def test_a_worker_claim_skips_a_ti_another_claim_holds_and_never_waits():
             "SELECT id FROM assets_app_taskinstance WHERE id = %s FOR UPDATE", [tis[0].id]
         )
         with lock_timeout():
-            started = time.monotonic()
             claimed = task_state.claim_workloads(hostname="worker-2", limit=10)
-            elapsed = time.monotonic() - started
     assert [w.ti.id for w in claimed] == [tis[1].id, tis[2].id]
-    assert elapsed < 1.5, f"the claim waited {elapsed:.2f} s for a TI another claim held"
 
 
 # --- invariant 9: starting a TI locks only the TI row ----------------------------------------
@@ -218,13 +213,10 @@ def test_starting_a_ti_does_not_wait_on_its_run_row_another_session_holds():
     with other_connection() as other:
         other.execute("SELECT id FROM assets_app_dagrun WHERE id = %s FOR UPDATE", [run.id])
         with lock_timeout():
-            started = time.monotonic()
             context = task_state.start(
                 ti_id=ti.id, hostname="w", unixname="u", pid=7, start_date=timezone.now()
             )
-            elapsed = time.monotonic() - started
     assert context.ti.state == TIState.RUNNING
-    assert elapsed < 1.5, f"starting the TI waited {elapsed:.2f} s on its run's row"
 
 
 # --- invariant 8: the scheduler deletes exactly the ADRQ rows it locked ----------------------

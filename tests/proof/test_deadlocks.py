@@ -37,7 +37,8 @@ Deadlocks are counted two ways, both required 0 (and, in the control, at least 1
 retries each row of its batch in its own savepoint, so the error does not surface further), and
 PostgreSQL's own `pg_stat_database.deadlocks` for the test database. The ordered run must also
 show the contention it claims to survive: in some round two drains' asset inserts overlapped in
-time (one waited for the other's keys); otherwise it proved nothing and fails.
+time (one waited for the other's keys); otherwise it proved nothing and fails. A test-only
+trigger slows each asset row insert (`slow_asset_inserts`) so that they do overlap.
 """
 
 import contextlib
@@ -276,7 +277,9 @@ def test_drains_creating_the_same_new_assets_never_deadlock(monkeypatch, slow_as
         f"{report['runs']} runs, {elapsed:.1f} s"
     )
     assert (observed.deadlocks, deadlocks_pg) == (0, 0)
-    assert overlapping == rounds, "drains did not insert the same assets at once: nothing driven"
+    # Every round should overlap (each insert lasts NEW_ASSETS * ROW_DELAY); one is enough proof
+    # and leaves room for a thread that a loaded machine delays past the others' commit.
+    assert overlapping >= 1, "drains never inserted the same assets at once: nothing driven"
     assert AssetEventQueue.objects.count() == 0
     assert AssetDagRunQueue.objects.count() == 0
     assert report["consumptions"] == HOT_DAGS * (rounds * DRAINS)

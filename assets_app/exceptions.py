@@ -30,6 +30,21 @@ class InvalidState(DomainError):
     reason = "invalid_state"
 
 
+class StaleTry(InvalidState):
+    """A worker token of another try than the TI's current one (invariant 12, HTTP 409)."""
+
+    reason = "stale_try"
+
+    @classmethod
+    def of(cls, *, ti_id: Any, token_try: int, current_try: int) -> "StaleTry":
+        return cls(
+            f"this token is for try {token_try} of task instance {ti_id}, which is at try "
+            f"{current_try} now: the token is stale and changes nothing",
+            token_try_number=token_try,
+            current_try_number=current_try,
+        )
+
+
 class Conflict(DomainError):
     reason = "conflict"
 

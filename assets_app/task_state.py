@@ -14,6 +14,13 @@ the lock:
   commit always sees all the others finished.
 - the run context of `start` is loaded with a fixed number of queries (invariant 9).
 
+One try per token (invariant 12): every function takes the `try_number` the worker's token was
+issued for and refuses any other try than the TI's current one with `StaleTry` (HTTP 409,
+`stale_try`), writing nothing. The check compares the row already read under the lock (start,
+finish, retry), or sits in the conditional UPDATE's WHERE (success, heartbeat) and explains a
+miss from the row read anyway, so it adds no statement under the TI lock. It comes before the
+replay rule: a success of try 1 arriving after try 2 started is stale, never a "replay" of try 2.
+
 Idempotency (invariant 4): a replayed start from the same hostname/unixname/pid while running, a
 replayed success of a TI already in success, and a replayed failed/skipped/... of a TI already in
 that state return "replayed" and write nothing. Any other transition from a non-running TI raises
@@ -131,6 +138,11 @@ def _not_running(ti: TaskInstance, action: str) -> exceptions.InvalidState:
     )
 
 
+def _check_try(ti: TaskInstance, try_number: int) -> None:
+    if ti.try_number != try_number:
+        raise exceptions.StaleTry.of(ti_id=ti.id, token_try=try_number, current_try=ti.try_number)
+
+
 def _is_eligible_to_retry(*, try_number: int, max_tries: int) -> bool:
     return max_tries != 0 and try_number <= max_tries
 
@@ -189,7 +201,13 @@ def after_ti_finished(ti: TaskInstance) -> None:
 
 
 def start(
-    *, ti_id: UUID, hostname: str, unixname: str, pid: int, start_date: datetime
+    *,
+    ti_id: UUID,
+    try_number: int,
+    hostname: str,
+    unixname: str,
+    pid: int,
+    start_date: datetime,
 ) -> RunContext:
     """queued -> running, then load the run context.
 
@@ -203,6 +221,7 @@ def start(
         ti = locks.lock_task_instance(ti_id)
         if ti is None:
             raise _not_found(ti_id)
+        _check_try(ti, try_number)
         previous_state = ti.state
         replayed = previous_state == TIState.RUNNING and (ti.hostname, ti.unixname, ti.pid) == (
             hostname,
@@ -288,6 +307,7 @@ def load_run_context(*, ti: TaskInstance, replayed: bool = False) -> RunContext:
 def succeed(
     *,
     ti_id: UUID,
+    try_number: int,
     end_date: datetime,
     task_outlets: list[dict[str, Any]],
     outlet_events: list[dict[str, Any]],
@@ -301,16 +321,19 @@ def succeed(
     first registers the events (`registration.register_payload`, before the lock), then locks and
     re-checks the TI; if it is no longer running the whole transaction rolls back. After the
     commit the scheduler is nudged for the Dags that got queued events.
-    Either way a TI already in success returns `replayed=True` and nothing is written.
+    Either way a TI already in success (same try) returns `replayed=True` and nothing is written;
+    a TI at another try than `try_number` raises `StaleTry`.
     """
-    if settings.ASSET_REGISTRATION_MODE == "inline":
-        change = _succeed_inline(
-            ti_id=ti_id, end_date=end_date, task_outlets=task_outlets, outlet_events=outlet_events
-        )
-    else:
-        change = _succeed_queued(
-            ti_id=ti_id, end_date=end_date, task_outlets=task_outlets, outlet_events=outlet_events
-        )
+    succeed_in_mode = (
+        _succeed_inline if settings.ASSET_REGISTRATION_MODE == "inline" else _succeed_queued
+    )
+    change = succeed_in_mode(
+        ti_id=ti_id,
+        try_number=try_number,
+        end_date=end_date,
+        task_outlets=task_outlets,
+        outlet_events=outlet_events,
+    )
     return change
 
 
@@ -323,6 +346,7 @@ def _set_success(ti: TaskInstance, *, end_date: datetime) -> None:
 def _succeed_queued(
     *,
     ti_id: UUID,
+    try_number: int,
     end_date: datetime,
     task_outlets: list[dict[str, Any]],
     outlet_events: list[dict[str, Any]],
@@ -349,8 +373,9 @@ def _succeed_queued(
             seen = _read_task_instance(ti_id)
             if seen is None:
                 raise _not_found(ti_id)
-            if seen.state != TIState.RUNNING:
-                return _replay_or_conflict(seen, action="marked success")
+            # The UPDATE below matches `seen.try_number` only: the token's try is checked here.
+            if seen.state != TIState.RUNNING or seen.try_number != try_number:
+                return _replay_or_conflict(seen, try_number=try_number, action="marked success")
             outbox.enqueue(
                 ti=seen, outlets=task_outlets, outlet_events=outlet_events, end_date=end_date
             )
@@ -360,12 +385,12 @@ def _succeed_queued(
     except _ChangedUnderUs as changed:
         if changed.ti is None:
             raise _not_found(ti_id) from None
-        return _replay_or_conflict(changed.ti, action="marked success")
+        return _replay_or_conflict(changed.ti, try_number=try_number, action="marked success")
     except IntegrityError:
         current = TaskInstance.objects.filter(id=ti_id).first()
         if current is None:
             raise _not_found(ti_id) from None
-        return _replay_or_conflict(current, action="marked success")
+        return _replay_or_conflict(current, try_number=try_number, action="marked success")
     after_ti_finished(seen)
     return StateChange(ti_id=seen.id, state=seen.state, replayed=False, try_number=seen.try_number)
 
@@ -421,9 +446,10 @@ def _set_success_if_running(*, ti: TaskInstance, end_date: datetime) -> bool:
     return bool(matched)
 
 
-def _replay_or_conflict(ti: TaskInstance, *, action: str) -> StateChange:
-    """A success for a TI that is not running: a replay (already success) writes nothing and is
-    answered 200; any other state is a 409."""
+def _replay_or_conflict(ti: TaskInstance, *, try_number: int, action: str) -> StateChange:
+    """A success for a TI that is not running that try: another try is stale (409); a replay
+    (already success, same try) writes nothing and is answered 200; any other state is a 409."""
+    _check_try(ti, try_number)
     if ti.state == TIState.SUCCESS:
         return StateChange(ti_id=ti.id, state=ti.state, replayed=True, try_number=ti.try_number)
     raise _not_running(ti, action)
@@ -432,6 +458,7 @@ def _replay_or_conflict(ti: TaskInstance, *, action: str) -> StateChange:
 def _succeed_inline(
     *,
     ti_id: UUID,
+    try_number: int,
     end_date: datetime,
     task_outlets: list[dict[str, Any]],
     outlet_events: list[dict[str, Any]],
@@ -444,8 +471,8 @@ def _succeed_inline(
         ti = TaskInstance.objects.filter(id=ti_id).first()
         if ti is None:
             raise _not_found(ti_id)
-        if ti.state != TIState.RUNNING:
-            return _replay_or_conflict(ti, action="marked success")
+        if ti.state != TIState.RUNNING or ti.try_number != try_number:
+            return _replay_or_conflict(ti, try_number=try_number, action="marked success")
         registered = registration.register_payload(
             payload=outbox.build_payload(
                 ti=ti, outlets=task_outlets, outlet_events=outlet_events, end_date=end_date
@@ -454,6 +481,10 @@ def _succeed_inline(
         locked = locks.lock_task_instance(ti_id)
         if locked is None:
             raise _not_found(ti_id)
+        if locked.try_number != try_number:  # rolls back the events registered above
+            raise exceptions.StaleTry.of(
+                ti_id=ti_id, token_try=try_number, current_try=locked.try_number
+            )
         if locked.state == TIState.SUCCESS and locked.try_number == ti.try_number:
             # A concurrent success of the same try won: drop the events we registered.
             transaction.set_rollback(True)
@@ -475,7 +506,7 @@ def _succeed_inline(
 # --- failed / skipped / removed / upstream_failed ----------------------------------------------
 
 
-def finish(*, ti_id: UUID, state: str, end_date: datetime) -> StateChange:
+def finish(*, ti_id: UUID, try_number: int, state: str, end_date: datetime) -> StateChange:
     """running -> a terminal state other than success. Lock, check, one UPDATE, commit; then the
     DagRun may finish. A TI already in `state` is a replay (nothing written)."""
     if state not in TERMINAL_NON_SUCCESS:
@@ -484,6 +515,7 @@ def finish(*, ti_id: UUID, state: str, end_date: datetime) -> StateChange:
         ti = locks.lock_task_instance(ti_id)
         if ti is None:
             raise _not_found(ti_id)
+        _check_try(ti, try_number)
         if ti.state == state:
             return StateChange(ti_id=ti.id, state=ti.state, replayed=True, try_number=ti.try_number)
         if ti.state != TIState.RUNNING:
@@ -499,7 +531,11 @@ def finish(*, ti_id: UUID, state: str, end_date: datetime) -> StateChange:
 
 
 def retry(
-    *, ti_id: UUID, end_date: datetime, retry_delay_seconds: float | None = None
+    *,
+    ti_id: UUID,
+    try_number: int,
+    end_date: datetime,
+    retry_delay_seconds: float | None = None,
 ) -> StateChange:
     """running -> queued again (try_number + 1, claimable after the delay) while retries remain,
     else failed (and its downstream evaluated). The delay is the body's `retry_delay_seconds`
@@ -512,6 +548,7 @@ def retry(
         ti = locks.lock_task_instance(ti_id)
         if ti is None:
             raise _not_found(ti_id)
+        _check_try(ti, try_number)
         if ti.state != TIState.RUNNING:
             raise _not_running(ti, "marked up_for_retry")
         _requeue_or_fail(ti, now=now, end_date=end_date, delay=retry_delay_seconds, policy=policy)
@@ -699,18 +736,27 @@ def skip_downstream(*, ti_id: UUID, tasks: list[tuple[str, int]]) -> int:
 # --- heartbeat ----------------------------------------------------------------------------------
 
 
-def heartbeat(*, ti_id: UUID, hostname: str, pid: int) -> None:
-    """Record that the TI is alive. One conditional UPDATE (running, same hostname and pid), no
-    lock; when it matches nothing, one plain read says why: NotFound, or InvalidState with reason
-    `running_elsewhere` (current_hostname, current_pid) or `not_running` (current_state)."""
+def heartbeat(*, ti_id: UUID, try_number: int, hostname: str, pid: int) -> None:
+    """Record that the TI is alive. One conditional UPDATE (running, same try, hostname and pid),
+    no lock; when it matches nothing, one plain read says why: NotFound, StaleTry, or
+    InvalidState with reason `running_elsewhere` (current_hostname, current_pid) or
+    `not_running` (current_state)."""
     updated = TaskInstance.objects.filter(
-        id=ti_id, state=TIState.RUNNING, hostname=hostname, pid=pid
+        id=ti_id, state=TIState.RUNNING, try_number=try_number, hostname=hostname, pid=pid
     ).update(last_heartbeat_at=timezone.now())
     if updated:
         return
-    current = TaskInstance.objects.filter(id=ti_id).values("state", "hostname", "pid").first()
+    current = (
+        TaskInstance.objects.filter(id=ti_id)
+        .values("state", "hostname", "pid", "try_number")
+        .first()
+    )
     if current is None:
         raise _not_found(ti_id)
+    if current["try_number"] != try_number:
+        raise exceptions.StaleTry.of(
+            ti_id=ti_id, token_try=try_number, current_try=current["try_number"]
+        )
     if (current["hostname"], current["pid"]) != (hostname, pid):
         raise exceptions.InvalidState(
             "TI is already running elsewhere",

@@ -119,7 +119,7 @@ def main() -> None:
     fx.make_scheduled_dags(assets, count=FANOUT, prefix="consumer")
     producer = fx.make_producer(dag_id="producer", task_id="t", outlets=assets)
     tis = fx.make_tis_in_runs(dag=producer.dag, count=concurrency, state=TIState.RUNNING)
-    tokens = [issue_token(ti.id) for ti in tis]
+    tokens = [issue_token(ti.id, try_number=ti.try_number) for ti in tis]
     outlets = fx.outlets_of(assets)
     connection.close()
 

@@ -79,7 +79,7 @@ def main() -> None:
         fx.make_scheduled_dags([asset], count=1, prefix=f"down_{asset.id}", max_active_runs=100000)
     producer = fx.make_producer(dag_id="producer", task_id="t", outlets=assets)
     tis = fx.make_tis_in_runs(dag=producer.dag, count=total, state=TIState.RUNNING)
-    tokens = [issue_token(ti.id) for ti in tis]
+    tokens = [issue_token(ti.id, try_number=ti.try_number) for ti in tis]
     outlets = fx.outlets_of(assets)
     with connection.cursor() as cursor:
         cursor.execute(NOTIFY_SQL)

@@ -200,7 +200,7 @@ def main() -> None:
         ).encode()
         for _ in tis
     ]
-    tokens = [issue_token(ti.id) for ti in tis]
+    tokens = [issue_token(ti.id, try_number=ti.try_number) for ti in tis]
     print(f"body: {len(bodies[0]):,} bytes, {outlets_n} outlets", flush=True)
 
     from project.wsgi import application

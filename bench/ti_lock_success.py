@@ -94,7 +94,10 @@ def main() -> None:
                             response = http.patch(
                                 f"{base}/execution/task-instances/{ti.id}/state",
                                 json=body,
-                                headers={"Authorization": f"Bearer {issue_token(ti.id)}"},
+                                headers={
+                                    "Authorization": "Bearer "
+                                    + issue_token(ti.id, try_number=ti.try_number)
+                                },
                                 timeout=120,
                             )
                         if response.status_code != 204:

@@ -72,7 +72,10 @@ def main() -> None:
                         response = http.patch(
                             f"{base}/execution/task-instances/{ti.id}/run",
                             json=body,
-                            headers={"Authorization": f"Bearer {issue_token(ti.id)}"},
+                            headers={
+                                "Authorization": "Bearer "
+                                + issue_token(ti.id, try_number=ti.try_number)
+                            },
                             timeout=120,
                         )
                     consumed = len(response.json()["dag_run"]["consumed_asset_events"])

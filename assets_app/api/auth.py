@@ -1,11 +1,16 @@
 """Worker API authentication (DESIGN 6.1).
 
-Task tokens: JWT, HS256, signed with SECRET_KEY, `sub` = the TI id, `scope` = "execution",
-expiring after WORKER_TOKEN_LIFETIME_SECONDS. Answers:
+Task tokens: JWT, HS256, signed with SECRET_KEY, `sub` = the TI id, `try` = the try number it
+was issued for, `scope` = "execution", expiring after WORKER_TOKEN_LIFETIME_SECONDS (invariant 12:
+a token is one try). Answers:
 - no `Authorization: Bearer ...` header: 401 (`not_authenticated`);
 - an expired token: 401 (`token_expired`; the worker should get a new one by claiming again);
 - a token with a bad signature, malformed, or of another scope: 403 (`invalid_token`);
-- a valid token for another TI than the one in the path: 403 (`forbidden`).
+- a valid token for another TI than the one in the path: 403 (`forbidden`);
+- a valid token of an earlier try (the TI was retried since): 409 (`stale_try`), and nothing is
+  changed. On `/task-instances/{id}/...` the try is checked by `task_state` on the row it reads or
+  in its conditional UPDATE (no statement added under the TI lock); on the other routes (asset
+  reads) here, with one indexed read.
 A fresh token is returned in the `Refreshed-API-Token` response header of `run` and `heartbeat`
 (the Airflow Task SDK client switches to it), so a task that heartbeats never outlives its token.
 
@@ -23,17 +28,22 @@ from django.http import HttpRequest
 from ninja.security import HttpBearer
 
 from assets_app import exceptions
+from assets_app.models import TaskInstance
 
 ALGORITHM = "HS256"
 SCOPE = "execution"
 PATH_TI_PARAM = "task_instance_id"
 
 
-def issue_token(ti_id: UUID) -> str:
-    """A signed token for one TI, valid for WORKER_TOKEN_LIFETIME_SECONDS from now."""
+TRY_CLAIM = "try"
+
+
+def issue_token(ti_id: UUID, *, try_number: int) -> str:
+    """A signed token for one try of one TI, valid for WORKER_TOKEN_LIFETIME_SECONDS from now."""
     now = int(time.time())
     claims = {
         "sub": str(ti_id),
+        TRY_CLAIM: try_number,
         "scope": SCOPE,
         "iat": now,
         "exp": now + settings.WORKER_TOKEN_LIFETIME_SECONDS,
@@ -47,7 +57,7 @@ def decode_token(token: str) -> dict[str, Any]:
             token,
             settings.SECRET_KEY,
             algorithms=[ALGORITHM],
-            options={"require": ["sub", "exp"]},
+            options={"require": ["sub", "exp", TRY_CLAIM]},
         )
     except jwt.ExpiredSignatureError as exc:
         raise exceptions.NotAuthenticated(
@@ -59,21 +69,34 @@ def decode_token(token: str) -> dict[str, Any]:
         ) from exc
     if claims.get("scope") != SCOPE:
         raise exceptions.PermissionDenied("the token is not a task token", reason="invalid_token")
+    try_number = claims[TRY_CLAIM]
+    if not isinstance(try_number, int) or isinstance(try_number, bool) or try_number < 1:
+        raise exceptions.PermissionDenied(
+            "the task token names no valid try number", reason="invalid_token"
+        )
     return claims
+
+
+def try_of(claims: dict[str, Any]) -> int:
+    """The try number a decoded task token was issued for."""
+    return claims[TRY_CLAIM]
 
 
 class TaskTokenAuth(HttpBearer):
     """A valid task token; on `/task-instances/{task_instance_id}/...` it must be that TI's.
 
     A path id that is not a UUID is left to validation (422), so every well-formed request for
-    another TI is refused before its body is even parsed.
+    another TI is refused before its body is even parsed. On a route without a TI in its path
+    the token's try is checked here against the TI's current one (see the module docstring).
     """
 
     def authenticate(self, request: HttpRequest, token: str) -> dict[str, Any]:
         claims = decode_token(token)
         match = request.resolver_match
         path_id = match.kwargs.get(PATH_TI_PARAM) if match is not None else None
-        if path_id is not None:
+        if path_id is None:
+            _check_current_try(claims)
+        else:
             try:
                 wanted = UUID(str(path_id))
             except ValueError:
@@ -81,6 +104,20 @@ class TaskTokenAuth(HttpBearer):
             if str(wanted) != claims["sub"]:
                 raise exceptions.PermissionDenied("this token is for another task instance")
         return claims
+
+
+def _check_current_try(claims: dict[str, Any]) -> None:
+    current = (
+        TaskInstance.objects.filter(id=claims["sub"]).values_list("try_number", flat=True).first()
+    )
+    if current is None:
+        raise exceptions.PermissionDenied(
+            "the task instance of this token does not exist", reason="invalid_token"
+        )
+    if current != try_of(claims):
+        raise exceptions.StaleTry.of(
+            ti_id=claims["sub"], token_try=try_of(claims), current_try=current
+        )
 
 
 class WorkerApiKeyAuth(HttpBearer):

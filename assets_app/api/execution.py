@@ -29,12 +29,15 @@ def ti_run(
 ):
     context = task_state.start(
         ti_id=task_instance_id,
+        try_number=auth.try_of(request.auth),
         hostname=payload.hostname,
         unixname=payload.unixname,
         pid=payload.pid,
         start_date=payload.start_date,
     )
-    response["Refreshed-API-Token"] = auth.issue_token(task_instance_id)
+    response["Refreshed-API-Token"] = auth.issue_token(
+        task_instance_id, try_number=context.ti.try_number
+    )
     # Encoded once without the model: `response=` documents it, but validating thousands of
     # consumed events through it on the way out cost more than the rest of the request.
     response.content = schemas.TIRunContext.render(context)
@@ -47,9 +50,11 @@ def ti_update_state(
     task_instance_id: UUID,
     payload: Body[schemas.TIStateUpdate],
 ):
+    try_number = auth.try_of(request.auth)
     if isinstance(payload, schemas.TISuccessStatePayload):
         change = task_state.succeed(
             ti_id=task_instance_id,
+            try_number=try_number,
             end_date=payload.end_date,
             task_outlets=list(payload.task_outlets or ()),
             outlet_events=list(payload.outlet_events or ()),
@@ -57,21 +62,28 @@ def ti_update_state(
     elif isinstance(payload, schemas.TIRetryStatePayload):
         change = task_state.retry(
             ti_id=task_instance_id,
+            try_number=try_number,
             end_date=payload.end_date,
             retry_delay_seconds=payload.retry_delay_seconds,
         )
     else:
         change = task_state.finish(
-            ti_id=task_instance_id, state=TIState(payload.state), end_date=payload.end_date
+            ti_id=task_instance_id,
+            try_number=try_number,
+            state=TIState(payload.state),
+            end_date=payload.end_date,
         )
     return HttpResponse(status=200 if change.replayed else 204)
 
 
 @router.put(f"{TI_PATH}/heartbeat", auth=auth.task_token)
 def ti_heartbeat(request: HttpRequest, task_instance_id: UUID, payload: schemas.TIHeartbeatInfo):
-    task_state.heartbeat(ti_id=task_instance_id, hostname=payload.hostname, pid=payload.pid)
+    try_number = auth.try_of(request.auth)
+    task_state.heartbeat(
+        ti_id=task_instance_id, try_number=try_number, hostname=payload.hostname, pid=payload.pid
+    )
     response = HttpResponse(status=204)
-    response["Refreshed-API-Token"] = auth.issue_token(task_instance_id)
+    response["Refreshed-API-Token"] = auth.issue_token(task_instance_id, try_number=try_number)
     return response
 
 
@@ -94,7 +106,9 @@ def ti_skip_downstream(
 )
 def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
     workloads = task_state.claim_workloads(hostname=payload.hostname, limit=payload.limit)
-    return schemas.ClaimResponse.from_domain(workloads, token_for=auth.issue_token)
+    return schemas.ClaimResponse.from_domain(
+        workloads, token_for=lambda ti: auth.issue_token(ti.id, try_number=ti.try_number)
+    )
 
 
 @router.get("/assets/by-name", auth=auth.task_token, response=schemas.AssetResponse)

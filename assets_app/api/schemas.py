@@ -18,7 +18,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from typing_extensions import TypedDict
 
 from assets_app import asset_events, task_state
-from assets_app.models import Asset, AssetEvent
+from assets_app.models import Asset, AssetEvent, TaskInstance
 from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
 
 JsonDict = dict[str, Any]
@@ -401,7 +401,7 @@ class ClaimResponse(ResponseBody):
 
     @classmethod
     def from_domain(
-        cls, workloads: list[task_state.Workload], *, token_for: Callable[[UUID], str]
+        cls, workloads: list[task_state.Workload], *, token_for: Callable[[TaskInstance], str]
     ) -> "ClaimResponse":
         return cls(
             workloads=[
@@ -414,7 +414,7 @@ class ClaimResponse(ResponseBody):
                         map_index=w.ti.map_index,
                         try_number=w.ti.try_number,
                     ),
-                    token=token_for(w.ti.id),
+                    token=token_for(w.ti),
                     task_outlets=[OutletOut(**outlet) for outlet in w.task_outlets],
                 )
                 for w in workloads

@@ -7,6 +7,13 @@ import pytest
 from django.test import Client
 
 from assets_app.api import auth
+from assets_app.models import TaskInstance
+
+
+def current_try(ti_id: Any) -> int:
+    """The TI's try number now (1 for an unknown TI): a token for the try under test."""
+    found = TaskInstance.objects.filter(id=ti_id).values_list("try_number", flat=True).first()
+    return found or 1
 
 
 class WorkerClient:
@@ -29,7 +36,7 @@ class WorkerClient:
     ):
         headers = {"Airflow-API-Version": "2026-06-30"}
         if token is None and ti_id is not None:
-            token = auth.issue_token(ti_id)
+            token = auth.issue_token(ti_id, try_number=current_try(ti_id))
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         data = raw if raw is not None else (json.dumps(body) if body is not None else None)

@@ -111,7 +111,11 @@ def test_claim_needs_the_worker_api_key(worker_api, key, status, reason):
 
 def test_a_task_token_is_not_a_worker_api_key(worker_api):
     ti = TaskInstanceFactory()
-    response = claim(worker_api, {"hostname": "a", "limit": 1}, key=auth.issue_token(ti.id))
+    response = claim(
+        worker_api,
+        {"hostname": "a", "limit": 1},
+        key=auth.issue_token(ti.id, try_number=ti.try_number),
+    )
     assert response.status_code == 403
 
 

@@ -84,7 +84,11 @@ def succeed_and_log(n_outlets: int) -> list[str]:
     profiles, events = outlets(n_outlets)
     with statement_log() as log:
         change = task_state.succeed(
-            ti_id=ti.id, end_date=timezone.now(), task_outlets=profiles, outlet_events=events
+            ti_id=ti.id,
+            try_number=ti.try_number,
+            end_date=timezone.now(),
+            task_outlets=profiles,
+            outlet_events=events,
         )
     assert change.state == TIState.SUCCESS and not change.replayed
     return log.under_ti_lock()
@@ -138,7 +142,14 @@ def start_and_log(n_events: int) -> tuple[list[str], int, task_state.RunContext]
     ti = TaskInstanceFactory()
     make_consumed_events(ti, n_events)
     with statement_log() as log:
-        context = task_state.start(ti_id=ti.id, hostname="h", unixname="u", pid=1, start_date=START)
+        context = task_state.start(
+            ti_id=ti.id,
+            try_number=ti.try_number,
+            hostname="h",
+            unixname="u",
+            pid=1,
+            start_date=START,
+        )
     return log.under_ti_lock(), len(log.entries), context
 
 
@@ -164,7 +175,14 @@ def test_ti_run_total_query_count_is_pinned(django_assert_num_queries, n_events)
     # SAVEPOINT, SELECT FOR UPDATE, UPDATE, RELEASE (the durable atomic inside the test's
     # transaction), then run -> running, DagRun, events joined with assets, source aliases.
     with django_assert_num_queries(8):
-        context = task_state.start(ti_id=ti.id, hostname="h", unixname="u", pid=1, start_date=START)
+        context = task_state.start(
+            ti_id=ti.id,
+            try_number=ti.try_number,
+            hostname="h",
+            unixname="u",
+            pid=1,
+            start_date=START,
+        )
     assert len(context.consumed_events) == n_events
 
 
@@ -218,7 +236,11 @@ def test_inline_mode_never_waits_on_foreign_key_checks_while_holding_the_ti_lock
         try:
             profile = {"name": "held", "uri": "s3://b/held", "type": "Asset"}
             change = task_state.succeed(
-                ti_id=ti.id, end_date=timezone.now(), task_outlets=[profile], outlet_events=[]
+                ti_id=ti.id,
+                try_number=ti.try_number,
+                end_date=timezone.now(),
+                task_outlets=[profile],
+                outlet_events=[],
             )
             outcome.append(change.state)
         finally:

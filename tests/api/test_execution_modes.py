@@ -126,6 +126,7 @@ def _succeed_in_thread(ti_id, results: list) -> threading.Thread:
             results.append(
                 task_state.succeed(
                     ti_id=ti_id,
+                    try_number=1,
                     end_date=timezone.now(),
                     task_outlets=OUTLETS,
                     outlet_events=OUTLET_EVENTS,

@@ -249,7 +249,12 @@ def test_token_of_another_ti_is_403_and_writes_nothing(worker_api):
 def test_token_with_a_bad_signature_is_403(worker_api):
     ti = TaskInstanceFactory()
     forged = jwt.encode(
-        {"sub": str(ti.id), "scope": "execution", "exp": int(timezone.now().timestamp()) + 60},
+        {
+            "sub": str(ti.id),
+            "try": 1,
+            "scope": "execution",
+            "exp": int(timezone.now().timestamp()) + 60,
+        },
         "not-the-secret-key-but-long-enough-for-hs256",
         algorithm="HS256",
     )
@@ -263,7 +268,12 @@ def test_token_with_a_bad_signature_is_403(worker_api):
 def test_expired_token_is_401(worker_api):
     ti = TaskInstanceFactory()
     expired = jwt.encode(
-        {"sub": str(ti.id), "scope": "execution", "exp": int(timezone.now().timestamp()) - 5},
+        {
+            "sub": str(ti.id),
+            "try": 1,
+            "scope": "execution",
+            "exp": int(timezone.now().timestamp()) - 5,
+        },
         settings.SECRET_KEY,
         algorithm="HS256",
     )
@@ -339,7 +349,7 @@ def test_unknown_airflow_api_version_header_is_ignored(worker_api):
         data=RUN_BODY,
         content_type="application/json",
         headers={
-            "Authorization": f"Bearer {auth.issue_token(ti.id)}",
+            "Authorization": f"Bearer {auth.issue_token(ti.id, try_number=ti.try_number)}",
             "Airflow-API-Version": "1999-01-01",
         },
     )

@@ -373,7 +373,11 @@ def test_concurrent_successes_of_one_try_write_one_outbox_row_and_one_is_a_repla
             barrier.wait(5)
             results.append(
                 task_state.succeed(
-                    ti_id=ti.id, end_date=timezone.now(), task_outlets=OUTLETS, outlet_events=[]
+                    ti_id=ti.id,
+                    try_number=ti.try_number,
+                    end_date=timezone.now(),
+                    task_outlets=OUTLETS,
+                    outlet_events=[],
                 ).replayed
             )
         finally:
@@ -405,7 +409,11 @@ def test_success_rolls_back_its_outbox_row_when_the_ti_changed_before_the_lock(m
     monkeypatch.setattr(task_state, "_set_success_if_running", lock_after_a_concurrent_failure)
     with pytest.raises(InvalidState) as raised:
         task_state.succeed(
-            ti_id=ti.id, end_date=timezone.now(), task_outlets=OUTLETS, outlet_events=[]
+            ti_id=ti.id,
+            try_number=ti.try_number,
+            end_date=timezone.now(),
+            task_outlets=OUTLETS,
+            outlet_events=[],
         )
     assert raised.value.extra["previous_state"] == TIState.FAILED
     assert not AssetEventQueue.objects.exists()

@@ -165,15 +165,23 @@ def _run_ingest(*, orders_uri: str, fail: str | None = None) -> DagRun:
     now = timezone.now()
     for ti in run.task_instances.order_by("task_id"):
         task_state.start(
-            ti_id=ti.id, hostname="worker-1", unixname="airflow", pid=4242, start_date=now
+            ti_id=ti.id,
+            try_number=ti.try_number,
+            hostname="worker-1",
+            unixname="airflow",
+            pid=4242,
+            start_date=now,
         )
         if ti.task_id == fail:
-            task_state.finish(ti_id=ti.id, state="failed", end_date=timezone.now())
+            task_state.finish(
+                ti_id=ti.id, try_number=ti.try_number, state="failed", end_date=timezone.now()
+            )
             continue
         name = ti.task_id.removeprefix("fetch_")
         uri = orders_uri if name == "orders" else f"s3://lake/raw/{name}"
         task_state.succeed(
             ti_id=ti.id,
+            try_number=ti.try_number,
             end_date=timezone.now() + timedelta(seconds=3),
             task_outlets=[{"name": name, "uri": uri, "type": "Asset"}],
             outlet_events=[],

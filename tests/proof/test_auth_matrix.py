@@ -61,14 +61,16 @@ def test_only_version_and_health_are_open():
 
 def _token(sub: str, *, key: str | None = None, exp_delta: int = 3600, **headers) -> str:
     now = int(time.time())
-    claims = {"sub": sub, "scope": "execution", "iat": now, "exp": now + exp_delta}
+    claims = {"sub": sub, "try": 1, "scope": "execution", "iat": now, "exp": now + exp_delta}
     return jwt.encode(claims, key or settings.SECRET_KEY, algorithm="HS256", headers=headers)
 
 
 def _unsigned(sub: str) -> str:
     now = int(time.time())
     return jwt.encode(
-        {"sub": sub, "scope": "execution", "iat": now, "exp": now + 3600}, None, algorithm="none"
+        {"sub": sub, "try": 1, "scope": "execution", "iat": now, "exp": now + 3600},
+        None,
+        algorithm="none",
     )
 
 
@@ -148,14 +150,17 @@ def test_every_worker_endpoint_refuses_bad_credentials(world):
             cases = {
                 "missing": (None, {401}),
                 "wrong key": ("Bearer wrong-key", {403}),
-                "task token": (f"Bearer {issue_token(ti)}", {403}),
+                "task token": (f"Bearer {issue_token(ti, try_number=1)}", {403}),
             }
             good = f"Bearer {settings.WORKER_API_KEY}"
         else:
             cases = dict(bad_task_credentials)
             if "{task_instance_id}" in path:
-                cases["other TI's token"] = (f"Bearer {issue_token(world['other_ti'])}", {403})
-            good = f"Bearer {issue_token(ti)}"
+                cases["other TI's token"] = (
+                    f"Bearer {issue_token(world['other_ti'], try_number=1)}",
+                    {403},
+                )
+            good = f"Bearer {issue_token(ti, try_number=1)}"
         for name, (auth, statuses) in cases.items():
             _refused(_call(client, method, url, auth), statuses, before, f"{method} {path} {name}")
             refusals += 1
@@ -172,7 +177,7 @@ def test_every_public_endpoint_refuses_bad_credentials(world):
         "missing": (None, {401}),
         "basic scheme": ("Basic dXNlcjpwdw==", {401}),
         "unknown key": ("Bearer not-a-real-key", {401}),
-        "worker task token": (f"Bearer {issue_token(world['ti'])}", {401}),
+        "worker task token": (f"Bearer {issue_token(world['ti'], try_number=1)}", {401}),
         "inactive user's key": (f"Bearer {world['inactive_key']}", {401}),
     }
     refusals = 0

@@ -69,7 +69,9 @@ def _assert_rejected(response, status: int, before: dict, reason: str | None = N
 
 def _ti(world, which):
     ti_id = world[which]
-    return f"/execution/task-instances/{ti_id}", {"Authorization": f"Bearer {issue_token(ti_id)}"}
+    return f"/execution/task-instances/{ti_id}", {
+        "Authorization": f"Bearer {issue_token(ti_id, try_number=1)}"
+    }
 
 
 def _success(**overrides):
@@ -206,7 +208,7 @@ def test_worker_api_rejects_bad_input_and_writes_nothing(
 
 def test_unknown_ti_is_404_and_non_uuid_is_422(world):
     before = app_table_counts()
-    headers = {"Authorization": f"Bearer {issue_token(UNKNOWN_TI)}"}
+    headers = {"Authorization": f"Bearer {issue_token(UNKNOWN_TI, try_number=1)}"}
     response = _send(
         "patch", f"/execution/task-instances/{UNKNOWN_TI}/state", body=_success(), headers=headers
     )

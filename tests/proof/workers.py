@@ -19,6 +19,7 @@ def succeed_ti(ti: Any, outlets: list[dict[str, str]]) -> Any:
     """running -> success with these outlets, through the domain function."""
     return task_state.succeed(
         ti_id=ti.id,
+        try_number=ti.try_number,
         end_date=datetime.now(UTC),
         task_outlets=[{**o, "type": "Asset"} for o in outlets],
         outlet_events=[],
@@ -34,8 +35,8 @@ def success_body(names: list[str], *, end_date: datetime | None = None) -> dict[
     }
 
 
-def auth_headers(ti_id: Any) -> dict[str, str]:
-    return {"Authorization": f"Bearer {issue_token(ti_id)}"}
+def auth_headers(ti_id: Any, try_number: int = 1) -> dict[str, str]:
+    return {"Authorization": f"Bearer {issue_token(ti_id, try_number=try_number)}"}
 
 
 def patch_state_until_answered(

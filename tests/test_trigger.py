@@ -32,7 +32,9 @@ def dag():
 
 @pytest.fixture
 def staff():
-    return get_user_model().objects.create_user("ops", password="pw", is_staff=True)
+    return get_user_model().objects.create_user(
+        "ops", password="pw", is_staff=True, is_superuser=True
+    )
 
 
 @pytest.fixture

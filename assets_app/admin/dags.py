@@ -3,6 +3,7 @@
 import json
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, Min, OuterRef, Prefetch, Subquery
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -371,6 +372,11 @@ class DagAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/assets_app/dag_trigger.html", context)
 
+    def has_clear_queued_events_permission(self, request):
+        """The admin's own clear action (`AssetDagRunQueueAdmin`) and the public API's DELETE
+        need the same: deleting queued events is `delete_assetdagrunqueue`, not `change_dag`."""
+        return request.user.has_perm("assets_app.delete_assetdagrunqueue")
+
     def has_trigger_permission(self, request):
         return request.user.has_perm("assets_app.add_dagrun")
 
@@ -389,8 +395,8 @@ class DagAdmin(admin.ModelAdmin):
             raise Http404
         dag = get_object_or_404(Dag, pk=object_id)
         if request.method == "POST":
-            if not self.has_change_permission(request, dag):
-                raise Http404
+            if not self.has_clear_queued_events_permission(request):
+                raise PermissionDenied
             asset_id = request.POST.get("asset_id") or None
             cleared = queued_events.clear_queued_events(
                 dag_id=dag.dag_id,
@@ -404,7 +410,7 @@ class DagAdmin(admin.ModelAdmin):
             **queued_events_context(dag),
             "opts": self.opts,
             "title": f"Queued events of {dag.dag_id}",
-            "can_clear": self.has_change_permission(request, dag),
+            "can_clear": self.has_clear_queued_events_permission(request),
         }
         return TemplateResponse(request, "admin/assets_app/dag_queued_events.html", context)
 

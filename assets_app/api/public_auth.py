@@ -7,8 +7,14 @@
   leaves the check to the auth class, so it is done here, after the session is known to be staff
   (an anonymous request gets 401, not a CSRF 403).
 
+Once the user is known, the route's model permission (`public_permissions.needs`) is checked for
+sessions and tokens alike: `user.has_perm(...)`, so a token carries exactly its user's permissions
+and a superuser holds all. A missing one is 403 `permission_denied`.
+
 Failures raise `AuthenticationError` (401) or `exceptions.PermissionDenied` (403); `api/errors.py`
-turns both into the usual `{"detail": {"reason", "message"}}` body. `request.auth` is the user.
+turns both into the usual `{"detail": {"reason", "message"}}` body. `request.auth` is the user;
+`request.api_token` the token it came with (None for a session): the caller that scopes
+Idempotency-Keys (`caller_scope`).
 """
 
 from datetime import timedelta
@@ -31,8 +37,34 @@ from assets_app.models import ApiToken
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
+def authorize(user: AbstractBaseUser, permission: str | None) -> None:
+    """Refuse a user without `permission` (a Django permission name such as
+    `assets_app.add_assetevent`); None means the route needs none beyond authentication."""
+    if permission is not None and not user.has_perm(permission):
+        raise exceptions.PermissionDenied(
+            f"{user.get_username()!r} does not have the permission {permission!r} this request "
+            "needs",
+            reason="permission_denied",
+            permission=permission,
+        )
+
+
+def caller_scope(request: HttpRequest) -> str:
+    """Who is calling, for scoping Idempotency-Keys: `token:<id>` for an API token, else
+    `user:<id>` for a session."""
+    api_token = getattr(request, "api_token", None)
+    if api_token is not None:
+        return f"token:{api_token.pk}"
+    return f"user:{request.auth.pk}"
+
+
 class ApiTokenAuth(HttpBearer):
-    """`Authorization: Bearer <ApiToken key>`: one indexed lookup, at most one update a minute."""
+    """`Authorization: Bearer <ApiToken key>`: one indexed lookup, at most one update a minute;
+    then the route's permission for the token's user."""
+
+    def __init__(self, permission: str | None = None) -> None:
+        self.permission = permission
+        super().__init__()
 
     def authenticate(self, request: HttpRequest, token: str) -> AbstractBaseUser:
         key = token.strip()
@@ -46,6 +78,8 @@ class ApiTokenAuth(HttpBearer):
         now = timezone.now()
         if api_token.last_used_at is None or now - api_token.last_used_at >= LAST_USED_RESOLUTION:
             ApiToken.objects.filter(pk=api_token.pk).update(last_used_at=now)
+        authorize(api_token.user, self.permission)
+        request.api_token = api_token  # type: ignore[attr-defined]
         return api_token.user
 
     def __call__(self, request: HttpRequest) -> Any:
@@ -60,9 +94,11 @@ class ApiTokenAuth(HttpBearer):
 
 
 class StaffSessionAuth(APIKeyCookie):
-    """A logged-in, active staff user's Django session; CSRF enforced for unsafe methods."""
+    """A logged-in, active staff user's Django session; CSRF enforced for unsafe methods; then
+    the route's permission."""
 
-    def __init__(self) -> None:
+    def __init__(self, permission: str | None = None) -> None:
+        self.permission = permission
         self.param_name = settings.SESSION_COOKIE_NAME  # only names the scheme in the OpenAPI doc
         super().__init__(csrf=True)
 
@@ -88,12 +124,15 @@ class StaffSessionAuth(APIKeyCookie):
                 "CSRF check failed: send the csrftoken cookie's value in the X-CSRFToken header",
                 reason="csrf_failed",
             )
+        authorize(user, self.permission)
+        request.api_token = None  # type: ignore[attr-defined]
         return user
 
 
-def public_api_auth() -> list[Any]:
-    """The auth list for every public endpoint: a token first, then a staff session."""
-    return [ApiTokenAuth(), StaffSessionAuth()]
+def public_api_auth(permission: str | None = None) -> list[Any]:
+    """The auth list of a public endpoint: a token first, then a staff session, each checking
+    `permission` once the user is known."""
+    return [ApiTokenAuth(permission), StaffSessionAuth(permission)]
 
 
 def create_api_token(*, username: str, name: str) -> tuple[ApiToken, str]:

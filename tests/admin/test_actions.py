@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
@@ -230,6 +231,35 @@ def test_queued_events_page_shows_met_parts_and_clears(staff_client):
         ("queued_events.clear", "operator", 2),
         ("queued_events.clear", "operator", 2),
     ]
+
+
+@pytest.mark.parametrize(
+    ("perms", "can_clear"),
+    [
+        (["view_dag", "change_dag"], False),
+        (["view_dag", "delete_assetdagrunqueue"], True),
+    ],
+)
+def test_dag_page_clear_needs_the_same_permission_as_the_admin_clear_action(
+    db, django_user_model, perms, can_clear
+):
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user(username="clerk", password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=perms))
+    dag = DagFactory(dag_id="report", schedule={"asset": {"name": "a", "uri": "a"}})
+    make_queued(dag, AssetFactory(name="a", uri="a"), 2)
+    client = Client()
+    client.force_login(user)
+    url = reverse("admin:assets_app_dag_queued_events", args=["report"])
+
+    page = client.get(url)
+    assert page.status_code == 200
+    assert ('name="asset_id"' in page.content.decode()) is can_clear
+    response = client.post(url)
+
+    assert response.status_code == (302 if can_clear else 403)
+    assert AssetDagRunQueue.objects.count() == (0 if can_clear else 2)
 
 
 def test_adrq_clear_action_clears_selected_dag_asset_pairs(staff_client):

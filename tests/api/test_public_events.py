@@ -21,7 +21,7 @@ EVENTS = "/api/v2/assets/events"
 
 @pytest.fixture
 def api():
-    get_user_model().objects.create_user("ops", password="pw", is_staff=True)
+    get_user_model().objects.create_user("ops", password="pw", is_staff=True, is_superuser=True)
     _, key = create_api_token(username="ops", name="test")
     return Client(headers={"Authorization": f"Bearer {key}"})
 

@@ -46,7 +46,7 @@ def test_airflow_rest_client_drives_every_endpoint(servers, tmp_path, settings):
     path = tmp_path / "client_dags.json"
     path.write_text(json.dumps(DAGS))
     call_command("sync_dags", str(path))
-    get_user_model().objects.create_user("client", password="x", is_staff=True)
+    get_user_model().objects.create_user("client", password="x", is_staff=True, is_superuser=True)
     _, key = create_api_token(username="client", name="airflow-client")
     web = servers("gunicorn", workers=3)
     servers("qcluster")

@@ -80,7 +80,9 @@ def world():
     mine, other = make_running_tis("auth_producer", 2)
     asset = Asset.objects.get(name="auth-a")
     User = get_user_model()
-    staff = User.objects.create_user("staff", password="pw-staff-1", is_staff=True)
+    staff = User.objects.create_user(
+        "staff", password="pw-staff-1", is_staff=True, is_superuser=True
+    )
     User.objects.create_user("plain", password="pw-plain-1", is_staff=False)
     User.objects.create_superuser("root", password="pw-root-1")
     inactive = User.objects.create_user("gone", password="pw-gone-1", is_staff=True)

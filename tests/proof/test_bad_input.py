@@ -33,7 +33,9 @@ def world():
     make_scheduled_dag("bad_dag", {"any": ["bad-a"]})
     queued, running = make_running_tis("bad_producer", 2)
     TaskInstance.objects.filter(id=queued.id).update(state="queued")
-    user = get_user_model().objects.create_user("bad", password="x", is_staff=True)
+    user = get_user_model().objects.create_user(
+        "bad", password="x", is_staff=True, is_superuser=True
+    )
     _, key = public_auth.create_api_token(username=user.username, name="bad")
     return {"queued": queued.id, "running": running.id, "api_key": key}
 

@@ -73,7 +73,9 @@ def world():
     TaskInstance.objects.filter(id=running[2].id).update(state="success")
     asset = Asset.objects.get(name="fuzz-a")
     registration.register_external_event(asset=asset, extra={"seed": True})
-    user = get_user_model().objects.create_user("fuzzer", password="x", is_staff=True)
+    user = get_user_model().objects.create_user(
+        "fuzzer", password="x", is_staff=True, is_superuser=True
+    )
     _, key = public_auth.create_api_token(username=user.username, name="fuzz")
     return {
         "ti_ids": [ti.id for ti in running],

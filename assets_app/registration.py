@@ -25,6 +25,7 @@ Everything is set-based: registering a batch of payloads issues a fixed number o
 many payloads, outlets and Dags there are.
 """
 
+import hashlib
 import json
 import logging
 from collections import defaultdict
@@ -593,19 +594,42 @@ def register_payload(*, payload: dict[str, Any]) -> RegistrationResult:
     return result
 
 
+@dataclass(frozen=True)
+class IdempotencyKey:
+    """An Idempotency-Key as the service keeps it: the caller's key, who the caller is (`scope`:
+    `token:<id>` or `user:<id>`; another caller's same key is another key) and the sha256 of the
+    request body it came with (`body_hash`, of the body as canonical JSON)."""
+
+    key: str
+    scope: str
+    body_hash: str
+
+    @classmethod
+    def of(cls, *, key: str, scope: str, body: Any) -> "IdempotencyKey":
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return cls(key=key, scope=scope, body_hash=hashlib.sha256(canonical.encode()).hexdigest())
+
+
 def _insert_external_event(
-    *, asset_id: int, extra: dict[str, Any], external_key: str | None, now: datetime
+    *, asset_id: int, extra: dict[str, Any], idempotency: IdempotencyKey | None, now: datetime
 ) -> int | None:
-    """Insert an event without a source TI; None when `external_key` is taken (a retry)."""
+    """Insert an event without a source TI; None when the caller's key is taken (a retry)."""
+    key, scope, body_hash = (
+        (idempotency.key, idempotency.scope, idempotency.body_hash)
+        if idempotency
+        else (None, "", "")
+    )
     if connection.vendor != "postgresql":
         # Writers are serialized on the other databases we run on (SQLite): check, then insert.
-        if (
-            external_key is not None
-            and AssetEvent.objects.filter(external_key=external_key).exists()
-        ):
+        if key is not None and _event_of_key(idempotency) is not None:
             return None
         event = AssetEvent.objects.create(
-            asset_id=asset_id, extra=extra, timestamp=now, external_key=external_key
+            asset_id=asset_id,
+            extra=extra,
+            timestamp=now,
+            external_key=key,
+            external_key_scope=scope,
+            request_hash=body_hash,
         )
         return event.pk
     table = AssetEvent._meta.db_table
@@ -613,28 +637,39 @@ def _insert_external_event(
         # ON CONFLICT waits for a concurrent insert of the same key to commit or roll back.
         cursor.execute(
             f"INSERT INTO {table} (asset_id, extra, timestamp, source_map_index, "
-            "source_ordinal, external_key) VALUES (%s, %s::jsonb, %s, -1, 0, %s) "
+            "source_ordinal, external_key, external_key_scope, request_hash) "
+            "VALUES (%s, %s::jsonb, %s, -1, 0, %s, %s, %s) "
             "ON CONFLICT DO NOTHING RETURNING id",
-            [asset_id, json.dumps(extra), now, external_key],
+            [asset_id, json.dumps(extra), now, key, scope, body_hash],
         )
         row = cursor.fetchone()
     return row[0] if row else None
+
+
+def _event_of_key(idempotency: IdempotencyKey) -> AssetEvent | None:
+    return (
+        AssetEvent.objects.select_related("asset")
+        .filter(external_key_scope=idempotency.scope, external_key=idempotency.key)
+        .first()
+    )
 
 
 def register_external_event(
     *,
     asset: Asset,
     extra: dict[str, Any] | None = None,
-    external_key: str | None = None,
+    idempotency: IdempotencyKey | None = None,
     user: Any = None,
     actor: audit.Actor | None = None,
 ) -> tuple[AssetEvent, bool]:
     """Register an event posted to the public API; returns (event, created).
 
     Its own durable transaction. `extra` gets `from_rest_api: true` (as in Airflow). With an
-    `external_key` (the Idempotency-Key header) a retry returns the first event and writes
-    nothing. ADRQ rows for the Dags scheduled on the asset are written with the event, and the
-    scheduler is nudged after commit. A created event is audited for `actor` (an
+    `idempotency` key (the Idempotency-Key header, scoped to its caller) a retry with the same
+    body returns the first event and writes nothing; the same key with another body raises
+    InvalidInput `idempotency_key_reused` (HTTP 422) and writes nothing. ADRQ rows for the
+    Dags scheduled on the asset are written with the event, and the scheduler is nudged after
+    commit. A created event is audited for `actor` (an
     `audit.Actor`; `user` is kept for callers that pass one), a replay is not.
     """
     # Imported here: tasks imports outbox, which imports this module.
@@ -647,10 +682,19 @@ def register_external_event(
     with transaction.atomic(durable=True):
         now = timezone.now()
         event_id = _insert_external_event(
-            asset_id=asset.pk, extra=extra, external_key=external_key, now=now
+            asset_id=asset.pk, extra=extra, idempotency=idempotency, now=now
         )
         if event_id is None:
-            return AssetEvent.objects.select_related("asset").get(external_key=external_key), False
+            assert idempotency is not None  # only a key can conflict
+            first = _event_of_key(idempotency)
+            if first is None or first.request_hash != idempotency.body_hash:
+                raise exceptions.InvalidInput(
+                    f"Idempotency-Key {idempotency.key!r} was already used with another request "
+                    "body: use a new key for another event",
+                    reason="idempotency_key_reused",
+                    loc=["header", "Idempotency-Key"],
+                )
+            return first, False
         dag_ids = set(
             DagScheduleAssetReference.objects.filter(asset_id=asset.pk).values_list(
                 "dag_id", flat=True
@@ -666,6 +710,6 @@ def register_external_event(
             action="asset_event.create",
             summary=f"registered an external event #{event_id} of asset {asset.name}",
             targets=[audit.Target(kind="asset_event", object_id=event_id)],
-            detail={"asset_id": asset.pk, "external_key": external_key},
+            detail={"asset_id": asset.pk, "external_key": idempotency and idempotency.key},
         )
         return AssetEvent.objects.select_related("asset").get(pk=event_id), True

@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from assets_app import metrics, registration
+from assets_app import exceptions, metrics, registration
 from assets_app.models import (
     Asset,
     AssetAlias,
@@ -255,16 +255,26 @@ def test_query_count_is_flat_in_payloads_and_outlets():
 def test_external_event_gets_from_rest_api_and_idempotency_key_returns_first_event():
     orders = AssetFactory(name="orders")
     scheduled_dag("down", "orders")
+    key = registration.IdempotencyKey.of(key="k-1", scope="user:1", body={"a": 1})
     first, created = registration.register_external_event(
-        asset=orders, extra={"a": 1}, external_key="k-1"
+        asset=orders, extra={"a": 1}, idempotency=key
     )
     again, created_again = registration.register_external_event(
-        asset=orders, extra={"a": 2}, external_key="k-1"
+        asset=orders, extra={"a": 1}, idempotency=key
     )
     assert (created, created_again) == (True, False)
     assert again.id == first.id
     assert first.extra == {"a": 1, "from_rest_api": True}
     assert queue_rows() == [("down", first.id, orders.id)]
+    reused = registration.IdempotencyKey.of(key="k-1", scope="user:1", body={"a": 2})
+    with pytest.raises(exceptions.InvalidInput, match="already used") as refused:
+        registration.register_external_event(asset=orders, extra={"a": 2}, idempotency=reused)
+    assert refused.value.reason == "idempotency_key_reused"
+    elsewhere = registration.IdempotencyKey.of(key="k-1", scope="token:7", body={"a": 2})
+    third, created_third = registration.register_external_event(
+        asset=orders, extra={"a": 2}, idempotency=elsewhere
+    )
+    assert created_third and third.id != first.id
 
 
 def test_an_asset_key_longer_than_the_column_is_a_registration_error():

@@ -58,6 +58,7 @@ class AssetEventAdmin(ReadOnlyAdmin):
         "source_ti_id",
         "source_try_number",
         "external_key",
+        "external_key_scope",
         "via_aliases",
         "consumers",
         "waiting_for",

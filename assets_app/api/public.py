@@ -33,7 +33,7 @@ from assets_app.models import (
     DagRunTriggeredBy,
 )
 
-from .public_auth import public_api_auth
+from .public_auth import caller_scope, public_api_auth
 from .public_permissions import needs
 from .public_schemas import (
     AssetAliasCollectionResponse,
@@ -152,10 +152,18 @@ def create_asset_event(
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=300),
 ) -> AssetEventResponse:
     """Register an external asset event (Airflow: `POST /api/v2/assets/events`). With an
-    `Idempotency-Key` header, a retry returns the first event and writes nothing."""
+    `Idempotency-Key` header (scoped to the caller), a retry with the same body returns the first
+    event and writes nothing; another body with that key is a 422 `idempotency_key_reused`."""
     asset = asset_events.find_asset(asset_id=body.asset_id, name=body.name, uri=body.uri)
+    idempotency = (
+        registration.IdempotencyKey.of(
+            key=idempotency_key, scope=caller_scope(request), body=body.model_dump(mode="json")
+        )
+        if idempotency_key
+        else None
+    )
     event, _ = registration.register_external_event(
-        asset=asset, extra=body.extra, external_key=idempotency_key, actor=actor_of(request)
+        asset=asset, extra=body.extra, idempotency=idempotency, actor=actor_of(request)
     )
     return AssetEventResponse.from_event(event)
 

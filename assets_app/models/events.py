@@ -9,7 +9,10 @@ class AssetEvent(models.Model):
     """One production of an asset. Written only by `registration`; append-only.
 
     The idempotency key of an event from a task is (source TI, try, asset, ordinal) under a unique
-    constraint; an event posted to the public API may carry `external_key` (Idempotency-Key).
+    constraint; an event posted to the public API may carry `external_key` (Idempotency-Key),
+    unique per caller (`external_key_scope`: `token:<id>` or `user:<id>`) and bound to the
+    sha256 of the request body that created it (`request_hash`), so the same key with another body
+    is refused instead of answered with this event.
     """
 
     asset = models.ForeignKey(Asset, on_delete=models.CASCADE, related_name="events")
@@ -23,7 +26,10 @@ class AssetEvent(models.Model):
     source_ti_id = models.UUIDField(null=True, blank=True)
     source_try_number = models.PositiveIntegerField(null=True, blank=True)
     source_ordinal = models.PositiveIntegerField(default=0)
-    external_key = models.CharField(max_length=300, null=True, blank=True, unique=True)
+    external_key = models.CharField(max_length=300, null=True, blank=True)
+    # Database defaults: the drain inserts events in plain SQL without naming these columns.
+    external_key_scope = models.CharField(max_length=80, blank=True, db_default="")
+    request_hash = models.CharField(max_length=64, blank=True, db_default="")
     source_aliases = models.ManyToManyField(
         AssetAlias, through="AssetAliasEvent", related_name="events", blank=True
     )
@@ -35,6 +41,11 @@ class AssetEvent(models.Model):
                 fields=["source_ti_id", "source_try_number", "asset", "source_ordinal"],
                 condition=models.Q(source_ti_id__isnull=False),
                 name="asset_event_idempotency_key",
+            ),
+            models.UniqueConstraint(
+                fields=["external_key_scope", "external_key"],
+                condition=models.Q(external_key__isnull=False),
+                name="asset_event_external_key_per_caller",
             ),
             models.CheckConstraint(
                 condition=models.Q(source_ti_id__isnull=True)

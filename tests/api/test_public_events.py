@@ -14,6 +14,8 @@ from assets_app.models import AssetDagRunQueue, AssetEvent, AuditEntry, DagRun
 from tests.asset_flow import asset_outlet, outbox_row, payload, scheduled_dag
 from tests.factories import AssetFactory
 
+from .snapshots import db_snapshot
+
 pytestmark = pytest.mark.django_db
 
 EVENTS = "/api/v2/assets/events"
@@ -63,10 +65,9 @@ def test_post_event_registers_it_queues_dags_and_returns_airflow_shape(api):
 
 def test_post_event_by_name_and_uri_and_idempotency_key(api):
     AssetFactory(name="orders", uri="s3://b/orders")
-    first = post_event(api, {"name": "orders", "extra": {"n": 1}}, **{"Idempotency-Key": "abc"})
-    again = post_event(
-        api, {"uri": "s3://b/orders", "extra": {"n": 2}}, **{"Idempotency-Key": "abc"}
-    )
+    body = {"name": "orders", "extra": {"n": 1}}
+    first = post_event(api, body, **{"Idempotency-Key": "abc"})
+    again = post_event(api, body, **{"Idempotency-Key": "abc"})
     assert (first.status_code, again.status_code) == (200, 200)
     assert first.json() == again.json()
     assert first.json()["extra"] == {"n": 1, "from_rest_api": True}
@@ -74,6 +75,66 @@ def test_post_event_by_name_and_uri_and_idempotency_key(api):
     other = post_event(api, {"name": "orders", "uri": "s3://b/orders"})
     assert other.status_code == 200
     assert AssetEvent.objects.count() == 2
+
+
+def _caller(username: str, *, session: bool = False) -> Client:
+    user = get_user_model().objects.create_user(
+        username, password="pw", is_staff=True, is_superuser=True
+    )
+    if session:
+        client = Client()
+        client.force_login(user)
+        return client
+    _, key = create_api_token(username=username, name="t")
+    return Client(headers={"Authorization": f"Bearer {key}"})
+
+
+@pytest.mark.parametrize(
+    "other_body",
+    [
+        {"name": "other", "extra": {"n": 1}},  # another asset
+        {"name": "orders", "extra": {"n": 2}},  # another extra
+        {"name": "orders"},  # no extra
+        {"uri": "s3://b/orders", "extra": {"n": 1}},  # the same asset named another way
+    ],
+)
+def test_an_idempotency_key_reused_with_another_body_is_422_and_writes_nothing(api, other_body):
+    AssetFactory(name="orders", uri="s3://b/orders")
+    AssetFactory(name="other", uri="s3://b/other")
+    first = post_event(api, {"name": "orders", "extra": {"n": 1}}, **{"Idempotency-Key": "abc"})
+    assert first.status_code == 200
+    before = db_snapshot()
+
+    reused = post_event(api, other_body, **{"Idempotency-Key": "abc"})
+
+    assert reused.status_code == 422, reused.content
+    (item,) = reused.json()["detail"]
+    assert item["type"] == "idempotency_key_reused"
+    assert item["ctx"]["reason"] == "idempotency_key_reused"
+    assert item["loc"] == ["header", "Idempotency-Key"]
+    assert "abc" in item["msg"] and "another request body" in item["msg"]
+    assert db_snapshot() == before
+    # The first body with that key is still answered with the first event.
+    assert (
+        post_event(api, {"name": "orders", "extra": {"n": 1}}, **{"Idempotency-Key": "abc"}).json()
+        == first.json()
+    )
+
+
+def test_idempotency_keys_belong_to_their_caller():
+    AssetFactory(name="orders", uri="s3://b/orders")
+    body = {"name": "orders", "extra": {"n": 1}}
+    token_a, token_b, session_c = _caller("a"), _caller("b"), _caller("c", session=True)
+    answers = [post_event(c, body, **{"Idempotency-Key": "shared"}) for c in (token_a, token_b)]
+    answers.append(post_event(session_c, body, **{"Idempotency-Key": "shared"}))
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert len({r.json()["id"] for r in answers}) == 3
+    # Each caller's retry finds its own event; another caller's body does not collide.
+    assert post_event(token_b, body, **{"Idempotency-Key": "shared"}).json() == answers[1].json()
+    other = {"name": "orders", "extra": {"n": 9}}
+    assert post_event(session_c, other, **{"Idempotency-Key": "shared"}).status_code == 422
+    assert post_event(session_c, other, **{"Idempotency-Key": "own"}).status_code == 200
+    assert AssetEvent.objects.count() == 4
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,9 @@ A condition is an asset reference, an alias reference, or `all` / `any` over nes
     {"all": [cond, ...]}  /  {"any": [cond, ...]}
 
 `Dag.schedule` stores `to_json(parse(raw))`, so stored schedules parse back to the same tree.
+A condition nests at most `limits.MAX_CONDITION_DEPTH` levels (each condition one level): `parse`
+refuses a deeper one with a ConditionError naming the path, before recursing any further, so the
+functions below never meet a tree deep enough to exhaust Python's stack.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
+from .limits import MAX_CONDITION_DEPTH, UNREADABLE_KEY, UNREADABLE_MESSAGE
 from .models.assets import ASSET_KEY_MAX_LENGTH
 
 
@@ -82,8 +86,13 @@ def parse_asset_ref(raw: Any, *, path: str) -> AssetRef:
     return AssetRef(name=name or uri, uri=uri or name)  # type: ignore[arg-type]
 
 
-def parse(raw: Any, *, path: str = "schedule") -> Condition:
-    """Parse a condition (raw or normalized form). Raises ConditionError naming the JSON path."""
+def parse(raw: Any, *, path: str = "schedule", depth: int = 1) -> Condition:
+    """Parse a condition (raw or normalized form). Raises ConditionError naming the JSON path,
+    also for a condition nested deeper than MAX_CONDITION_DEPTH (`depth` is this node's level)."""
+    if depth > MAX_CONDITION_DEPTH:
+        raise ConditionError(
+            path, f"conditions nest deeper than the {MAX_CONDITION_DEPTH} levels allowed"
+        )
     if isinstance(raw, str):
         return parse_asset_ref(raw, path=path)
     if not isinstance(raw, dict):
@@ -92,6 +101,8 @@ def parse(raw: Any, *, path: str = "schedule") -> Condition:
         )
     if not raw:
         raise ConditionError(path, "condition must not be empty")
+    if raw.get(UNREADABLE_KEY) == UNREADABLE_MESSAGE:
+        raise ConditionError(path, UNREADABLE_MESSAGE)
     keys = set(raw)
     if keys & {"all", "any"}:
         if len(keys) != 1:
@@ -103,7 +114,8 @@ def parse(raw: Any, *, path: str = "schedule") -> Condition:
         if not items:
             raise ConditionError(f"{path}.{operator}", "must not be empty")
         children = tuple(
-            parse(item, path=f"{path}.{operator}[{i}]") for i, item in enumerate(items)
+            parse(item, path=f"{path}.{operator}[{i}]", depth=depth + 1)
+            for i, item in enumerate(items)
         )
         return AllOf(children) if operator == "all" else AnyOf(children)
     if "alias" in keys:

@@ -23,7 +23,7 @@ from django.db.models import (
     Value,
 )
 
-from . import audit, exceptions, listing
+from . import audit, exceptions, limits, listing
 from .models import (
     Asset,
     AssetAlias,
@@ -199,6 +199,8 @@ def asset_expression(dag: Dag) -> dict[str, Any] | None:
     `get_dag(details=True)`; None for a Dag without a schedule."""
     if dag.schedule is None:
         return None
+    if limits.too_deep_path(dag.schedule, limit=2 * limits.MAX_CONDITION_DEPTH) is not None:
+        return None  # stored before the limit: a schedule no door accepts now nor evaluates
     groups: dict[tuple[str, str], str] = {}
     for ref in dag.schedule_asset_refs.all():
         asset: Asset = ref.asset

@@ -54,7 +54,7 @@ from typing import Any
 from django.db import models, transaction
 from django.db.models import Count, Exists, OuterRef
 
-from . import conditions, locks
+from . import conditions, limits, locks
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
 from .models import (
     Asset,
@@ -431,6 +431,15 @@ def parse_text(text: str, *, file: str, fileloc: str = "") -> list[DagDefinition
     """Parse one file's text into Dag definitions. Raises DefinitionError; no database access."""
     try:
         raw = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        # Python's parser gives up around 1,000 levels; name where the document goes too deep.
+        deep = limits.document_too_deep(text) or ""
+        raise DefinitionError(
+            file,
+            limits.abbreviate(deep.lstrip(".")),
+            f"JSON nests deeper than {limits.MAX_DOCUMENT_DEPTH} levels (a schedule condition "
+            f"may nest {limits.MAX_CONDITION_DEPTH} levels)",
+        ) from None
     except json.JSONDecodeError as exc:
         raise DefinitionError(
             file, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}"
@@ -757,6 +766,10 @@ class _Sync:
                 if dag.is_paused != definition.is_paused:
                     self.pause_kept.append((dag.dag_id, dag.is_paused))
             changed = [name for name, value in values.items() if getattr(dag, name) != value]
+            if "schedule" in changed and dag.schedule_error:
+                # A new schedule (every door checked it): the scheduler's old verdict is void.
+                values.update(schedule_error="", schedule_error_at=None)
+                changed += ["schedule_error", "schedule_error_at"]
             if changed:
                 for name in changed:
                     setattr(dag, name, values[name])

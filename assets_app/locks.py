@@ -257,15 +257,18 @@ class SchedulingLocks:
 
     def __init__(self, *, active_states: Sequence[str]) -> None:
         self._claim = _CompiledQuery(
-            _dag_claim_queryset(_ANY_DAG).values_list("is_paused", "schedule", "max_active_runs"),
+            _dag_claim_queryset(_ANY_DAG).values_list(
+                "is_paused", "schedule", "max_active_runs", "schedule_error"
+            ),
             _ANY_DAG,
         )
         self._entries = _CompiledQuery(
             _queue_entries_and_active_runs_queryset(_ANY_DAG, active_states), _ANY_DAG
         )
 
-    def claim_dag(self, dag_id: str) -> tuple[bool, object, int] | None:
-        """`claim_dag_for_scheduling`, as (is_paused, schedule, max_active_runs), or None."""
+    def claim_dag(self, dag_id: str) -> tuple[bool, object, int, str] | None:
+        """`claim_dag_for_scheduling`, as (is_paused, schedule, max_active_runs,
+        schedule_error), or None."""
         rows = self._claim.rows(dag_id)
         return rows[0] if rows else None
 

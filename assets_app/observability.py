@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -27,6 +27,7 @@ from .models import (
     AssetEvent,
     AssetEventQueue,
     ComponentHeartbeat,
+    Dag,
     DagRun,
     DagRunType,
 )
@@ -391,15 +392,58 @@ def render_prometheus(*, now: datetime | None = None) -> str:
 
 
 @dataclass(frozen=True)
+class FailingDag:
+    """A Dag the scheduler skips because it cannot evaluate it (`Dag.schedule_error`)."""
+
+    dag_id: str
+    error: str
+    since: datetime | None
+
+
+# /healthz names this many failing Dags (and counts them all).
+FAILING_DAGS_SHOWN = 20
+
+
+@dataclass(frozen=True)
 class Health:
     ok: bool
     database: bool
     components: list[ComponentHealth]
+    # Not a reason for `ok` to be False (the service and every other Dag work): "degraded".
+    failing_dags: list[FailingDag] = field(default_factory=list)
+    failing_dag_count: int = 0
+
+    @property
+    def status(self) -> str:
+        if not self.ok:
+            return "unhealthy"
+        return "degraded" if self.failing_dag_count else "ok"
+
+
+def failing_dags(*, limit: int = FAILING_DAGS_SHOWN) -> tuple[list[FailingDag], int]:
+    """The first `limit` Dags with a `schedule_error` (by dag_id) and how many there are."""
+    failing = Dag.objects.exclude(schedule_error="").order_by("dag_id")
+    shown = [
+        FailingDag(dag_id, error, since)
+        for dag_id, error, since in failing.values_list(
+            "dag_id", "schedule_error", "schedule_error_at"
+        )[:limit]
+    ]
+    count = len(shown) if len(shown) < limit else failing.count()
+    return shown, count
 
 
 def health(*, now: datetime | None = None) -> Health:
-    """Database reachable, and drain and scheduler succeeded recently."""
+    """Database reachable, and drain and scheduler succeeded recently; plus the Dags the
+    scheduler cannot evaluate (a degraded but working service)."""
     if not database_reachable():
         return Health(ok=False, database=False, components=[])
     components = component_health(now=now)
-    return Health(ok=all(c.healthy for c in components), database=True, components=components)
+    shown, count = failing_dags()
+    return Health(
+        ok=all(c.healthy for c in components),
+        database=True,
+        components=components,
+        failing_dags=shown,
+        failing_dag_count=count,
+    )

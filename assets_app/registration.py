@@ -39,7 +39,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import audit, exceptions, metrics
+from . import audit, exceptions, limits, metrics
 from .models import (
     Asset,
     AssetAlias,
@@ -667,7 +667,8 @@ def register_external_event(
     Its own durable transaction. `extra` gets `from_rest_api: true` (as in Airflow). With an
     `idempotency` key (the Idempotency-Key header, scoped to its caller) a retry with the same
     body returns the first event and writes nothing; the same key with another body raises
-    InvalidInput `idempotency_key_reused` (HTTP 422) and writes nothing. ADRQ rows for the
+    InvalidInput `idempotency_key_reused` (HTTP 422) and writes nothing; so does an `extra`
+    nested deeper than `limits.MAX_JSON_DEPTH` (`too_deep`). ADRQ rows for the
     Dags scheduled on the asset are written with the event, and the scheduler is nudged after
     commit. A created event is audited for `actor` (an
     `audit.Actor`; `user` is kept for callers that pass one), a replay is not.
@@ -677,6 +678,7 @@ def register_external_event(
 
     if actor is None and user is not None:
         actor = audit.Actor.from_user(user, via="api")
+    limits.check_json_depth(extra or {}, field="extra", loc=("body", "extra"))
 
     extra = {**(extra or {}), "from_rest_api": True}
     with transaction.atomic(durable=True):

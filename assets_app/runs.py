@@ -21,7 +21,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from . import audit, dependencies, exceptions, locks
+from . import audit, dependencies, exceptions, limits, locks
 from .models import (
     Dag,
     DagRun,
@@ -247,7 +247,8 @@ def trigger_dag(
     `run_type` is asset_materialization for `materialize_asset`.
 
     Errors (nothing written): unknown Dag -> NotFound ("dag_not_found"); paused Dag ->
-    InvalidState ("dag_paused"); `conf` not a JSON object -> InvalidInput ("invalid_conf"); a
+    InvalidState ("dag_paused"); `conf` not a JSON object -> InvalidInput ("invalid_conf"),
+    nested deeper than `limits.MAX_JSON_DEPTH` -> InvalidInput ("too_deep"); a
     `run_id` already used by the Dag -> Conflict ("dag_run_exists"). Manual runs are not limited
     by `max_active_runs` (see the module docstring).
     """
@@ -257,6 +258,7 @@ def trigger_dag(
         raise exceptions.InvalidInput(
             f"conf must be a JSON object, got {type(conf).__name__}", reason="invalid_conf"
         )
+    limits.check_json_depth(conf, field="conf", loc=("body", "conf"))
     if run_id is not None and not run_id.strip():
         raise exceptions.InvalidInput("dag_run_id must not be empty", reason="invalid_run_id")
     with transaction.atomic(durable=True):

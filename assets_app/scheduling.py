@@ -8,6 +8,13 @@ runs, lock its ADRQ rows (SKIP LOCKED), evaluate its condition on the assets of 
 events and delete exactly those rows (invariant 8). A paused Dag's rows wait; unpausing it, or a
 run finishing below `max_active_runs`, lets the next sweep (or the next drain batch for the Dag)
 pick them up.
+
+A Dag the scheduler cannot evaluate (a stored schedule no door accepts now, e.g. nested deeper
+than `limits.MAX_CONDITION_DEPTH`, or any other error of its own step that is not the database's)
+is isolated (invariant 13): its transaction rolls back, the error is recorded on the Dag
+(`schedule_error`, shown in the admin and in `/healthz`), its events wait, and the pass goes on
+with the other Dags. The error is cleared the next time the Dag evaluates. A database error
+still fails the pass, as it would fail every Dag after it.
 """
 
 import json
@@ -21,8 +28,9 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from . import conditions, heartbeats, locks, metrics, runs
+from . import conditions, heartbeats, limits, locks, metrics, runs
 from .models import (
     AssetAliasAsset,
     AssetDagRunQueue,
@@ -47,6 +55,8 @@ class ScheduleResult:
     seconds: float
     # Dags another scheduler held: rows committed after it took its lock wait for the next pass.
     dags_locked: tuple[str, ...] = ()
+    # Dags it could not evaluate (their `schedule_error` says why): skipped, the others went on.
+    dags_failed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,8 @@ def candidate_dag_ids(*, dag_ids: Iterable[str] | None = None) -> list[str]:
 
 
 LOCKED = "locked"
+FAILED = "failed"
+MAX_ERROR_LENGTH = 2_000
 # Dags whose tasks one query reads ahead of scheduling them (see `_Pass.tasks`).
 TASKS_BATCH = 200
 
@@ -141,16 +153,52 @@ def schedule_dag(*, dag_id: str) -> TriggeredRun | None:
     return outcome
 
 
+class _CannotEvaluate(Exception):
+    """The Dag's own step failed (not the database): roll its transaction back, record why."""
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, conditions.ConditionError):
+        text = f"schedule cannot be evaluated: {limits.abbreviate(exc.path)}: {exc.message}"
+    else:
+        text = f"schedule cannot be evaluated: {type(exc).__name__}: {exc}"
+    return text[:MAX_ERROR_LENGTH]
+
+
+def _record_schedule_error(dag_id: str, error: str) -> None:
+    """Record (or clear, with "") why the Dag could not be evaluated: one UPDATE, written only
+    when the text changes, so a Dag failing every pass is not rewritten every pass. Runs in the
+    caller's transaction, or in its own statement (autocommit)."""
+    Dag.objects.filter(dag_id=dag_id).exclude(schedule_error=error).update(
+        schedule_error=error, schedule_error_at=timezone.now() if error else None
+    )
+
+
 def _schedule_dag(dag_id: str, context: _Pass, position: int = 0) -> TriggeredRun | str | None:
-    """`schedule_dag`, telling "another scheduler holds the Dag" (LOCKED) from the other Nones.
+    """`schedule_dag`, telling "another scheduler holds the Dag" (LOCKED) and "cannot be
+    evaluated" (FAILED, recorded on the Dag) from the other Nones.
 
     Does not count the run in the metrics: the callers do, after the commit.
     """
+    try:
+        return _schedule_dag_in_transaction(dag_id, context, position)
+    except DatabaseError:
+        raise
+    except Exception as exc:  # this Dag only: its transaction rolled back, the pass goes on
+        logger.exception("dag %s cannot be scheduled; its events wait", dag_id)
+        cause = exc.__cause__ if isinstance(exc, _CannotEvaluate) and exc.__cause__ else exc
+        _record_schedule_error(dag_id, _describe(cause))
+        return FAILED
+
+
+def _schedule_dag_in_transaction(
+    dag_id: str, context: _Pass, position: int
+) -> TriggeredRun | str | None:
     with transaction.atomic(durable=True):
         claimed = context.locks.claim_dag(dag_id)
         if claimed is None:
             return LOCKED
-        is_paused, schedule, max_active_runs = claimed
+        is_paused, schedule, max_active_runs, schedule_error = claimed
         if is_paused or schedule is None:
             return None
         # The rows and the active-run count in one statement, read once the Dag lock is held.
@@ -159,19 +207,24 @@ def _schedule_dag(dag_id: str, context: _Pass, position: int = 0) -> TriggeredRu
             return None
         try:
             condition = context.condition(schedule)
-        except conditions.ConditionError:
-            logger.exception("dag %s has an unreadable schedule; its events wait", dag_id)
-            return None
+            aliases = conditions.referenced_aliases(condition)
+        except Exception as exc:
+            raise _CannotEvaluate() from exc
         event_ids = sorted({event_id for _, event_id, _, _ in rows})
         present = {name for _, _, _, name in rows}
         alias_assets: dict[str, set[str]] = defaultdict(set)
-        aliases = conditions.referenced_aliases(condition)
         if aliases:
             for alias_name, asset_name in AssetAliasAsset.objects.filter(
                 alias__name__in=aliases
             ).values_list("alias__name", "asset__name"):
                 alias_assets[alias_name].add(asset_name)
-        if not conditions.evaluate(condition, present=present, alias_assets=alias_assets):
+        try:
+            met = conditions.evaluate(condition, present=present, alias_assets=alias_assets)
+        except Exception as exc:
+            raise _CannotEvaluate() from exc
+        if schedule_error:
+            _record_schedule_error(dag_id, "")
+        if not met:
             return None
         dag = Dag.from_db(
             connection.alias,
@@ -206,6 +259,7 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
     started = time.monotonic()
     created: list[tuple[str, str]] = []
     locked: list[str] = []
+    failed: list[str] = []
     consumed = 0
     checked = 0
     ok = False
@@ -220,6 +274,8 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
                 consumed += outcome.event_count
             elif outcome == LOCKED:
                 locked.append(dag_id)
+            elif outcome == FAILED:
+                failed.append(dag_id)
         ok = True
     finally:
         # One counter statement per pass rather than one per run (each is a commit of its own);
@@ -232,7 +288,12 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
         heartbeats.record(
             component="scheduler",
             ok=ok,
-            detail={"dags_checked": checked, "runs_created": len(created), "seconds": seconds},
+            detail={
+                "dags_checked": checked,
+                "runs_created": len(created),
+                "dags_failed": len(failed),
+                "seconds": seconds,
+            },
         )
     return ScheduleResult(
         dags_checked=checked,
@@ -240,6 +301,7 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
         events_consumed=consumed,
         seconds=seconds,
         dags_locked=tuple(locked),
+        dags_failed=tuple(failed),
     )
 
 

@@ -16,10 +16,12 @@ def metrics(request):
 
 @require_GET
 def healthz(request):
-    """200 when the database answers and the drain and scheduler succeeded recently, else 503."""
+    """200 when the database answers and the drain and scheduler succeeded recently, else 503.
+    Dags the scheduler cannot evaluate make it "degraded" (still 200: everything else works),
+    each named with its error."""
     result = observability.health()
     body = {
-        "status": "ok" if result.ok else "unhealthy",
+        "status": result.status,
         "database": "ok" if result.database else "unreachable",
         "components": {
             c.component: {
@@ -30,6 +32,17 @@ def healthz(request):
             for c in result.components
         },
         "max_age_seconds": observability.health_max_age().total_seconds(),
+        "failing_dags": {
+            "count": result.failing_dag_count,
+            "dags": [
+                {
+                    "dag_id": d.dag_id,
+                    "error": d.error,
+                    "since": d.since.isoformat() if d.since else None,
+                }
+                for d in result.failing_dags
+            ],
+        },
     }
     return JsonResponse(body, status=200 if result.ok else 503)
 

@@ -1,6 +1,5 @@
 """Building blocks shared by the admin modules: read-only model admins and display helpers."""
 
-import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import audit
+from .. import audit, limits
 from ..models import DagRunState, TIState
 
 # Run and TI states as colours, one mapping over the state values (Airflow's palette, roughly).
@@ -142,9 +141,7 @@ def changelist_url(model: type[Model], **query: Any) -> str:
 
 
 def pretty_json(value: Any) -> str:
-    return format_html(
-        '<pre class="aes-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True)
-    )
+    return format_html('<pre class="aes-json">{}</pre>', limits.display_json(value, indent=2))
 
 
 def first_line(text: str, limit: int = 120) -> str:

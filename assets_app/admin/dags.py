@@ -13,7 +13,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import conditions, exceptions, queued_events, runs
+from .. import conditions, exceptions, limits, queued_events, runs
 from ..models import (
     AssetAliasAsset,
     AssetDagRunQueue,
@@ -67,8 +67,8 @@ def condition_text(raw) -> str:
 
     try:
         return text(conditions.parse(raw))
-    except conditions.ConditionError:
-        return f"unparseable: {raw!r}"
+    except conditions.ConditionError as exc:
+        return f"cannot be evaluated: {limits.abbreviate(exc.path)}: {exc.message}"
 
 
 class ScheduleFilter(admin.SimpleListFilter):
@@ -83,6 +83,21 @@ class ScheduleFilter(admin.SimpleListFilter):
             return queryset.filter(schedule__isnull=False)
         if self.value() == "manual":
             return queryset.filter(schedule__isnull=True)
+        return queryset
+
+
+class SchedulerErrorFilter(admin.SimpleListFilter):
+    title = "scheduler"
+    parameter_name = "evaluable"
+
+    def lookups(self, request, model_admin):
+        return (("no", "cannot be evaluated"), ("yes", "evaluates"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "no":
+            return queryset.exclude(schedule_error="")
+        if self.value() == "yes":
+            return queryset.filter(schedule_error="")
         return queryset
 
 
@@ -142,13 +157,14 @@ class DagAdmin(admin.ModelAdmin):
         "dag_id",
         "is_paused",
         "schedule_summary",
+        "scheduler_status",
         "task_count",
         "queued_event_count",
         "active_run_count",
         "last_run_at",
         "grid_link",
     )
-    list_filter = ("is_paused", ScheduleFilter)
+    list_filter = ("is_paused", ScheduleFilter, SchedulerErrorFilter)
     search_fields = ("dag_id", "description")
     inlines = (TaskInline,)
     fieldsets = (
@@ -161,6 +177,7 @@ class DagAdmin(admin.ModelAdmin):
                     "is_paused",
                     "max_active_runs",
                     "schedule_summary",
+                    "scheduler_status",
                     "queued_events_summary",
                     "fileloc",
                 )
@@ -179,6 +196,7 @@ class DagAdmin(admin.ModelAdmin):
         "dag_id",
         "description",
         "schedule_summary",
+        "scheduler_status",
         "schedule_json",
         "queued_events_summary",
         "fileloc",
@@ -229,11 +247,25 @@ class DagAdmin(admin.ModelAdmin):
             obj.dag_id,
         )
 
+    @admin.display(description="scheduler")
+    def scheduler_status(self, obj):
+        """ "evaluates", or the error the scheduler recorded when it last could not evaluate the
+        Dag (it skips the Dag, its events wait, the other Dags go on)."""
+        if not obj.schedule_error:
+            return "evaluates"
+        return format_html(
+            '<span class="aes-badge aes-badge-bad" title="{}">cannot be evaluated</span> '
+            '<span class="aes-muted">since {}: {}</span>',
+            obj.schedule_error,
+            obj.schedule_error_at.strftime("%Y-%m-%d %H:%M UTC") if obj.schedule_error_at else "?",
+            obj.schedule_error[:SCHEDULE_LIST_TEXT_SHOWN],
+        )
+
     @admin.display(description="schedule (stored JSON)")
     def schedule_json(self, obj):
         if obj.schedule is None:
             return pretty_json(None)
-        text = json.dumps(obj.schedule, indent=2, sort_keys=True)
+        text = limits.display_json(obj.schedule, indent=2)
         if len(text) <= SCHEDULE_JSON_SHOWN:
             return pretty_json(obj.schedule)
         return format_html(
@@ -432,8 +464,11 @@ def queued_events_context(dag: Dag) -> dict:
         .order_by("asset_event_id")[:QUEUED_ROWS_SHOWN]
     )
     tree = None
-    if dag.schedule is not None:
-        condition = conditions.parse(dag.schedule)
+    try:
+        condition = conditions.parse(dag.schedule) if dag.schedule is not None else None
+    except conditions.ConditionError:
+        condition = None  # `schedule_text` says why
+    if condition is not None:
         aliases = conditions.referenced_aliases(condition)
         alias_assets: dict[str, set[str]] = {name: set() for name in aliases}
         for alias_name, asset_name in AssetAliasAsset.objects.filter(

@@ -23,7 +23,7 @@ from ninja.parser import Parser
 from ninja.renderers import JSONRenderer
 from ninja.responses import NinjaJSONEncoder
 
-from assets_app import exceptions
+from assets_app import exceptions, limits
 
 
 def _reject_constant(name: str) -> Any:
@@ -49,7 +49,16 @@ class JsonParser(Parser):
     def parse_body(self, request: HttpRequest) -> Any:
         # Strict UTF-8 (a leading BOM tolerated, as json.loads does): no raw surrogate bytes.
         text = request.body.decode("utf-8-sig")
-        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        try:
+            data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        except RecursionError:
+            path = limits.document_too_deep(text) or ""
+            raise exceptions.InvalidInput(
+                f"body{limits.abbreviate(path)}: JSON nests deeper than Python can parse "
+                f"(fields may nest {limits.MAX_JSON_DEPTH} levels)",
+                reason="too_deep",
+                loc=["body"],
+            ) from None
         if ("\\ud" in text or "\\uD" in text) and _has_lone_surrogate(data):
             raise exceptions.InvalidInput(
                 "JSON strings must not contain a lone UTF-16 surrogate (\\ud800-\\udfff)",

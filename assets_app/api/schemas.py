@@ -17,7 +17,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
-from assets_app import asset_events, task_state
+from assets_app import asset_events, limits, task_state
 from assets_app.models import Asset, AssetEvent, TaskInstance
 from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
 
@@ -87,7 +87,15 @@ class AssetProfile(TypedDict):
 def _bounded_outlet_event(event: JsonDict) -> JsonDict:
     """An outlet event stays free-form (Airflow's `dict[str, Any]`), but the asset and alias
     names in it become columns when the drain registers it: over-long ones are a 422 now rather
-    than an outbox row that can only be parked."""
+    than an outbox row that can only be parked. Its `extra` and `dest_asset_extra` nest at most
+    `limits.MAX_JSON_DEPTH` levels, as at every other door."""
+    for json_field in ("extra", "dest_asset_extra"):
+        path = limits.too_deep_path(event.get(json_field))
+        if path is not None:
+            raise ValueError(
+                f"{json_field}{limits.abbreviate(path)}: "
+                f"{limits.depth_message(limit=limits.MAX_JSON_DEPTH)}"
+            )
     key = event.get("dest_asset_key")
     named = [("source_alias_name", event.get("source_alias_name"))]
     if isinstance(key, dict):

@@ -1,5 +1,7 @@
 from django.db import models
 
+from ..limits import StoredJsonDecoder
+
 # Airflow allows 1500 characters for an asset's name and uri; a btree index on them still fits.
 ASSET_KEY_MAX_LENGTH = 1500
 
@@ -10,7 +12,7 @@ class Asset(models.Model):
     name = models.CharField(max_length=ASSET_KEY_MAX_LENGTH, unique=True)
     uri = models.CharField(max_length=ASSET_KEY_MAX_LENGTH, unique=True)
     group = models.CharField(max_length=ASSET_KEY_MAX_LENGTH, default="asset")
-    extra = models.JSONField(default=dict, blank=True)
+    extra = models.JSONField(decoder=StoredJsonDecoder, default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -1,5 +1,6 @@
 from django.db import models
 
+from ..limits import StoredJsonDecoder
 from .assets import Asset, AssetAlias
 
 DAG_ID_MAX_LENGTH = 250
@@ -14,8 +15,12 @@ class Dag(models.Model):
     max_active_runs = models.PositiveIntegerField(default=16)
     # Normalized condition (see conditions.py): {"asset": {"name", "uri"}} | {"alias": name}
     # | {"all": [...]} | {"any": [...]}; null means manual runs only.
-    schedule = models.JSONField(null=True, blank=True)
+    schedule = models.JSONField(decoder=StoredJsonDecoder, null=True, blank=True)
     fileloc = models.CharField(max_length=2000, blank=True, default="")
+    # Why the scheduler could not evaluate this Dag on its last try ("" when it could), and
+    # since when: it skips the Dag and goes on with the others (invariant 13).
+    schedule_error = models.TextField(blank=True, db_default="")
+    schedule_error_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -1,6 +1,7 @@
 from django.db import models
 from django.utils import timezone
 
+from ..limits import StoredJsonDecoder
 from .assets import Asset, AssetAlias
 from .dags import DAG_ID_MAX_LENGTH
 
@@ -16,7 +17,7 @@ class AssetEvent(models.Model):
     """
 
     asset = models.ForeignKey(Asset, on_delete=models.CASCADE, related_name="events")
-    extra = models.JSONField(default=dict, blank=True)
+    extra = models.JSONField(decoder=StoredJsonDecoder, default=dict, blank=True)
     timestamp = models.DateTimeField(default=timezone.now)
     source_dag_id = models.CharField(max_length=DAG_ID_MAX_LENGTH, null=True, blank=True)
     source_run_id = models.CharField(max_length=DAG_ID_MAX_LENGTH, null=True, blank=True)

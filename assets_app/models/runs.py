@@ -3,6 +3,7 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
+from ..limits import StoredJsonDecoder
 from .dags import DAG_ID_MAX_LENGTH, Dag
 
 
@@ -70,7 +71,7 @@ class DagRun(models.Model):
     clear_number = models.PositiveIntegerField(default=0)
     # When the run was last queued: its creation, or its last clear (Airflow's `queued_at`).
     queued_at = models.DateTimeField(default=timezone.now)
-    conf = models.JSONField(default=dict, blank=True)
+    conf = models.JSONField(decoder=StoredJsonDecoder, default=dict, blank=True)
     triggering_user_name = models.CharField(max_length=150, null=True, blank=True)
     note = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -1,9 +1,8 @@
 """Template filters of the operator admin pages."""
 
-import json
-
 from django import template
 
+from assets_app import limits
 from assets_app.admin import base
 
 register = template.Library()
@@ -12,7 +11,7 @@ register = template.Library()
 @register.filter
 def compact_json(value) -> str:
     """`{"rows": 12}`: JSON on one line, keys sorted (escaped by the template as usual)."""
-    return json.dumps(value, sort_keys=True, separators=(", ", ": "), default=str)
+    return limits.display_json(value, indent=None, separators=(", ", ": "), default=str)
 
 
 @register.filter

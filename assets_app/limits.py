@@ -1,0 +1,160 @@
+"""Input bounds: one rule each, in one place, applied at every door (invariant 13).
+
+- `MAX_JSON_DEPTH` (64): how deep a JSON value a caller gives us may nest (an event's `extra`,
+  an alias event's `dest_asset_extra`, an asset's `extra`, a run's `conf`), counting the value
+  itself as level 1: `{"a": {"b": 1}}` is 2 levels. Checked by the worker API, the public API
+  and the DAG definitions alike (`check_json_depth`).
+- `MAX_CONDITION_DEPTH` (32): how deep a schedule condition may nest, counting each condition
+  (asset, alias, `all`, `any`) as one level: `{"all": ["a", "b"]}` is 2 levels. Checked by
+  `conditions.parse`, so every door that parses a schedule (definitions, `sync_dags`, the
+  scheduler reading a stored one) refuses the same trees.
+- `MAX_DOCUMENT_DEPTH` (512): a request body or definition file too deep for Python's JSON
+  parser (a RecursionError around 1,000 levels) is refused with the JSON path where it passes
+  512 levels, found by `document_too_deep` without recursion. Anything shallower is parsed and
+  then meets the two rules above, which name the exact field and path.
+
+Every check here walks the value iteratively, so a value nested 100,000 levels is refused with a
+message rather than a RecursionError. What was stored before a limit existed is shown, not
+re-validated: `display_json` renders JSON up to `MAX_DISPLAY_DEPTH` (128: twice the input limit,
+so whatever the rules accept shows in full, also inside an outbox payload around it) and a
+deeper value as a note, so the page still renders.
+"""
+
+import json
+import re
+from typing import Any
+
+from . import exceptions
+
+MAX_JSON_DEPTH = 64
+MAX_CONDITION_DEPTH = 32
+MAX_DOCUMENT_DEPTH = 512
+MAX_DISPLAY_DEPTH = 128
+
+_STRUCTURAL = re.compile(r'["{}\[\],]')
+
+
+def _segment(key: Any) -> str:
+    return f"[{key}]" if isinstance(key, int) else f".{key}"
+
+
+def too_deep_path(value: Any, *, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """The JSON path (relative, e.g. `.a[0].b`) of the first container nested deeper than
+    `limit` levels in `value`, or None when `value` is within the limit."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if isinstance(node, dict):
+            items = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            continue
+        if depth > limit:
+            return path
+        for key, child in items:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1, path + _segment(key)))
+    return None
+
+
+def depth_message(*, limit: int, what: str = "JSON") -> str:
+    return f"{what} nests deeper than the {limit} levels allowed"
+
+
+def check_json_depth(
+    value: Any, *, field: str, loc: tuple[str | int, ...] = (), limit: int = MAX_JSON_DEPTH
+) -> None:
+    """Raise InvalidInput (`too_deep`, HTTP 422) naming `field` and the path where `value`
+    nests deeper than `limit`; `loc` is where the field is in a request (default: `field`)."""
+    path = too_deep_path(value, limit=limit)
+    if path is not None:
+        raise exceptions.InvalidInput(
+            f"{field}{abbreviate(path)}: {depth_message(limit=limit)}",
+            reason="too_deep",
+            loc=list(loc or (field,)),
+            max_depth=limit,
+        )
+
+
+def document_too_deep(text: str, *, limit: int = MAX_DOCUMENT_DEPTH) -> str | None:
+    """The JSON path (e.g. `[0].schedule.all[0]`) where the JSON text `text` opens a container
+    deeper than `limit` levels, or None. A scan of the text, without parsing or recursion; only
+    strings are decoded, to name object keys. For malformed text the answer is a best effort."""
+    # Each frame: [is_object, key or index, expecting a key].
+    frames: list[list[Any]] = []
+    position = 0
+    while (found := _STRUCTURAL.search(text, position)) is not None:
+        position = found.start()
+        char = text[position]
+        if char == '"':
+            end = position + 1
+            while True:
+                end = text.find('"', end)
+                if end == -1:
+                    return None
+                backslashes = 0
+                while text[end - 1 - backslashes] == "\\":
+                    backslashes += 1
+                if backslashes % 2 == 0:
+                    break
+                end += 1
+            if frames and frames[-1][0] and frames[-1][2]:
+                try:
+                    frames[-1][1] = json.loads(text[position : end + 1])
+                except ValueError:
+                    frames[-1][1] = text[position + 1 : end]
+                frames[-1][2] = False
+            position = end + 1
+            continue
+        if char in "{[":
+            if len(frames) >= limit:
+                return "".join(_segment(frame[1]) for frame in frames)
+            frames.append([char == "{", None if char == "{" else 0, char == "{"])
+        elif char in "}]":
+            if frames:
+                frames.pop()
+        elif char == "," and frames:
+            if frames[-1][0]:
+                frames[-1][2] = True
+            else:
+                frames[-1][1] += 1
+        position += 1
+    return None
+
+
+# What `StoredJsonDecoder` reads a value too deep for Python's parser as.
+UNREADABLE_KEY = "unreadable"
+UNREADABLE_MESSAGE = "stored JSON nests too deep for Python's parser; not loaded"
+
+
+class StoredJsonDecoder(json.JSONDecoder):
+    """The decoder of the JSON columns callers fill (events' and assets' `extra`, a run's
+    `conf`, a Dag's `schedule`): a value stored before the limits existed that is too deep for
+    Python's parser (a RecursionError, ~1,000 levels less the caller's stack) reads as
+    `{UNREADABLE_KEY: UNREADABLE_MESSAGE}`, so the page or answer showing it still works."""
+
+    def decode(self, s: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().decode(s, *args, **kwargs)
+        except RecursionError:
+            return {UNREADABLE_KEY: UNREADABLE_MESSAGE}
+
+
+def abbreviate(path: str, *, keep: int = 160) -> str:
+    """A JSON path short enough for a message: its start and end around an ellipsis."""
+    if len(path) <= keep:
+        return path
+    return f"{path[: keep * 2 // 3]}…{path[-(keep // 3) :]}"
+
+
+def display_json(value: Any, *, indent: int | None = 2, **dumps: Any) -> str:
+    """`value` as JSON text for a page (keys sorted); a value stored nested deeper than
+    MAX_DISPLAY_DEPTH becomes a note, so the page still renders."""
+    path = too_deep_path(value, limit=MAX_DISPLAY_DEPTH)
+    if path is not None:
+        return (
+            f"(not shown: nests deeper than the {MAX_DISPLAY_DEPTH} levels a page shows, "
+            f"at {abbreviate(path)})"
+        )
+    return json.dumps(value, indent=indent, sort_keys=True, **dumps)

@@ -25,7 +25,7 @@ from assets_app.models import Asset
 from .conftest import app_table_counts, figure, make_running_tis, make_scheduled_dag
 from .test_auth_matrix import OPEN_PUBLIC_OPERATIONS, _operations, _url
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 PREFIX = "/api/v2"
 

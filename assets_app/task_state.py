@@ -701,15 +701,22 @@ def fail_dead_task_instances(*, limit: int = 500) -> HeartbeatSweep:
 _NOT_SKIPPABLE = (TIState.RUNNING, TIState.SUCCESS, TIState.FAILED)
 
 
-def skip_downstream(*, ti_id: UUID, tasks: list[tuple[str, int]]) -> int:
+def skip_downstream(*, ti_id: UUID, try_number: int, tasks: list[tuple[str, int]]) -> int:
     """A branching TI skips tasks of its run (Airflow's `PATCH .../skip-downstream`): those of
     `tasks` ((task_id, map_index)) not running, success or failed become skipped, in one
     conditional UPDATE (autocommit; the TI's own row is not locked: it only names the run).
     Then, as after any finish, their downstream are evaluated and the run may finish. Returns
-    how many TIs were skipped; replaying it skips nothing more. Unknown TI: NotFound."""
-    source = TaskInstance.objects.filter(id=ti_id).values("dag_run_id", "dag_id").first()
+    how many TIs were skipped; replaying it skips nothing more. Unknown TI: NotFound; another
+    try than the token's: StaleTry (checked on the row it reads anyway)."""
+    source = (
+        TaskInstance.objects.filter(id=ti_id).values("dag_run_id", "dag_id", "try_number").first()
+    )
     if source is None:
         raise _not_found(ti_id)
+    if source["try_number"] != try_number:
+        raise exceptions.StaleTry.of(
+            ti_id=ti_id, token_try=try_number, current_try=source["try_number"]
+        )
     wanted = sorted(set(tasks))
     if not wanted:
         return 0

@@ -36,11 +36,12 @@ def states(run: DagRun) -> dict[str, str]:
 
 def run_and_finish(ti: TaskInstance, state: str) -> None:
     """Start a queued TI and finish it through the worker-facing domain functions."""
-    task_state.start(ti_id=ti.id, hostname="h", unixname="u", pid=1, start_date=timezone.now())
+    tries = {"ti_id": ti.id, "try_number": ti.try_number}
+    task_state.start(**tries, hostname="h", unixname="u", pid=1, start_date=timezone.now())
     if state == TIState.SUCCESS:
-        task_state.succeed(ti_id=ti.id, end_date=timezone.now(), task_outlets=[], outlet_events=[])
+        task_state.succeed(**tries, end_date=timezone.now(), task_outlets=[], outlet_events=[])
     else:
-        task_state.finish(ti_id=ti.id, state=state, end_date=timezone.now())
+        task_state.finish(**tries, state=state, end_date=timezone.now())
 
 
 def ti(run: DagRun, task_id: str) -> TaskInstance:
@@ -153,13 +154,22 @@ def test_a_finish_costs_a_fixed_number_of_statements(django_assert_num_queries):
         run = runs.trigger_dag(dag_id=dag_id)
         root = ti(run, "root")
         task_state.start(
-            ti_id=root.id, hostname="h", unixname="u", pid=1, start_date=timezone.now()
+            ti_id=root.id,
+            try_number=root.try_number,
+            hostname="h",
+            unixname="u",
+            pid=1,
+            start_date=timezone.now(),
         )
         # read, outbox insert, conditional update (and the test's savepoint pair); then the
         # evaluation, which queued every t: no run-finish statement
         with django_assert_num_queries(6):
             task_state.succeed(
-                ti_id=root.id, end_date=timezone.now(), task_outlets=[], outlet_events=[]
+                ti_id=root.id,
+                try_number=root.try_number,
+                end_date=timezone.now(),
+                task_outlets=[],
+                outlet_events=[],
             )
         assert set(states(run).values()) == {TIState.SUCCESS, TIState.QUEUED}
 

@@ -94,7 +94,9 @@ def ti_skip_downstream(
     payload: schemas.TISkippedDownstreamTasksStatePayload,
 ):
     tasks = [(t, -1) if isinstance(t, str) else (t[0], t[1]) for t in payload.tasks]
-    task_state.skip_downstream(ti_id=task_instance_id, tasks=tasks)
+    task_state.skip_downstream(
+        ti_id=task_instance_id, try_number=auth.try_of(request.auth), tasks=tasks
+    )
     return HttpResponse(status=204)
 
 

@@ -106,6 +106,8 @@ def test_the_token_of_try_1_changes_nothing_of_a_running_try_2(worker_api, setti
         call(worker_api, "PATCH", ti, "state", {"state": "failed", "end_date": END}, first)
     )
     assert_stale(retry(worker_api, ti, first))
+    skip = {"tasks": ["other"]}
+    assert_stale(call(worker_api, "PATCH", ti, "skip-downstream", skip, first))
     assert_stale(worker_api.request("GET", "/assets/by-name", token=first, name="orders"))
 
     assert db_snapshot() == before

@@ -51,7 +51,12 @@ def test_upstream_finishing_together_queue_their_downstream_once(monkeypatch):
         run_ids.append(run.pk)
         for t in TaskInstance.objects.filter(dag_run=run, state=TIState.QUEUED):
             task_state.start(
-                ti_id=t.id, hostname="h", unixname="u", pid=1, start_date=timezone.now()
+                ti_id=t.id,
+                try_number=t.try_number,
+                hostname="h",
+                unixname="u",
+                pid=1,
+                start_date=timezone.now(),
             )
     errors: list[BaseException] = []
 
@@ -60,7 +65,11 @@ def test_upstream_finishing_together_queue_their_downstream_once(monkeypatch):
             ti_id = TaskInstance.objects.get(dag_run_id=run_pk, task_id=task_id).id
             barrier.wait()
             task_state.succeed(
-                ti_id=ti_id, end_date=timezone.now(), task_outlets=[], outlet_events=[]
+                ti_id=ti_id,
+                try_number=1,
+                end_date=timezone.now(),
+                task_outlets=[],
+                outlet_events=[],
             )
         except BaseException as exc:
             errors.append(exc)

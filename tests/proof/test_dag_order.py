@@ -132,11 +132,20 @@ def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, mo
             with claims_lock:
                 claims[ti.id] += 1
             task_state.start(
-                ti_id=ti.id, hostname=f"w{n}", unixname="u", pid=n + 1, start_date=timezone.now()
+                ti_id=ti.id,
+                try_number=ti.try_number,
+                hostname=f"w{n}",
+                unixname="u",
+                pid=n + 1,
+                start_date=timezone.now(),
             )
             time.sleep(rng.uniform(0, 0.01))
             task_state.succeed(
-                ti_id=ti.id, end_date=timezone.now(), task_outlets=[], outlet_events=[]
+                ti_id=ti.id,
+                try_number=ti.try_number,
+                end_date=timezone.now(),
+                task_outlets=[],
+                outlet_events=[],
             )
 
     def nudger() -> None:

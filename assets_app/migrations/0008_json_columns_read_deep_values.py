@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('assets_app', '0006_dag_schedule_error'),
+        ('assets_app', '0007_dag_schedule_error'),
     ]
 
     operations = [

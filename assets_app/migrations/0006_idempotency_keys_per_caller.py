@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('assets_app', '0004_outbox_drain_claims'),
+        ('assets_app', '0005_task_dependencies'),
     ]
 
     operations = [

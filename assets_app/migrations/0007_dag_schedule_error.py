@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('assets_app', '0005_idempotency_keys_per_caller'),
+        ('assets_app', '0006_idempotency_keys_per_caller'),
     ]
 
     operations = [

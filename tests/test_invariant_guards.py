@@ -214,7 +214,12 @@ def test_starting_a_ti_does_not_wait_on_its_run_row_another_session_holds():
         other.execute("SELECT id FROM assets_app_dagrun WHERE id = %s FOR UPDATE", [run.id])
         with lock_timeout():
             context = task_state.start(
-                ti_id=ti.id, hostname="w", unixname="u", pid=7, start_date=timezone.now()
+                ti_id=ti.id,
+                try_number=ti.try_number,
+                hostname="w",
+                unixname="u",
+                pid=7,
+                start_date=timezone.now(),
             )
     assert context.ti.state == TIState.RUNNING
 

@@ -115,7 +115,7 @@ def test_public_api_event_inserts_adrq_rows_in_lock_order():
     targets_on("orders")
     asset = AssetFactory(name="orders", uri="orders")
     assert DagScheduleAssetReference.objects.filter(asset=asset).count() == len(TARGETS)
-    get_user_model().objects.create_user("ops", password="pw", is_staff=True)
+    get_user_model().objects.create_superuser("ops", password="pw")
     _, key = create_api_token(username="ops", name="test")
     client = Client(headers={"Authorization": f"Bearer {key}"})
     for n in range(2):

@@ -8,6 +8,7 @@ Airflow. A run's `duration` is end - start in seconds; its `updated_at` is the l
 it was created, queued, started and ended (the service keeps no separate update time).
 """
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -131,8 +132,21 @@ TI_ORDERING = listing.Ordering(
 )
 
 
-def _seconds(value: float | None) -> timedelta | None:
-    return None if value is None else timedelta(seconds=value)
+# Longer than any run (about 317 years), far inside what timedelta and PostgreSQL's interval hold.
+MAX_DURATION_SECONDS = 10**10
+
+
+def _seconds(value: float | None, *, field: str) -> timedelta | None:
+    """A duration filter in seconds; a value no run could have (or not a number) is a 422."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or abs(value) > MAX_DURATION_SECONDS:
+        raise exceptions.InvalidInput(
+            f"{field} must be a number of seconds within +/-{MAX_DURATION_SECONDS:.0e}",
+            reason="invalid_duration",
+            loc=("query", field),
+        )
+    return timedelta(seconds=value)
 
 
 def _states(values: Sequence[str], allowed: Sequence[str], what: str) -> tuple[list[str], bool]:
@@ -257,10 +271,10 @@ def _run_queryset(dag_id: str, f: RunFilters) -> QuerySet[DagRun]:
         )
         & listing.range_q(
             "duration",
-            gte=_seconds(f.duration_gte),
-            gt=_seconds(f.duration_gt),
-            lte=_seconds(f.duration_lte),
-            lt=_seconds(f.duration_lt),
+            gte=_seconds(f.duration_gte, field="duration_gte"),
+            gt=_seconds(f.duration_gt, field="duration_gt"),
+            lte=_seconds(f.duration_lte, field="duration_lte"),
+            lt=_seconds(f.duration_lt, field="duration_lt"),
         )
         & listing.range_q(
             "updated_at",
@@ -485,10 +499,10 @@ def _ti_queryset(dag_id: str, run_id: str, f: TIFilters) -> QuerySet[TaskInstanc
         )
         & listing.range_q(
             "duration",
-            gte=_seconds(f.duration_gte),
-            gt=_seconds(f.duration_gt),
-            lte=_seconds(f.duration_lte),
-            lt=_seconds(f.duration_lt),
+            gte=_seconds(f.duration_gte, field="duration_gte"),
+            gt=_seconds(f.duration_gt, field="duration_gt"),
+            lte=_seconds(f.duration_lte, field="duration_lte"),
+            lt=_seconds(f.duration_lt, field="duration_lt"),
         )
         & listing.pattern_q("task_id", f.task_display_name_pattern)
         & listing.prefix_q("task_id", f.task_display_name_prefix_pattern)

@@ -2,6 +2,8 @@
 pages, order_by validation, clear semantics, TI state mapping, JSON 404/405, and that every
 route declares its model permission."""
 
+import json
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -174,3 +176,23 @@ def test_every_authenticated_route_declares_its_model_permission():
         if permission_of(op.view_func)
     }
     assert {"assets_app.view_dag", "assets_app.change_dag", "assets_app.add_dagrun"} <= declared
+
+
+@pytest.mark.parametrize("value", ["1e300", "inf", "nan", "-1e11"])
+def test_a_duration_filter_no_run_could_have_is_a_422_naming_it(api, value):
+    """The public fuzz run found `duration_gt=1e300` overflowing timedelta: a 500."""
+    _world(1)
+    for path, params in (
+        ("/api/v2/dags/~/dagRuns", {"duration_gt": value}),
+        ("/api/v2/dags/~/dagRuns/~/taskInstances", {"duration_gt": value}),
+    ):
+        response = api.get(path, params)
+        assert response.status_code == 422, (path, value, response.content)
+        assert "duration_gt" in response.content.decode()
+    body = api.post(
+        "/api/v2/dags/~/dagRuns/list",
+        data=json.dumps({"duration_lt": 1e300}),
+        content_type="application/json",
+    )
+    assert body.status_code == 422, body.content
+    assert api.get("/api/v2/dags/~/dagRuns", {"duration_gt": "3600"}).status_code == 200

@@ -1,12 +1,18 @@
-"""Request middleware: times worker API requests for the latency histogram on /metrics, and
-activates the operator's time zone for the admin."""
+"""Request middleware: times worker API requests for the latency histogram on /metrics,
+activates the operator's time zone for the admin, and answers 503 when the database is full or
+away."""
 
+import logging
 import time
 import zoneinfo
 
 from django.utils import timezone
 
 from . import observability
+from .api import errors
+from .database_errors import database_unavailable_reason
+
+logger = logging.getLogger(__name__)
 
 WORKER_API_PREFIX = "/execution/"
 
@@ -51,3 +57,23 @@ class OperatorTimezoneMiddleware:
         else:
             timezone.deactivate()
         return self.get_response(request)
+
+
+class DatabaseUnavailableMiddleware:
+    """A view (admin, /healthz, /metrics) that fails because the database is full or away answers
+    503 with Retry-After (`errors.unavailable_response`), not a 500 page. The APIs map it
+    themselves (`errors.install`); an exception in a middleware reaches the 500 handler
+    (`views.server_error`), which does the same."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        reason = database_unavailable_reason(exception)
+        if reason is None:
+            return None
+        logger.warning("%s %s: %s (%s)", request.method, request.path, reason, exception)
+        return errors.unavailable_response(request, reason)

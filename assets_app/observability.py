@@ -109,7 +109,7 @@ class ComponentHealth:
     last_ok_at: datetime | None
     detail: dict
     healthy: bool
-    status: str  # "ok" | "failing" | "stale" | "never seen"
+    status: str  # "ok" | "starting" | "failing" | "stale" | "never seen"
     # Healthy but not clean: the drain's last run failed or parked rows.
     warning: str = ""
 
@@ -118,21 +118,42 @@ def health_max_age() -> timedelta:
     return timedelta(seconds=settings.ASSET_HEALTH_MAX_AGE_SECONDS)
 
 
+# When this process started: /healthz gives a fresh service ASSET_HEALTH_STARTUP_GRACE_SECONDS
+# for the cluster's first sweep before it calls a drain or scheduler it has not seen a failure.
+_PROCESS_STARTED_AT = timezone.now()
+
+
+def process_started_at() -> datetime:
+    return _PROCESS_STARTED_AT
+
+
+def _starting(now: datetime) -> bool:
+    grace = timedelta(seconds=settings.ASSET_HEALTH_STARTUP_GRACE_SECONDS)
+    return now - process_started_at() < grace
+
+
 def component_health(*, now: datetime | None = None) -> list[ComponentHealth]:
     """Drain and scheduler: healthy when their last successful run is recent enough
-    (`ASSET_HEALTH_MAX_AGE_SECONDS`; the django-q2 sweep runs them every minute). One query."""
+    (`ASSET_HEALTH_MAX_AGE_SECONDS`; the django-q2 sweep runs them every minute). Within the
+    start-up grace of this process, one never seen, or not run since the start, is "starting"
+    and healthy (a run since the start that failed is "failing" at once). One query."""
     now = now or timezone.now()
     cutoff = now - health_max_age()
+    starting = _starting(now)
     beats = {b.component: b for b in ComponentHeartbeat.objects.filter(component__in=COMPONENTS)}
     result = []
     for name in COMPONENTS:
         beat = beats.get(name)
         if beat is None:
-            result.append(ComponentHealth(name, None, None, {}, False, "never seen"))
+            status = "starting" if starting else "never seen"
+            result.append(ComponentHealth(name, None, None, {}, starting, status))
             continue
         ok_recently = beat.last_ok_at is not None and beat.last_ok_at >= cutoff
         if ok_recently:
             status = "ok"
+        elif starting and beat.last_run_at < process_started_at():
+            status = "starting"
+            ok_recently = True
         elif beat.last_run_at >= cutoff:
             status = "failing"
         else:
@@ -417,7 +438,10 @@ class Health:
     def status(self) -> str:
         if not self.ok:
             return "unhealthy"
-        return "degraded" if self.failing_dag_count else "ok"
+        if self.failing_dag_count:
+            return "degraded"
+        # In the start-up grace: a drain or scheduler that has not run yet.
+        return "starting" if any(c.status == "starting" for c in self.components) else "ok"
 
 
 def failing_dags(*, limit: int = FAILING_DAGS_SHOWN) -> tuple[list[FailingDag], int]:

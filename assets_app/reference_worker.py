@@ -13,6 +13,9 @@ It speaks only the worker API (`/execution/`), like a real worker on another mac
    An alias outlet is emitted through the alias into the asset `<alias>-output`
    (uri `reference-worker://<alias>-output`).
 
+A 503 (the server's database is full or away; nothing was written) is retried after the
+answer's `Retry-After` (plus up to 20 % jitter, at most `MAX_RETRY_AFTER_SECONDS` each), for at
+most `unavailable_max_seconds` in a row per call; a 500 is not retried (that is a bug to report).
 It honours `Refreshed-API-Token` response headers, and stops after `max_tis` finished TIs, after
 `max_seconds` (in-flight TIs are finished first), or after one claim round with `once`.
 Progress lines go to `out` (stdout for the command).
@@ -30,6 +33,18 @@ from typing import Any, TextIO
 import requests
 
 API_VERSION = "2026-06-30"
+# A server asking for a longer wait than this is waited for this long, then asked again.
+MAX_RETRY_AFTER_SECONDS = 60.0
+
+
+def retry_after_seconds(response: requests.Response) -> float:
+    """The answer's `Retry-After` in seconds (1 when missing or an HTTP date), within
+    [0.1, MAX_RETRY_AFTER_SECONDS]."""
+    try:
+        seconds = float(response.headers.get("Retry-After", "1"))
+    except ValueError:
+        seconds = 1.0
+    return min(max(seconds, 0.1), MAX_RETRY_AFTER_SECONDS)
 
 
 class TaskAbandoned(Exception):
@@ -51,6 +66,7 @@ class WorkerConfig:
     max_seconds: float | None = None
     idle_backoff_max: float = 5.0
     request_timeout: float = 30.0
+    unavailable_max_seconds: float = 300.0
 
 
 @dataclass
@@ -60,6 +76,7 @@ class WorkerStats:
     failed: int = 0
     retried: int = 0
     errors: int = 0
+    unavailable: int = 0  # 503 answers waited out and retried
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -100,14 +117,27 @@ class ReferenceWorker:
             session.headers["Airflow-API-Version"] = API_VERSION
         return session
 
+    def _send(self, method: str, url: str, *, bearer: str, body: Any) -> requests.Response:
+        """One request; a 503 is asked again after its Retry-After (see the module docstring)."""
+        waited = 0.0
+        while True:
+            response = self._session().request(
+                method,
+                url,
+                json=body,
+                headers={"Authorization": f"Bearer {bearer}"},
+                timeout=self.config.request_timeout,
+            )
+            if response.status_code != 503 or waited >= self.config.unavailable_max_seconds:
+                return response
+            delay = retry_after_seconds(response) * (1 + random.random() * 0.2)
+            self.stats.add("unavailable")
+            self.log(f"{method} {url}: 503, retrying in {delay:.1f} s")
+            time.sleep(delay)
+            waited += delay
+
     def _call(self, method: str, path: str, *, token: str, body: Any) -> requests.Response:
-        return self._session().request(
-            method,
-            f"{self.base}{path}",
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=self.config.request_timeout,
-        )
+        return self._send(method, f"{self.base}{path}", bearer=token, body=body)
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -143,17 +173,18 @@ class ReferenceWorker:
                     backoff = min(backoff * 2, config.idle_backoff_max)
         self.log(
             f"done: claimed {self.stats.claimed}, succeeded {self.stats.succeeded}, "
-            f"failed {self.stats.failed}, retried {self.stats.retried}, errors {self.stats.errors}"
+            f"failed {self.stats.failed}, retried {self.stats.retried}, "
+            f"errors {self.stats.errors}, 503s waited out {self.stats.unavailable}"
         )
         return self.stats
 
     def _claim(self, limit: int) -> list[dict[str, Any]]:
         try:
-            response = self._session().post(
+            response = self._send(
+                "POST",
                 f"{self.base}/workloads/claim",
-                json={"hostname": self.config.hostname, "limit": limit},
-                headers={"Authorization": f"Bearer {self.config.api_key}"},
-                timeout=self.config.request_timeout,
+                bearer=self.config.api_key,
+                body={"hostname": self.config.hostname, "limit": limit},
             )
             response.raise_for_status()
         except requests.RequestException as exc:

@@ -1,10 +1,16 @@
-"""Plain HTTP views for machines: `/metrics` (Prometheus) and `/healthz`; `/favicon.ico`."""
+"""Plain HTTP views for machines: `/metrics` (Prometheus) and `/healthz`; `/favicon.ico`; the
+500 handler."""
+
+import sys
 
 from django.http import HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.templatetags.static import static
+from django.views import defaults
 from django.views.decorators.http import require_GET
 
 from . import observability
+from .api import errors
+from .database_errors import database_unavailable_reason
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -16,9 +22,9 @@ def metrics(request):
 
 @require_GET
 def healthz(request):
-    """200 when the database answers and the drain and scheduler succeeded recently, else 503.
-    Dags the scheduler cannot evaluate make it "degraded" (still 200: everything else works),
-    each named with its error."""
+    """200 when the database answers and the drain and scheduler succeeded recently (or, in the
+    start-up grace, have not run yet: status "starting"), else 503. Dags the scheduler cannot
+    evaluate make it "degraded" (still 200: everything else works), each named with its error."""
     result = observability.health()
     body = {
         "status": result.status,
@@ -51,3 +57,12 @@ def healthz(request):
 def favicon(request):
     """Browsers ask for /favicon.ico whatever the page says: send them to the SVG icon."""
     return HttpResponsePermanentRedirect(static("assets_app/favicon.svg"))
+
+
+def server_error(request):
+    """handler500: an uncaught error that means the database is full or away (raised in a
+    middleware, e.g. loading the session) is a 503 with Retry-After; anything else Django's 500."""
+    reason = database_unavailable_reason(sys.exc_info()[1])
+    if reason is not None:
+        return errors.unavailable_response(request, reason)
+    return defaults.server_error(request)

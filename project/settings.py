@@ -3,19 +3,54 @@
 Every setting read here is documented, with its default, in `.env.example`.
 """
 
+import sys
 from pathlib import Path
 
 import environ
+
+from assets_app import keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-SECRET_KEY = env.str("SECRET_KEY", default="dev-only-insecure-secret-key-change-me-in-production")
+# Keys: configured (environment or .env), else generated once and kept under KEY_DIR (0600, the
+# same for every process of this installation; assets_app/keys.py). None is in the repository.
+KEY_DIR = Path(env.str("KEY_DIR", default=str(BASE_DIR / "var" / "keys")))
+# The settings whose value the service generated (a service exposed beyond loopback refuses to
+# start with any: assets_app/checks.py).
+GENERATED_KEYS: list[str] = []
+
+
+def _key(setting: str) -> str:
+    configured = env.str(setting, default="")
+    if configured:
+        return configured
+    GENERATED_KEYS.append(setting)
+    return keys.generated_key(setting.lower(), directory=KEY_DIR)
+
+
+SECRET_KEY = _key("SECRET_KEY")
 DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# The address bin/serve binds (HOST). Anything but loopback is "exposed": the system checks then
+# require configured keys and DEBUG off, and bootstrap_admin a configured, valid password.
+BIND_HOST = env.str("HOST", default="127.0.0.1")
+
+# Behind TLS (production, see .env.example): what `manage.py check --deploy` asks for.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+# A TLS-terminating proxy in front sets this header (e.g. X-Forwarded-Proto: https).
+if env.bool("SECURE_PROXY_SSL_HEADER", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Load balancers and workers probe these over plain HTTP inside the network.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -32,6 +67,8 @@ MIDDLEWARE = [
     # First, so the worker API latency histogram (/metrics) times the whole stack.
     "assets_app.middleware.WorkerApiLatencyMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # A view that fails because the database is full or away: 503 + Retry-After, not a 500.
+    "assets_app.middleware.DatabaseUnavailableMiddleware",
     # Before anything reads the body: oversized (413) and non-JSON (415) API requests.
     "assets_app.api.middleware.ApiRequestGuardMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -80,8 +117,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+    # A pool of connections per process (psycopg_pool, as Django 5.2 supports it): a request
+    # waits at most DATABASE_POOL_TIMEOUT_SECONDS for one, then gets a 503 with Retry-After
+    # (api/errors.py). Sizes per process: see .env.example. The django-q2 cluster keeps plain
+    # persistent connections: it forks its workers after using the database, and a pool (its
+    # sockets and threads) does not survive a fork.
+    if env.bool("DATABASE_POOL", default=True) and sys.argv[1:2] != ["qcluster"]:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": env.int("DATABASE_POOL_MIN_SIZE", default=1),
+            "max_size": env.int("DATABASE_POOL_MAX_SIZE", default=4),
+            "timeout": env.float("DATABASE_POOL_TIMEOUT_SECONDS", default=3.0),
+        }
+    else:
+        DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+# What a client is told (Retry-After, seconds) when the database is full or away: 503.
+DATABASE_RETRY_AFTER_SECONDS = env.int("DATABASE_RETRY_AFTER_SECONDS", default=5)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -131,7 +183,10 @@ ASSET_DRAIN_NICE = env.int("ASSET_DRAIN_NICE", default=0)
 # /healthz fails when the drain or scheduler has not succeeded for this long (the django-q2
 # sweep runs each of them every minute).
 ASSET_HEALTH_MAX_AGE_SECONDS = env.int("ASSET_HEALTH_MAX_AGE_SECONDS", default=180)
-WORKER_API_KEY = env.str("WORKER_API_KEY", default="dev-worker-api-key")
+# For this long after a web process starts, a drain or scheduler not seen yet (or last seen
+# before the start) is "starting", not a failure: the cluster's first sweep comes within a minute.
+ASSET_HEALTH_STARTUP_GRACE_SECONDS = env.int("ASSET_HEALTH_STARTUP_GRACE_SECONDS", default=90)
+WORKER_API_KEY = _key("WORKER_API_KEY")
 WORKER_TOKEN_LIFETIME_SECONDS = env.int("WORKER_TOKEN_LIFETIME_SECONDS", default=3600)
 # A claimed TI that is not started within this many seconds can be claimed again.
 WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", default=300)
@@ -161,7 +216,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {
+        # A request the database could not take: one warning line, not a traceback.
+        "database_unavailable": {"()": "assets_app.database_errors.QuietDatabaseUnavailable"}
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "django.request": {"filters": ["database_unavailable"]},
+    },
 }

@@ -18,3 +18,6 @@ urlpatterns = [
     path("metrics", views.metrics, name="metrics"),
     path("healthz", views.healthz, name="healthz"),
 ]
+
+# A database full or away is a 503 with Retry-After wherever it surfaces (assets_app/views.py).
+handler500 = "assets_app.views.server_error"

@@ -42,6 +42,12 @@ def empty_latency_histogram():
     observability.reset_api_latency()
 
 
+@pytest.fixture(autouse=True)
+def started_long_ago(monkeypatch):
+    """This process started long ago (out of the start-up grace) unless a test says otherwise."""
+    monkeypatch.setattr(observability, "_PROCESS_STARTED_AT", timezone.now() - timedelta(hours=1))
+
+
 def beat(component, *, ago, ok=True):
     at = timezone.now() - ago
     ComponentHeartbeat.objects.update_or_create(
@@ -208,3 +214,43 @@ def test_latency_quantile_is_the_bucket_bound():
     assert observability.latency_quantile(series, 0.6) == 0.025
     assert observability.latency_quantile(series, 0.8) == 0.25
     assert observability.latency_quantile(series, 0.99) == float("inf")
+
+
+@pytest.mark.django_db
+def test_healthz_fresh_start_is_starting_not_503(monkeypatch, settings):
+    """Finding 8: a service started 5 s ago whose cluster has not run a sweep yet (the drain never
+    seen, the scheduler last seen in a previous life, an hour ago) answers 200 "starting"; once
+    the grace has passed the same state is 503, and a run since the start that failed is 503 at
+    once."""
+    settings.ASSET_HEALTH_STARTUP_GRACE_SECONDS = 90
+    monkeypatch.setattr(observability, "_PROCESS_STARTED_AT", timezone.now() - timedelta(seconds=5))
+    beat("scheduler", ago=timedelta(hours=1))
+    response = Client().get("/healthz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "starting"
+    assert {n: c["status"] for n, c in body["components"].items()} == {
+        "drain": "starting",
+        "scheduler": "starting",
+    }
+
+    beat("drain", ago=timedelta(seconds=1), ok=False)
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["components"]["drain"]["status"] == "failing"
+
+    ComponentHeartbeat.objects.filter(component="drain").delete()
+    monkeypatch.setattr(
+        observability, "_PROCESS_STARTED_AT", timezone.now() - timedelta(seconds=91)
+    )
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["components"]["drain"]["status"] == "never seen"
+    assert response.json()["components"]["scheduler"]["status"] == "stale"
+
+
+@pytest.mark.django_db
+def test_healthz_grace_zero_is_the_old_rule(monkeypatch, settings):
+    settings.ASSET_HEALTH_STARTUP_GRACE_SECONDS = 0
+    monkeypatch.setattr(observability, "_PROCESS_STARTED_AT", timezone.now())
+    assert Client().get("/healthz").status_code == 503

@@ -11,17 +11,27 @@
 
 Unknown paths and methods under an API prefix answer JSON 404 / 405 (`json_fallback`, called by
 the request guard middleware), never Django's HTML pages.
+
+A database that is full or away (no pooled connection within DATABASE_POOL_TIMEOUT_SECONDS, "too
+many clients", refused, shutting down, the connection lost) is a 503 with `Retry-After`
+(DATABASE_RETRY_AFTER_SECONDS) and `detail.reason` `database_busy` / `database_unavailable`, never
+a 500: `database_unavailable_reason` tells them from other database errors (a lock timeout, a
+constraint, a bug stay what they were). The APIs map it here; every other view (admin, /healthz)
+through `DatabaseUnavailableMiddleware` and the 500 handler (`assets_app/views.py`).
 """
 
 import json
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.db import Error as DjangoDatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from assets_app import exceptions
+from assets_app.database_errors import database_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +111,36 @@ def _bad_json(request: HttpRequest, exc: Exception) -> HttpResponse:
     return error_response(400, "invalid_json", f"request body is not valid JSON: {exc}")
 
 
+def unavailable_response(request: HttpRequest, reason: str) -> HttpResponse:
+    """503 + Retry-After: JSON under the API prefixes, a plain page elsewhere (the admin)."""
+    retry_after = settings.DATABASE_RETRY_AFTER_SECONDS
+    message = f"the database cannot take the request now ({reason}); retry in {retry_after} s"
+    if request.path.startswith(("/execution/", "/api/", "/healthz", "/metrics")):
+        response: HttpResponse = error_response(
+            503, reason, message, retry_after_seconds=retry_after
+        )
+    else:
+        response = HttpResponse(
+            f"<!doctype html><title>Service unavailable</title><h1>Service unavailable</h1>"
+            f"<p>{message}.</p>",
+            status=503,
+            content_type="text/html; charset=utf-8",
+        )
+    response["Retry-After"] = str(retry_after)
+    return response
+
+
+def _database_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+    reason = database_unavailable_reason(exc)
+    if reason is None:
+        raise exc
+    logger.warning("%s %s: %s (%s)", request.method, request.path, reason, exc)
+    return unavailable_response(request, reason)
+
+
 def install(api: NinjaAPI) -> None:
     """Register the handlers on a NinjaAPI instance."""
+    api.add_exception_handler(DjangoDatabaseError, _database_error)
     api.add_exception_handler(exceptions.DomainError, _domain_error)
     api.add_exception_handler(ValidationError, _validation_error)
     api.add_exception_handler(HttpError, _http_error)

@@ -1,0 +1,287 @@
+"""System checks of the service's settings (registered in `apps.AssetsAppConfig.ready`).
+
+Every setting with a rule has one check here, with an id and a message naming the setting, its
+value and what is allowed, so a typo stops `manage.py check`, `migrate` (and so `bin/serve`)
+instead of silently running something else. `check --deploy` adds the rules for a service that
+faces a network. Ids:
+
+- E001-E099: value rules of the asset service's settings (`SETTING_RULES`).
+- E101-E104: keys and exposure (published keys, generated keys or DEBUG beyond loopback).
+- W105: (deploy) a worker key too short to resist guessing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+from . import exposure, keys
+
+REGISTRATION_MODES = ("queue", "inline")
+MIN_WORKER_API_KEY_LENGTH = 32
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    setting: str
+    allowed: str  # how the message describes the allowed values
+    ok: Callable[[Any], bool]
+    value: Callable[[], Any]
+
+
+def _setting(name: str) -> Callable[[], Any]:
+    return lambda: getattr(settings, name)
+
+
+def _cluster(key: str) -> Callable[[], Any]:
+    return lambda: settings.Q_CLUSTER.get(key)
+
+
+def pool_options() -> dict[str, Any]:
+    """The default database's pool options ({} without a pool: SQLite, DATABASE_POOL off)."""
+    return settings.DATABASES["default"].get("OPTIONS", {}).get("pool") or {}
+
+
+def _pool(key: str) -> Callable[[], Any]:
+    return lambda: pool_options().get(key)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and value > 0
+
+
+def _not_negative(value: Any) -> bool:
+    return isinstance(value, int | float) and value >= 0
+
+
+def _budget_below_timeout(budget: Any) -> bool:
+    return _positive(budget) and budget < settings.Q_CLUSTER["timeout"]
+
+
+def _timeout_below_retry(timeout: Any) -> bool:
+    return _positive(timeout) and timeout < settings.Q_CLUSTER["retry"]
+
+
+def _cap_at_least_base(cap: Any) -> bool:
+    return _positive(cap) and cap >= settings.ASSET_QUEUE_BACKOFF_BASE_SECONDS
+
+
+def _pool_max_ok(value: Any) -> bool:
+    return value is None or (_positive(value) and value >= (_pool("min_size")() or 0))
+
+
+SETTING_RULES = (
+    Rule(
+        "assets_app.E001",
+        "ASSET_REGISTRATION_MODE",
+        "one of " + ", ".join(repr(m) for m in REGISTRATION_MODES),
+        lambda v: v in REGISTRATION_MODES,
+        _setting("ASSET_REGISTRATION_MODE"),
+    ),
+    Rule(
+        "assets_app.E002",
+        "ASSET_QUEUE_BATCH_SIZE",
+        "a whole number >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("ASSET_QUEUE_BATCH_SIZE"),
+    ),
+    Rule(
+        "assets_app.E003",
+        "ASSET_QUEUE_BATCH_OUTLETS",
+        "a whole number >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("ASSET_QUEUE_BATCH_OUTLETS"),
+    ),
+    Rule(
+        "assets_app.E004",
+        "ASSET_QUEUE_MAX_ATTEMPTS",
+        "a whole number >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("ASSET_QUEUE_MAX_ATTEMPTS"),
+    ),
+    Rule(
+        "assets_app.E005",
+        "ASSET_QUEUE_BACKOFF_BASE_SECONDS",
+        "a number of seconds > 0",
+        _positive,
+        _setting("ASSET_QUEUE_BACKOFF_BASE_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E006",
+        "ASSET_QUEUE_BACKOFF_CAP_SECONDS",
+        "a number of seconds >= ASSET_QUEUE_BACKOFF_BASE_SECONDS",
+        _cap_at_least_base,
+        _setting("ASSET_QUEUE_BACKOFF_CAP_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E007",
+        "ASSET_DRAIN_TIME_BUDGET_SECONDS",
+        "a number of seconds > 0 and below Q_CLUSTER_TIMEOUT (or drains are killed mid-batch)",
+        _budget_below_timeout,
+        _setting("ASSET_DRAIN_TIME_BUDGET_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E008",
+        "Q_CLUSTER_TIMEOUT",
+        "a number of seconds > 0 and below Q_CLUSTER_RETRY (or the broker redelivers running "
+        "tasks)",
+        _timeout_below_retry,
+        _cluster("timeout"),
+    ),
+    Rule(
+        "assets_app.E009",
+        "Q_CLUSTER_WORKERS",
+        "a whole number >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _cluster("workers"),
+    ),
+    Rule(
+        "assets_app.E010",
+        "Q_CLUSTER_POLL",
+        "a number of seconds > 0",
+        _positive,
+        _cluster("poll"),
+    ),
+    Rule(
+        "assets_app.E011",
+        "ASSET_DRAIN_YIELD_ABOVE_PER_SECOND",
+        "a number >= 0 (0: never yield)",
+        _not_negative,
+        _setting("ASSET_DRAIN_YIELD_ABOVE_PER_SECOND"),
+    ),
+    Rule(
+        "assets_app.E012",
+        "ASSET_DRAIN_YIELD_MAX_SECONDS",
+        "a number of seconds >= 0 (0: never yield)",
+        _not_negative,
+        _setting("ASSET_DRAIN_YIELD_MAX_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E013",
+        "ASSET_DRAIN_NICE",
+        "a whole number from 0 to 19",
+        lambda v: isinstance(v, int) and 0 <= v <= 19,
+        _setting("ASSET_DRAIN_NICE"),
+    ),
+    Rule(
+        "assets_app.E014",
+        "ASSET_HEALTH_MAX_AGE_SECONDS",
+        "a whole number of seconds >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("ASSET_HEALTH_MAX_AGE_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E015",
+        "ASSET_HEALTH_STARTUP_GRACE_SECONDS",
+        "a whole number of seconds >= 0",
+        lambda v: isinstance(v, int) and v >= 0,
+        _setting("ASSET_HEALTH_STARTUP_GRACE_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E016",
+        "WORKER_TOKEN_LIFETIME_SECONDS",
+        "a whole number of seconds >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("WORKER_TOKEN_LIFETIME_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E017",
+        "WORKLOAD_CLAIM_TIMEOUT_SECONDS",
+        "a whole number of seconds >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("WORKLOAD_CLAIM_TIMEOUT_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E018",
+        "DATABASE_POOL_MAX_SIZE",
+        "a whole number >= 1 and >= DATABASE_POOL_MIN_SIZE",
+        _pool_max_ok,
+        _pool("max_size"),
+    ),
+    Rule(
+        "assets_app.E019",
+        "DATABASE_POOL_TIMEOUT_SECONDS",
+        "a number of seconds > 0",
+        lambda v: v is None or _positive(v),
+        _pool("timeout"),
+    ),
+    Rule(
+        "assets_app.E020",
+        "DATABASE_RETRY_AFTER_SECONDS",
+        "a whole number of seconds >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("DATABASE_RETRY_AFTER_SECONDS"),
+    ),
+)
+
+
+def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Each rule of SETTING_RULES whose setting holds a value it does not allow: an Error."""
+    return [
+        checks.Error(
+            f"{rule.setting} is {rule.value()!r}; it must be {rule.allowed}.",
+            hint=f"Set {rule.setting} in the environment or .env (see .env.example).",
+            id=rule.id,
+        )
+        for rule in SETTING_RULES
+        if not rule.ok(rule.value())
+    ]
+
+
+def _key_errors() -> Iterator[checks.CheckMessage]:
+    for setting, check_id in (
+        ("SECRET_KEY", "assets_app.E101"),
+        ("WORKER_API_KEY", "assets_app.E102"),
+    ):
+        if getattr(settings, setting) in keys.PUBLISHED_VALUES:
+            yield checks.Error(
+                f"{setting} is a value published in this repository's history; anyone can "
+                "forge worker tokens or claim work with it.",
+                hint=f"Unset {setting} (the service then generates its own under KEY_DIR) or "
+                "set a random value of your own.",
+                id=check_id,
+            )
+    host = settings.BIND_HOST
+    if exposure.is_loopback(host):
+        return
+    generated = list(settings.GENERATED_KEYS)
+    if generated:
+        yield checks.Error(
+            f"HOST is {host!r} (not loopback) but {' and '.join(generated)} "
+            f"{'was' if len(generated) == 1 else 'were'} not configured (generated under "
+            f"{settings.KEY_DIR}); a service facing a network needs keys set on purpose.",
+            hint="Set them in the environment (e.g. `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(48))'`), the same on every host, or bind HOST=127.0.0.1.",
+            id="assets_app.E103",
+        )
+    if settings.DEBUG:
+        yield checks.Error(
+            f"HOST is {host!r} (not loopback) and DEBUG is on: tracebacks and settings would be "
+            "shown to anyone.",
+            hint="Set DEBUG=False, or bind HOST=127.0.0.1.",
+            id="assets_app.E104",
+        )
+
+
+def check_keys(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Published keys are refused always; generated keys and DEBUG beyond loopback."""
+    return list(_key_errors())
+
+
+def check_deploy(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """`check --deploy`: a worker key long enough not to be guessed."""
+    if len(settings.WORKER_API_KEY) >= MIN_WORKER_API_KEY_LENGTH:
+        return []
+    return [
+        checks.Warning(
+            f"WORKER_API_KEY has {len(settings.WORKER_API_KEY)} characters; use at least "
+            f"{MIN_WORKER_API_KEY_LENGTH} random ones.",
+            hint="Unset it (a 64-character key is generated under KEY_DIR) or set a longer one.",
+            id="assets_app.W105",
+        )
+    ]

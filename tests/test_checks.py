@@ -1,0 +1,165 @@
+"""Finding 8 (and 1) of issue 13: every setting with a rule has a system check, registered in
+the app config, with an id and a message naming the setting and what is allowed; `check
+--deploy` is clean for the production settings `.env.example` documents."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from assets_app import checks as rules
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (setting override, the check id, words the message must name)
+BAD_SETTINGS = [
+    ({"ASSET_REGISTRATION_MODE": "queu"}, "assets_app.E001", ["'queu'", "'queue'", "'inline'"]),
+    ({"ASSET_QUEUE_BATCH_SIZE": 0}, "assets_app.E002", [">= 1"]),
+    ({"ASSET_QUEUE_BATCH_OUTLETS": -5}, "assets_app.E003", [">= 1"]),
+    ({"ASSET_QUEUE_MAX_ATTEMPTS": 0}, "assets_app.E004", [">= 1"]),
+    ({"ASSET_QUEUE_BACKOFF_BASE_SECONDS": 0.0}, "assets_app.E005", ["> 0"]),
+    ({"ASSET_QUEUE_BACKOFF_CAP_SECONDS": 1.0}, "assets_app.E006", ["BASE"]),
+    ({"ASSET_DRAIN_TIME_BUDGET_SECONDS": 60.0}, "assets_app.E007", ["Q_CLUSTER_TIMEOUT"]),
+    ({"Q_CLUSTER": {"timeout": 90, "retry": 90}}, "assets_app.E008", ["Q_CLUSTER_RETRY"]),
+    ({"Q_CLUSTER": {"workers": 0}}, "assets_app.E009", [">= 1"]),
+    ({"Q_CLUSTER": {"poll": 0}}, "assets_app.E010", ["> 0"]),
+    ({"ASSET_DRAIN_YIELD_ABOVE_PER_SECOND": -1.0}, "assets_app.E011", [">= 0"]),
+    ({"ASSET_DRAIN_YIELD_MAX_SECONDS": -1.0}, "assets_app.E012", [">= 0"]),
+    ({"ASSET_DRAIN_NICE": 25}, "assets_app.E013", ["0 to 19"]),
+    ({"ASSET_HEALTH_MAX_AGE_SECONDS": 0}, "assets_app.E014", [">= 1"]),
+    ({"ASSET_HEALTH_STARTUP_GRACE_SECONDS": -1}, "assets_app.E015", [">= 0"]),
+    ({"WORKER_TOKEN_LIFETIME_SECONDS": 0}, "assets_app.E016", [">= 1"]),
+    ({"WORKLOAD_CLAIM_TIMEOUT_SECONDS": 0}, "assets_app.E017", [">= 1"]),
+    ({"POOL": {"min_size": 4, "max_size": 2}}, "assets_app.E018", ["MIN_SIZE"]),
+    ({"POOL": {"timeout": 0}}, "assets_app.E019", ["> 0"]),
+    ({"DATABASE_RETRY_AFTER_SECONDS": 0}, "assets_app.E020", [">= 1"]),
+]
+
+
+def _apply(settings, monkeypatch, override: dict) -> str:
+    """Apply one bad value; returns the setting name the message must start with."""
+    ((name, value),) = override.items()
+    if name == "Q_CLUSTER":
+        settings.Q_CLUSTER = {**settings.Q_CLUSTER, **value}
+        key = next(iter(value)) if len(value) == 1 else "timeout"
+        return f"Q_CLUSTER_{key.upper()}"
+    if name == "POOL":
+        pool = {"min_size": 1, "max_size": 4, "timeout": 3.0, **value}
+        monkeypatch.setattr(rules, "pool_options", lambda: pool)
+        return "DATABASE_POOL_TIMEOUT_SECONDS" if "timeout" in value else "DATABASE_POOL_MAX_SIZE"
+    setattr(settings, name, value)
+    return name
+
+
+def test_the_default_settings_pass_every_check():
+    assert rules.check_settings() == []
+    assert rules.check_keys() == []
+
+
+def test_every_rule_is_tested():
+    assert sorted(r.id for r in rules.SETTING_RULES) == sorted(b[1] for b in BAD_SETTINGS)
+
+
+@pytest.mark.parametrize(("override", "check_id", "words"), BAD_SETTINGS, ids=lambda x: str(x))
+def test_a_setting_out_of_its_rule_is_an_error_naming_it(
+    settings, monkeypatch, override, check_id, words
+):
+    setting = _apply(settings, monkeypatch, override)
+    (error,) = rules.check_settings()
+    assert error.id == check_id
+    assert error.level == checks.ERROR
+    assert error.msg.startswith(setting), error.msg
+    assert "must be" in error.msg
+    for word in words:
+        assert word in error.msg, error.msg
+
+
+def test_a_registration_mode_typo_stops_manage_py_check(settings):
+    """Registered in the app config: `manage.py check` (and so migrate, and so bin/serve) stops
+    on it instead of silently running queue mode."""
+    settings.ASSET_REGISTRATION_MODE = "Inline"
+    with pytest.raises(SystemCheckError, match=r"assets_app\.E001"):
+        call_command("check")
+
+
+@pytest.mark.parametrize("setting", ["SECRET_KEY", "WORKER_API_KEY"])
+def test_a_published_key_is_an_error(settings, setting):
+    setattr(settings, setting, "dev-worker-api-key")
+    (error,) = rules.check_keys()
+    assert (
+        error.id == {"SECRET_KEY": "assets_app.E101", "WORKER_API_KEY": "assets_app.E102"}[setting]
+    )
+    assert error.msg.startswith(setting)
+
+
+def test_exposed_with_generated_keys_or_debug_is_an_error(settings):
+    settings.BIND_HOST = "0.0.0.0"
+    settings.GENERATED_KEYS = ["WORKER_API_KEY"]
+    settings.DEBUG = True
+    errors = rules.check_keys()
+    assert [e.id for e in errors] == ["assets_app.E103", "assets_app.E104"]
+    assert "WORKER_API_KEY was not configured" in errors[0].msg
+    assert "'0.0.0.0'" in errors[0].msg
+    settings.GENERATED_KEYS = []
+    settings.DEBUG = False
+    assert rules.check_keys() == []
+    settings.BIND_HOST = "127.0.0.1"
+    settings.GENERATED_KEYS = ["SECRET_KEY", "WORKER_API_KEY"]
+    settings.DEBUG = True
+    assert rules.check_keys() == []  # loopback: generated keys are fine
+
+
+def test_deploy_warns_about_a_short_worker_key(settings):
+    settings.WORKER_API_KEY = "short"
+    (warning,) = rules.check_deploy()
+    assert (warning.id, warning.level) == ("assets_app.W105", checks.WARNING)
+    settings.WORKER_API_KEY = "k" * 32
+    assert rules.check_deploy() == []
+
+
+def _production_settings() -> dict[str, str]:
+    """The `# NAME=value` lines of .env.example's production section."""
+    text = (ROOT / ".env.example").read_text()
+    section = text.split("# --- Production", 1)[1].split("# ---", 1)[0]
+    lines = dict(re.findall(r"^# ([A-Z_]+)=(.*)$", section, re.M))
+    assert {"SECURE_SSL_REDIRECT", "SECRET_KEY", "WORKER_API_KEY", "HOST"} <= set(lines)
+    # Placeholders (<...>) are the operator's own values: the test brings its own.
+    return {name: value for name, value in lines.items() if not value.startswith("<")}
+
+
+def _check_deploy(env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "WORKER_"))}
+    clean.update(DJANGO_SETTINGS_MODULE="project.settings", **env)
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_check_deploy_is_clean_for_the_documented_production_settings(tmp_path):
+    production = _production_settings()
+    production.update(
+        SECRET_KEY="a-random-secret-key-" + "x7Q2" * 10,
+        WORKER_API_KEY="a-random-worker-key-" + "p9Z3" * 5,
+        KEY_DIR=str(tmp_path / "keys"),
+    )
+    result = _check_deploy(production)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+    assert not (tmp_path / "keys").exists()  # nothing generated
+
+    # The same exposed service without configured keys refuses.
+    del production["SECRET_KEY"], production["WORKER_API_KEY"]
+    result = _check_deploy(production)
+    assert result.returncode != 0
+    assert "assets_app.E103" in result.stderr

@@ -40,6 +40,7 @@ def test_demo_runs_the_example_graph_to_the_end(tmp_path):
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "DEMO": "1",
     }
+    env.pop("ADMIN_PASSWORD", None)
     with log.open("w") as out:
         process = subprocess.Popen(
             [str(ROOT / "bin/serve")],
@@ -70,6 +71,23 @@ def test_demo_runs_the_example_graph_to_the_end(tmp_path):
         assert samples["asset_service_outbox_parked"] == 0
         health = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
         assert health.status_code == 200, health.text
+        # The demo prints the real login (issue 13: a random password, not admin/admin).
+        password = log.read_text().split("admin login: user 'admin', password '", 1)[1]
+        password = password.split("'", 1)[0]
+        assert password != "admin"
+        assert f"(admin login: user 'admin', password '{password}'" in log.read_text()
+        session = requests.Session()
+        session.get(f"http://127.0.0.1:{port}/admin/login/", timeout=10)
+        logged_in = session.post(
+            f"http://127.0.0.1:{port}/admin/login/?next=/admin/",
+            data={
+                "username": "admin",
+                "password": password,
+                "csrfmiddlewaretoken": session.cookies["csrftoken"],
+            },
+            timeout=10,
+        )
+        assert logged_in.url.endswith("/admin/"), logged_in.url
     finally:
         # django-q2's qcluster can hang on SIGTERM (django-q2 issue #346): ask, then insist.
         os.kill(process.pid, signal.SIGTERM)

@@ -42,15 +42,6 @@ def _cluster(key: str) -> Callable[[], Any]:
     return lambda: settings.Q_CLUSTER.get(key)
 
 
-def pool_options() -> dict[str, Any]:
-    """The default database's pool options ({} without a pool: SQLite, DATABASE_POOL off)."""
-    return settings.DATABASES["default"].get("OPTIONS", {}).get("pool") or {}
-
-
-def _pool(key: str) -> Callable[[], Any]:
-    return lambda: pool_options().get(key)
-
-
 def _positive(value: Any) -> bool:
     return isinstance(value, int | float) and value > 0
 
@@ -72,7 +63,7 @@ def _cap_at_least_base(cap: Any) -> bool:
 
 
 def _pool_max_ok(value: Any) -> bool:
-    return value is None or (_positive(value) and value >= (_pool("min_size")() or 0))
+    return isinstance(value, int) and value >= max(1, settings.DATABASE_POOL_MIN_SIZE)
 
 
 SETTING_RULES = (
@@ -201,14 +192,14 @@ SETTING_RULES = (
         "DATABASE_POOL_MAX_SIZE",
         "a whole number >= 1 and >= DATABASE_POOL_MIN_SIZE",
         _pool_max_ok,
-        _pool("max_size"),
+        _setting("DATABASE_POOL_MAX_SIZE"),
     ),
     Rule(
         "assets_app.E019",
         "DATABASE_POOL_TIMEOUT_SECONDS",
         "a number of seconds > 0",
-        lambda v: v is None or _positive(v),
-        _pool("timeout"),
+        _positive,
+        _setting("DATABASE_POOL_TIMEOUT_SECONDS"),
     ),
     Rule(
         "assets_app.E020",

@@ -100,6 +100,9 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "project.wsgi.application"
 
+DATABASE_POOL_MIN_SIZE = env.int("DATABASE_POOL_MIN_SIZE", default=1)
+DATABASE_POOL_MAX_SIZE = env.int("DATABASE_POOL_MAX_SIZE", default=4)
+DATABASE_POOL_TIMEOUT_SECONDS = env.float("DATABASE_POOL_TIMEOUT_SECONDS", default=3.0)
 # SQLite by default so the demo runs anywhere; PostgreSQL when DATABASE_URL says so. The
 # concurrency guarantees (SKIP LOCKED claims, row locks) are claimed for PostgreSQL only.
 DATABASES = {
@@ -118,17 +121,20 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
 else:
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
-    # A pool of connections per process (psycopg_pool, as Django 5.2 supports it): a request
-    # waits at most DATABASE_POOL_TIMEOUT_SECONDS for one, then gets a 503 with Retry-After
-    # (api/errors.py). Sizes per process: see .env.example. The django-q2 cluster keeps plain
-    # persistent connections: it forks its workers after using the database, and a pool (its
-    # sockets and threads) does not survive a fork.
-    if env.bool("DATABASE_POOL", default=True) and sys.argv[1:2] != ["qcluster"]:
+    # The web processes (gunicorn imports project.wsgi, which loads these settings) keep a pool
+    # of connections each (psycopg_pool, as Django 5.2 supports it): a request waits at most
+    # DATABASE_POOL_TIMEOUT_SECONDS for one, then gets a 503 with Retry-After (api/errors.py).
+    # Sizes per process: see .env.example. Commands connect plainly (a pool only hides a "does
+    # not exist" behind a timeout there); the django-q2 cluster never pools: it forks its workers
+    # after using the database, and a pool (its sockets and threads) does not survive a fork.
+    web_process = "project.wsgi" in sys.modules
+    cluster = sys.argv[1:2] == ["qcluster"]
+    if env.bool("DATABASE_POOL", default=web_process) and not cluster:
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": env.int("DATABASE_POOL_MIN_SIZE", default=1),
-            "max_size": env.int("DATABASE_POOL_MAX_SIZE", default=4),
-            "timeout": env.float("DATABASE_POOL_TIMEOUT_SECONDS", default=3.0),
+            "min_size": DATABASE_POOL_MIN_SIZE,
+            "max_size": DATABASE_POOL_MAX_SIZE,
+            "timeout": DATABASE_POOL_TIMEOUT_SECONDS,
         }
     else:
         DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))

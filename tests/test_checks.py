@@ -36,23 +36,19 @@ BAD_SETTINGS = [
     ({"ASSET_HEALTH_STARTUP_GRACE_SECONDS": -1}, "assets_app.E015", [">= 0"]),
     ({"WORKER_TOKEN_LIFETIME_SECONDS": 0}, "assets_app.E016", [">= 1"]),
     ({"WORKLOAD_CLAIM_TIMEOUT_SECONDS": 0}, "assets_app.E017", [">= 1"]),
-    ({"POOL": {"min_size": 4, "max_size": 2}}, "assets_app.E018", ["MIN_SIZE"]),
-    ({"POOL": {"timeout": 0}}, "assets_app.E019", ["> 0"]),
+    ({"DATABASE_POOL_MAX_SIZE": 0}, "assets_app.E018", ["MIN_SIZE"]),
+    ({"DATABASE_POOL_TIMEOUT_SECONDS": 0.0}, "assets_app.E019", ["> 0"]),
     ({"DATABASE_RETRY_AFTER_SECONDS": 0}, "assets_app.E020", [">= 1"]),
 ]
 
 
-def _apply(settings, monkeypatch, override: dict) -> str:
+def _apply(settings, override: dict) -> str:
     """Apply one bad value; returns the setting name the message must start with."""
     ((name, value),) = override.items()
     if name == "Q_CLUSTER":
         settings.Q_CLUSTER = {**settings.Q_CLUSTER, **value}
         key = next(iter(value)) if len(value) == 1 else "timeout"
         return f"Q_CLUSTER_{key.upper()}"
-    if name == "POOL":
-        pool = {"min_size": 1, "max_size": 4, "timeout": 3.0, **value}
-        monkeypatch.setattr(rules, "pool_options", lambda: pool)
-        return "DATABASE_POOL_TIMEOUT_SECONDS" if "timeout" in value else "DATABASE_POOL_MAX_SIZE"
     setattr(settings, name, value)
     return name
 
@@ -62,15 +58,19 @@ def test_the_default_settings_pass_every_check():
     assert rules.check_keys() == []
 
 
+def test_pool_larger_min_than_max_is_an_error(settings):
+    settings.DATABASE_POOL_MIN_SIZE = 5
+    settings.DATABASE_POOL_MAX_SIZE = 4
+    assert [e.id for e in rules.check_settings()] == ["assets_app.E018"]
+
+
 def test_every_rule_is_tested():
     assert sorted(r.id for r in rules.SETTING_RULES) == sorted(b[1] for b in BAD_SETTINGS)
 
 
 @pytest.mark.parametrize(("override", "check_id", "words"), BAD_SETTINGS, ids=lambda x: str(x))
-def test_a_setting_out_of_its_rule_is_an_error_naming_it(
-    settings, monkeypatch, override, check_id, words
-):
-    setting = _apply(settings, monkeypatch, override)
+def test_a_setting_out_of_its_rule_is_an_error_naming_it(settings, override, check_id, words):
+    setting = _apply(settings, override)
     (error,) = rules.check_settings()
     assert error.id == check_id
     assert error.level == checks.ERROR

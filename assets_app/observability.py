@@ -118,8 +118,8 @@ def health_max_age() -> timedelta:
     return timedelta(seconds=settings.ASSET_HEALTH_MAX_AGE_SECONDS)
 
 
-# When this process started: /healthz gives a fresh service ASSET_HEALTH_STARTUP_GRACE_SECONDS
-# for the cluster's first sweep before it calls a drain or scheduler it has not seen a failure.
+# When this process started. For ASSET_HEALTH_STARTUP_GRACE_SECONDS after it, /healthz waits for
+# the cluster's first sweep: a drain or scheduler not seen since the start is "starting".
 _PROCESS_STARTED_AT = timezone.now()
 
 

@@ -127,9 +127,9 @@ else:
     # Sizes per process: see .env.example. Commands connect plainly (a pool only hides a "does
     # not exist" behind a timeout there); the django-q2 cluster never pools: it forks its workers
     # after using the database, and a pool (its sockets and threads) does not survive a fork.
-    web_process = "project.wsgi" in sys.modules
-    cluster = sys.argv[1:2] == ["qcluster"]
-    if env.bool("DATABASE_POOL", default=web_process) and not cluster:
+    _web_process = "project.wsgi" in sys.modules
+    _cluster = sys.argv[1:2] == ["qcluster"]
+    if env.bool("DATABASE_POOL", default=_web_process) and not _cluster:
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": DATABASE_POOL_MIN_SIZE,

@@ -208,6 +208,13 @@ SETTING_RULES = (
         lambda v: isinstance(v, int) and v >= 1,
         _setting("DATABASE_RETRY_AFTER_SECONDS"),
     ),
+    Rule(
+        "assets_app.E021",
+        "TASK_HEARTBEAT_TIMEOUT_SECONDS",
+        "a number of seconds > 0 (a running TI silent this long is failed or retried)",
+        _positive,
+        _setting("TASK_HEARTBEAT_TIMEOUT_SECONDS"),
+    ),
 )
 
 

@@ -39,6 +39,7 @@ BAD_SETTINGS = [
     ({"DATABASE_POOL_MAX_SIZE": 0}, "assets_app.E018", ["MIN_SIZE"]),
     ({"DATABASE_POOL_TIMEOUT_SECONDS": 0.0}, "assets_app.E019", ["> 0"]),
     ({"DATABASE_RETRY_AFTER_SECONDS": 0}, "assets_app.E020", [">= 1"]),
+    ({"TASK_HEARTBEAT_TIMEOUT_SECONDS": 0.0}, "assets_app.E021", ["> 0"]),
 ]
 
 

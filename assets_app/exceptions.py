@@ -67,3 +67,10 @@ class PermissionDenied(DomainError):
 
 class NotAuthenticated(DomainError):
     reason = "not_authenticated"
+
+
+class Unavailable(DomainError):
+    """The service cannot answer because of its own configuration (HTTP 503), e.g. a Fernet key
+    that does not decrypt what is stored."""
+
+    reason = "unavailable"

@@ -49,15 +49,17 @@ from django.db.models import Case, Exists, OuterRef, Q, Subquery, TextField, Val
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from . import dependencies, exceptions, locks, outbox
+from . import dependencies, exceptions, locks, outbox, xcoms
 from .models import (
     AssetAliasEvent,
     AssetDagRunQueue,
     AssetEvent,
+    Dag,
     DagRun,
     DagRunState,
     Task,
     TaskInstance,
+    TaskReschedule,
     TaskUpstream,
     TIState,
 )
@@ -105,6 +107,10 @@ class RunContext:
     consumed_events: list[ConsumedEvent]
     should_retry: bool
     replayed: bool
+    # XCom keys an earlier try of this TI pushed (the SDK clears them before running again) and
+    # how often this try was rescheduled (a sensor in reschedule mode).
+    xcom_keys_to_clear: list[str] = field(default_factory=list)
+    task_reschedule_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,8 @@ class Workload:
 
     ti: TaskInstance
     task_outlets: list[dict[str, Any]] = field(default_factory=list)
+    # Where the Dag's file is, relative to its folder (Dag.fileloc; "" for JSON definitions).
+    dag_rel_path: str = ""
 
 
 def _not_found(ti_id: UUID) -> exceptions.NotFound:
@@ -298,6 +306,10 @@ def load_run_context(*, ti: TaskInstance, replayed: bool = False) -> RunContext:
         consumed_events=events,
         should_retry=_is_eligible_to_retry(try_number=ti.try_number, max_tries=ti.max_tries),
         replayed=replayed,
+        xcom_keys_to_clear=xcoms.keys_of(ti),
+        task_reschedule_count=TaskReschedule.objects.filter(
+            ti_id=ti.id, try_number=ti.try_number
+        ).count(),
     )
 
 
@@ -740,6 +752,56 @@ def skip_downstream(*, ti_id: UUID, try_number: int, tasks: list[tuple[str, int]
     return count
 
 
+# --- up_for_reschedule --------------------------------------------------------------------------
+
+
+def reschedule(*, ti_id: UUID, reschedule_date: datetime, end_date: datetime) -> StateChange:
+    """running -> queued again for the same try, claimable from `reschedule_date` (a sensor in
+    reschedule mode), with a TaskReschedule row recording this poke.
+
+    One durable transaction: read the TI, insert the TaskReschedule row, then one conditional
+    UPDATE (running, same try -> queued) that takes the TI lock, commit; if the UPDATE matches
+    nothing the row rolls back and the answer is 409 (a replay finds the TI queued, as retry)."""
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        seen = TaskInstance.objects.filter(id=ti_id).first()
+        if seen is None:
+            raise _not_found(ti_id)
+        if seen.state != TIState.RUNNING:
+            raise _not_running(seen, "marked up_for_reschedule")
+        TaskReschedule.objects.create(
+            ti_id=seen.id,
+            try_number=seen.try_number,
+            start_date=seen.start_date or now,
+            end_date=end_date,
+            reschedule_date=reschedule_date,
+        )
+        matched = TaskInstance.objects.filter(
+            id=ti_id, state=TIState.RUNNING, try_number=seen.try_number
+        ).update(
+            state=TIState.QUEUED,
+            queued_at=now,
+            retry_at=reschedule_date,
+            claimed_by="",
+            claimed_at=None,
+            hostname="",
+            unixname="",
+            pid=None,
+            start_date=None,
+            end_date=None,
+            last_heartbeat_at=None,
+            updated_at=now,
+        )
+        if not matched:
+            current = TaskInstance.objects.filter(id=ti_id).first()
+            if current is None:
+                raise _not_found(ti_id)
+            raise _not_running(current, "marked up_for_reschedule")
+    return StateChange(
+        ti_id=seen.id, state=TIState.QUEUED, replayed=False, try_number=seen.try_number
+    )
+
+
 # --- heartbeat ----------------------------------------------------------------------------------
 
 
@@ -802,7 +864,17 @@ def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
         ti.claimed_by = hostname
         ti.claimed_at = now
     outlets = _declared_outlets({(ti.dag_id, ti.task_id) for ti in tis})
-    return [Workload(ti=ti, task_outlets=outlets.get((ti.dag_id, ti.task_id), [])) for ti in tis]
+    files = dict(
+        Dag.objects.filter(dag_id__in={ti.dag_id for ti in tis}).values_list("dag_id", "fileloc")
+    )
+    return [
+        Workload(
+            ti=ti,
+            task_outlets=outlets.get((ti.dag_id, ti.task_id), []),
+            dag_rel_path=files.get(ti.dag_id, ""),
+        )
+        for ti in tis
+    ]
 
 
 def _declared_outlets(keys: set[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:

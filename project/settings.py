@@ -194,6 +194,11 @@ ASSET_HEALTH_MAX_AGE_SECONDS = env.int("ASSET_HEALTH_MAX_AGE_SECONDS", default=1
 ASSET_HEALTH_STARTUP_GRACE_SECONDS = env.int("ASSET_HEALTH_STARTUP_GRACE_SECONDS", default=90)
 WORKER_API_KEY = _key("WORKER_API_KEY")
 WORKER_TOKEN_LIFETIME_SECONDS = env.int("WORKER_TOKEN_LIFETIME_SECONDS", default=3600)
+# Fernet key (urlsafe base64, 32 bytes) Connection passwords and extras are encrypted with; a
+# comma-separated list decrypts with every key and encrypts with the first (key rotation). Unset:
+# a key is generated once and kept in FERNET_KEY_FILE.
+FERNET_KEY = env.str("FERNET_KEY", default="")
+FERNET_KEY_FILE = env.path("FERNET_KEY_FILE", default=BASE_DIR / "var" / "fernet.key")
 # A claimed TI that is not started within this many seconds can be claimed again.
 WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", default=300)
 # A running TI whose heartbeat stopped this long ago is failed (or retried) by the scheduler's

@@ -26,9 +26,16 @@ public_api = NinjaAPI(
 errors.install(execution_api)
 errors.install(public_api)
 
-from . import execution, public, public_dags  # noqa: E402  (routers register on the APIs)
+from . import (  # noqa: E402  (routers register on the APIs)
+    execution,
+    execution_runtime,
+    public,
+    public_dags,
+)
 
 execution_api.add_router("", execution.router)
+# After `execution`: its static `/task-instances/...` paths stay first.
+execution_api.add_router("", execution_runtime.router)
 # Static paths before the ones with a variable segment where both could match (`dagRuns/list`).
 public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)

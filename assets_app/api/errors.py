@@ -43,11 +43,12 @@ STATUS_BY_EXCEPTION: list[tuple[type[exceptions.DomainError], int]] = [
     (exceptions.Conflict, 409),
     (exceptions.InvalidInput, 422),
     (exceptions.BadRequest, 400),
+    (exceptions.Unavailable, 503),
 ]
 
 PUBLIC_PREFIX = "/api/v2/"
 # Paths whose unknown routes and methods answer JSON instead of Django's HTML pages.
-JSON_FALLBACK_PREFIXES = (PUBLIC_PREFIX,)
+JSON_FALLBACK_PREFIXES = (PUBLIC_PREFIX, "/execution/")
 
 
 def error_response(status: int, reason: str, message: str, **extra: Any) -> JsonResponse:

@@ -59,6 +59,12 @@ def ti_update_state(
             task_outlets=list(payload.task_outlets or ()),
             outlet_events=list(payload.outlet_events or ()),
         )
+    elif isinstance(payload, schemas.TIReschedulePayload):
+        change = task_state.reschedule(
+            ti_id=task_instance_id,
+            reschedule_date=payload.reschedule_date,
+            end_date=payload.end_date,
+        )
     elif isinstance(payload, schemas.TIRetryStatePayload):
         change = task_state.retry(
             ti_id=task_instance_id,

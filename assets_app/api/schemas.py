@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, NotRequired
-from uuid import UUID
+from uuid import NAMESPACE_URL, UUID, uuid5
 
 import orjson
 from django.core.serializers.json import DjangoJSONEncoder
@@ -131,8 +131,16 @@ class TIRetryStatePayload(RequestBody):
     retry_reason: str | None = None
 
 
+class TIReschedulePayload(RequestBody):
+    """A sensor in reschedule mode: run this try again from `reschedule_date`."""
+
+    state: Literal["up_for_reschedule"] = "up_for_reschedule"
+    reschedule_date: UtcDatetime
+    end_date: UtcDatetime
+
+
 TIStateUpdate = Annotated[
-    TISuccessStatePayload | TITerminalStatePayload | TIRetryStatePayload,
+    TISuccessStatePayload | TITerminalStatePayload | TIRetryStatePayload | TIReschedulePayload,
     Field(discriminator="state"),
 ]
 
@@ -282,13 +290,13 @@ class TIRunContext(ResponseBody):
                 "note": run.note,
                 "team_name": None,
             },
-            "task_reschedule_count": 0,
+            "task_reschedule_count": context.task_reschedule_count,
             "max_tries": context.ti.max_tries,
             "variables": [],
             "connections": [],
             "next_method": None,
             "next_kwargs": None,
-            "xcom_keys_to_clear": [],
+            "xcom_keys_to_clear": context.xcom_keys_to_clear,
             "should_retry": context.should_retry,
             "start_date": None,
         }
@@ -383,13 +391,33 @@ class AssetEventsResponse(ResponseBody):
 # --- responses: work claiming (our own endpoint) ---------------------------------------------
 
 
+# The bundle Airflow's workers know without configuration (`[dag_processor]
+# dag_bundle_config_list`'s default: the `[core] dags_folder` as a LocalDagBundle).
+BUNDLE_NAME = "dags-folder"
+
+
 class WorkloadTI(ResponseBody):
+    """Airflow's `TaskInstanceDTO` (the execution API's TaskInstance plus the executor's pool
+    fields) and nothing more, so airflow-core's `ExecuteTask` model validates it."""
+
     id: UUID
     dag_id: str
     run_id: str
     task_id: str
     map_index: int
     try_number: int
+    # No Dag versions here: a stable id per Dag (uuid5 of its dag_id) fills Airflow's field.
+    dag_version_id: UUID
+    hostname: str | None = None
+    context_carrier: dict[str, Any] | None = None
+    queue: str = "default"
+    pool_slots: int = 1
+    priority_weight: int = 1
+
+
+class BundleInfo(ResponseBody):
+    name: str
+    version: str | None = None
 
 
 class OutletOut(ResponseBody):
@@ -399,9 +427,27 @@ class OutletOut(ResponseBody):
 
 
 class Workload(ResponseBody):
+    """Airflow's `ExecuteTask` workload (`type`, `ti`, `dag_rel_path`, `bundle_info`,
+    `log_path`, `token`, `sentry_integration`), which `execute_workload` runs as it is, plus
+    our `task_outlets` (Airflow's model ignores fields it does not know)."""
+
+    type: Literal["ExecuteTask"] = "ExecuteTask"
     ti: WorkloadTI
+    dag_rel_path: str
+    bundle_info: BundleInfo
+    log_path: str
     token: str
+    sentry_integration: str = ""
     task_outlets: list[OutletOut]
+
+
+def log_path_of(ti: Any) -> str:
+    """Airflow's default `[logging] log_filename_template`, rendered for the TI."""
+    mapped = f"map_index={ti.map_index}/" if ti.map_index >= 0 else ""
+    return (
+        f"dag_id={ti.dag_id}/run_id={ti.run_id}/task_id={ti.task_id}/{mapped}"
+        f"attempt={ti.try_number}.log"
+    )
 
 
 class ClaimResponse(ResponseBody):
@@ -421,7 +467,11 @@ class ClaimResponse(ResponseBody):
                         task_id=w.ti.task_id,
                         map_index=w.ti.map_index,
                         try_number=w.ti.try_number,
+                        dag_version_id=uuid5(NAMESPACE_URL, f"dag:{w.ti.dag_id}"),
                     ),
+                    dag_rel_path=w.dag_rel_path,
+                    bundle_info=BundleInfo(name=BUNDLE_NAME),
+                    log_path=log_path_of(w.ti),
                     token=token_for(w.ti),
                     task_outlets=[OutletOut(**outlet) for outlet in w.task_outlets],
                 )

@@ -25,6 +25,7 @@ from .runs import (
     TaskInstance,
     TIState,
 )
+from .runtime import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
 
 __all__ = [
     "ApiToken",
@@ -39,6 +40,7 @@ __all__ = [
     "AuditTarget",
     "AuditVia",
     "ComponentHeartbeat",
+    "Connection",
     "Dag",
     "DagRun",
     "DagRunAssetEvent",
@@ -49,11 +51,15 @@ __all__ = [
     "DagScheduleAssetReference",
     "FailureKind",
     "MetricCounter",
+    "RenderedTaskFields",
     "TIState",
     "Task",
     "TaskInstance",
     "TaskOutletAliasReference",
     "TaskOutletAssetReference",
+    "TaskReschedule",
     "TaskUpstream",
     "TriggerRule",
+    "Variable",
+    "XCom",
 ]

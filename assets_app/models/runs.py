@@ -12,6 +12,8 @@ class DagRunType(models.TextChoices):
     ASSET_TRIGGERED = "asset_triggered"
     # A run of the Dag producing an asset, asked for by `POST /api/v2/assets/{id}/materialize`.
     ASSET_MATERIALIZATION = "asset_materialization"
+    # A run a task asked for (TriggerDagRunOperator, `POST /execution/dag-runs/...`).
+    OPERATOR_TRIGGERED = "operator_triggered"
 
 
 class DagRunTriggeredBy(models.TextChoices):
@@ -21,6 +23,7 @@ class DagRunTriggeredBy(models.TextChoices):
     REST_API = "rest_api"
     UI = "ui"
     ASSET = "asset"
+    OPERATOR = "operator"
 
 
 class DagRunState(models.TextChoices):

@@ -1,6 +1,7 @@
 """POST /execution/workloads/claim: workers find queued work."""
 
 import threading
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from assets_app.models import TaskInstance
 from tests.factories import (
     AssetAliasFactory,
     AssetFactory,
+    DagFactory,
     DagRunFactory,
     TaskFactory,
     TaskInstanceFactory,
@@ -55,7 +57,16 @@ def test_claim_returns_queued_tis_with_token_and_declared_outlets(worker_api):
         "task_id": "build",
         "map_index": -1,
         "try_number": 1,
+        "dag_version_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"dag:{ti.dag_id}")),
+        "queue": "default",
+        "pool_slots": 1,
+        "priority_weight": 1,
     }
+    assert workload["type"] == "ExecuteTask"
+    assert workload["bundle_info"] == {"name": "dags-folder"}
+    assert workload["log_path"] == (
+        f"dag_id={ti.dag_id}/run_id={ti.run_id}/task_id=build/attempt=1.log"
+    )
     assert workload["task_outlets"] == [
         {"name": "report", "uri": "s3://bucket/report", "type": "Asset"},
         {"name": "reports", "type": "AssetAlias"},
@@ -171,3 +182,15 @@ def test_concurrent_claims_never_hand_out_the_same_ti():
     claimed = [ti_id for got in results for ti_id in got]
     assert len(claimed) == 60
     assert set(claimed) == ids
+
+
+def test_claimed_workload_is_airflow_core_execute_task(worker_api):
+    """airflow-core 3.3.2's own `ExecuteTask` model (what `execute_workload` reads) accepts
+    each claimed workload as it is, our extra `task_outlets` included."""
+    from tests.compat.airflow_worker_env import validate_with_sdk
+
+    dag = DagFactory(fileloc="producer.py")
+    TaskInstanceFactory(dag_run=DagRunFactory(dag=dag), task_id="build")
+    (workload,) = claim(worker_api, {"hostname": "worker-1", "limit": 5}).json()["workloads"]
+    assert workload["dag_rel_path"] == "producer.py"
+    assert validate_with_sdk([("ExecuteTask", workload)]) == []

@@ -370,6 +370,23 @@ def test_openapi_schema_lists_every_worker_endpoint(client):
         "/execution/assets/by-alias",
         "/execution/asset-events/by-asset",
         "/execution/asset-events/by-asset-alias",
+        # What a running task calls besides its state (execution_runtime.py).
+        "/execution/task-instances/{task_instance_id}/rtif",
+        "/execution/task-instances/{task_instance_id}/validate-inlets-and-outlets",
+        "/execution/task-instances/{task_instance_id}/previous-successful-dagrun",
+        "/execution/task-instances/count",
+        "/execution/task-instances/states",
+        "/execution/task-reschedules/{task_instance_id}/start_date",
+        "/execution/xcoms/{dag_id}/{run_id}/{task_id}/{key}",
+        "/execution/xcoms/{dag_id}/{run_id}/{task_id}/{key}/item/{offset}",
+        "/execution/xcoms/{dag_id}/{run_id}/{task_id}/{key}/slice",
+        "/execution/variables/{variable_key}",
+        "/execution/connections/{connection_id}",
+        "/execution/dag-runs/count",
+        "/execution/dag-runs/previous",
+        "/execution/dag-runs/{dag_id}/{run_id}",
+        "/execution/dag-runs/{dag_id}/{run_id}/clear",
+        "/execution/dag-runs/{dag_id}/{run_id}/state",
     }
 
 

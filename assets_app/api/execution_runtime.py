@@ -1,0 +1,219 @@
+"""Worker API (DESIGN 6.1), the rest of what a running task calls: rendered fields, inlet and
+outlet validation, XComs, Variables, Connections, reschedule start dates, its previous
+successful run, dag-run reads / trigger / clear, TI counts and states. Thin views over
+`task_runtime`, `xcoms` and `variables`; paths, parameters, status codes and bodies as Airflow's
+execution API of version 2026-06-30 (task-sdk 1.3.2's client calls them). Every route takes a
+valid task token (any TI's, except `/task-instances/{id}/...`, which must be that TI's).
+"""
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Body, Query, Router, Status
+
+from assets_app import task_runtime, variables, xcoms
+
+from . import auth
+from . import runtime_schemas as rs
+
+router = Router(tags=["execution"], auth=auth.task_token)
+
+TI_PATH = "/task-instances/{task_instance_id}"
+XCOM_PATH = "/xcoms/{dag_id}/{run_id}/{task_id}/{path:key}"
+
+
+def _json(value: Any, status: int = 200) -> JsonResponse:
+    return JsonResponse(value, status=status, safe=False)
+
+
+# --- task instances --------------------------------------------------------------------------
+
+
+@router.put(f"{TI_PATH}/rtif", response={201: rs.OKMessage})
+def ti_put_rtif(request: HttpRequest, task_instance_id: UUID, fields: Body[dict[str, Any]]):
+    task_runtime.set_rendered_fields(ti_id=task_instance_id, fields=fields)
+    return Status(201, {"message": "Rendered task instance fields successfully set"})
+
+
+@router.get(f"{TI_PATH}/validate-inlets-and-outlets", response=rs.InactiveAssetsResponse)
+def ti_validate_inlets_and_outlets(request: HttpRequest, task_instance_id: UUID):
+    return {"inactive_assets": task_runtime.inactive_assets(ti_id=task_instance_id)}
+
+
+@router.get(f"{TI_PATH}/previous-successful-dagrun", response=rs.PrevSuccessfulDagRunResponse)
+def ti_previous_successful_dagrun(request: HttpRequest, task_instance_id: UUID):
+    run = task_runtime.previous_successful_run(ti_id=task_instance_id)
+    return rs.PrevSuccessfulDagRunResponse.from_run(run)
+
+
+@router.get("/task-reschedules/{task_instance_id}/start_date")
+def reschedule_start_date(request: HttpRequest, task_instance_id: UUID, try_number: int = 1):
+    start = task_runtime.first_reschedule_date(ti_id=task_instance_id, try_number=try_number)
+    return _json(start)
+
+
+@router.get("/task-instances/count")
+def ti_count(request: HttpRequest, filters: Query[rs.TICountFilters]):
+    return _json(task_runtime.count_task_instances(**filters.model_dump()))
+
+
+@router.get("/task-instances/states", response=rs.TaskStatesResponse)
+def ti_states(request: HttpRequest, filters: Query[rs.TIFilters]):
+    return {"task_states": task_runtime.task_instance_states(**filters.model_dump())}
+
+
+# --- XComs -----------------------------------------------------------------------------------
+
+
+@router.get(f"{XCOM_PATH}/item/{{offset}}")
+def xcom_item(request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str, offset: int):
+    return _json(xcoms.item(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, offset=offset))
+
+
+@router.get(f"{XCOM_PATH}/slice")
+def xcom_slice(
+    request: HttpRequest,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    key: str,
+    start: int | None = None,
+    stop: int | None = None,
+    step: int | None = None,
+    include_prior_dates: bool = False,
+):
+    values = xcoms.value_slice(
+        dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, start=start, stop=stop, step=step
+    )
+    return _json(values)
+
+
+@router.api_operation(["HEAD"], XCOM_PATH)
+def xcom_head(request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str):
+    response = HttpResponse(status=200)
+    count = xcoms.count(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key)
+    response["Content-Range"] = f"map_indexes {count}"
+    return response
+
+
+@router.get(XCOM_PATH, response=rs.XComResponse)
+def xcom_get(
+    request: HttpRequest,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    key: str,
+    map_index: int = -1,
+    offset: int | None = None,
+    include_prior_dates: bool = False,
+):
+    value = xcoms.pull(
+        dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, map_index=map_index, offset=offset
+    )
+    return {"key": key, "value": value}
+
+
+@router.post(XCOM_PATH, response={201: rs.OKMessage})
+def xcom_set(
+    request: HttpRequest,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    key: str,
+    value: Body[Any] = None,
+    map_index: int = -1,
+    dag_result: bool = False,
+    mapped_length: int | None = None,
+):
+    xcoms.push(
+        dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, value=value, map_index=map_index
+    )
+    return Status(201, {"message": "XCom successfully set"})
+
+
+@router.delete(XCOM_PATH, response=rs.OKMessage)
+def xcom_delete(
+    request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str, map_index: int = -1
+):
+    xcoms.delete(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, map_index=map_index)
+    return {"message": f"XCom with key: {key} successfully deleted."}
+
+
+# --- Variables and Connections ---------------------------------------------------------------
+
+
+@router.get("/variables/{path:variable_key}", response=rs.VariableResponse)
+def variable_get(request: HttpRequest, variable_key: str):
+    variable = variables.get_variable(key=variable_key)
+    return {"key": variable.key, "value": variable.val}
+
+
+@router.put("/variables/{path:variable_key}", response={201: rs.OKMessage})
+def variable_put(request: HttpRequest, variable_key: str, body: rs.VariablePostBody):
+    variables.set_variable(key=variable_key, value=body.val, description=body.description)
+    return Status(201, {"message": "Variable successfully set"})
+
+
+@router.delete("/variables/{path:variable_key}", response={204: None})
+def variable_delete(request: HttpRequest, variable_key: str):
+    variables.delete_variable(key=variable_key)
+    return Status(204, None)
+
+
+@router.get("/connections/{connection_id}", response=rs.ConnectionResponse, by_alias=True)
+def connection_get(request: HttpRequest, connection_id: str):
+    return rs.ConnectionResponse.from_domain(variables.get_connection(conn_id=connection_id))
+
+
+# --- dag runs --------------------------------------------------------------------------------
+
+
+@router.get("/dag-runs/count")
+def dag_run_count(request: HttpRequest, filters: Query[rs.DagRunCountFilters]):
+    return _json(task_runtime.count_runs(**filters.model_dump()))
+
+
+@router.get("/dag-runs/previous")
+def dag_run_previous(
+    request: HttpRequest, dag_id: str, logical_date: datetime, state: str | None = None
+):
+    run = task_runtime.previous_run(dag_id=dag_id, logical_date=logical_date, state=state)
+    if run is None:
+        return _json(None)
+    return HttpResponse(
+        rs.DagRunResponse.from_run(run).model_dump_json(), content_type="application/json"
+    )
+
+
+@router.get("/dag-runs/{dag_id}/{run_id}/state", response=rs.DagRunStateResponse)
+def dag_run_state(request: HttpRequest, dag_id: str, run_id: str):
+    return {"state": task_runtime.get_run(dag_id=dag_id, run_id=run_id).state}
+
+
+@router.get("/dag-runs/{dag_id}/{run_id}", response=rs.DagRunResponse)
+def dag_run_detail(request: HttpRequest, dag_id: str, run_id: str):
+    return rs.DagRunResponse.from_run(task_runtime.get_run(dag_id=dag_id, run_id=run_id))
+
+
+@router.post("/dag-runs/{dag_id}/{run_id}/clear", response={204: None})
+def dag_run_clear(request: HttpRequest, dag_id: str, run_id: str):
+    task_runtime.clear_run(dag_id=dag_id, run_id=run_id)
+    return Status(204, None)
+
+
+@router.post("/dag-runs/{dag_id}/{run_id}", response={204: None})
+def dag_run_trigger(
+    request: HttpRequest, dag_id: str, run_id: str, payload: rs.TriggerDAGRunPayload
+):
+    task_runtime.trigger_from_task(
+        ti_id=UUID(request.auth["sub"]),
+        dag_id=dag_id,
+        run_id=run_id,
+        conf=payload.conf,
+        logical_date=payload.logical_date,
+        run_after=payload.run_after,
+        note=payload.note,
+    )
+    return Status(204, None)

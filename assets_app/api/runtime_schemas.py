@@ -1,0 +1,168 @@
+"""Schemas of the worker API's run-time endpoints (XComs, Variables, Connections, rendered
+fields, reschedules, dag-run and TI reads), field for field task-sdk 1.3.2's models in
+`airflow/sdk/api/datamodels/_generated.py` (tests validate our answers with those models)."""
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from assets_app.models import DagRun
+from assets_app.variables import ConnectionSecrets
+
+from .schemas import RequestBody, ResponseBody, UtcDatetime
+
+
+class OKMessage(ResponseBody):
+    message: str
+
+
+class XComResponse(ResponseBody):
+    key: str
+    value: Any
+
+
+class VariableResponse(ResponseBody):
+    key: str
+    value: str | None
+
+
+class VariablePostBody(RequestBody):
+    # The SDK sends the value as `val` (Airflow's alias of `value`).
+    val: str | None
+    description: str | None = None
+
+
+class ConnectionResponse(ResponseBody):
+    conn_id: str
+    conn_type: str
+    host: str | None
+    schema_: Annotated[str | None, Field(alias="schema")]
+    login: str | None
+    password: str | None
+    port: int | None
+    extra: str | None
+
+    @classmethod
+    def from_domain(cls, found: ConnectionSecrets) -> "ConnectionResponse":
+        c = found.connection
+        return cls(
+            conn_id=c.conn_id,
+            conn_type=c.conn_type,
+            host=c.host,
+            schema=c.schema,
+            login=c.login,
+            password=found.password,
+            port=c.port,
+            extra=found.extra,
+        )
+
+
+class AssetProfileOut(ResponseBody):
+    name: str | None = None
+    uri: str | None = None
+    type: str
+
+
+class InactiveAssetsResponse(ResponseBody):
+    inactive_assets: list[AssetProfileOut] | None = None
+
+
+class PrevSuccessfulDagRunResponse(ResponseBody):
+    data_interval_start: datetime | None = None
+    data_interval_end: datetime | None = None
+    start_date: datetime | None = None
+    end_date: datetime | None = None
+
+    @classmethod
+    def from_run(cls, run: DagRun | None) -> "PrevSuccessfulDagRunResponse":
+        if run is None:
+            return cls()
+        return cls(
+            data_interval_start=run.data_interval_start,
+            data_interval_end=run.data_interval_end,
+            start_date=run.start_date,
+            end_date=run.end_date,
+        )
+
+
+class DagRunStateResponse(ResponseBody):
+    state: Literal["queued", "running", "success", "failed"]
+
+
+class TaskStatesResponse(ResponseBody):
+    task_states: dict[str, Any]
+
+
+class TriggerDAGRunPayload(RequestBody):
+    logical_date: UtcDatetime | None = None
+    run_after: UtcDatetime | None = None
+    conf: dict[str, Any] | None = None
+    reset_dag_run: bool | None = False
+    partition_key: str | None = None
+    note: str | None = None
+
+
+class DagRunResponse(ResponseBody):
+    """Airflow's execution `DagRun` (the previous run); consumed events are not loaded here."""
+
+    dag_id: str
+    run_id: str
+    logical_date: datetime | None
+    data_interval_start: datetime | None
+    data_interval_end: datetime | None
+    run_after: datetime
+    start_date: datetime | None
+    end_date: datetime | None
+    clear_number: int | None = 0
+    run_type: str
+    state: str
+    conf: dict[str, Any] | None = None
+    triggering_user_name: str | None = None
+    consumed_asset_events: list[Any]
+    partition_key: str | None
+    partition_date: datetime | None = None
+    note: str | None = None
+    team_name: str | None = None
+
+    @classmethod
+    def from_run(cls, run: DagRun) -> "DagRunResponse":
+        return cls(
+            dag_id=run.dag_id,
+            run_id=run.run_id,
+            logical_date=run.logical_date,
+            data_interval_start=run.data_interval_start,
+            data_interval_end=run.data_interval_end,
+            run_after=run.run_after,
+            start_date=run.start_date,
+            end_date=run.end_date,
+            clear_number=run.clear_number,
+            run_type=run.run_type,
+            state=run.state,
+            conf=run.conf,
+            triggering_user_name=run.triggering_user_name,
+            consumed_asset_events=[],
+            partition_key=None,
+            note=run.note,
+        )
+
+
+class TIFilters(BaseModel):
+    """Query of `/task-instances/count` and `/states` (lists repeat the parameter)."""
+
+    dag_id: str
+    map_index: int | None = None
+    task_ids: list[str] | None = None
+    logical_dates: list[UtcDatetime] | None = None
+    run_ids: list[str] | None = None
+
+
+class TICountFilters(TIFilters):
+    states: list[str] | None = None
+
+
+class DagRunCountFilters(BaseModel):
+    dag_id: str
+    logical_dates: list[UtcDatetime] | None = None
+    run_ids: list[str] | None = None
+    states: list[str] | None = None

@@ -1,0 +1,286 @@
+"""The worker API's run-time endpoints a task calls through the Task SDK (XComs, Variables,
+Connections, rendered fields, reschedules, dag-run and TI reads), answered in the shapes of
+task-sdk 1.3.2's own models (validated with them in the SDK's virtualenv), and JSON 404/405 for
+anything else under /execution/."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from cryptography.fernet import Fernet
+from django.db import connection as db
+from django.utils import timezone
+
+from assets_app.models import (
+    Connection,
+    DagRun,
+    DagRunType,
+    RenderedTaskFields,
+    TaskInstance,
+    TaskReschedule,
+    TIState,
+    Variable,
+    XCom,
+)
+from assets_app.variables import save_connection
+from tests.compat.airflow_worker_env import validate_with_sdk
+from tests.factories import DagFactory, DagRunFactory, TaskInstanceFactory
+
+pytestmark = pytest.mark.django_db
+
+# (SDK model name, body) of every answer below; the last test validates them all at once.
+ANSWERS: list[tuple[str, object]] = []
+
+
+def _answer(model: str, response) -> object:
+    body = json.loads(response.content)
+    ANSWERS.append((model, body))
+    return body
+
+
+@pytest.fixture
+def running():
+    return TaskInstanceFactory(running=True, task_id="produce")
+
+
+def _xcom(ti, key="return_value"):
+    return f"/xcoms/{ti.dag_id}/{ti.run_id}/{ti.task_id}/{key}"
+
+
+def test_xcom_push_pull_count_slice_item_delete(worker_api, running):
+    ti = running
+    pushed = worker_api.request("POST", _xcom(ti), {"rows": 3}, ti_id=ti.id)
+    assert pushed.status_code == 201, pushed.content
+    # A second push of the same key replaces the value: one row.
+    worker_api.request("POST", _xcom(ti), {"rows": 4}, ti_id=ti.id)
+    assert XCom.objects.get().value == {"rows": 4}
+
+    got = worker_api.request("GET", _xcom(ti), ti_id=ti.id)
+    assert _answer("XComResponse", got) == {"key": "return_value", "value": {"rows": 4}}
+    head = worker_api.request("HEAD", _xcom(ti), ti_id=ti.id)
+    assert head["Content-Range"] == "map_indexes 1"
+    for index, value in ((0, "a"), (1, "b"), (2, "c")):
+        worker_api.request("POST", f"{_xcom(ti, 'seq')}?map_index={index}", value, ti_id=ti.id)
+    assert _answer(
+        "XComSequenceSliceResponse",
+        worker_api.request("GET", f"{_xcom(ti, 'seq')}/slice", ti_id=ti.id, start=-2),
+    ) == ["b", "c"]
+    sliced = worker_api.request("GET", f"{_xcom(ti, 'seq')}/slice", ti_id=ti.id, step=-2)
+    assert json.loads(sliced.content) == ["c", "a"]
+    item = worker_api.request("GET", f"{_xcom(ti, 'seq')}/item/-1", ti_id=ti.id)
+    assert _answer("XComSequenceIndexResponse", item) == "c"
+    assert worker_api.request("GET", f"{_xcom(ti, 'seq')}/item/3", ti_id=ti.id).status_code == 404
+    offset = worker_api.request("GET", _xcom(ti, "seq"), ti_id=ti.id, offset=1)
+    assert json.loads(offset.content)["value"] == "b"
+
+    deleted = worker_api.request("DELETE", _xcom(ti), ti_id=ti.id)
+    assert deleted.status_code == 200
+    missing = worker_api.request("GET", _xcom(ti), ti_id=ti.id)
+    assert missing.status_code == 404
+    assert json.loads(missing.content)["detail"]["reason"] == "not_found"
+
+
+def test_xcom_push_for_unknown_run_is_404_and_writes_nothing(worker_api, running):
+    path = f"/xcoms/{running.dag_id}/no_such_run/{running.task_id}/return_value"
+    assert worker_api.request("POST", path, 1, ti_id=running.id).status_code == 404
+    assert not XCom.objects.exists()
+
+
+def test_retry_lists_the_keys_of_the_earlier_try_to_clear(worker_api):
+    ti = TaskInstanceFactory(running=True, max_tries=1)
+    worker_api.request("POST", _xcom(ti), "first try", ti_id=ti.id)
+    worker_api.request(
+        "PATCH",
+        f"/task-instances/{ti.id}/state",
+        {"state": "up_for_retry", "end_date": timezone.now().isoformat(), "retry_delay_seconds": 0},
+        ti_id=ti.id,
+    )
+    start = worker_api.request(
+        "PATCH",
+        f"/task-instances/{ti.id}/run",
+        {
+            "state": "running",
+            "hostname": "h",
+            "unixname": "u",
+            "pid": 7,
+            "start_date": "2026-06-30T10:00:00Z",
+        },
+        ti_id=ti.id,
+    )
+    context = _answer("TIRunContext", start)
+    assert context["xcom_keys_to_clear"] == ["return_value"]
+
+
+def test_variables_get_put_delete(worker_api, running):
+    path = "/variables/warehouse/bucket"
+    assert worker_api.request("GET", path, ti_id=running.id).status_code == 404
+    put = worker_api.request("PUT", path, {"val": "s3://b", "description": "d"}, ti_id=running.id)
+    assert put.status_code == 201
+    assert Variable.objects.get(key="warehouse/bucket").val == "s3://b"
+    got = worker_api.request("GET", path, ti_id=running.id)
+    assert _answer("VariableResponse", got) == {"key": "warehouse/bucket", "value": "s3://b"}
+    assert worker_api.request("DELETE", path, ti_id=running.id).status_code == 204
+    assert not Variable.objects.exists()
+
+
+def test_connection_is_encrypted_at_rest_and_served_in_clear(worker_api, running):
+    save_connection(
+        conn_id="db",
+        create=True,
+        conn_type="postgres",
+        host="h",
+        schema="s",
+        login="l",
+        port=5432,
+        password="hunter2",
+        extra='{"sslmode": "require"}',
+    )
+    with db.cursor() as cursor:
+        cursor.execute("SELECT password, extra FROM assets_app_connection")
+        stored = cursor.fetchone()
+    assert "hunter2" not in stored[0] and "sslmode" not in stored[1]
+    got = worker_api.request("GET", "/connections/db", ti_id=running.id)
+    body = _answer("ConnectionResponse", got)
+    assert body["password"] == "hunter2" and body["schema"] == "s"
+    assert body["extra"] == '{"sslmode": "require"}'
+    assert worker_api.request("GET", "/connections/nope", ti_id=running.id).status_code == 404
+
+
+def test_connection_with_another_key_is_a_clear_503(worker_api, running, settings):
+    save_connection(conn_id="db", create=True, conn_type="http", password="p")
+    settings.FERNET_KEY = Fernet.generate_key().decode()
+    got = worker_api.request("GET", "/connections/db", ti_id=running.id)
+    assert got.status_code == 503
+    assert "FERNET_KEY" in json.loads(got.content)["detail"]["message"]
+    settings.FERNET_KEY = "not-a-key"
+    assert worker_api.request("GET", "/connections/db", ti_id=running.id).status_code == 503
+    assert Connection.objects.count() == 1
+
+
+def test_rtif_validate_and_previous_successful_run(worker_api, running):
+    ti = running
+    put = worker_api.request("PUT", f"/task-instances/{ti.id}/rtif", {"op_args": "[]"}, ti_id=ti.id)
+    assert put.status_code == 201
+    assert RenderedTaskFields.objects.get(ti=ti).fields == {"op_args": "[]"}
+    valid = worker_api.request(
+        "GET", f"/task-instances/{ti.id}/validate-inlets-and-outlets", ti_id=ti.id
+    )
+    assert _answer("InactiveAssetsResponse", valid) == {"inactive_assets": []}
+    prev = worker_api.request(
+        "GET", f"/task-instances/{ti.id}/previous-successful-dagrun", ti_id=ti.id
+    )
+    assert _answer("PrevSuccessfulDagRunResponse", prev)["start_date"] is None
+
+
+def test_previous_successful_run_by_logical_date(worker_api):
+    dag = DagFactory()
+    now = timezone.now()
+    old = DagRunFactory(
+        dag=dag, logical_date=now - timedelta(days=1), state="success", start_date=now
+    )
+    ti = TaskInstanceFactory(running=True, dag_run=DagRunFactory(dag=dag, logical_date=now))
+    prev = worker_api.request(
+        "GET", f"/task-instances/{ti.id}/previous-successful-dagrun", ti_id=ti.id
+    )
+    assert json.loads(prev.content)["start_date"] is not None
+    assert old.start_date is not None
+
+
+def test_reschedule_requeues_at_the_date_and_keeps_the_first_start(worker_api, running):
+    ti = running
+    when = timezone.now() + timedelta(seconds=30)
+    body = {
+        "state": "up_for_reschedule",
+        "reschedule_date": when.isoformat(),
+        "end_date": timezone.now().isoformat(),
+    }
+    changed = worker_api.request("PATCH", f"/task-instances/{ti.id}/state", body, ti_id=ti.id)
+    assert changed.status_code == 204, changed.content
+    ti.refresh_from_db()
+    assert (ti.state, ti.try_number, ti.retry_at) == (TIState.QUEUED, 1, when)
+    assert TaskReschedule.objects.get(ti=ti).try_number == 1
+    again = worker_api.request("PATCH", f"/task-instances/{ti.id}/state", body, ti_id=ti.id)
+    assert again.status_code == 409 and TaskReschedule.objects.count() == 1
+    start = worker_api.request(
+        "GET", f"/task-reschedules/{ti.id}/start_date", ti_id=ti.id, try_number=1
+    )
+    assert start.status_code == 200 and json.loads(start.content) is not None
+    TaskInstance.objects.filter(id=ti.id).update(retry_at=None)
+    run = worker_api.request(
+        "PATCH",
+        f"/task-instances/{ti.id}/run",
+        {
+            "state": "running",
+            "hostname": "h",
+            "unixname": "u",
+            "pid": 7,
+            "start_date": "2026-06-30T10:00:00Z",
+        },
+        ti_id=ti.id,
+    )
+    assert _answer("TIRunContext", run)["task_reschedule_count"] == 1
+
+
+def test_task_instance_count_and_states(worker_api, running):
+    other = TaskInstanceFactory(dag_run=running.dag_run, task_id="other", state=TIState.SUCCESS)
+    count = worker_api.request(
+        "GET",
+        f"/task-instances/count?dag_id={running.dag_id}&states=success&states=running",
+        ti_id=running.id,
+    )
+    assert json.loads(count.content) == 2
+    one = worker_api.request(
+        "GET", f"/task-instances/count?dag_id={running.dag_id}&task_ids=other", ti_id=running.id
+    )
+    assert json.loads(one.content) == 1
+    states = worker_api.request(
+        "GET", "/task-instances/states", ti_id=running.id, dag_id=running.dag_id
+    )
+    assert _answer("TaskStatesResponse", states) == {
+        "task_states": {running.run_id: {"produce": "running", other.task_id: "success"}}
+    }
+
+
+def test_dag_runs_state_count_trigger_clear(worker_api, running):
+    run = running.dag_run
+    state = worker_api.request(
+        "GET", f"/dag-runs/{run.dag_id}/{run.run_id}/state", ti_id=running.id
+    )
+    assert _answer("DagRunStateResponse", state) == {"state": run.state}
+    detail = worker_api.request("GET", f"/dag-runs/{run.dag_id}/{run.run_id}", ti_id=running.id)
+    _answer("DagRun", detail)
+    count = worker_api.request("GET", "/dag-runs/count", ti_id=running.id, dag_id=run.dag_id)
+    assert json.loads(count.content) == 1
+
+    target = DagFactory(dag_id="target")
+    path = f"/dag-runs/{target.dag_id}/from_task"
+    trig = worker_api.request("POST", path, {"conf": {"a": 1}}, ti_id=running.id)
+    assert trig.status_code == 204, trig.content
+    made = DagRun.objects.get(dag=target)
+    assert (made.run_type, made.conf) == (DagRunType.OPERATOR_TRIGGERED, {"a": 1})
+    again = worker_api.request("POST", path, {"conf": {}}, ti_id=running.id)
+    assert again.status_code == 409
+    assert DagRun.objects.filter(dag=target).count() == 1
+    cleared = worker_api.request("POST", f"{path}/clear", ti_id=running.id)
+    assert cleared.status_code == 204
+    assert (
+        worker_api.request("GET", "/dag-runs/target/nope/state", ti_id=running.id).status_code
+        == 404
+    )
+
+
+def test_unknown_routes_and_methods_answer_json(worker_api, running):
+    unknown = worker_api.request("GET", "/no/such/route", ti_id=running.id)
+    assert unknown.status_code == 404
+    assert json.loads(unknown.content)["detail"]["reason"] == "not_found"
+    wrong = worker_api.request("DELETE", f"/task-instances/{running.id}/rtif", ti_id=running.id)
+    assert wrong.status_code == 405
+    assert json.loads(wrong.content)["detail"]["reason"] == "method_not_allowed"
+
+
+def test_answers_validate_against_the_sdk_models():
+    """Every answer collected above, through task-sdk 1.3.2's own models (extra fields are
+    refused by most of them)."""
+    names = {name for name, _ in ANSWERS}
+    assert {"XComResponse", "ConnectionResponse", "TIRunContext", "DagRun"} <= names, names
+    assert validate_with_sdk(ANSWERS) == []

@@ -1,0 +1,47 @@
+"""The Task SDK's own interpreter for tests: `bin/airflow-worker --python` creates (once, cached
+by a hash of requirements-airflow.txt) the virtualenv bin/airflow-worker runs in, with
+apache-airflow-task-sdk 1.3.2, and prints its python. `validate_with_sdk` checks JSON bodies
+against the SDK's own pydantic models there."""
+
+import functools
+import json
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_VALIDATE = r"""
+import json, sys
+from pydantic import TypeAdapter
+from airflow.sdk.api.datamodels import _generated as sdk
+from airflow.executors.workloads import ExecuteTask
+failures = []
+for name, body in json.load(sys.stdin):
+    model = ExecuteTask if name == "ExecuteTask" else getattr(sdk, name)
+    try:
+        TypeAdapter(model).validate_json(json.dumps(body))
+    except Exception as exc:
+        failures.append(f"{name}: {exc}")
+print(json.dumps(failures))
+"""
+
+
+@functools.cache
+def sdk_python() -> Path:
+    out = subprocess.run(
+        [str(ROOT / "bin/airflow-worker"), "--python"], check=True, capture_output=True, text=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def validate_with_sdk(bodies: list[tuple[str, object]]) -> list[str]:
+    """Validate each (model name in task-sdk's `_generated`, or "ExecuteTask" of airflow-core;
+    JSON body) with that model; returns the failures (empty: all valid)."""
+    done = subprocess.run(
+        [str(sdk_python()), "-c", _VALIDATE],
+        input=json.dumps(bodies),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])

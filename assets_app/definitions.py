@@ -54,7 +54,7 @@ from typing import Any
 from django.db import models, transaction
 from django.db.models import Count, Exists, OuterRef
 
-from . import conditions, limits, locks
+from . import conditions, exceptions, limits, locks
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
 from .models import (
     Asset,
@@ -619,6 +619,25 @@ def sync_definitions(*, dags: Sequence[DagDefinition], apply_pause: bool = False
         # happens after the lock, so it sees what an earlier sync committed.
         locks.lock_dag_sync()
         return _Sync(dags, apply_pause=apply_pause).run()
+
+
+def sync_documents(
+    *, documents: Sequence[tuple[str, Any]], apply_pause: bool = False
+) -> SyncResult:
+    """Sync definition documents that arrive decoded, as (file, document) pairs: the Dags of an
+    Airflow DAG file, converted by `bin/airflow-worker` (`file` is its path relative to the Dag
+    folder, stored as the Dag's fileloc: the worker finds the file there again). The same
+    parsing, cross-checks and single transaction as `sync_dags`; an invalid document is
+    InvalidInput (`invalid_definition`, naming the file and the path in it) and writes nothing."""
+    try:
+        dags = [
+            dag for file, raw in documents for dag in _Parser(file=file, fileloc=file).document(raw)
+        ]
+        return sync_definitions(dags=dags, apply_pause=apply_pause)
+    except DefinitionError as exc:
+        raise exceptions.InvalidInput(
+            str(exc), reason="invalid_definition", file=exc.file, path=exc.path
+        ) from exc
 
 
 class _Sync:

@@ -10,7 +10,7 @@ from uuid import UUID
 from django.http import HttpRequest, HttpResponse
 from ninja import Body, Query, Router
 
-from assets_app import asset_events, task_state
+from assets_app import asset_events, definitions, task_state
 from assets_app.models import TIState
 
 from . import auth, schemas
@@ -117,6 +117,20 @@ def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
     return schemas.ClaimResponse.from_domain(
         workloads, token_for=lambda ti: auth.issue_token(ti.id, try_number=ti.try_number)
     )
+
+
+@router.post("/dags/sync", auth=auth.worker_api_key, response=schemas.DagSyncResponse)
+def sync_dag_files(request: HttpRequest, payload: schemas.DagSyncRequest):
+    """Definitions a worker converted from Airflow DAG files (`bin/airflow-worker`), synced
+    with `sync_dags`' validation and idempotency."""
+    result = definitions.sync_documents(
+        documents=[(f.file, f.definitions) for f in payload.files],
+        apply_pause=payload.apply_pause,
+    )
+    return {
+        **{k: getattr(result, k) for k in schemas.DagSyncResponse.model_fields if k != "summary"},
+        "summary": result.summary(),
+    }
 
 
 @router.get("/assets/by-name", auth=auth.task_token, response=schemas.AssetResponse)

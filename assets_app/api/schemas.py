@@ -478,3 +478,26 @@ class ClaimResponse(ResponseBody):
                 for w in workloads
             ]
         )
+
+
+# --- Dag definitions from a worker (our own endpoint) ------------------------------------------
+
+
+class DagFileDocument(RequestBody):
+    file: Annotated[str, Field(min_length=1, max_length=2000)]
+    definitions: list[JsonDict] | JsonDict
+
+
+class DagSyncRequest(RequestBody):
+    files: list[DagFileDocument]
+    apply_pause: bool = False
+
+
+class DagSyncResponse(ResponseBody):
+    dag_ids: list[str]
+    dags_created: int
+    dags_updated: int
+    dags_unchanged: int
+    tasks_created: int
+    tasks_deleted: int
+    summary: str

@@ -1,0 +1,189 @@
+"""bin/airflow-worker: sync Airflow DAG files into the service, then claim TIs and run each
+through the stock Task SDK (`airflow.sdk.execution_time.execute_workload`, one supervisor
+process per TI, as Airflow's executors do), `--concurrency` at a time.
+
+    bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
+        [--api-key KEY] [--concurrency 8] [--max-tis N] [--max-seconds S] [--idle-exit S] \\
+        [--logs var/airflow-logs] [--manual-only] [--sync-only | --no-sync]
+
+Task code runs here, with this machine's environment. Airflow's settings for the supervisor
+come from the environment it is started with (`AIRFLOW__CORE__DAGS_FOLDER`,
+`AIRFLOW__CORE__EXECUTION_API_SERVER_URL`, `AIRFLOW__LOGGING__BASE_LOG_FOLDER` are set from the
+options; anything else `AIRFLOW__...` passes through).
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _options(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bin/airflow-worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--dags", required=True, type=Path, help="folder of Airflow DAG files")
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the service's base URL")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("WORKER_API_KEY", "dev-worker-api-key"),
+        help="worker API key for sync and claim (default: $WORKER_API_KEY)",
+    )
+    parser.add_argument("--concurrency", type=int, default=4, help="TIs run at once")
+    parser.add_argument("--max-tis", type=int, default=0, help="stop after claiming this many")
+    parser.add_argument("--max-seconds", type=float, default=0, help="stop claiming after this")
+    parser.add_argument(
+        "--idle-exit", type=float, default=0, help="exit after this long with nothing to do"
+    )
+    parser.add_argument("--logs", type=Path, default=ROOT / "var/airflow-logs", help="log folder")
+    parser.add_argument("--hostname", default=socket.gethostname())
+    parser.add_argument(
+        "--manual-only",
+        action="store_true",
+        help="sync Dags with a schedule the service cannot run (cron, ...) as manual-only",
+    )
+    parser.add_argument("--apply-pause", action="store_true", help="as sync_dags --apply-pause")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--sync-only", action="store_true", help="sync the DAG files and exit")
+    mode.add_argument("--no-sync", action="store_true", help="do not sync, only run TIs")
+    options = parser.parse_args(argv)
+    if options.concurrency < 1:
+        parser.error("--concurrency must be at least 1")
+    if not options.dags.is_dir():
+        parser.error(f"--dags {options.dags}: no such folder")
+    return options
+
+
+def _airflow_environment(options: argparse.Namespace) -> None:
+    """Airflow's configuration for this process and the supervisors it starts."""
+    home = options.logs.resolve().parent / "airflow-home"
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("AIRFLOW_HOME", str(home))
+    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(options.dags.resolve())
+    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+    os.environ["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = options.url.rstrip("/") + "/execution/"
+    os.environ["AIRFLOW__LOGGING__BASE_LOG_FOLDER"] = str(options.logs.resolve() / "tasks")
+
+
+def _say(message: str) -> None:
+    print(f"[airflow-worker] {message}", file=sys.stderr, flush=True)
+
+
+def sync(options: argparse.Namespace, client: httpx.Client) -> None:
+    from airflow_worker.dag_files import DagFileError, parse_folder
+
+    try:
+        files = parse_folder(options.dags, manual_only=options.manual_only)
+    except DagFileError as exc:
+        raise SystemExit(f"[airflow-worker] {options.dags}: {exc}") from None
+    body = {
+        "files": [{"file": f.rel_path, "definitions": f.definitions} for f in files],
+        "apply_pause": options.apply_pause,
+    }
+    response = client.post("/execution/dags/sync", json=body)
+    if response.status_code != 200:
+        raise SystemExit(f"[airflow-worker] sync refused ({response.status_code}): {response.text}")
+    _say(response.json()["summary"].replace("\n", "\n  "))
+
+
+@dataclass
+class _Running:
+    process: subprocess.Popen
+    ti: dict
+    log: object
+    started: float = field(default_factory=time.monotonic)
+
+
+def _spawn(workload: dict, logs: Path) -> _Running:
+    """One supervisor process for one workload, the stock entry point with the workload JSON as
+    it was claimed (Airflow's ExecuteTask model ignores our extra `task_outlets`)."""
+    ti = workload["ti"]
+    folder = logs / "supervisor"
+    folder.mkdir(parents=True, exist_ok=True)
+    log = open(  # noqa: SIM115  (closed when the supervisor exits, in run())
+        folder / f"{ti['dag_id']}.{ti['task_id']}.{ti['id']}.try{ti['try_number']}.log", "ab"
+    )
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "airflow.sdk.execution_time.execute_workload",
+            "--json-string",
+            json.dumps(workload),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return _Running(process=process, ti=ti, log=log)
+
+
+def run(options: argparse.Namespace, client: httpx.Client) -> int:
+    started = time.monotonic()
+    running: list[_Running] = []
+    claimed = finished = failed = 0
+    idle_since = time.monotonic()
+    while True:
+        for item in [r for r in running if r.process.poll() is not None]:
+            running.remove(item)
+            item.log.close()
+            finished += 1
+            code = item.process.returncode
+            failed += code != 0
+            ti = item.ti
+            _say(
+                f"{ti['dag_id']}.{ti['task_id']} try {ti['try_number']} exited {code} after "
+                f"{time.monotonic() - item.started:.1f}s"
+            )
+        out_of_time = options.max_seconds and time.monotonic() - started >= options.max_seconds
+        out_of_tis = options.max_tis and claimed >= options.max_tis
+        free = options.concurrency - len(running)
+        if options.max_tis:
+            free = min(free, options.max_tis - claimed)
+        got = []
+        if free > 0 and not out_of_time and not out_of_tis:
+            response = client.post(
+                "/execution/workloads/claim", json={"hostname": options.hostname, "limit": free}
+            )
+            response.raise_for_status()
+            got = response.json()["workloads"]
+            for workload in got:
+                running.append(_spawn(workload, options.logs))
+            claimed += len(got)
+        if running or got:
+            idle_since = time.monotonic()
+        elif (out_of_time or out_of_tis) or (
+            options.idle_exit and time.monotonic() - idle_since >= options.idle_exit
+        ):
+            break
+        time.sleep(0.05 if got or running else 0.25)
+    elapsed = time.monotonic() - started
+    _say(
+        f"{claimed} TIs claimed, {finished} finished ({failed} supervisors exited non-zero) in "
+        f"{elapsed:.1f}s"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = _options(sys.argv[1:] if argv is None else argv)
+    options.logs.mkdir(parents=True, exist_ok=True)
+    _airflow_environment(options)
+    headers = {"Authorization": f"Bearer {options.api_key}"}
+    with httpx.Client(base_url=options.url.rstrip("/"), headers=headers, timeout=60) as client:
+        if not options.no_sync:
+            sync(options, client)
+        if options.sync_only:
+            return 0
+        _say(f"logs under {options.logs.resolve()}; claiming as {options.hostname}")
+        return run(options, client)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

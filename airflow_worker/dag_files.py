@@ -1,0 +1,132 @@
+"""Airflow DAG files -> the service's definition JSON (README "DAG definitions").
+
+Files are parsed with Airflow's own DagBag (the Task SDK's Dag objects); each Dag becomes one
+definition document: its tasks with upstream, trigger rule, retries and retry delays, declared
+outlets (assets and aliases) and its asset schedule (`&`, `|`, aliases). The service validates
+and syncs them exactly as `sync_dags` does; nothing here writes anything.
+
+A schedule the service cannot run (cron, a time delta, any other timetable) is refused with a
+message naming the Dag and its file, unless `manual_only` asks for such Dags to be synced as
+manual-only (schedule null).
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class DagFileError(ValueError):
+    """A DAG file that cannot become a definition (import error, unsupported schedule)."""
+
+
+@dataclass(frozen=True)
+class DagFile:
+    """One DAG file's definitions, with its path relative to the folder (Dag.fileloc)."""
+
+    rel_path: str
+    definitions: list[dict[str, Any]]
+
+
+def _asset(asset: Any) -> dict[str, str]:
+    return {"name": asset.name, "uri": asset.uri}
+
+
+def _condition(node: Any, *, where: str) -> Any:
+    from airflow.sdk import Asset, AssetAlias
+    from airflow.sdk.definitions.asset import AssetAll, AssetAny, AssetNameRef, AssetUriRef
+
+    if isinstance(node, Asset):
+        return _asset(node)
+    if isinstance(node, AssetAlias):
+        return {"alias": node.name}
+    if isinstance(node, AssetNameRef):
+        return {"name": node.name}
+    if isinstance(node, AssetUriRef):
+        return {"uri": node.uri}
+    if isinstance(node, AssetAll):
+        return {"all": [_condition(child, where=where) for child in node.objects]}
+    if isinstance(node, AssetAny):
+        return {"any": [_condition(child, where=where) for child in node.objects]}
+    raise DagFileError(
+        f"{where}: schedule uses {type(node).__name__}, which the service cannot run"
+    )
+
+
+def _schedule(dag: Any, *, where: str, manual_only: bool) -> Any:
+    from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
+    from airflow.sdk.definitions.timetables.simple import NullTimetable
+
+    timetable = dag.timetable
+    if isinstance(timetable, NullTimetable):
+        return None
+    if type(timetable) is AssetTriggeredTimetable:
+        return _condition(timetable.asset_condition, where=where)
+    if manual_only:
+        return None
+    raise DagFileError(
+        f"{where}: Dag {dag.dag_id!r} has schedule {timetable.__class__.__name__} "
+        f"({getattr(timetable, 'summary', '') or dag.schedule!r}); the service runs only "
+        "asset-triggered and manual Dags (--manual-only syncs it as manual-only)"
+    )
+
+
+def _seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    return float(value.total_seconds()) if hasattr(value, "total_seconds") else float(value)
+
+
+def _task(task: Any) -> dict[str, Any]:
+    from airflow.sdk import Asset, AssetAlias
+
+    outlets = [_asset(o) for o in task.outlets if isinstance(o, Asset)]
+    aliases = [o.name for o in task.outlets if isinstance(o, AssetAlias)]
+    definition: dict[str, Any] = {
+        "task_id": task.task_id,
+        "retries": int(task.retries or 0),
+        "upstream": sorted(task.upstream_task_ids),
+        "trigger_rule": str(getattr(task.trigger_rule, "value", task.trigger_rule)),
+        "retry_delay_seconds": _seconds(task.retry_delay) or 0.0,
+        "retry_exponential_backoff": float(task.retry_exponential_backoff or 0),
+        "max_retry_delay_seconds": _seconds(task.max_retry_delay),
+    }
+    if outlets:
+        definition["outlets"] = outlets
+    if aliases:
+        definition["outlet_aliases"] = aliases
+    return definition
+
+
+def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
+    if any(getattr(task, "is_mapped", False) for task in dag.tasks):
+        raise DagFileError(f"{where}: Dag {dag.dag_id!r} has mapped tasks, not served yet")
+    definition: dict[str, Any] = {
+        "dag_id": dag.dag_id,
+        "schedule": _schedule(dag, where=where, manual_only=manual_only),
+        "is_paused": bool(dag.is_paused_upon_creation),
+        "description": dag.description or "",
+        "tasks": [_task(task) for task in sorted(dag.tasks, key=lambda t: t.task_id)],
+    }
+    if dag.max_active_runs:
+        definition["max_active_runs"] = int(dag.max_active_runs)
+    return definition
+
+
+def parse_folder(folder: Path, *, manual_only: bool = False) -> list[DagFile]:
+    """Every Dag of the `*.py` files under `folder`, grouped by file (sorted). Raises
+    DagFileError naming the file for an import error or a schedule the service cannot run."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    folder = folder.resolve()
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    bag = DagBag(dag_folder=str(folder), bundle_path=folder)
+    if bag.import_errors:
+        file, error = sorted(bag.import_errors.items())[0]
+        raise DagFileError(f"{file}: cannot import: {error.strip().splitlines()[-1]}")
+    by_file: dict[str, list[dict[str, Any]]] = {}
+    for dag_id in sorted(bag.dags):
+        dag = bag.dags[dag_id]
+        rel_path = str(Path(dag.fileloc).resolve().relative_to(folder))
+        by_file.setdefault(rel_path, []).append(_dag(dag, where=rel_path, manual_only=manual_only))
+    return [DagFile(rel_path=path, definitions=defs) for path, defs in sorted(by_file.items())]

@@ -5,11 +5,14 @@ place that decrypts them. Every write is its own durable transaction and idempot
 same key replaces, a delete of a missing key is NotFound and writes nothing).
 """
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from . import encryption, exceptions
+from . import encryption, exceptions, listing
 from .models import Connection, Variable
 
 # --- variables ---------------------------------------------------------------------------------
@@ -126,3 +129,132 @@ def delete_connection(*, conn_id: str) -> None:
     deleted, _ = Connection.objects.filter(conn_id=conn_id).delete()
     if not deleted:
         raise exceptions.NotFound(f"The Connection with connection_id: `{conn_id}` was not found")
+
+
+# --- listing and updates for the public API ------------------------------------------------------
+
+VARIABLE_ORDERING = listing.Ordering(
+    keys={"key": "key", "id": "id", "_val": "val", "description": "description"},
+    default=("id",),
+)
+CONNECTION_ORDERING = listing.Ordering(
+    keys={
+        "conn_id": "conn_id",
+        "connection_id": "conn_id",
+        "conn_type": "conn_type",
+        "description": "description",
+        "host": "host",
+        "port": "port",
+        "id": "id",
+    },
+    default=("id",),
+)
+
+
+def list_variables(
+    *,
+    variable_key_pattern: str | None = None,
+    variable_key_prefix_pattern: str | None = None,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    found = Variable.objects.filter(
+        listing.pattern_q("key", variable_key_pattern),
+        listing.prefix_q("key", variable_key_prefix_pattern),
+    )
+    return listing.offset_page(
+        found, VARIABLE_ORDERING, order_by=order_by, limit=limit, offset=offset
+    )
+
+
+def list_connections(
+    *,
+    connection_id_pattern: str | None = None,
+    connection_id_prefix_pattern: str | None = None,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    found = Connection.objects.filter(
+        listing.pattern_q("conn_id", connection_id_pattern),
+        listing.prefix_q("conn_id", connection_id_prefix_pattern),
+    )
+    return listing.offset_page(
+        found, CONNECTION_ORDERING, order_by=order_by, limit=limit, offset=offset
+    )
+
+
+def update_variable(
+    *, key: str, changes: dict[str, Any], update_mask: Sequence[str] | None = None
+) -> Variable:
+    """Change an existing Variable's `value` / `description` (only the `update_mask` fields
+    when given). NotFound when it does not exist; own durable transaction."""
+    fields = _masked(changes, update_mask, allowed=("value", "description"))
+    with transaction.atomic(durable=True):
+        variable = Variable.objects.filter(key=key).first()
+        if variable is None:
+            raise exceptions.NotFound(f"The Variable with key: `{key}` was not found")
+        if "value" in fields:
+            variable.val = fields["value"]
+        if "description" in fields:
+            variable.description = fields["description"]
+        variable.save()
+    return variable
+
+
+def update_connection(
+    *, conn_id: str, changes: dict[str, Any], update_mask: Sequence[str] | None = None
+) -> Connection:
+    """Change an existing Connection (only the `update_mask` fields when given); a new password
+    or extra is encrypted. NotFound when it does not exist; own durable transaction."""
+    fields = _masked(changes, update_mask, allowed=(*CONNECTION_FIELDS, "password", "extra"))
+    with transaction.atomic(durable=True):
+        connection = Connection.objects.filter(conn_id=conn_id).first()
+        if connection is None:
+            raise exceptions.NotFound(
+                f"The Connection with connection_id: `{conn_id}` was not found"
+            )
+        for name, value in fields.items():
+            if name in ("password", "extra"):
+                value = encryption.encrypt(value)
+            setattr(connection, name, value)
+        connection.save()
+    return connection
+
+
+def _masked(
+    changes: dict[str, Any], update_mask: Sequence[str] | None, *, allowed: Sequence[str]
+) -> dict[str, Any]:
+    if update_mask:
+        unknown = sorted(set(update_mask) - set(allowed))
+        if unknown:
+            raise exceptions.BadRequest(
+                f"update_mask names fields that cannot be updated: {unknown}",
+                reason="invalid_update_mask",
+            )
+        return {name: changes.get(name) for name in update_mask}
+    return {name: value for name, value in changes.items() if name in allowed}
+
+
+SENSITIVE_WORDS = ("password", "secret", "token", "passphrase", "private", "api_key", "apikey")
+MASK = "***"
+
+
+def masked_extra(extra: str | None) -> str | None:
+    """A Connection's extra as the public API shows it: a JSON object with the values of
+    sensitive-looking keys masked (as Airflow redacts them); anything else unchanged."""
+    if not extra:
+        return extra
+    try:
+        data = json.loads(extra)
+    except ValueError:
+        return extra
+    if not isinstance(data, dict):
+        return extra
+    return json.dumps(
+        {
+            k: MASK if any(word in k.lower() for word in SENSITIVE_WORDS) else v
+            for k, v in data.items()
+        }
+    )

@@ -31,6 +31,7 @@ from . import (  # noqa: E402  (routers register on the APIs)
     execution_runtime,
     public,
     public_dags,
+    public_settings,
 )
 
 execution_api.add_router("", execution.router)
@@ -39,3 +40,4 @@ execution_api.add_router("", execution_runtime.router)
 # Static paths before the ones with a variable segment where both could match (`dagRuns/list`).
 public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)
+public_api.add_router("", public_settings.router)

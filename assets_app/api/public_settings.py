@@ -1,0 +1,239 @@
+"""Public API v2: Variables and Connections, with Airflow 3.3.2's paths, parameters and bodies
+(`GET|POST /variables`, `GET|PATCH|DELETE /variables/{variable_key}`, the same for
+`/connections/{connection_id}`). Connection passwords are never shown ("***" when set), and
+sensitive-looking keys of `extra` are masked, as Airflow's responses redact them."""
+
+import json
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Status
+
+from assets_app import variables
+from assets_app.models import Connection, Variable
+
+from .public import Page
+from .public_auth import public_api_auth
+from .public_permissions import needs
+from .public_schemas import StrictSchema, responses
+from .schemas import ResponseBody
+
+router = Router(tags=["public"], auth=public_api_auth())
+
+
+class VariableResponse(StrictSchema):
+    key: str
+    value: str | None
+    description: str | None
+    is_encrypted: bool
+    team_name: str | None
+
+    @classmethod
+    def from_variable(cls, variable: Variable) -> "VariableResponse":
+        return cls(
+            key=variable.key,
+            value=variable.val,
+            description=variable.description,
+            is_encrypted=False,
+            team_name=None,
+        )
+
+
+class VariableCollectionResponse(StrictSchema):
+    variables: list[VariableResponse]
+    total_entries: int
+
+
+class VariableBody(StrictSchema):
+    key: str = Field(min_length=1, max_length=250)
+    # Airflow's JsonValue: a string is stored as it is, anything else as its JSON text.
+    value: Any
+    description: str | None = None
+    team_name: str | None = Field(default=None, max_length=50)
+
+
+def _variable_text(value: Any) -> str | None:
+    return value if isinstance(value, str) or value is None else json.dumps(value)
+
+
+class VariableFilters(Page):
+    variable_key_pattern: str | None = None
+    variable_key_prefix_pattern: str | None = None
+
+
+class ConnectionResponse(ResponseBody):
+    """A plain pydantic model: ninja's Schema reads `schema` as its own method."""
+
+    connection_id: str
+    conn_type: str
+    description: str | None
+    host: str | None
+    login: str | None
+    schema_: str | None = Field(alias="schema")
+    port: int | None
+    password: str | None
+    extra: str | None
+    team_name: str | None
+
+    @classmethod
+    def from_connection(cls, connection: Connection) -> "ConnectionResponse":
+        found = variables.reveal(connection)
+        return cls(
+            connection_id=connection.conn_id,
+            conn_type=connection.conn_type,
+            description=connection.description,
+            host=connection.host,
+            login=connection.login,
+            schema=connection.schema,
+            port=connection.port,
+            password=variables.MASK if found.password else found.password,
+            extra=variables.masked_extra(found.extra),
+            team_name=None,
+        )
+
+
+class ConnectionCollectionResponse(ResponseBody):
+    connections: list[ConnectionResponse]
+    total_entries: int
+
+
+class ConnectionBody(StrictSchema):
+    connection_id: str = Field(min_length=1, max_length=250, pattern=r"^[\w.-]+$")
+    conn_type: str
+    description: str | None = None
+    host: str | None = None
+    login: str | None = None
+    schema_: str | None = Field(default=None, alias="schema")
+    port: int | None = Field(default=None, ge=0, le=65535)
+    password: str | None = None
+    extra: str | None = None
+    team_name: str | None = Field(default=None, max_length=50)
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "conn_type": self.conn_type,
+            "description": self.description,
+            "host": self.host,
+            "login": self.login,
+            "schema": self.schema_,
+            "port": self.port,
+        }
+
+
+class ConnectionFilters(Page):
+    connection_id_pattern: str | None = None
+    connection_id_prefix_pattern: str | None = None
+
+
+# --- variables ----------------------------------------------------------------------------------
+
+
+@router.get("/variables", response=responses(VariableCollectionResponse, 400))
+@needs("view", Variable)
+def get_variables(request: HttpRequest, filters: Query[VariableFilters]):
+    page = variables.list_variables(**filters.dict())
+    return VariableCollectionResponse(
+        variables=[VariableResponse.from_variable(v) for v in page.rows],
+        total_entries=page.total_entries,
+    )
+
+
+@router.post("/variables", response=responses(VariableResponse, 409, status=201))
+@needs("add", Variable)
+def post_variable(request: HttpRequest, body: VariableBody):
+    variable = variables.create_variable(
+        key=body.key, value=_variable_text(body.value), description=body.description
+    )
+    return Status(201, VariableResponse.from_variable(variable))
+
+
+@router.get("/variables/{path:variable_key}", response=responses(VariableResponse, 404))
+@needs("view", Variable)
+def get_variable(request: HttpRequest, variable_key: str):
+    return VariableResponse.from_variable(variables.get_variable(key=variable_key))
+
+
+@router.patch("/variables/{path:variable_key}", response=responses(VariableResponse, 400, 404))
+@needs("change", Variable)
+def patch_variable(
+    request: HttpRequest,
+    variable_key: str,
+    body: VariableBody,
+    update_mask: Query[list[str] | None] = None,
+):
+    variable = variables.update_variable(
+        key=variable_key,
+        changes={"value": _variable_text(body.value), "description": body.description},
+        update_mask=update_mask,
+    )
+    return VariableResponse.from_variable(variable)
+
+
+@router.delete("/variables/{path:variable_key}", response=responses(None, 404, status=204))
+@needs("delete", Variable)
+def delete_variable(request: HttpRequest, variable_key: str):
+    variables.delete_variable(key=variable_key)
+    return Status(204, None)
+
+
+# --- connections --------------------------------------------------------------------------------
+
+
+@router.get(
+    "/connections", response=responses(ConnectionCollectionResponse, 400, 404), by_alias=True
+)
+@needs("view", Connection)
+def get_connections(request: HttpRequest, filters: Query[ConnectionFilters]):
+    page = variables.list_connections(**filters.dict())
+    return ConnectionCollectionResponse(
+        connections=[ConnectionResponse.from_connection(c) for c in page.rows],
+        total_entries=page.total_entries,
+    )
+
+
+@router.post("/connections", response=responses(ConnectionResponse, 409, status=201), by_alias=True)
+@needs("add", Connection)
+def post_connection(request: HttpRequest, body: ConnectionBody):
+    connection = variables.save_connection(
+        conn_id=body.connection_id,
+        create=True,
+        password=body.password,
+        extra=body.extra,
+        **body.fields(),
+    )
+    return Status(201, ConnectionResponse.from_connection(connection))
+
+
+@router.get(
+    "/connections/{connection_id}", response=responses(ConnectionResponse, 404), by_alias=True
+)
+@needs("view", Connection)
+def get_connection(request: HttpRequest, connection_id: str):
+    found = variables.get_connection(conn_id=connection_id)
+    return ConnectionResponse.from_connection(found.connection)
+
+
+@router.patch(
+    "/connections/{connection_id}",
+    response=responses(ConnectionResponse, 400, 404),
+    by_alias=True,
+)
+@needs("change", Connection)
+def patch_connection(
+    request: HttpRequest,
+    connection_id: str,
+    body: ConnectionBody,
+    update_mask: Query[list[str] | None] = None,
+):
+    changes = {**body.fields(), "password": body.password, "extra": body.extra}
+    connection = variables.update_connection(
+        conn_id=connection_id, changes=changes, update_mask=update_mask
+    )
+    return ConnectionResponse.from_connection(connection)
+
+
+@router.delete("/connections/{connection_id}", response=responses(None, 404, status=204))
+@needs("delete", Connection)
+def delete_connection(request: HttpRequest, connection_id: str):
+    variables.delete_connection(conn_id=connection_id)
+    return Status(204, None)

@@ -89,3 +89,30 @@ def test_bad_connection_body_writes_nothing(api):
     bad = _send(api, "post", "/connections", {"connection_id": "x y", "conn_type": "http"})
     assert bad.status_code == 422
     assert not Connection.objects.exists()
+
+
+def test_admin_connection_form_encrypts_and_never_shows_the_password(client):
+    get_user_model().objects.create_superuser("root", password="pw")
+    client.login(username="root", password="pw")
+    form = {
+        "conn_id": "admin_made",
+        "conn_type": "http",
+        "host": "h",
+        "new_password": "p4ss",
+        "new_extra": '{"token": "t0k", "region": "eu"}',
+    }
+    added = client.post("/admin/assets_app/connection/add/", form)
+    assert added.status_code == 302, added.content[:2000]
+    stored = Connection.objects.get(conn_id="admin_made")
+    assert "p4ss" not in stored.password
+    assert get_connection(conn_id="admin_made").password == "p4ss"
+    page = client.get(f"/admin/assets_app/connection/{stored.pk}/change/").content.decode()
+    assert "p4ss" not in page and "t0k" not in page and "eu" in page
+    # Saving without typing a password keeps the stored one.
+    kept = client.post(
+        f"/admin/assets_app/connection/{stored.pk}/change/", {**form, "new_password": ""}
+    )
+    assert kept.status_code == 302
+    assert get_connection(conn_id="admin_made").password == "p4ss"
+    listing = client.get("/admin/assets_app/connection/").content.decode()
+    assert "p4ss" not in listing

@@ -15,6 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The definition format's task defaults (Airflow's: `all_success`, `retry_delay` 300 s, no
+# backoff, no cap): keys left at them are not sent.
+TASK_DEFAULTS: dict[str, Any] = {
+    "upstream": [],
+    "trigger_rule": "all_success",
+    "retry_delay_seconds": 300.0,
+    "retry_exponential_backoff": 0.0,
+    "max_retry_delay_seconds": None,
+}
+
 
 class DagFileError(ValueError):
     """A DAG file that cannot become a definition (import error, unsupported schedule)."""
@@ -82,15 +92,16 @@ def _task(task: Any) -> dict[str, Any]:
 
     outlets = [_asset(o) for o in task.outlets if isinstance(o, Asset)]
     aliases = [o.name for o in task.outlets if isinstance(o, AssetAlias)]
-    definition: dict[str, Any] = {
-        "task_id": task.task_id,
-        "retries": int(task.retries or 0),
+    definition: dict[str, Any] = {"task_id": task.task_id, "retries": int(task.retries or 0)}
+    # Only what differs from the definition format's defaults (which are Airflow's).
+    optional = {
         "upstream": sorted(task.upstream_task_ids),
         "trigger_rule": str(getattr(task.trigger_rule, "value", task.trigger_rule)),
         "retry_delay_seconds": _seconds(task.retry_delay) or 0.0,
         "retry_exponential_backoff": float(task.retry_exponential_backoff or 0),
         "max_retry_delay_seconds": _seconds(task.max_retry_delay),
     }
+    definition.update({k: v for k, v in optional.items() if v != TASK_DEFAULTS[k]})
     if outlets:
         definition["outlets"] = outlets
     if aliases:

@@ -636,7 +636,7 @@ def sync_documents(
         return sync_definitions(dags=dags, apply_pause=apply_pause)
     except DefinitionError as exc:
         raise exceptions.InvalidInput(
-            str(exc), reason="invalid_definition", file=exc.file, path=exc.path
+            str(exc), reason="invalid_definition", file=exc.file, json_path=exc.path
         ) from exc
 
 

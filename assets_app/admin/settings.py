@@ -9,7 +9,7 @@ from django import forms
 from django.contrib import admin, messages
 
 from .. import encryption, variables
-from ..models import Connection, Variable, XCom
+from ..models import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
 from .base import ReadOnlyAdmin
 
 
@@ -100,3 +100,17 @@ class XComAdmin(ReadOnlyAdmin):
     list_display = ("dag_id", "run_id", "task_id", "map_index", "key", "value", "timestamp")
     list_filter = ("dag_id",)
     search_fields = ("dag_id", "run_id", "task_id", "key")
+
+
+@admin.register(TaskReschedule)
+class TaskRescheduleAdmin(ReadOnlyAdmin):
+    list_display = ("ti", "try_number", "start_date", "reschedule_date")
+    list_select_related = ("ti",)
+    search_fields = ("ti__dag_id", "ti__task_id")
+
+
+@admin.register(RenderedTaskFields)
+class RenderedTaskFieldsAdmin(ReadOnlyAdmin):
+    list_display = ("ti", "updated_at")
+    list_select_related = ("ti",)
+    search_fields = ("ti__dag_id", "ti__task_id")

@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from assets_app import audit
+from assets_app import audit, variables
 from assets_app.models import (
     ApiToken,
     AssetAliasAsset,
@@ -17,9 +17,13 @@ from assets_app.models import (
     DagScheduleAliasReference,
     DagScheduleAssetReference,
     MetricCounter,
+    RenderedTaskFields,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
+    TaskReschedule,
     TaskUpstream,
+    Variable,
+    XCom,
 )
 from tests.factories import (
     AssetAliasFactory,
@@ -87,6 +91,21 @@ def populate(n: int) -> None:
             targets=[audit.Target(kind="outbox_row", object_id=i, ti_id=ti.id)],
             dag_id=producer.dag_id,
         )
+        Variable.objects.create(key=f"variable_{i}", val="v")
+        variables.save_connection(
+            conn_id=f"connection_{i}", create=True, conn_type="http", password="p", extra="{}"
+        )
+        XCom.objects.create(
+            dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, key="k", value=[i]
+        )
+        TaskReschedule.objects.create(
+            ti=ti,
+            try_number=1,
+            start_date=timezone.now(),
+            end_date=timezone.now(),
+            reschedule_date=timezone.now(),
+        )
+        RenderedTaskFields.objects.create(ti=ti, fields={"op_args": "[]"})
     for component in ("drain", "scheduler"):
         ComponentHeartbeat.objects.update_or_create(
             component=component,

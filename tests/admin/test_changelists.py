@@ -37,6 +37,11 @@ MODELS = sorted(
 EXPECTED = {
     "apitoken": 5,
     "asset": 6,
+    "connection": 5,
+    "renderedtaskfields": 5,
+    "taskreschedule": 5,
+    "variable": 5,
+    "xcom": 6,
     "assetalias": 6,
     "assetaliasasset": 6,
     "assetaliasevent": 6,

@@ -266,3 +266,16 @@ def test_inline_mode_never_waits_on_foreign_key_checks_while_holding_the_ti_lock
         holder.join(20)
         worker.join(20)
     assert outcome == [TIState.SUCCESS]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reschedule_inserts_its_row_before_the_lock_and_holds_it_for_one_statement():
+    ti = TaskInstanceFactory(running=True)
+    when = timezone.now()
+    with statement_log() as log:
+        change = task_state.reschedule(ti_id=ti.id, reschedule_date=when, end_date=when)
+    assert change.state == TIState.QUEUED
+    # The TaskReschedule INSERT runs before the conditional UPDATE that takes the lock.
+    assert kinds(log.under_ti_lock()) == ["UPDATE"]
+    ti.refresh_from_db()
+    assert (ti.state, ti.retry_at, ti.reschedules.count()) == (TIState.QUEUED, when, 1)

@@ -17,6 +17,7 @@ from django.db import transaction
 from . import exceptions, runs
 from .models import (
     Asset,
+    Dag,
     DagRun,
     DagRunState,
     DagRunTriggeredBy,
@@ -146,6 +147,13 @@ def task_instance_states(
     for run_id, task_id, index, state in rows:
         result[run_id][task_id if index < 0 else f"{task_id}_{index}"] = state
     return dict(result)
+
+
+def get_dag(*, dag_id: str) -> Dag:
+    dag = Dag.objects.filter(dag_id=dag_id).first()
+    if dag is None:
+        raise exceptions.NotFound(f"The Dag with dag_id: `{dag_id}` was not found")
+    return dag
 
 
 # --- dag runs ------------------------------------------------------------------------------------

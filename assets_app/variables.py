@@ -25,6 +25,14 @@ def get_variable(*, key: str) -> Variable:
     return variable
 
 
+def variable_keys(*, prefix: str | None = None, limit: int = 1000, offset: int = 0):
+    """(a page of the keys in key order, optionally starting with `prefix`; the total)."""
+    found = Variable.objects.order_by("key")
+    if prefix is not None:
+        found = found.filter(key__startswith=prefix)
+    return list(found.values_list("key", flat=True)[offset : offset + limit]), found.count()
+
+
 def set_variable(*, key: str, value: str | None, description: str | None = None) -> Variable:
     """Create or replace the Variable `key` (own durable transaction)."""
     if not key:

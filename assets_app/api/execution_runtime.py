@@ -17,6 +17,7 @@ from assets_app import task_runtime, variables, xcoms
 
 from . import auth
 from . import runtime_schemas as rs
+from .schemas import BUNDLE_NAME
 
 router = Router(tags=["execution"], auth=auth.task_token)
 
@@ -144,6 +145,16 @@ def xcom_delete(
 # --- Variables and Connections ---------------------------------------------------------------
 
 
+@router.get("/variables/keys", response=rs.VariableKeysResponse)
+def variable_keys(
+    request: HttpRequest, prefix: str | None = None, limit: int = 1000, offset: int = 0
+):
+    keys, total = variables.variable_keys(
+        prefix=prefix, limit=max(1, min(limit, 10_000)), offset=max(0, offset)
+    )
+    return {"keys": keys, "total_entries": total}
+
+
 @router.get("/variables/{path:variable_key}", response=rs.VariableResponse)
 def variable_get(request: HttpRequest, variable_key: str):
     variable = variables.get_variable(key=variable_key)
@@ -167,7 +178,22 @@ def connection_get(request: HttpRequest, connection_id: str):
     return rs.ConnectionResponse.from_domain(variables.get_connection(conn_id=connection_id))
 
 
-# --- dag runs --------------------------------------------------------------------------------
+# --- dags and dag runs ---
+
+
+@router.get("/dags/{dag_id}", response=rs.DagResponse)
+def dag_detail(request: HttpRequest, dag_id: str):
+    dag = task_runtime.get_dag(dag_id=dag_id)
+    return {
+        "dag_id": dag.dag_id,
+        "is_paused": dag.is_paused,
+        "bundle_name": BUNDLE_NAME,
+        "bundle_version": None,
+        "relative_fileloc": dag.fileloc or None,
+        "owners": None,
+        "tags": [],
+        "next_dagrun": None,
+    }
 
 
 @router.get("/dag-runs/count")

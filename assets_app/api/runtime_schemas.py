@@ -27,6 +27,22 @@ class VariableResponse(ResponseBody):
     value: str | None
 
 
+class VariableKeysResponse(ResponseBody):
+    keys: list[str]
+    total_entries: int
+
+
+class DagResponse(ResponseBody):
+    dag_id: str
+    is_paused: bool
+    bundle_name: str | None
+    bundle_version: str | None
+    relative_fileloc: str | None
+    owners: str | None
+    tags: list[str]
+    next_dagrun: datetime | None
+
+
 class VariablePostBody(RequestBody):
     # The SDK sends the value as `val` (Airflow's alias of `value`).
     val: str | None

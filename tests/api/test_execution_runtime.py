@@ -119,6 +119,11 @@ def test_variables_get_put_delete(worker_api, running):
     assert Variable.objects.get(key="warehouse/bucket").val == "s3://b"
     got = worker_api.request("GET", path, ti_id=running.id)
     assert _answer("VariableResponse", got) == {"key": "warehouse/bucket", "value": "s3://b"}
+    keys = worker_api.request("GET", "/variables/keys", ti_id=running.id, prefix="ware")
+    assert _answer("VariableKeysResponse", keys) == {
+        "keys": ["warehouse/bucket"],
+        "total_entries": 1,
+    }
     assert worker_api.request("DELETE", path, ti_id=running.id).status_code == 204
     assert not Variable.objects.exists()
 
@@ -249,6 +254,8 @@ def test_dag_runs_state_count_trigger_clear(worker_api, running):
     assert _answer("DagRunStateResponse", state) == {"state": run.state}
     detail = worker_api.request("GET", f"/dag-runs/{run.dag_id}/{run.run_id}", ti_id=running.id)
     _answer("DagRun", detail)
+    dag = worker_api.request("GET", f"/dags/{run.dag_id}", ti_id=running.id)
+    assert _answer("DagResponse", dag)["dag_id"] == run.dag_id
     count = worker_api.request("GET", "/dag-runs/count", ti_id=running.id, dag_id=run.dag_id)
     assert json.loads(count.content) == 1
 

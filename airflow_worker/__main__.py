@@ -124,6 +124,28 @@ def _spawn(workload: dict, logs: Path) -> _Running:
     return _Running(process=process, ti=ti, log=log)
 
 
+def _claim(client: httpx.Client, *, hostname: str, limit: int) -> list[dict]:
+    """Claimed workloads; none (after a pause) when the service is unreachable or answers 5xx,
+    so a restart of the service does not stop the worker. A 4xx (a wrong key) stops it."""
+    try:
+        response = client.post(
+            "/execution/workloads/claim", json={"hostname": hostname, "limit": limit}
+        )
+    except httpx.TransportError as exc:
+        _say(f"claim failed ({exc!r}); retrying in 2 s")
+        time.sleep(2)
+        return []
+    if response.status_code >= 500:
+        _say(f"claim answered {response.status_code}; retrying in 2 s")
+        time.sleep(2)
+        return []
+    if response.status_code != 200:
+        raise SystemExit(
+            f"[airflow-worker] claim refused ({response.status_code}): {response.text}"
+        )
+    return response.json()["workloads"]
+
+
 def run(options: argparse.Namespace, client: httpx.Client) -> int:
     started = time.monotonic()
     running: list[_Running] = []
@@ -148,11 +170,7 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
             free = min(free, options.max_tis - claimed)
         got = []
         if free > 0 and not out_of_time and not out_of_tis:
-            response = client.post(
-                "/execution/workloads/claim", json={"hostname": options.hostname, "limit": free}
-            )
-            response.raise_for_status()
-            got = response.json()["workloads"]
+            got = _claim(client, hostname=options.hostname, limit=free)
             for workload in got:
                 running.append(_spawn(workload, options.logs))
             claimed += len(got)

@@ -94,7 +94,7 @@ def main() -> None:
         _worker(url, env, "--sync-only")
         load_before = os.getloadavg()[0]
         for concurrency in options.concurrency:
-            _sql("DELETE FROM assets_app_dagrun")
+            _sql("TRUNCATE assets_app_dagrun CASCADE")
             for _ in range(options.runs):
                 subprocess.run(
                     [sys.executable, "manage.py", "trigger_dag", "bench_noop"],

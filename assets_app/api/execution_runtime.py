@@ -6,18 +6,21 @@ execution API of version 2026-06-30 (task-sdk 1.3.2's client calls them). Every 
 valid task token (any TI's, except `/task-instances/{id}/...`, which must be that TI's).
 """
 
-from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Body, Query, Router, Status
+from pydantic import Field
 
 from assets_app import task_runtime, variables, xcoms
 
 from . import auth
 from . import runtime_schemas as rs
-from .schemas import BUNDLE_NAME
+from .schemas import BUNDLE_NAME, UtcDatetime
+
+# Integer parameters as PostgreSQL's integer holds them (a larger one is a 422, not a 500).
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 
 router = Router(tags=["execution"], auth=auth.task_token)
 
@@ -50,7 +53,7 @@ def ti_previous_successful_dagrun(request: HttpRequest, task_instance_id: UUID):
 
 
 @router.get("/task-reschedules/{task_instance_id}/start_date")
-def reschedule_start_date(request: HttpRequest, task_instance_id: UUID, try_number: int = 1):
+def reschedule_start_date(request: HttpRequest, task_instance_id: UUID, try_number: Int32 = 1):
     start = task_runtime.first_reschedule_date(ti_id=task_instance_id, try_number=try_number)
     return _json(start)
 
@@ -69,7 +72,9 @@ def ti_states(request: HttpRequest, filters: Query[rs.TIFilters]):
 
 
 @router.get(f"{XCOM_PATH}/item/{{offset}}")
-def xcom_item(request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str, offset: int):
+def xcom_item(
+    request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str, offset: Int32
+):
     return _json(xcoms.item(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, offset=offset))
 
 
@@ -80,9 +85,9 @@ def xcom_slice(
     run_id: str,
     task_id: str,
     key: str,
-    start: int | None = None,
-    stop: int | None = None,
-    step: int | None = None,
+    start: Int32 | None = None,
+    stop: Int32 | None = None,
+    step: Int32 | None = None,
     include_prior_dates: bool = False,
 ):
     values = xcoms.value_slice(
@@ -106,8 +111,8 @@ def xcom_get(
     run_id: str,
     task_id: str,
     key: str,
-    map_index: int = -1,
-    offset: int | None = None,
+    map_index: Int32 = -1,
+    offset: Int32 | None = None,
     include_prior_dates: bool = False,
 ):
     value = xcoms.pull(
@@ -124,9 +129,9 @@ def xcom_set(
     task_id: str,
     key: str,
     value: Body[Any] = None,
-    map_index: int = -1,
+    map_index: Int32 = -1,
     dag_result: bool = False,
-    mapped_length: int | None = None,
+    mapped_length: Int32 | None = None,
 ):
     xcoms.push(
         dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, value=value, map_index=map_index
@@ -136,7 +141,7 @@ def xcom_set(
 
 @router.delete(XCOM_PATH, response=rs.OKMessage)
 def xcom_delete(
-    request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str, map_index: int = -1
+    request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str, map_index: Int32 = -1
 ):
     xcoms.delete(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, map_index=map_index)
     return {"message": f"XCom with key: {key} successfully deleted."}
@@ -147,7 +152,7 @@ def xcom_delete(
 
 @router.get("/variables/keys", response=rs.VariableKeysResponse)
 def variable_keys(
-    request: HttpRequest, prefix: str | None = None, limit: int = 1000, offset: int = 0
+    request: HttpRequest, prefix: str | None = None, limit: Int32 = 1000, offset: Int32 = 0
 ):
     keys, total = variables.variable_keys(
         prefix=prefix, limit=max(1, min(limit, 10_000)), offset=max(0, offset)
@@ -203,7 +208,7 @@ def dag_run_count(request: HttpRequest, filters: Query[rs.DagRunCountFilters]):
 
 @router.get("/dag-runs/previous")
 def dag_run_previous(
-    request: HttpRequest, dag_id: str, logical_date: datetime, state: str | None = None
+    request: HttpRequest, dag_id: str, logical_date: UtcDatetime, state: str | None = None
 ):
     run = task_runtime.previous_run(dag_id=dag_id, logical_date=logical_date, state=state)
     if run is None:

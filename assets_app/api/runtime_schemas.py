@@ -167,7 +167,7 @@ class TIFilters(BaseModel):
     """Query of `/task-instances/count` and `/states` (lists repeat the parameter)."""
 
     dag_id: str
-    map_index: int | None = None
+    map_index: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
     task_ids: list[str] | None = None
     logical_dates: list[UtcDatetime] | None = None
     run_ids: list[str] | None = None

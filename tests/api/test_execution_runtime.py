@@ -291,3 +291,17 @@ def test_answers_validate_against_the_sdk_models():
     names = {name for name, _ in ANSWERS}
     assert {"XComResponse", "ConnectionResponse", "TIRunContext", "DagRun"} <= names, names
     assert validate_with_sdk(ANSWERS) == []
+
+
+def test_unstorable_parameters_are_422_not_500(worker_api, running):
+    """What PostgreSQL cannot hold (found by the fuzz suite): a 16 h+ offset, a 64-bit index."""
+    previous = worker_api.request(
+        "GET",
+        "/dag-runs/previous",
+        ti_id=running.id,
+        dag_id=running.dag_id,
+        logical_date="0740-03-06T03:02:05-22:40",
+    )
+    assert previous.status_code == 422
+    huge = worker_api.request("GET", _xcom(running), ti_id=running.id, map_index=2**40)
+    assert huge.status_code == 422

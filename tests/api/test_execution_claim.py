@@ -184,6 +184,7 @@ def test_concurrent_claims_never_hand_out_the_same_ti():
     assert set(claimed) == ids
 
 
+@pytest.mark.timeout(900)  # the first use of the SDK's virtualenv builds it
 def test_claimed_workload_is_airflow_core_execute_task(worker_api):
     """airflow-core 3.3.2's own `ExecuteTask` model (what `execute_workload` reads) accepts
     each claimed workload as it is, our extra `task_outlets` included."""

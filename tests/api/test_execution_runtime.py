@@ -285,6 +285,8 @@ def test_unknown_routes_and_methods_answer_json(worker_api, running):
     assert json.loads(wrong.content)["detail"]["reason"] == "method_not_allowed"
 
 
+# The first use of the SDK's virtualenv builds it (.ci/run builds it beforehand).
+@pytest.mark.timeout(900)
 def test_answers_validate_against_the_sdk_models():
     """Every answer collected above, through task-sdk 1.3.2's own models (extra fields are
     refused by most of them)."""

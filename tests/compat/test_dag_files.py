@@ -35,6 +35,11 @@ def _convert(folder, *, manual_only=False) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# Slow: each conversion starts Airflow; the first use of its virtualenv builds it (.ci/run
+# builds it beforehand).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
 @pytest.fixture(scope="module")
 def examples():
     return _convert(ROOT / "examples/airflow_dags")

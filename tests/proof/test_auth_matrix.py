@@ -151,7 +151,7 @@ def test_every_worker_endpoint_refuses_bad_credentials(world):
     for method, path, _ in operations:
         url = _url(path, world)
         before = app_table_counts()
-        if path.endswith("/workloads/claim"):
+        if path.endswith(("/workloads/claim", "/dags/sync")):
             cases = {
                 "missing": (None, {401}),
                 "wrong key": ("Bearer wrong-key", {403}),

@@ -755,7 +755,9 @@ def skip_downstream(*, ti_id: UUID, try_number: int, tasks: list[tuple[str, int]
 # --- up_for_reschedule --------------------------------------------------------------------------
 
 
-def reschedule(*, ti_id: UUID, reschedule_date: datetime, end_date: datetime) -> StateChange:
+def reschedule(
+    *, ti_id: UUID, try_number: int, reschedule_date: datetime, end_date: datetime
+) -> StateChange:
     """running -> queued again for the same try, claimable from `reschedule_date` (a sensor in
     reschedule mode), with a TaskReschedule row recording this poke.
 
@@ -767,6 +769,7 @@ def reschedule(*, ti_id: UUID, reschedule_date: datetime, end_date: datetime) ->
         seen = TaskInstance.objects.filter(id=ti_id).first()
         if seen is None:
             raise _not_found(ti_id)
+        _check_try(seen, try_number)
         if seen.state != TIState.RUNNING:
             raise _not_running(seen, "marked up_for_reschedule")
         TaskReschedule.objects.create(

@@ -62,6 +62,7 @@ def ti_update_state(
     elif isinstance(payload, schemas.TIReschedulePayload):
         change = task_state.reschedule(
             ti_id=task_instance_id,
+            try_number=try_number,
             reschedule_date=payload.reschedule_date,
             end_date=payload.end_date,
         )

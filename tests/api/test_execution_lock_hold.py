@@ -273,7 +273,9 @@ def test_reschedule_inserts_its_row_before_the_lock_and_holds_it_for_one_stateme
     ti = TaskInstanceFactory(running=True)
     when = timezone.now()
     with statement_log() as log:
-        change = task_state.reschedule(ti_id=ti.id, reschedule_date=when, end_date=when)
+        change = task_state.reschedule(
+            ti_id=ti.id, try_number=ti.try_number, reschedule_date=when, end_date=when
+        )
     assert change.state == TIState.QUEUED
     # The TaskReschedule INSERT runs before the conditional UPDATE that takes the lock.
     assert kinds(log.under_ti_lock()) == ["UPDATE"]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def api():
-    get_user_model().objects.create_user("ops", password="pw", is_staff=True)
+    get_user_model().objects.create_superuser("ops", password="pw")
     _, key = create_api_token(username="ops", name="test")
     return Client(headers={"Authorization": f"Bearer {key}"})
 

@@ -112,7 +112,7 @@ def _worker(service, tmp_path, *args: str) -> subprocess.CompletedProcess:
 # Each TI starts two Python processes importing Airflow: minutes on a small, busy machine.
 @pytest.mark.timeout(1500)
 def test_stock_task_sdk_worker_runs_the_example_dag_files(service, tmp_path):
-    get_user_model().objects.create_user("operator", password="x", is_staff=True)
+    get_user_model().objects.create_superuser("operator", password="x")
     _, key = create_api_token(username="operator", name="acceptance")
     api = requests.Session()
     api.headers["Authorization"] = f"Bearer {key}"

@@ -11,7 +11,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('assets_app', '0005_task_dependencies'),
+        ('assets_app', '0008_json_columns_read_deep_values'),
     ]
 
     operations = [

@@ -33,7 +33,13 @@ RUNS = 50
 WORKERS = 16
 KILLS = 5
 DROP_EVALUATION = 0.05
-CLUSTER_ENV = {"Q_CLUSTER_WORKERS": "1", "Q_CLUSTER_TIMEOUT": "10", "Q_CLUSTER_RETRY": "15"}
+CLUSTER_ENV = {
+    "Q_CLUSTER_WORKERS": "1",
+    "Q_CLUSTER_TIMEOUT": "10",
+    "Q_CLUSTER_RETRY": "15",
+    # Below the timeout, or the cluster refuses to start (system check E007).
+    "ASSET_DRAIN_TIME_BUDGET_SECONDS": "5",
+}
 
 
 def diamond_and_fan_in() -> dict:

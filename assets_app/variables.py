@@ -159,6 +159,13 @@ CONNECTION_ORDERING = listing.Ordering(
 )
 
 
+def _offset_page(
+    model, field: str, ordering, *, pattern, prefix, order_by, limit: int, offset: int
+) -> listing.Page:
+    found = model.objects.filter(listing.pattern_q(field, pattern), listing.prefix_q(field, prefix))
+    return listing.offset_page(found, ordering, order_by=order_by, limit=limit, offset=offset)
+
+
 def list_variables(
     *,
     variable_key_pattern: str | None = None,
@@ -167,12 +174,15 @@ def list_variables(
     limit: int = listing.DEFAULT_PAGE_LIMIT,
     offset: int = 0,
 ) -> listing.Page:
-    found = Variable.objects.filter(
-        listing.pattern_q("key", variable_key_pattern),
-        listing.prefix_q("key", variable_key_prefix_pattern),
-    )
-    return listing.offset_page(
-        found, VARIABLE_ORDERING, order_by=order_by, limit=limit, offset=offset
+    return _offset_page(
+        Variable,
+        "key",
+        VARIABLE_ORDERING,
+        pattern=variable_key_pattern,
+        prefix=variable_key_prefix_pattern,
+        order_by=order_by,
+        limit=limit,
+        offset=offset,
     )
 
 
@@ -184,12 +194,15 @@ def list_connections(
     limit: int = listing.DEFAULT_PAGE_LIMIT,
     offset: int = 0,
 ) -> listing.Page:
-    found = Connection.objects.filter(
-        listing.pattern_q("conn_id", connection_id_pattern),
-        listing.prefix_q("conn_id", connection_id_prefix_pattern),
-    )
-    return listing.offset_page(
-        found, CONNECTION_ORDERING, order_by=order_by, limit=limit, offset=offset
+    return _offset_page(
+        Connection,
+        "conn_id",
+        CONNECTION_ORDERING,
+        pattern=connection_id_pattern,
+        prefix=connection_id_prefix_pattern,
+        order_by=order_by,
+        limit=limit,
+        offset=offset,
     )
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from assets_app.models import DagRun
 from assets_app.variables import ConnectionSecrets
 
-from .schemas import RequestBody, ResponseBody, UtcDatetime
+from .schemas import DagRunOut, RequestBody, ResponseBody, UtcDatetime
 
 
 class OKMessage(ResponseBody):
@@ -119,27 +119,8 @@ class TriggerDAGRunPayload(RequestBody):
     note: str | None = None
 
 
-class DagRunResponse(ResponseBody):
-    """Airflow's execution `DagRun` (the previous run); consumed events are not loaded here."""
-
-    dag_id: str
-    run_id: str
-    logical_date: datetime | None
-    data_interval_start: datetime | None
-    data_interval_end: datetime | None
-    run_after: datetime
-    start_date: datetime | None
-    end_date: datetime | None
-    clear_number: int | None = 0
-    run_type: str
-    state: str
-    conf: dict[str, Any] | None = None
-    triggering_user_name: str | None = None
-    consumed_asset_events: list[Any]
-    partition_key: str | None
-    partition_date: datetime | None = None
-    note: str | None = None
-    team_name: str | None = None
+class DagRunResponse(DagRunOut):
+    """Airflow's execution `DagRun` (the dag-runs reads); consumed events are not loaded here."""
 
     @classmethod
     def from_run(cls, run: DagRun) -> "DagRunResponse":

@@ -851,8 +851,11 @@ def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
 
     Transaction: one durable transaction: `locks.claim_queued_task_instances` (SKIP LOCKED) and one
     UPDATE setting claimed_by/claimed_at. A claimed TI that is not started within
-    `WORKLOAD_CLAIM_TIMEOUT_SECONDS` becomes claimable again. After the commit the declared outlets
-    of the claimed TIs' Tasks are loaded with 3 queries whatever `limit` is.
+    `WORKLOAD_CLAIM_TIMEOUT_SECONDS` becomes claimable again. The declared outlets of the claimed
+    TIs' Tasks and their Dags' files are read with 3 queries whatever `limit` is, inside the same
+    transaction: a read that fails (the database went away) rolls the claim back, so a claim whose
+    answer is an error never strands its TIs for the claim timeout. The claimed TI rows are
+    locked by nobody else (they were queued and SKIP LOCKED), so the longer hold costs no waiter.
     """
     now = timezone.now()
     timeout = timedelta(seconds=settings.WORKLOAD_CLAIM_TIMEOUT_SECONDS)
@@ -863,13 +866,15 @@ def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
         TaskInstance.objects.filter(id__in=[ti.id for ti in tis]).update(
             claimed_by=hostname, claimed_at=now
         )
+        outlets = _declared_outlets({(ti.dag_id, ti.task_id) for ti in tis})
+        files = dict(
+            Dag.objects.filter(dag_id__in={ti.dag_id for ti in tis}).values_list(
+                "dag_id", "fileloc"
+            )
+        )
     for ti in tis:
         ti.claimed_by = hostname
         ti.claimed_at = now
-    outlets = _declared_outlets({(ti.dag_id, ti.task_id) for ti in tis})
-    files = dict(
-        Dag.objects.filter(dag_id__in={ti.dag_id for ti in tis}).values_list("dag_id", "fileloc")
-    )
     return [
         Workload(
             ti=ti,

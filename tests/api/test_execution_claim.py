@@ -195,3 +195,20 @@ def test_claimed_workload_is_airflow_core_execute_task(worker_api):
     (workload,) = claim(worker_api, {"hostname": "worker-1", "limit": 5}).json()["workloads"]
     assert workload["dag_rel_path"] == "producer.py"
     assert validate_with_sdk([("ExecuteTask", workload)]) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_whose_reads_fail_leaves_its_tis_claimable(monkeypatch):
+    """The database going away after the claim UPDATE (seen in the db-full proof: a 503 whose
+    claim had committed stranded 2 TIs for the 300 s claim timeout) must roll the claim back."""
+    ti = TaskInstanceFactory()
+
+    def gone(keys):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(task_state, "_declared_outlets", gone)
+    with pytest.raises(RuntimeError):
+        task_state.claim_workloads(hostname="w1", limit=1)
+    monkeypatch.undo()
+    assert not TaskInstance.objects.get(id=ti.id).claimed_by
+    assert [w.ti.id for w in task_state.claim_workloads(hostname="w2", limit=1)] == [ti.id]

@@ -215,6 +215,13 @@ SETTING_RULES = (
         _positive,
         _setting("TASK_HEARTBEAT_TIMEOUT_SECONDS"),
     ),
+    Rule(
+        "assets_app.E022",
+        "Q_CLUSTER_IDLE_WAIT_SECONDS",
+        "a number of seconds > 0 and <= 60 (an idle cluster looks at its queue this often)",
+        lambda v: isinstance(v, int | float) and 0 < v <= 60,
+        _setting("Q_CLUSTER_IDLE_WAIT_SECONDS"),
+    ),
 )
 
 

@@ -1,5 +1,5 @@
-"""django-q2 entry points. With `schedules.py` (the sweep Schedule rows), the only module that
-imports django_q.
+"""django-q2 entry points. With `schedules.py` (the sweep Schedule rows) and `broker.py` (the
+cluster's broker), the only modules that import django_q.
 
 Each entry point is thin: it calls one domain function. Nudges are sent after commit
 (`transaction.on_commit(nudge_drain)`), so a task never runs before the rows it should see exist.
@@ -11,12 +11,12 @@ from collections.abc import Iterable
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
-from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.tasks import async_task
 
 from . import outbox, scheduling
+from .broker import ListeningORM
 
 DRAIN_FUNC = "assets_app.tasks.drain"
 SCHEDULE_FUNC = "assets_app.tasks.schedule"
@@ -34,8 +34,8 @@ def _drain_waiting() -> bool:
     return any(row.func() == DRAIN_FUNC for row in waiting[:COALESCE_LOOKAHEAD])
 
 
-class _RememberingBroker(ORM):
-    """The ORM broker, remembering the broker row of the task it enqueues."""
+class _RememberingBroker(ListeningORM):
+    """The cluster's broker, remembering the broker row of the task it enqueues."""
 
     enqueued_id: int | None = None
 

@@ -205,6 +205,10 @@ WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", defau
 # sweep (Airflow's `[scheduler] task_instance_heartbeat_timeout`).
 TASK_HEARTBEAT_TIMEOUT_SECONDS = env.float("TASK_HEARTBEAT_TIMEOUT_SECONDS", default=300)
 
+# PostgreSQL: how long an idle cluster waits for a NOTIFY before it looks at the queue anyway
+# (a retried task whose lock expired sends none). Each look is 2 queries (Django's connection
+# health check and the queue SELECT): an idle cluster makes about 2 / this queries a second.
+Q_CLUSTER_IDLE_WAIT_SECONDS = env.float("Q_CLUSTER_IDLE_WAIT_SECONDS", default=5.0)
 # django-q2: ORM broker on the default database. Each task's timeout stays below `retry` so the
 # broker never redelivers a task that is still running (DESIGN 7).
 Q_CLUSTER = {
@@ -214,8 +218,11 @@ Q_CLUSTER = {
     "timeout": env.int("Q_CLUSTER_TIMEOUT", default=60),
     "retry": env.int("Q_CLUSTER_RETRY", default=90),
     "max_attempts": 1,
-    # How often an idle cluster asks the ORM broker for work: the main part of the nudge's
-    # pickup latency (success -> downstream run). 50 cheap indexed queries a second when idle.
+    # The ORM broker, woken by NOTIFY on PostgreSQL (assets_app/broker.py): a task is picked up
+    # when its enqueue commits, and an idle cluster looks once per Q_CLUSTER_IDLE_WAIT_SECONDS.
+    # `django_q.brokers.orm.ORM` is django-q2's own, polling every Q_CLUSTER_POLL (bench/idle.py).
+    "broker_class": env.str("Q_CLUSTER_BROKER_CLASS", default="assets_app.broker.ListeningORM"),
+    # SQLite only (no NOTIFY there): how often an idle cluster asks the broker for work.
     "poll": env.float("Q_CLUSTER_POLL", default=0.02),
     "catch_up": False,
     "save_limit": 250,

@@ -40,6 +40,8 @@ BAD_SETTINGS = [
     ({"DATABASE_POOL_TIMEOUT_SECONDS": 0.0}, "assets_app.E019", ["> 0"]),
     ({"DATABASE_RETRY_AFTER_SECONDS": 0}, "assets_app.E020", [">= 1"]),
     ({"TASK_HEARTBEAT_TIMEOUT_SECONDS": 0.0}, "assets_app.E021", ["> 0"]),
+    ({"Q_CLUSTER_IDLE_WAIT_SECONDS": 0.0}, "assets_app.E022", ["> 0"]),
+    ({"Q_CLUSTER_IDLE_WAIT_SECONDS": 120}, "assets_app.E022", ["<= 60"]),
 ]
 
 
@@ -66,7 +68,7 @@ def test_pool_larger_min_than_max_is_an_error(settings):
 
 
 def test_every_rule_is_tested():
-    assert sorted(r.id for r in rules.SETTING_RULES) == sorted(b[1] for b in BAD_SETTINGS)
+    assert sorted(r.id for r in rules.SETTING_RULES) == sorted({b[1] for b in BAD_SETTINGS})
 
 
 @pytest.mark.parametrize(("override", "check_id", "words"), BAD_SETTINGS, ids=lambda x: str(x))

@@ -1,0 +1,66 @@
+"""assets_app.broker.ListeningORM: NOTIFY on enqueue, a bounded LISTEN instead of polling."""
+
+import threading
+import time
+
+import psycopg
+import pytest
+from django.db import connection
+
+from assets_app.broker import ListeningORM, channel_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _listen(list_key: str) -> psycopg.Connection:
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    conn = psycopg.connect(**params, autocommit=True)
+    conn.execute(f'LISTEN "{channel_for(list_key)}"')
+    return conn
+
+
+def test_enqueue_notifies_the_cluster_channel():
+    broker = ListeningORM(list_key="test-notify")
+    with _listen("test-notify") as listener:
+        broker.enqueue("payload")
+        received = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in received] == [channel_for("test-notify")]
+
+
+def test_an_empty_dequeue_waits_until_an_enqueue_wakes_it(settings):
+    settings.Q_CLUSTER_IDLE_WAIT_SECONDS = 0.1
+    broker = ListeningORM(list_key="test-wake")
+    assert broker.dequeue() is None  # opens the LISTEN connection
+    settings.Q_CLUSTER_IDLE_WAIT_SECONDS = 20
+    woke: list[float] = []
+
+    def idle_cluster():
+        started = time.monotonic()
+        assert broker.dequeue() is None
+        woke.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=idle_cluster)
+    thread.start()
+    time.sleep(0.5)
+    task_id = ListeningORM(list_key="test-wake").enqueue("wake up")
+    thread.join(timeout=25)
+    assert woke and 0.4 < woke[0] < 5, woke  # woken by the NOTIFY, not the 20 s bound
+    assert [pk for pk, _ in broker.dequeue()] == [task_id]
+    broker._close_listener()
+
+
+def test_an_empty_dequeue_is_bounded_and_a_lost_listener_is_reopened(settings):
+    settings.Q_CLUSTER_IDLE_WAIT_SECONDS = 0.3
+    broker = ListeningORM(list_key="test-bound")
+    started = time.monotonic()
+    assert broker.dequeue() is None
+    assert 0.25 < time.monotonic() - started < 5
+    first = broker._listener
+    first.close()  # the listening connection dropped
+    assert broker.dequeue() is None
+    assert broker._listener is not None and broker._listener is not first
+    task_id = broker.enqueue("after the drop")
+    assert [pk for pk, _ in broker.dequeue()] == [task_id]
+    broker._close_listener()

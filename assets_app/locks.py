@@ -10,10 +10,12 @@ transaction takes a lock from an earlier step after one from a later step):
      batch transaction (waiting, briefly, see `lock_claimed_outbox_rows`). Under them the drain
      inserts AssetEvents and then ADRQ rows sorted by (target_dag_id, asset_event_id)
      (invariant 7).
-  3. Dag row (scheduler): FOR NO KEY UPDATE SKIP LOCKED, which serializes scheduling of one Dag
-     without blocking the FOR KEY SHARE that ADRQ/DagRun foreign-key inserts take on it.
-  4. That Dag's ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, by asset_event_id; the scheduler
-     then inserts the DagRun, its consumed-event links and TIs, and deletes exactly those rows.
+  3. Dag rows (scheduler): FOR NO KEY UPDATE SKIP LOCKED, a batch of Dags in one statement by
+     dag_id, which serializes scheduling of one Dag without blocking the FOR KEY SHARE that
+     ADRQ/DagRun foreign-key inserts take on it.
+  4. Those Dags' ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, in one statement by
+     (target_dag_id, asset_event_id); the scheduler then inserts the DagRuns, their
+     consumed-event links and TIs, and deletes exactly those rows.
 
 Outside that order, alone in their own transactions: an operator's change of an asset's uri
 (`lock_asset`, one Asset row, held for one UPDATE; it briefly delays a drain inserting events of
@@ -32,15 +34,13 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import Count, IntegerField, Q, QuerySet, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Q, QuerySet
 
 from .models import (
     Asset,
     AssetDagRunQueue,
     AssetEventQueue,
     Dag,
-    DagRun,
     TaskInstance,
     TIState,
 )
@@ -128,11 +128,26 @@ def lock_outbox_rows(queryset: QuerySet[AssetEventQueue]) -> list[AssetEventQueu
 
 def claim_dag_for_scheduling(dag_id: str) -> Dag | None:
     """Lock a Dag row for scheduling, or None if another scheduler holds it (or it is gone)."""
-    return _dag_claim_queryset(dag_id).first()
+    return _dag_claim_queryset([dag_id]).first()
 
 
-def _dag_claim_queryset(dag_id: str) -> QuerySet[Dag]:
-    return Dag.objects.select_for_update(no_key=True, skip_locked=True).filter(dag_id=dag_id)
+def claim_dags_for_scheduling(dag_ids: Sequence[str]) -> dict[str, tuple[bool, object, int, str]]:
+    """Lock the rows of those of `dag_ids` no other scheduler holds, by dag_id, in one statement
+    (step 3 for a batch of Dags: SKIP LOCKED, so the order cannot make it wait). Returns
+    {dag_id: (is_paused, schedule, max_active_runs, schedule_error)} of the rows locked; a Dag
+    missing from it is held by another scheduler (or gone)."""
+    return {
+        dag_id: rest
+        for dag_id, *rest in _dag_claim_queryset(dag_ids)
+        .order_by("dag_id")
+        .values_list("dag_id", "is_paused", "schedule", "max_active_runs", "schedule_error")
+    }
+
+
+def _dag_claim_queryset(dag_ids: Sequence[str]) -> QuerySet[Dag]:
+    return Dag.objects.select_for_update(no_key=True, skip_locked=True).filter(
+        dag_id__in=list(dag_ids)
+    )
 
 
 def lock_dag_queue_rows(
@@ -157,126 +172,22 @@ def lock_asset_queue_rows(asset_id: int) -> list[AssetDagRunQueue]:
     )
 
 
-def lock_dag_queue_entries(dag_id: str) -> list[tuple[int, int, datetime, str]]:
-    """`lock_dag_queue_rows` for the scheduler's hot path: the same rows, locks (only the ADRQ
-    rows: `of=("self",)`) and order, as (id, asset_event_id, event timestamp, asset name)
-    tuples, which is all the scheduler reads, in one query."""
+def lock_dags_queue_entries(dag_ids: Sequence[str]) -> list[tuple[int, str, int, datetime, str]]:
+    """Lock the ADRQ rows of these Dags (whose rows the caller locked with
+    `claim_dags_for_scheduling`) in the global ADRQ order (target_dag_id, asset_event_id),
+    skipping locked ones, and only them (`of=("self",)`), in one statement: step 4 for a batch
+    of Dags. Returns (id, target_dag_id, asset_event_id, event timestamp, asset name) tuples,
+    which is all the scheduler reads of them."""
+    if not dag_ids:
+        return []
     return list(
         AssetDagRunQueue.objects.select_for_update(skip_locked=True, of=("self",))
-        .filter(target_dag_id=dag_id)
-        .order_by("asset_event_id")
-        .values_list("id", "asset_event_id", "asset_event__timestamp", "asset__name")
-    )
-
-
-def lock_dag_queue_entries_and_active_runs(
-    dag_id: str, *, active_states: Sequence[str]
-) -> tuple[list[tuple[int, int, datetime, str]], int]:
-    """`lock_dag_queue_entries` and the Dag's number of runs in `active_states`, in one statement.
-
-    Call it after `claim_dag_for_scheduling`: the count is read with this statement's snapshot,
-    taken once the Dag lock is held, so it includes every run another scheduler committed before
-    it released that lock (max_active_runs holds under concurrency; a count read in the Dag lock
-    statement itself would use a snapshot from before the lock). With no unlocked rows the count
-    is not read and 0 is returned: there is nothing to schedule anyway.
-    """
-    return _split_active(list(_queue_entries_and_active_runs_queryset(dag_id, active_states)))
-
-
-def _queue_entries_and_active_runs_queryset(
-    dag_id: str, active_states: Sequence[str]
-) -> QuerySet[AssetDagRunQueue]:
-    active = (
-        DagRun.objects.filter(dag_id=dag_id, state__in=active_states)
-        .order_by()
-        .values("dag_id")
-        .annotate(count=Count("*"))
-        .values("count")
-    )
-    return (
-        AssetDagRunQueue.objects.select_for_update(skip_locked=True, of=("self",))
-        .filter(target_dag_id=dag_id)
-        .annotate(active=Coalesce(Subquery(active, output_field=IntegerField()), Value(0)))
-        .order_by("asset_event_id")
-        .values_list("id", "asset_event_id", "asset_event__timestamp", "asset__name", "active")
-    )
-
-
-def _split_active(
-    rows: Sequence[tuple[int, int, datetime, str, int]],
-) -> tuple[list[tuple[int, int, datetime, str]], int]:
-    if not rows:
-        return [], 0
-    return [row[:4] for row in rows], rows[0][4]
-
-
-class _CompiledQuery:
-    """A queryset compiled to SQL once and then run with another value in place of
-    `placeholder` (every parameter equal to it). Rows come back through the same converters the
-    ORM applies (dates, JSON), so they are what the queryset's values_list would return. Bound to
-    the calling thread's connection: use it in one thread."""
-
-    def __init__(self, queryset: QuerySet, placeholder: str) -> None:
-        self._compiler = queryset.query.get_compiler(queryset.db)
-        self._placeholder = placeholder
-        # Compiled on the first call: compiling SELECT ... FOR UPDATE requires a transaction.
-        self._sql: str | None = None
-
-    def _compile(self) -> None:
-        self._sql, params = self._compiler.as_sql()
-        self._params = list(params)
-        self._slots = [i for i, p in enumerate(self._params) if p == self._placeholder]
-        assert self._slots, "the placeholder is not a parameter of the compiled statement"
-        selected = [column[0] for column in self._compiler.select[: self._compiler.col_count]]
-        self._converters = self._compiler.get_converters(selected)
-
-    def rows(self, value: object) -> list[tuple]:
-        if self._sql is None:
-            self._compile()
-        params = list(self._params)
-        for slot in self._slots:
-            params[slot] = value
-        with self._compiler.connection.cursor() as cursor:
-            cursor.execute(self._sql, params)
-            rows = cursor.fetchall()
-        if self._converters:
-            return [tuple(row) for row in self._compiler.apply_converters(rows, self._converters)]
-        return rows
-
-
-# A Dag id that no Dag can have (it is longer than the column), standing for the one to lock.
-_ANY_DAG = "\x00" * 1000
-
-
-class SchedulingLocks:
-    """`claim_dag_for_scheduling` and `lock_dag_queue_entries_and_active_runs` for one scheduler
-    pass: the same statements, locks and order, built and compiled once per pass rather than
-    once per Dag (building querysets and model instances was most of the scheduler's client
-    CPU). Use one instance per pass, on one connection; call its methods inside the Dag's
-    transaction, in this order, as for the functions."""
-
-    def __init__(self, *, active_states: Sequence[str]) -> None:
-        self._claim = _CompiledQuery(
-            _dag_claim_queryset(_ANY_DAG).values_list(
-                "is_paused", "schedule", "max_active_runs", "schedule_error"
-            ),
-            _ANY_DAG,
+        .filter(target_dag_id__in=list(dag_ids))
+        .order_by("target_dag_id", "asset_event_id")
+        .values_list(
+            "id", "target_dag_id", "asset_event_id", "asset_event__timestamp", "asset__name"
         )
-        self._entries = _CompiledQuery(
-            _queue_entries_and_active_runs_queryset(_ANY_DAG, active_states), _ANY_DAG
-        )
-
-    def claim_dag(self, dag_id: str) -> tuple[bool, object, int, str] | None:
-        """`claim_dag_for_scheduling`, as (is_paused, schedule, max_active_runs,
-        schedule_error), or None."""
-        rows = self._claim.rows(dag_id)
-        return rows[0] if rows else None
-
-    def lock_queue_entries_and_active_runs(
-        self, dag_id: str
-    ) -> tuple[list[tuple[int, int, datetime, str]], int]:
-        """`lock_dag_queue_entries_and_active_runs` (call it after `claim_dag`)."""
-        return _split_active(self._entries.rows(dag_id))
+    )
 
 
 # Any fixed 64-bit number; it names "the DAG definition sync" among advisory locks.

@@ -1,8 +1,10 @@
 """Creating DagRuns and their task instances: manual triggers and (through the scheduler)
 asset-triggered runs.
 
-`create_dag_run` is the one place a DagRun is inserted. It runs inside the caller's transaction
-and issues a fixed number of queries whatever the number of tasks or consumed events.
+`create_dag_run` (one run) and `create_asset_triggered_runs` (the scheduler's runs of a batch of
+Dags) are the only places a DagRun is inserted, both through `_insert_runs`. They run inside the
+caller's transaction and issue a fixed number of queries whatever the number of runs, tasks or
+consumed events.
 
 Manual runs and `max_active_runs`: like Airflow 3, a manual trigger is always accepted and the
 run is created `queued`; Airflow's scheduler then applies `max_active_runs` when it moves queued
@@ -97,18 +99,17 @@ def create_dag_run(
     data_interval_start: datetime | None = None,
     data_interval_end: datetime | None = None,
     note: str | None = None,
-    tasks: Sequence[tuple[str, int, bool]] | None = None,
     triggered_by: str | None = None,
 ) -> DagRun:
     """Insert a queued DagRun, its consumed-event links and one TI per task of `dag` (queued for
     roots, waiting for the others: `initial_ti_states`).
 
-    Runs inside the caller's transaction and takes no locks. Queries: 1 for the tasks (none when
-    the caller passes `tasks`, the Dag's (task_id, retries, has upstream) sorted by task_id, as
-    `dag_tasks` reads them: the scheduler reads them for a whole pass at once), 1 for the run,
-    1 for the consumed-event links when there are any, 1 for the TIs. An explicit `run_id` adds
-    a savepoint around the run insert (2 more queries): one already used by this Dag raises
-    `exceptions.Conflict` (reason "dag_run_exists") and leaves the caller's transaction usable.
+    Runs inside the caller's transaction and takes no locks. Queries: 1 for the tasks, 1 for
+    the run, 1 for the consumed-event links when there are any, 1 for the TIs when there are
+    any. An explicit `run_id` adds a savepoint around the inserts (2 more queries): one already
+    used by this Dag raises `exceptions.Conflict` (reason "dag_run_exists") and leaves the
+    caller's transaction usable. (The scheduler creates its runs, a batch of Dags at once, with
+    `create_asset_triggered_runs`.)
     """
     if run_type not in DagRunType.values:
         raise exceptions.InvalidInput(f"unknown run type {run_type!r}", reason="invalid_run_type")
@@ -127,16 +128,16 @@ def create_dag_run(
         or (DagRunTriggeredBy.ASSET if run_type == DagRunType.ASSET_TRIGGERED else None),
         note=note,
     )
-    if tasks is None:
-        tasks = [row[1:] for row in dag_tasks([dag.dag_id])]
+    tasks = [row[1:] for row in dag_tasks([dag.dag_id])]
+    event_ids = list(dict.fromkeys(consumed_event_ids))
     if run_id is None:
         # A generated run_id carries 8 random characters: a clash is not a case to prepare a
-        # savepoint for on every run (the scheduler's hot path); it would be an IntegrityError.
-        _insert_instances([run], returning_pk=True)
+        # savepoint for on every run; it would be an IntegrityError.
+        _insert_runs([(run, event_ids, tasks)])
     else:
         try:
             with transaction.atomic():
-                _insert_instances([run], returning_pk=True)
+                _insert_runs([(run, event_ids, tasks)])
         except IntegrityError as exc:
             if DagRun.objects.filter(dag=dag, run_id=run.run_id).exists():
                 raise exceptions.Conflict(
@@ -144,25 +145,80 @@ def create_dag_run(
                     reason="dag_run_exists",
                 ) from exc
             raise
-    event_ids = list(dict.fromkeys(consumed_event_ids))
-    if event_ids:
-        # Plain ints and a str on every backend: no model instances, no value preparation.
-        _insert_rows(
-            DagRunAssetEvent,
-            ("dag_run", "dag", "asset_event"),
-            [(run.pk, dag.dag_id, event_id) for event_id in event_ids],
+    return run
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """An asset-triggered run the scheduler decided to create: its Dag, `run_after`, the events
+    it consumes and the Dag's tasks as `dag_tasks` reads them ((task_id, retries, has upstream),
+    sorted by task_id)."""
+
+    dag_id: str
+    run_after: datetime
+    consumed_event_ids: Sequence[int]
+    tasks: Sequence[tuple[str, int, bool]]
+
+
+def create_asset_triggered_runs(*, planned: Sequence[PlannedRun]) -> list[DagRun]:
+    """Insert one queued asset-triggered run per item, with its consumed-event links and one TI
+    per task (queued for roots, waiting for the others: `initial_ti_states`), and return the
+    runs in the order of `planned`.
+
+    Runs inside the caller's transaction and takes no locks. 3 queries whatever the number of
+    runs (up to `_insert_prepared`'s chunk size), events and tasks: the runs, the links (none
+    without events), the TIs (none without tasks). Generated run_ids (see `create_dag_run`).
+    """
+    items = [
+        (
+            DagRun(
+                dag_id=item.dag_id,
+                run_id=generate_run_id(
+                    run_type=DagRunType.ASSET_TRIGGERED, run_after=item.run_after
+                ),
+                run_type=DagRunType.ASSET_TRIGGERED,
+                state=DagRunState.QUEUED,
+                run_after=item.run_after,
+                conf={},
+                triggered_by=DagRunTriggeredBy.ASSET,
+            ),
+            list(dict.fromkeys(item.consumed_event_ids)),
+            item.tasks,
         )
-    now = timezone.now()
-    states = initial_ti_states(
-        dag_id=dag.dag_id,
-        task_ids=[task_id for task_id, _, _ in tasks],
-        with_upstream={task_id for task_id, _, has_upstream in tasks if has_upstream},
+        for item in planned
+    ]
+    _insert_runs(items)
+    return [run for run, _, _ in items]
+
+
+def _insert_runs(
+    items: Sequence[tuple[DagRun, Sequence[int], Sequence[tuple[str, int, bool]]]],
+) -> None:
+    """INSERT unsaved runs (reading back their ids), then the consumed-event links and TIs of
+    all of them: (run, distinct event ids, tasks as `dag_tasks` reads them). Inside the
+    caller's transaction; one statement each for runs, links and TIs (links and TIs only when
+    there are any)."""
+    if not items:
+        return
+    _insert_instances([run for run, _, _ in items], returning_pk=True)
+    # Plain ints and a str on every backend: no model instances, no value preparation.
+    _insert_rows(
+        DagRunAssetEvent,
+        ("dag_run", "dag", "asset_event"),
+        [(run.pk, run.dag_id, event_id) for run, event_ids, _ in items for event_id in event_ids],
     )
-    _insert_instances(
-        [
+    now = timezone.now()
+    tis = []
+    for run, _, tasks in items:
+        states = initial_ti_states(
+            dag_id=run.dag_id,
+            task_ids=[task_id for task_id, _, _ in tasks],
+            with_upstream={task_id for task_id, _, has_upstream in tasks if has_upstream},
+        )
+        tis += [
             TaskInstance(
-                dag_run=run,
-                dag_id=dag.dag_id,
+                dag_run_id=run.pk,
+                dag_id=run.dag_id,
                 run_id=run.run_id,
                 task_id=task_id,
                 try_number=1,
@@ -172,8 +228,7 @@ def create_dag_run(
             )
             for task_id, retries, _ in tasks
         ]
-    )
-    return run
+    _insert_instances(tis)
 
 
 # `bulk_create` and `save` build and compile a query per call, which was most of the scheduler's
@@ -184,16 +239,17 @@ def create_dag_run(
 
 def _insert_instances(objs: Sequence[models.Model], *, returning_pk: bool = False) -> None:
     """INSERT unsaved instances of one model with every concrete field, values prepared as
-    `save` prepares them (defaults, auto_now). `returning_pk`: one instance whose pk the
-    database generates; it is read back."""
+    `save` prepares them (defaults, auto_now). `returning_pk`: the database generates their
+    pks; they are read back."""
     if not objs:
         return
     meta = objs[0]._meta
     fields = [f for f in meta.local_concrete_fields if not (returning_pk and f.primary_key)]
     rows = [[f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs]
-    pk = _insert_prepared(meta, fields, rows, returning_pk=returning_pk)
+    pks = _insert_prepared(meta, fields, rows, returning_pk=returning_pk)
     if returning_pk:
-        objs[0].pk = pk
+        for obj, pk in zip(objs, pks, strict=True):
+            obj.pk = pk
     for obj in objs:
         obj._state.adding = False
         obj._state.db = connection.alias
@@ -204,17 +260,29 @@ def _insert_rows(
 ) -> None:
     """INSERT rows of values that need no preparation (ints, strs) into the fields `names`; the
     model's other columns must have database defaults or be its auto pk."""
+    if not rows:
+        return
     meta = model._meta
     _insert_prepared(meta, [meta.get_field(name) for name in names], rows)
 
 
+# Rows per INSERT at most: PostgreSQL takes up to 65,535 parameters in one statement.
+MAX_INSERT_PARAMETERS = 65_535
+
+
 def _insert_prepared(
     meta: Any, fields: Sequence[models.Field], rows: Sequence[Sequence[Any]], *, returning_pk=False
-) -> Any:
+) -> list[Any]:
+    """INSERT prepared rows, in chunks; `returning_pk`: the generated pks, in the rows' order
+    (PostgreSQL returns the rows of a multi-row VALUES insert in order, as `bulk_create` relies
+    on)."""
     quote = connection.ops.quote_name
     head = f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
     placeholders = ["%s"] * len(fields)
-    batch = max(connection.ops.bulk_batch_size(fields, rows), 1)
+    batch = max(
+        min(connection.ops.bulk_batch_size(fields, rows), MAX_INSERT_PARAMETERS // len(fields)), 1
+    )
+    pks: list[Any] = []
     with connection.cursor() as cursor:
         for start in range(0, len(rows), batch):
             chunk = rows[start : start + batch]
@@ -222,9 +290,10 @@ def _insert_prepared(
             if returning_pk:
                 returning, _ = connection.ops.return_insert_columns([meta.pk])
                 cursor.execute(f"{sql} {returning}", [v for row in chunk for v in row])
-                return cursor.fetchone()[0]
-            cursor.execute(sql, [v for row in chunk for v in row])
-    return None
+                pks += [row[0] for row in cursor.fetchall()]
+            else:
+                cursor.execute(sql, [v for row in chunk for v in row])
+    return pks
 
 
 def trigger_dag(

@@ -1,28 +1,32 @@
 """ADRQ -> asset-triggered DagRuns: the scheduler (the only writer of DagRun besides the manual
 trigger, through `runs.create_dag_run`).
 
-For each Dag with queued events that is not paused and below `max_active_runs`, in its own
-transaction: lock the Dag row (SKIP LOCKED: another scheduler has it), re-check paused and active
-runs, lock its ADRQ rows (SKIP LOCKED), evaluate its condition on the assets of exactly those rows
-(an alias counts as its linked assets), and when it is met create one run consuming exactly those
-events and delete exactly those rows (invariant 8). A paused Dag's rows wait; unpausing it, or a
-run finishing below `max_active_runs`, lets the next sweep (or the next drain batch for the Dag)
-pick them up.
+A pass takes the Dags with queued events that are not paused and below `max_active_runs`, BATCH
+at a time, each batch in its own transaction with a fixed number of statements: lock the Dag
+rows (SKIP LOCKED: another scheduler has them), re-check paused and active runs, lock their ADRQ
+rows (SKIP LOCKED), evaluate each Dag's condition on the assets of exactly its locked rows (an
+alias counts as its linked assets), and for each Dag whose condition is met create one run
+consuming exactly those events and delete exactly those rows (invariant 8). A paused Dag's rows
+wait; unpausing it, or a run finishing below `max_active_runs`, lets the next sweep (or the next
+drain batch for the Dag) pick them up.
 
 A Dag the scheduler cannot evaluate (a stored schedule no door accepts now, e.g. nested deeper
 than `limits.MAX_CONDITION_DEPTH`, or any other error of its own step that is not the database's)
-is isolated (invariant 13): its transaction rolls back, the error is recorded on the Dag
-(`schedule_error`, shown in the admin and in `/healthz`), its events wait, and the pass goes on
-with the other Dags. The error is cleared the next time the Dag evaluates. A database error
-still fails the pass, as it would fail every Dag after it.
+is isolated (invariant 13): it is left out of its batch before any write, the error is recorded
+on the Dag (`schedule_error`, shown in the admin and in `/healthz`), its events wait, and the pass
+goes on with the other Dags. The error is cleared the next time the Dag evaluates. Should a
+batch's writes fail, the batch rolls back and its Dags are scheduled one per transaction, so the
+failure stays with the Dag at fault. A database error still fails the pass, as it would fail
+every Dag after it.
 """
 
 import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -37,7 +41,6 @@ from .models import (
     Dag,
     DagRun,
     DagRunState,
-    DagRunType,
 )
 
 logger = logging.getLogger(__name__)
@@ -68,7 +71,7 @@ class TriggeredRun:
 def candidate_dag_ids(*, dag_ids: Iterable[str] | None = None) -> list[str]:
     """Dags that have queued events, a schedule, are not paused and are below max_active_runs.
 
-    One query, no locks: a hint for `schedule_dag`, which checks again under the Dag lock.
+    One query, no locks: a hint for the pass, which checks again under the Dag locks.
     """
     active = (
         DagRun.objects.filter(dag=OuterRef("pk"), state__in=ACTIVE_RUN_STATES)
@@ -92,48 +95,39 @@ def candidate_dag_ids(*, dag_ids: Iterable[str] | None = None) -> list[str]:
     )
 
 
-LOCKED = "locked"
-FAILED = "failed"
 MAX_ERROR_LENGTH = 2_000
-# Dags whose tasks one query reads ahead of scheduling them (see `_Pass.tasks`).
-TASKS_BATCH = 200
+# Dags one transaction schedules together (`_schedule_batch`): the statements of a batch are a
+# fixed number, so this sets the statements per Dag; it also bounds how long a batch holds its
+# Dag rows (a definition sync's UPDATE of one of them waits for the batch to commit).
+BATCH = 200
 
 
-class _Pass:
-    """What one scheduler pass reuses across its Dags: the lock statements compiled once, the
-    parsed conditions by schedule JSON, and (for a whole pass) the tasks of the next
-    TASKS_BATCH candidates read in one query instead of one query per Dag.
+@dataclass
+class _Outcome:
+    """What scheduling some Dags did: runs created (by dag_id), Dags another scheduler held,
+    Dags that could not be evaluated (their error recorded)."""
 
-    Tasks read ahead may predate a definition sync committed a moment later, as tasks read
-    inside the Dag's transaction may predate one committed before its TI insert: a sync does
-    not lock the Dag row for its task writes, so neither read is ordered with it.
-    """
+    triggered: dict[str, TriggeredRun] = field(default_factory=dict)
+    locked: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
 
-    def __init__(self, candidates: list[str] | None = None) -> None:
-        self.locks = locks.SchedulingLocks(active_states=ACTIVE_RUN_STATES)
-        self._candidates = candidates
-        self._tasks: dict[str, list[tuple[str, int, bool]]] = {}
-        self._read_ahead = 0
-        self._conditions: dict[str, conditions.Condition] = {}
+    def add(self, other: "_Outcome") -> None:
+        self.triggered.update(other.triggered)
+        self.locked += other.locked
+        self.failed += other.failed
 
-    def tasks(self, dag_id: str, position: int) -> list[tuple[str, int, bool]] | None:
-        """The tasks of the candidate at `position`, or None (create_dag_run reads them)."""
-        if self._candidates is None:
-            return None
-        if position >= self._read_ahead:
-            batch = self._candidates[position : position + TASKS_BATCH]
-            self._tasks = {dag: [] for dag in batch}
-            for dag, task_id, retries, has_upstream in runs.dag_tasks(batch):
-                self._tasks[dag].append((task_id, retries, has_upstream))
-            self._read_ahead = position + len(batch)
-        return self._tasks[dag_id]
 
-    def condition(self, schedule: Any) -> conditions.Condition:
-        """`conditions.parse(schedule)`, once per distinct schedule per pass (it is pure)."""
+class _Conditions:
+    """`conditions.parse(schedule)`, once per distinct schedule per pass (it is pure)."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, conditions.Condition] = {}
+
+    def parse(self, schedule: Any) -> conditions.Condition:
         key = json.dumps(schedule)
-        condition = self._conditions.get(key)
+        condition = self._parsed.get(key)
         if condition is None:
-            condition = self._conditions[key] = conditions.parse(schedule)
+            condition = self._parsed[key] = conditions.parse(schedule)
         return condition
 
 
@@ -143,18 +137,14 @@ def schedule_dag(*, dag_id: str) -> TriggeredRun | None:
     Its own durable transaction; locks the Dag row (FOR NO KEY UPDATE SKIP LOCKED) and then its
     ADRQ rows (FOR UPDATE SKIP LOCKED), in the global lock order. Returns the run and how many
     events it consumed, or None when the Dag is taken by another scheduler, paused, at
-    max_active_runs, has no unlocked rows, or its condition is not met (the rows then stay).
-    Safe to run concurrently and repeatedly.
+    max_active_runs, has no unlocked rows, its condition is not met (the rows then stay) or it
+    cannot be evaluated (recorded on the Dag). Safe to run concurrently and repeatedly.
     """
-    outcome = _schedule_dag(dag_id, _Pass())
-    if not isinstance(outcome, TriggeredRun):
-        return None
-    metrics.incr(metrics.RUNS_TRIGGERED)
-    return outcome
-
-
-class _CannotEvaluate(Exception):
-    """The Dag's own step failed (not the database): roll its transaction back, record why."""
+    outcome = _schedule_batch([dag_id], _Conditions())
+    run = outcome.triggered.get(dag_id)
+    if run is not None:
+        metrics.incr(metrics.RUNS_TRIGGERED)
+    return run
 
 
 def _describe(exc: BaseException) -> str:
@@ -166,142 +156,236 @@ def _describe(exc: BaseException) -> str:
 
 
 def _record_schedule_error(dag_id: str, error: str) -> None:
-    """Record (or clear, with "") why the Dag could not be evaluated: one UPDATE, written only
-    when the text changes, so a Dag failing every pass is not rewritten every pass. Runs in the
-    caller's transaction, or in its own statement (autocommit)."""
+    """Record why the Dag could not be evaluated: one UPDATE, written only when the text
+    changes, so a Dag failing every pass is not rewritten every pass. Runs in the caller's
+    transaction, or in its own statement (autocommit)."""
     Dag.objects.filter(dag_id=dag_id).exclude(schedule_error=error).update(
         schedule_error=error, schedule_error_at=timezone.now() if error else None
     )
 
 
-def _schedule_dag(dag_id: str, context: _Pass, position: int = 0) -> TriggeredRun | str | None:
-    """`schedule_dag`, telling "another scheduler holds the Dag" (LOCKED) and "cannot be
-    evaluated" (FAILED, recorded on the Dag) from the other Nones.
+_FAILED = object()
 
-    Does not count the run in the metrics: the callers do, after the commit.
-    """
+
+def _isolated(dag_id: str, step: Callable[[], Any]) -> Any:
+    """`step()`, or _FAILED when it raises anything but a database error: the Dag's own step
+    failed (invariant 13), so its error is recorded on it and the pass goes on without it. A
+    database error still fails the pass, as it would fail every Dag after it."""
     try:
-        return _schedule_dag_in_transaction(dag_id, context, position)
+        return step()
     except DatabaseError:
         raise
-    except Exception as exc:  # this Dag only: its transaction rolled back, the pass goes on
+    except Exception as exc:  # this Dag only: it is left out, the pass goes on
         logger.exception("dag %s cannot be scheduled; its events wait", dag_id)
-        cause = exc.__cause__ if isinstance(exc, _CannotEvaluate) and exc.__cause__ else exc
-        _record_schedule_error(dag_id, _describe(cause))
-        return FAILED
+        _record_schedule_error(dag_id, _describe(exc))
+        return _FAILED
 
 
-def _schedule_dag_in_transaction(
-    dag_id: str, context: _Pass, position: int
-) -> TriggeredRun | str | None:
-    with transaction.atomic(durable=True):
-        claimed = context.locks.claim_dag(dag_id)
-        if claimed is None:
-            return LOCKED
-        is_paused, schedule, max_active_runs, schedule_error = claimed
-        if is_paused or schedule is None:
-            return None
-        # The rows and the active-run count in one statement, read once the Dag lock is held.
-        rows, active = context.locks.lock_queue_entries_and_active_runs(dag_id)
-        if not rows or active >= max_active_runs:
-            return None
+def _schedule_batch(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
+    """Schedule these Dags together in one durable transaction (`_schedule_together`). A Dag
+    whose condition cannot be evaluated is left out there, before any write. Should the
+    batch's writes fail (which cannot be pinned on one Dag), its transaction rolls back and
+    each Dag is scheduled alone in its own, so only the Dag at fault fails: recorded when the
+    error is its own, the pass failing on a database error as before."""
+    if len(dag_ids) > 1:
         try:
-            condition = context.condition(schedule)
-            aliases = conditions.referenced_aliases(condition)
-        except Exception as exc:
-            raise _CannotEvaluate() from exc
-        event_ids = sorted({event_id for _, event_id, _, _ in rows})
-        present = {name for _, _, _, name in rows}
-        alias_assets: dict[str, set[str]] = defaultdict(set)
-        if aliases:
-            for alias_name, asset_name in AssetAliasAsset.objects.filter(
-                alias__name__in=aliases
-            ).values_list("alias__name", "asset__name"):
-                alias_assets[alias_name].add(asset_name)
-        try:
-            met = conditions.evaluate(condition, present=present, alias_assets=alias_assets)
-        except Exception as exc:
-            raise _CannotEvaluate() from exc
-        if schedule_error:
-            _record_schedule_error(dag_id, "")
-        if not met:
-            return None
-        dag = Dag.from_db(
-            connection.alias,
-            ["dag_id", "is_paused", "schedule", "max_active_runs"],
-            [dag_id, is_paused, schedule, max_active_runs],
-        )
-        run = runs.create_dag_run(
-            dag=dag,
-            run_type=DagRunType.ASSET_TRIGGERED,
-            run_after=max(timestamp for _, _, timestamp, _ in rows),
-            consumed_event_ids=event_ids,
-            tasks=context.tasks(dag_id, position),
-        )
-        # Exactly the locked rows (invariant 8). A plain DELETE, as the ORM's fast delete of
-        # these rows (nothing cascades from ADRQ and no signals are connected) without building
-        # a queryset per Dag.
-        ids = [row[0] for row in rows]
-        quote, meta = connection.ops.quote_name, AssetDagRunQueue._meta
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {quote(meta.db_table)} WHERE {quote(meta.pk.column)}"
-                f" IN ({', '.join(['%s'] * len(ids))})",
-                ids,
+            return _schedule_together(dag_ids, parsed)
+        except Exception:
+            logger.warning(
+                "a batch of %d dags could not be scheduled together; scheduling them one by one",
+                len(dag_ids),
+                exc_info=True,
             )
-        return TriggeredRun(run=run, event_count=len(event_ids))
+        outcome = _Outcome()
+        for dag_id in dag_ids:
+            outcome.add(_schedule_batch([dag_id], parsed))
+        return outcome
+    (dag_id,) = dag_ids
+    outcome = _isolated(dag_id, lambda: _schedule_together(dag_ids, parsed))
+    return _Outcome(failed=[dag_id]) if outcome is _FAILED else outcome
+
+
+def _active_runs(dag_ids: Sequence[str]) -> dict[str, int]:
+    """The number of runs in ACTIVE_RUN_STATES of each of these Dags, in one statement.
+
+    Read after `locks.claim_dags_for_scheduling`, in a statement of its own: its snapshot is
+    taken once the Dag locks are held, so it includes every run another scheduler committed
+    before it released one of them (max_active_runs holds under concurrency; a count read in
+    the lock statement itself would use a snapshot from before the lock)."""
+    return dict(
+        DagRun.objects.filter(dag_id__in=list(dag_ids), state__in=ACTIVE_RUN_STATES)
+        .order_by()
+        .values("dag_id")
+        .annotate(count=Count("*"))
+        .values_list("dag_id", "count")
+    )
+
+
+def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
+    """One durable transaction for these Dags, a fixed number of statements whatever their
+    number: lock the Dag rows no other scheduler holds (SKIP LOCKED), count their active runs,
+    lock the ADRQ rows (SKIP LOCKED) of those neither paused nor at max_active_runs, evaluate
+    each one's condition on the assets of exactly its locked rows (an alias counts as its
+    linked assets) in Python, then create one run for each Dag whose condition is met,
+    consuming exactly those events, and delete exactly those rows (invariant 8). A Dag whose
+    evaluation raises is left out before any write, its error recorded, its rows untouched.
+    """
+    outcome = _Outcome()
+    with transaction.atomic(durable=True):
+        claimed = locks.claim_dags_for_scheduling(dag_ids)
+        outcome.locked = [dag_id for dag_id in dag_ids if dag_id not in claimed]
+        ready = {
+            dag_id: (schedule, max_active_runs, schedule_error)
+            for dag_id, (is_paused, schedule, max_active_runs, schedule_error) in claimed.items()
+            if not is_paused and schedule is not None
+        }
+        if not ready:
+            return outcome
+        active = _active_runs(list(ready))
+        below = [dag_id for dag_id, (_, most, _) in ready.items() if active.get(dag_id, 0) < most]
+        rows_by_dag: dict[str, list[tuple[int, int, datetime, str]]] = defaultdict(list)
+        for row_id, dag_id, event_id, timestamp, asset_name in locks.lock_dags_queue_entries(below):
+            rows_by_dag[dag_id].append((row_id, event_id, timestamp, asset_name))
+        if not rows_by_dag:
+            return outcome
+        met = _evaluate(rows_by_dag, ready, parsed, outcome)
+        if met:
+            tasks: dict[str, list[tuple[str, int, bool]]] = {dag_id: [] for dag_id in met}
+            for dag_id, task_id, retries, has_upstream in runs.dag_tasks(met):
+                tasks[dag_id].append((task_id, retries, has_upstream))
+            planned = [
+                runs.PlannedRun(
+                    dag_id=dag_id,
+                    run_after=max(timestamp for _, _, timestamp, _ in rows_by_dag[dag_id]),
+                    consumed_event_ids=sorted(
+                        {event_id for _, event_id, _, _ in rows_by_dag[dag_id]}
+                    ),
+                    tasks=tasks[dag_id],
+                )
+                for dag_id in met
+            ]
+            created = runs.create_asset_triggered_runs(planned=planned)
+            # Exactly the locked rows of the Dags that got a run (invariant 8).
+            ids = [row[0] for dag_id in met for row in rows_by_dag[dag_id]]
+            _delete_queue_rows(ids)
+            outcome.triggered = {
+                item.dag_id: TriggeredRun(run=run, event_count=len(item.consumed_event_ids))
+                for item, run in zip(planned, created, strict=True)
+            }
+    return outcome
+
+
+def _evaluate(
+    rows_by_dag: dict[str, list[tuple[int, int, datetime, str]]],
+    ready: dict[str, tuple[Any, int, str]],
+    parsed: _Conditions,
+    outcome: _Outcome,
+) -> list[str]:
+    """The Dags (of `rows_by_dag`, in its order) whose condition is met by the assets of their
+    locked rows. Reads the assets of the aliases the conditions name in one query (none when
+    they name none). Pure Python otherwise, and before any write: a Dag whose evaluation raises
+    is added to `outcome.failed` (its error recorded, in the caller's transaction) and left out;
+    a Dag that evaluates clears its recorded error."""
+    conditions_by_dag: dict[str, tuple[conditions.Condition, set[str]]] = {}
+    for dag_id in rows_by_dag:
+        step = _isolated(dag_id, lambda schedule=ready[dag_id][0]: _parse(parsed, schedule))
+        if step is _FAILED:
+            outcome.failed.append(dag_id)
+        else:
+            conditions_by_dag[dag_id] = step
+    alias_assets: dict[str, set[str]] = defaultdict(set)
+    wanted = set().union(*(aliases for _, aliases in conditions_by_dag.values()))
+    if wanted:
+        for alias_name, asset_name in AssetAliasAsset.objects.filter(
+            alias__name__in=sorted(wanted)
+        ).values_list("alias__name", "asset__name"):
+            alias_assets[alias_name].add(asset_name)
+    met, cleared = [], []
+    for dag_id, (condition, _) in conditions_by_dag.items():
+        present = {name for _, _, _, name in rows_by_dag[dag_id]}
+        result = _isolated(
+            dag_id,
+            lambda condition=condition, present=present: conditions.evaluate(
+                condition, present=present, alias_assets=alias_assets
+            ),
+        )
+        if result is _FAILED:
+            outcome.failed.append(dag_id)
+            continue
+        if ready[dag_id][2]:
+            cleared.append(dag_id)
+        if result:
+            met.append(dag_id)
+    if cleared:
+        Dag.objects.filter(dag_id__in=cleared).update(schedule_error="", schedule_error_at=None)
+    return met
+
+
+def _parse(parsed: _Conditions, schedule: Any) -> tuple[conditions.Condition, set[str]]:
+    condition = parsed.parse(schedule)
+    return condition, set(conditions.referenced_aliases(condition))
+
+
+def _delete_queue_rows(ids: Sequence[int]) -> None:
+    """DELETE these ADRQ rows, in the caller's transaction: a plain DELETE, as the ORM's fast
+    delete of them (nothing cascades from ADRQ and no signals are connected) without building
+    a queryset."""
+    if not ids:
+        return
+    quote, meta = connection.ops.quote_name, AssetDagRunQueue._meta
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {quote(meta.db_table)} WHERE {quote(meta.pk.column)}"
+            f" IN ({', '.join(['%s'] * len(ids))})",
+            list(ids),
+        )
 
 
 def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
     """One scheduler pass over the Dags with queued events (or only `dag_ids`): at most one new
-    run per Dag, each in its own transaction (see `schedule_dag`). Records the "scheduler"
-    heartbeat. Safe to run concurrently with drains and other schedulers."""
+    run per Dag, BATCH Dags per transaction (see `_schedule_together`; a Dag that cannot be
+    evaluated is left out and recorded, the others go on). Records the "scheduler" heartbeat.
+    Safe to run concurrently with drains and other schedulers."""
     started = time.monotonic()
-    created: list[tuple[str, str]] = []
-    locked: list[str] = []
-    failed: list[str] = []
-    consumed = 0
+    outcome = _Outcome()
     checked = 0
     ok = False
     try:
         candidates = candidate_dag_ids(dag_ids=dag_ids)
-        context = _Pass(candidates)
-        for position, dag_id in enumerate(candidates):
-            checked += 1
-            outcome = _schedule_dag(dag_id, context, position)
-            if isinstance(outcome, TriggeredRun):
-                created.append((dag_id, outcome.run.run_id))
-                consumed += outcome.event_count
-            elif outcome == LOCKED:
-                locked.append(dag_id)
-            elif outcome == FAILED:
-                failed.append(dag_id)
+        parsed = _Conditions()
+        for start in range(0, len(candidates), BATCH):
+            batch = candidates[start : start + BATCH]
+            outcome.add(_schedule_batch(batch, parsed))
+            checked += len(batch)
         ok = True
     finally:
         # One counter statement per pass rather than one per run (each is a commit of its own);
         # every run counted here is committed. A failing counter must not hide the pass's error.
         try:
-            metrics.incr(metrics.RUNS_TRIGGERED, len(created))
+            metrics.incr(metrics.RUNS_TRIGGERED, len(outcome.triggered))
         except DatabaseError:
-            logger.exception("could not count %d triggered runs", len(created))
+            logger.exception("could not count %d triggered runs", len(outcome.triggered))
         seconds = time.monotonic() - started
         heartbeats.record(
             component="scheduler",
             ok=ok,
             detail={
                 "dags_checked": checked,
-                "runs_created": len(created),
-                "dags_failed": len(failed),
+                "runs_created": len(outcome.triggered),
+                "dags_failed": len(outcome.failed),
                 "seconds": seconds,
             },
         )
     return ScheduleResult(
         dags_checked=checked,
-        run_ids=tuple(created),
-        events_consumed=consumed,
+        run_ids=tuple(
+            (dag_id, triggered.run.run_id)
+            for dag_id, triggered in sorted(outcome.triggered.items())
+        ),
+        events_consumed=sum(triggered.event_count for triggered in outcome.triggered.values()),
         seconds=seconds,
-        dags_locked=tuple(locked),
-        dags_failed=tuple(failed),
+        dags_locked=tuple(outcome.locked),
+        dags_failed=tuple(sorted(outcome.failed)),
     )
 
 

@@ -288,18 +288,23 @@ def test_a_poison_dag_is_isolated_recorded_shown_and_cleared(monkeypatch, poison
     assert Client().get("/healthz").json()["status"] == "ok"
 
 
-def test_a_database_error_still_fails_the_pass(monkeypatch):
-    scheduled_dag("d", "a")
+@pytest.mark.parametrize("dags", [1, 3])
+def test_a_database_error_still_fails_the_pass(monkeypatch, dags):
+    """Alone or in a batch (which then retries Dag by Dag): the database error fails the pass
+    and is recorded on no Dag."""
+    for i in range(dags):
+        scheduled_dag(f"d{i}", "a")
     registration.register_external_event(asset=Asset.objects.get(name="a"), extra={})
     from django.db import OperationalError
 
     def broken(*args, **kwargs):
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(scheduling.runs, "create_dag_run", broken)
+    monkeypatch.setattr(scheduling.runs, "create_asset_triggered_runs", broken)
     with pytest.raises(OperationalError):
         scheduling.schedule_dags()
-    assert Dag.objects.get(dag_id="d").schedule_error == ""
+    assert set(Dag.objects.values_list("schedule_error", flat=True)) == {""}
+    assert not DagRun.objects.exists()
 
 
 def test_the_drain_then_scheduler_path_skips_a_poison_dag_too():

@@ -266,7 +266,7 @@ def test_a_queued_event_committed_during_the_pass_survives_it(monkeypatch):
     scheduled_dag("d", "a")
     first = _produce("a", 1)
     late: list[int] = []
-    real_create = runs.create_dag_run
+    real_create = runs.create_asset_triggered_runs
 
     def drain_commits_meanwhile(**kwargs):
         def register() -> None:
@@ -281,7 +281,7 @@ def test_a_queued_event_committed_during_the_pass_survives_it(monkeypatch):
         assert late, "the concurrent registration did not finish"
         return real_create(**kwargs)
 
-    monkeypatch.setattr(scheduling.runs, "create_dag_run", drain_commits_meanwhile)
+    monkeypatch.setattr(scheduling.runs, "create_asset_triggered_runs", drain_commits_meanwhile)
     with lock_timeout():
         result = scheduling.schedule_dags()
     monkeypatch.undo()

@@ -1,7 +1,7 @@
 import pytest
 
 from assets_app import metrics, registration, scheduling
-from assets_app.models import AssetDagRunQueue, AssetEvent, DagRun, DagRunState, DagRunType
+from assets_app.models import AssetDagRunQueue, AssetEvent, Dag, DagRun, DagRunState, DagRunType
 from tests.asset_flow import alias_event, alias_outlet, asset_outlet, payload, scheduled_dag
 from tests.factories import AssetFactory, DagRunFactory, TaskFactory
 
@@ -165,23 +165,22 @@ def test_a_dag_held_by_another_scheduler_is_skipped_without_waiting_and_reported
     assert runs_of("d") == [events]
 
 
-def test_a_pass_reads_tasks_ahead_in_batches_and_gives_each_run_its_own_dags_tasks(
+def test_a_pass_schedules_a_batch_per_transaction_and_gives_each_run_its_own_dags_tasks(
     monkeypatch, django_assert_num_queries
 ):
-    """Five Dags with different tasks, tasks read two candidates at a time: three task queries
-    (plus the candidates and the heartbeat, and per Dag the statements of the pass pin above,
-    less the TI insert for the two Dags without tasks), and every run gets exactly its Dag's
-    tasks (with their retries)."""
-    monkeypatch.setattr(scheduling, "TASKS_BATCH", 2)
+    """Five Dags with different tasks, two Dags per batch: three batches of the statements the
+    pin below counts (the last without a TI insert: its Dag has no tasks), plus the candidates
+    and the heartbeat, and every run gets exactly its Dag's tasks (with their retries)."""
+    monkeypatch.setattr(scheduling, "BATCH", 2)
     tasks = {"d0": [], "d1": [("x", 0)], "d2": [("a", 3), ("b", 0)], "d3": [("z", 1)], "d4": []}
     for dag_id, dag_tasks in tasks.items():
         dag = scheduled_dag(dag_id, "a")
         for task_id, retries in reversed(dag_tasks):
             TaskFactory(dag=dag, task_id=task_id, retries=retries)
     produce("a")
-    with django_assert_num_queries(2 + 3 + 5 * (6 + 2) - 2):
+    with django_assert_num_queries(2 + 3 * (8 + 2) - 1):
         result = scheduling.schedule_dags()
-    assert sorted(dag_id for dag_id, _ in result.run_ids) == sorted(tasks)
+    assert [dag_id for dag_id, _ in result.run_ids] == sorted(tasks)
     for dag_id, dag_tasks in tasks.items():
         run = DagRun.objects.get(dag_id=dag_id)
         assert list(
@@ -189,25 +188,92 @@ def test_a_pass_reads_tasks_ahead_in_batches_and_gives_each_run_its_own_dags_tas
         ) == [(task_id, retries, "queued") for task_id, retries in dag_tasks]
 
 
-def test_a_pass_costs_six_statements_per_dag_and_counts_its_runs_once(
-    django_assert_num_queries, django_capture_on_commit_callbacks
+@pytest.mark.parametrize("dags", [1, 3, 40])
+def test_a_pass_costs_the_same_statements_for_1_3_or_40_dags_and_counts_its_runs_once(
+    django_assert_num_queries, django_capture_on_commit_callbacks, dags
 ):
-    """Per Dag: Dag lock, ADRQ lock with the active-run count, run, event links, TIs, ADRQ
-    delete (and here the test transaction's savepoint pair around the Dag's own transaction).
-    Per pass: the candidate query, the tasks of (up to TASKS_BATCH) candidates, the heartbeat,
-    and one counter statement after commit for all its runs (not one per run: each would be a
-    commit of its own)."""
-    dag_ids = [f"d{i}" for i in range(3)]
+    """Per batch of up to `scheduling.BATCH` Dags, whatever their number: Dag locks, active-run
+    counts, ADRQ locks, tasks, runs, event links, TIs, ADRQ delete (and here the test
+    transaction's savepoint pair around the batch's own transaction). Per pass: the candidate
+    query, the heartbeat, and one counter statement after commit for all its runs (not one per
+    run: each would be a commit of its own)."""
+    dag_ids = sorted(f"d{i}" for i in range(dags))
     for dag_id in dag_ids:
         TaskFactory(dag=scheduled_dag(dag_id, "a"), task_id="t")
     events = produce("a")
     before = metrics.value(metrics.RUNS_TRIGGERED)
     with (
         django_capture_on_commit_callbacks(execute=True) as callbacks,
-        django_assert_num_queries(3 + 3 * (6 + 2)),
+        django_assert_num_queries(2 + 8 + 2),
     ):
         result = scheduling.schedule_dags()
     assert len(callbacks) == 1
-    assert sorted(dag_id for dag_id, _ in result.run_ids) == dag_ids
-    assert [runs_of(dag_id) for dag_id in dag_ids] == [[events]] * 3
-    assert metrics.value(metrics.RUNS_TRIGGERED) == before + 3
+    assert [dag_id for dag_id, _ in result.run_ids] == dag_ids
+    assert [runs_of(dag_id) for dag_id in dag_ids] == [[events]] * dags
+    assert metrics.value(metrics.RUNS_TRIGGERED) == before + dags
+
+
+def test_one_batch_keeps_paused_full_unmet_and_poison_dags_rows_and_runs_the_others(
+    monkeypatch,
+):
+    """In one batch: a paused Dag, one at max_active_runs, one whose condition is not met and
+    one whose evaluation raises keep their rows and get no run; the two others get one run
+    each, consuming exactly their events."""
+    scheduled_dag("ok1", "a")
+    scheduled_dag("ok2", {"any": ["a", "b"]})
+    scheduled_dag("paused", "a", is_paused=True)
+    DagRunFactory(dag=scheduled_dag("full", "a", max_active_runs=1), state=DagRunState.RUNNING)
+    scheduled_dag("unmet", {"all": ["a", "never"]})
+    scheduled_dag("poison", {"all": ["a", "b"]})
+    real = scheduling.conditions.evaluate
+
+    poison = scheduling.conditions.parse({"all": ["a", "b"]})
+
+    def evaluate(condition, **kwargs):
+        if condition == poison:
+            raise ValueError("an evaluation bug")
+        return real(condition, **kwargs)
+
+    monkeypatch.setattr(scheduling.conditions, "evaluate", evaluate)
+    events = produce("a")
+    result = scheduling.schedule_dags()
+    assert [dag_id for dag_id, _ in result.run_ids] == ["ok1", "ok2"]
+    assert result.dags_failed == ("poison",)
+    assert runs_of("ok1") == runs_of("ok2") == [events]
+    for dag_id in ("paused", "full", "unmet", "poison"):
+        assert (
+            list(
+                AssetDagRunQueue.objects.filter(target_dag_id=dag_id).values_list(
+                    "asset_event_id", flat=True
+                )
+            )
+            == events
+        ), dag_id
+        assert DagRun.objects.filter(dag_id=dag_id).count() == (dag_id == "full")
+
+
+def test_a_batch_whose_writes_fail_is_scheduled_dag_by_dag_and_only_the_faulty_dag_fails(
+    monkeypatch,
+):
+    """An error of the batch's writes cannot be pinned on one Dag: the batch rolls back and
+    each Dag is scheduled in its own transaction, so only the Dag at fault is recorded and
+    keeps its rows; the others get their run."""
+    for dag_id in ("a1", "bad", "z9"):
+        scheduled_dag(dag_id, "a")
+    real = scheduling.runs.create_asset_triggered_runs
+
+    def create(*, planned):
+        if any(item.dag_id == "bad" for item in planned):
+            raise ValueError("a bug writing this Dag's run")
+        return real(planned=planned)
+
+    monkeypatch.setattr(scheduling.runs, "create_asset_triggered_runs", create)
+    events = produce("a")
+    result = scheduling.schedule_dags()
+    assert [dag_id for dag_id, _ in result.run_ids] == ["a1", "z9"]
+    assert result.dags_failed == ("bad",)
+    assert runs_of("a1") == runs_of("z9") == [events]
+    assert runs_of("bad") == []
+    assert AssetDagRunQueue.objects.filter(target_dag_id="bad").count() == 1
+    bad = Dag.objects.get(dag_id="bad")
+    assert "ValueError: a bug writing this Dag's run" in bad.schedule_error

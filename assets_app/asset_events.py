@@ -8,6 +8,7 @@ __all__ = ["as_utc"]
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
@@ -34,6 +35,7 @@ def find_asset(
 ) -> Asset:
     """The asset by id, or by name and/or uri (both given: both must match). NotFound otherwise.
     One query, no locks."""
+    lookup: dict[str, Any]
     if asset_id is not None:
         lookup = {"pk": asset_id}
     elif name is not None or uri is not None:

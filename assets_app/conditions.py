@@ -81,9 +81,9 @@ def parse_asset_ref(raw: Any, *, path: str) -> AssetRef:
         raise ConditionError(f"{path}.{unknown[0]}", "unknown key in asset reference")
     if "name" not in raw and "uri" not in raw:
         raise ConditionError(path, "asset reference needs a name or a uri")
-    name = _key(raw["name"], f"{path}.name", "name") if "name" in raw else None
-    uri = _key(raw["uri"], f"{path}.uri", "uri") if "uri" in raw else None
-    return AssetRef(name=name or uri, uri=uri or name)  # type: ignore[arg-type]
+    name = _key(raw["name"], f"{path}.name", "name") if "name" in raw else ""
+    uri = _key(raw["uri"], f"{path}.uri", "uri") if "uri" in raw else ""
+    return AssetRef(name=name or uri, uri=uri or name)
 
 
 def parse(raw: Any, *, path: str = "schedule", depth: int = 1) -> Condition:

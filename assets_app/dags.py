@@ -205,8 +205,8 @@ def asset_expression(dag: Dag) -> dict[str, Any] | None:
     for ref in dag.schedule_asset_refs.all():
         asset: Asset = ref.asset
         groups[("asset", asset.name)] = asset.group
-    for ref in dag.schedule_alias_refs.all():
-        alias: AssetAlias = ref.alias
+    for alias_ref in dag.schedule_alias_refs.all():
+        alias: AssetAlias = alias_ref.alias
         groups[("alias", alias.name)] = alias.group
 
     def convert(node: Any) -> Any:

@@ -18,7 +18,7 @@ _BUSY_SQLSTATES = ("53300",)
 _UNAVAILABLE_SQLSTATE_PREFIXES = ("08", "53", "57P01", "57P02", "57P03")
 
 
-def database_unavailable_reason(exc: BaseException) -> str | None:
+def database_unavailable_reason(exc: BaseException | None) -> str | None:
     """`database_busy` (no connection free in time, too many clients), `database_unavailable`
     (unreachable, shutting down, connection lost), or None for any other error."""
     if isinstance(exc, InterfaceError):  # "connection already closed"

@@ -232,7 +232,7 @@ class _Parser:
             raise self.error(path, f"must be at least {minimum}, got {raw}")
         return raw
 
-    def list(self, raw: Any, path: str) -> list[Any]:
+    def as_list(self, raw: Any, path: str) -> list[Any]:
         if not isinstance(raw, list):
             raise self.error(path, f"must be a list, got {_type(raw)}")
         return raw
@@ -273,7 +273,7 @@ class _Parser:
         tasks: list[TaskDefinition] = []
         seen: dict[str, str] = {}
         tasks_path = _join(path, "tasks")
-        for i, raw_task in enumerate(self.list(obj.get("tasks", []), tasks_path)):
+        for i, raw_task in enumerate(self.as_list(obj.get("tasks", []), tasks_path)):
             task = self.task(raw_task, f"{tasks_path}[{i}]")
             if task.task_id in seen:
                 raise self.error(
@@ -306,7 +306,7 @@ class _Parser:
             retries = self.integer(obj["retries"], _join(path, "retries"), minimum=0)
         outlets: list[AssetRef] = []
         outlets_path = _join(path, "outlets")
-        for i, raw_ref in enumerate(self.list(obj.get("outlets", []), outlets_path)):
+        for i, raw_ref in enumerate(self.as_list(obj.get("outlets", []), outlets_path)):
             item_path = f"{outlets_path}[{i}]"
             try:
                 ref = conditions.parse_asset_ref(raw_ref, path=item_path)
@@ -317,7 +317,7 @@ class _Parser:
             outlets.append(ref)
         aliases: list[str] = []
         aliases_path = _join(path, "outlet_aliases")
-        for i, raw_name in enumerate(self.list(obj.get("outlet_aliases", []), aliases_path)):
+        for i, raw_name in enumerate(self.as_list(obj.get("outlet_aliases", []), aliases_path)):
             item_path = f"{aliases_path}[{i}]"
             name = self.string(raw_name, item_path, max_length=ASSET_KEY_MAX_LENGTH)
             if name in aliases:
@@ -325,7 +325,7 @@ class _Parser:
             aliases.append(name)
         upstream: list[str] = []
         upstream_path = _join(path, "upstream")
-        for i, raw_id in enumerate(self.list(obj.get("upstream", []), upstream_path)):
+        for i, raw_id in enumerate(self.as_list(obj.get("upstream", []), upstream_path)):
             item_path = f"{upstream_path}[{i}]"
             upstream_id = self.identifier(raw_id, item_path)
             if upstream_id in upstream:
@@ -555,14 +555,17 @@ def _check_trigger_cycles(dags: Sequence[DagDefinition], alias_assets: dict[str,
     for dag in dags:
         for task in dag.tasks:
             for ref in task.outlets:
-                for target in by_asset.get(ref.name, ()):
+                for consumer in by_asset.get(ref.name, ()):
                     feeds[dag.dag_id].append(
-                        (target.dag_id, f"{dag.dag_id}.{task.task_id} produces asset {ref.name!r}")
+                        (
+                            consumer.dag_id,
+                            f"{dag.dag_id}.{task.task_id} produces asset {ref.name!r}",
+                        )
                     )
             for alias in task.outlet_aliases:
-                for target in by_alias.get(alias, ()):
+                for consumer in by_alias.get(alias, ()):
                     feeds[dag.dag_id].append(
-                        (target.dag_id, f"{dag.dag_id}.{task.task_id} emits alias {alias!r}")
+                        (consumer.dag_id, f"{dag.dag_id}.{task.task_id} emits alias {alias!r}")
                     )
     by_id = {dag.dag_id: dag for dag in dags}
     finished: set[str] = set()
@@ -922,14 +925,14 @@ class _Sync:
         """Make the link rows of `model` within `scope` exactly `wanted` (tuples of `fields`)."""
         stored = {
             tuple(row[1:]): row[0]
-            for row in model.objects.filter(**scope).values_list("pk", *fields)
+            for row in model._default_manager.filter(**scope).values_list("pk", *fields)
         }
         stale = [pk for key, pk in stored.items() if key not in wanted]
         if stale:
-            model.objects.filter(pk__in=stale).delete()
+            model._default_manager.filter(pk__in=stale).delete()
         missing = sorted(key for key in wanted if key not in stored)
         if missing:
-            model.objects.bulk_create(
+            model._default_manager.bulk_create(
                 model(**dict(zip(fields, key, strict=True))) for key in missing
             )
         for key in [*missing, *(k for k in stored if k not in wanted)]:

@@ -71,7 +71,7 @@ def ensure_superuser(*, username: str, password: str | None) -> AdminLogin | Non
         return None
     generated = password is None
     if exposed():
-        if generated:
+        if password is None:
             raise _refuse(
                 f"HOST is {settings.BIND_HOST!r} (not loopback): set ADMIN_PASSWORD for the "
                 "first superuser"

@@ -22,6 +22,7 @@ deeper value as a note, so the page still renders.
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from . import exceptions
@@ -44,6 +45,7 @@ def too_deep_path(value: Any, *, limit: int = MAX_JSON_DEPTH) -> str | None:
     stack: list[tuple[Any, int, str]] = [(value, 1, "")]
     while stack:
         node, depth, path = stack.pop()
+        items: Iterable[tuple[Any, Any]]
         if isinstance(node, dict):
             items = node.items()
         elif isinstance(node, list):

@@ -137,8 +137,10 @@ def claim_dags_for_scheduling(dag_ids: Sequence[str]) -> dict[str, tuple[bool, o
     {dag_id: (is_paused, schedule, max_active_runs, schedule_error)} of the rows locked; a Dag
     missing from it is held by another scheduler (or gone)."""
     return {
-        dag_id: rest
-        for dag_id, *rest in _dag_claim_queryset(dag_ids)
+        dag_id: (is_paused, schedule, max_active_runs, schedule_error)
+        for dag_id, is_paused, schedule, max_active_runs, schedule_error in _dag_claim_queryset(
+            dag_ids
+        )
         .order_by("dag_id")
         .values_list("dag_id", "is_paused", "schedule", "max_active_runs", "schedule_error")
     }

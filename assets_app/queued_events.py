@@ -80,6 +80,7 @@ def clear_queued_events(
     before = as_utc(before, field="before")
     with transaction.atomic(durable=True):
         if dag_id is None:
+            assert asset_id is not None  # checked above
             rows = locks.lock_asset_queue_rows(asset_id)
         else:
             rows = locks.lock_dag_queue_rows(

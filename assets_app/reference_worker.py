@@ -28,7 +28,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 import requests
 
@@ -49,6 +49,14 @@ def retry_after_seconds(response: requests.Response) -> float:
 
 class TaskAbandoned(Exception):
     """The server says this TI is no longer ours to run."""
+
+
+class Output(Protocol):
+    """Where the worker's log lines go: a text stream or a management command's stdout."""
+
+    def write(self, text: str, /) -> Any: ...
+
+    def flush(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,7 @@ def _now() -> str:
 
 
 class ReferenceWorker:
-    def __init__(self, config: WorkerConfig, *, out: TextIO) -> None:
+    def __init__(self, config: WorkerConfig, *, out: Output) -> None:
         self.config = config
         self.out = out
         self.stats = WorkerStats()

@@ -263,11 +263,18 @@ def _insert_rows(
     if not rows:
         return
     meta = model._meta
-    _insert_prepared(meta, [meta.get_field(name) for name in names], rows)
+    fields = [meta.get_field(name) for name in names]
+    _insert_prepared(meta, [f for f in fields if isinstance(f, models.Field)], rows)
 
 
 # Rows per INSERT at most: PostgreSQL takes up to 65,535 parameters in one statement.
 MAX_INSERT_PARAMETERS = 65_535
+
+
+def column_name(field: models.Field) -> str:
+    if field.column is None:  # only concrete fields have a column
+        raise ValueError(f"{field!r} has no column")
+    return field.column
 
 
 def _insert_prepared(
@@ -277,7 +284,8 @@ def _insert_prepared(
     (PostgreSQL returns the rows of a multi-row VALUES insert in order, as `bulk_create` relies
     on)."""
     quote = connection.ops.quote_name
-    head = f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+    columns = ", ".join(quote(column_name(f)) for f in fields)
+    head = f"INSERT INTO {quote(meta.db_table)} ({columns}) "
     placeholders = ["%s"] * len(fields)
     batch = max(
         min(connection.ops.bulk_batch_size(fields, rows), MAX_INSERT_PARAMETERS // len(fields)), 1
@@ -286,9 +294,11 @@ def _insert_prepared(
     with connection.cursor() as cursor:
         for start in range(0, len(rows), batch):
             chunk = rows[start : start + batch]
-            sql = head + connection.ops.bulk_insert_sql(fields, [placeholders] * len(chunk))
+            # django-stubs types the placeholder rows as list[str]; Django takes a list per row.
+            rows_sql = [placeholders] * len(chunk)
+            sql = head + connection.ops.bulk_insert_sql(fields, rows_sql)  # type: ignore[arg-type]
             if returning_pk:
-                returning, _ = connection.ops.return_insert_columns([meta.pk])
+                returning = f"RETURNING {quote(column_name(meta.pk))}"
                 cursor.execute(f"{sql} {returning}", [v for row in chunk for v in row])
                 pks += [row[0] for row in cursor.fetchall()]
             else:

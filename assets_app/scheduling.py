@@ -20,6 +20,7 @@ failure stays with the Dag at fault. A database error still fails the pass, as i
 every Dag after it.
 """
 
+import functools
 import json
 import logging
 import time
@@ -288,7 +289,7 @@ def _evaluate(
     a Dag that evaluates clears its recorded error."""
     conditions_by_dag: dict[str, tuple[conditions.Condition, set[str]]] = {}
     for dag_id in rows_by_dag:
-        step = _isolated(dag_id, lambda schedule=ready[dag_id][0]: _parse(parsed, schedule))
+        step = _isolated(dag_id, functools.partial(_parse, parsed, ready[dag_id][0]))
         if step is _FAILED:
             outcome.failed.append(dag_id)
         else:
@@ -305,8 +306,8 @@ def _evaluate(
         present = {name for _, _, _, name in rows_by_dag[dag_id]}
         result = _isolated(
             dag_id,
-            lambda condition=condition, present=present: conditions.evaluate(
-                condition, present=present, alias_assets=alias_assets
+            functools.partial(
+                conditions.evaluate, condition, present=present, alias_assets=alias_assets
             ),
         )
         if result is _FAILED:
@@ -335,7 +336,7 @@ def _delete_queue_rows(ids: Sequence[int]) -> None:
     quote, meta = connection.ops.quote_name, AssetDagRunQueue._meta
     with connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {quote(meta.db_table)} WHERE {quote(meta.pk.column)}"
+            f"DELETE FROM {quote(meta.db_table)} WHERE {quote(runs.column_name(meta.pk))}"
             f" IN ({', '.join(['%s'] * len(ids))})",
             list(ids),
         )

@@ -13,7 +13,7 @@ from . import exceptions
 from .models import DagRun, TaskInstance, XCom
 
 
-def _address(dag_id: str, run_id: str, task_id: str, key: str) -> dict[str, str]:
+def _address(dag_id: str, run_id: str, task_id: str, key: str) -> dict[str, Any]:
     return {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "key": key}
 
 

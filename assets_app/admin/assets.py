@@ -64,7 +64,8 @@ class AssetAdmin(ReadOnlyAdmin):
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         # Django wraps this view in atomic(); the change goes through a domain function with its
         # own durable transaction (and audit entry) instead.
-        return self._changeform_view(request, object_id, form_url, extra_context)
+        # Django's changeform_view is atomic() around this private method (no public hook).
+        return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
 
     def save_model(self, request, obj, form, change):
         if change and "uri" in form.changed_data:

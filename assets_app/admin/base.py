@@ -112,7 +112,7 @@ def count_of(model: type[Model], fk: str, **filters: Any) -> Coalesce:
     query for its rows however large the related tables are.
     """
     counted = (
-        model.objects.filter(**{fk: OuterRef("pk")}, **filters)
+        model._default_manager.filter(**{fk: OuterRef("pk")}, **filters)
         .order_by()
         .values(fk)
         .annotate(n=Count("pk"))
@@ -123,8 +123,11 @@ def count_of(model: type[Model], fk: str, **filters: Any) -> Coalesce:
 
 def admin_link(obj: Model | None, text: Any = None, *, pk: Any = None, model=None) -> str:
     """A link to an object's admin change page (by instance, or by model and pk)."""
+    if pk is None:
+        if obj is None:
+            raise ValueError("admin_link needs an object or a pk")
+        pk = obj.pk
     model = model or type(obj)
-    pk = pk if pk is not None else obj.pk
     opts = model._meta
     url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
     return format_html('<a href="{}">{}</a>', url, obj if text is None else text)

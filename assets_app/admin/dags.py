@@ -1,6 +1,7 @@
 """Dags and tasks: schedule (with what is already satisfied), queued events with "clear", runs."""
 
 import json
+from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -450,14 +451,13 @@ class DagAdmin(admin.ModelAdmin):
 def queued_events_context(dag: Dag) -> dict:
     """What the queued-events page shows. Five queries whatever the number of rows."""
     now = timezone.now()
-    by_asset = list(
-        AssetDagRunQueue.objects.filter(target_dag=dag)
+    by_asset: list[dict[str, Any]] = [
+        {**group, "oldest_age": duration(now - group["oldest"])}
+        for group in AssetDagRunQueue.objects.filter(target_dag=dag)
         .values("asset_id", "asset__name", "asset__uri")
         .annotate(n=Count("id"), oldest=Min("created_at"), newest=Max("created_at"))
         .order_by("asset__name")
-    )
-    for group in by_asset:
-        group["oldest_age"] = duration(now - group["oldest"])
+    ]
     rows = (
         AssetDagRunQueue.objects.filter(target_dag=dag)
         .select_related("asset", "asset_event")

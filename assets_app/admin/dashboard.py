@@ -1,6 +1,8 @@
 """The operator dashboard (an admin view) and the read-only metric tables behind it."""
 
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 from django.contrib import admin
 from django.db.models import Count, Min
@@ -103,19 +105,18 @@ def dashboard_view(request):
     labels = [f"{a.minute:%H:%M}" for a in activity]
     health = observability.component_health(now=now)
     latency = observability.latency_histograms()
-    waiting = list(
-        AssetDagRunQueue.objects.values("target_dag_id")
+    waiting: list[dict[str, Any]] = [
+        {**row, "oldest_age": duration(now - row["oldest"])}
+        for row in AssetDagRunQueue.objects.values("target_dag_id")
         .annotate(n=Count("id"), oldest=Min("created_at"))
         .order_by("-n", "target_dag_id")[:TOP_WAITING_DAGS]
-    )
-    for row in waiting:
-        row["oldest_age"] = duration(now - row["oldest"])
+    ]
     context = {
         **admin.site.each_context(request),
         "title": "Dashboard",
         "now": now,
         "gauges": gauges,
-        "oldest_age": duration(timezone.timedelta(seconds=gauges.oldest_pending_age_seconds))
+        "oldest_age": duration(timedelta(seconds=gauges.oldest_pending_age_seconds))
         if gauges.depth
         else "-",
         "events_chart": bar_chart([a.events for a in activity], labels),

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from django.contrib import admin, messages
@@ -109,13 +110,12 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
     duration. Three queries whatever the number of runs, tasks and TIs; tasks that are gone
     from the definition but have TIs in these runs are listed last."""
     now = timezone.now()
-    recent = list(
-        DagRun.objects.filter(dag=dag)
+    recent: list[dict[str, Any]] = [
+        {**run, "duration": run_duration(run["start_date"], run["end_date"], now=now)}
+        for run in DagRun.objects.filter(dag=dag)
         .order_by("-id")
         .values("id", "run_id", "run_type", "state", "run_after", "start_date", "end_date")[:runs]
-    )[::-1]
-    for run in recent:
-        run["duration"] = run_duration(run["start_date"], run["end_date"], now=now)
+    ][::-1]
     task_ids = list(
         Task.objects.filter(dag=dag).order_by("task_id").values_list("task_id", flat=True)
     )
@@ -123,8 +123,8 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
     for ti in TaskInstance.objects.filter(dag_run_id__in=[r["id"] for r in recent]).values(
         "id", "dag_run_id", "task_id", "map_index", "state", "try_number", "start_date", "end_date"
     ):
-        ti["duration"] = run_duration(ti["start_date"], ti["end_date"], now=now)
-        cells.setdefault((ti["task_id"], ti["dag_run_id"]), []).append(ti)
+        cell = {**ti, "duration": run_duration(ti["start_date"], ti["end_date"], now=now)}
+        cells.setdefault((ti["task_id"], ti["dag_run_id"]), []).append(cell)
     gone = sorted({task_id for task_id, _ in cells} - set(task_ids))
     ti_url = reverse("admin:assets_app_taskinstance_change", args=["__pk__"])
     rows = []

@@ -50,7 +50,8 @@ class ConnectionAdmin(admin.ModelAdmin):
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         # Without the admin's own atomic(): saving is `variables`' durable transaction.
-        return self._changeform_view(request, object_id, form_url, extra_context)
+        # Django's changeform_view is atomic() around this private method (no public hook).
+        return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
 
     def get_fields(self, request, obj=None):
         fields = [*ConnectionForm.Meta.fields, "new_password", "clear_password", "new_extra"]

@@ -77,6 +77,12 @@ def decode_token(token: str) -> dict[str, Any]:
     return claims
 
 
+def claims_of(request: HttpRequest) -> dict[str, Any]:
+    """The verified token claims of a worker request (ninja sets `request.auth` to what
+    `task_token` returned)."""
+    return request.auth  # type: ignore[attr-defined]
+
+
 def try_of(claims: dict[str, Any]) -> int:
     """The try number a decoded task token was issued for."""
     return claims[TRY_CLAIM]

@@ -22,6 +22,7 @@ through `DatabaseUnavailableMiddleware` and the 500 handler (`assets_app/views.p
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -108,7 +109,7 @@ def _not_found(request: HttpRequest, exc: Exception) -> HttpResponse:
     return error_response(404, "not_found", str(exc) or "not found")
 
 
-def _bad_json(request: HttpRequest, exc: Exception) -> HttpResponse:
+def _bad_json(request: HttpRequest, exc: BaseException) -> HttpResponse:
     return error_response(400, "invalid_json", f"request body is not valid JSON: {exc}")
 
 
@@ -141,12 +142,16 @@ def _database_error(request: HttpRequest, exc: Exception) -> HttpResponse:
 
 def install(api: NinjaAPI) -> None:
     """Register the handlers on a NinjaAPI instance."""
-    api.add_exception_handler(DjangoDatabaseError, _database_error)
-    api.add_exception_handler(exceptions.DomainError, _domain_error)
-    api.add_exception_handler(ValidationError, _validation_error)
-    api.add_exception_handler(HttpError, _http_error)
-    api.add_exception_handler(Http404, _not_found)
-    api.add_exception_handler(json.JSONDecodeError, _bad_json)
+    handlers: list[tuple[type[Exception], Callable[..., HttpResponse]]] = [
+        (DjangoDatabaseError, _database_error),
+        (exceptions.DomainError, _domain_error),
+        (ValidationError, _validation_error),
+        (HttpError, _http_error),
+        (Http404, _not_found),
+        (json.JSONDecodeError, _bad_json),
+    ]
+    for exc_class, handler in handlers:
+        api.add_exception_handler(exc_class, handler)
 
 
 def json_fallback(request: HttpRequest, response: HttpResponse) -> HttpResponse:

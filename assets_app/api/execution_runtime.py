@@ -239,7 +239,7 @@ def dag_run_trigger(
     request: HttpRequest, dag_id: str, run_id: str, payload: rs.TriggerDAGRunPayload
 ):
     task_runtime.trigger_from_task(
-        ti_id=UUID(request.auth["sub"]),
+        ti_id=UUID(auth.claims_of(request)["sub"]),
         dag_id=dag_id,
         run_id=run_id,
         conf=payload.conf,

@@ -33,6 +33,7 @@ from assets_app.models import (
     DagRunTriggeredBy,
 )
 
+from . import public_auth
 from .public_auth import caller_scope, public_api_auth
 from .public_permissions import needs
 from .public_schemas import (
@@ -63,7 +64,7 @@ router = Router(tags=["public"], auth=public_api_auth())
 
 def actor_of(request: HttpRequest) -> audit.Actor:
     """The authenticated user (token owner or staff session) as the audit trail's actor."""
-    return audit.Actor.from_user(request.auth, via="api")
+    return audit.Actor.from_user(public_auth.user_of(request), via="api")
 
 
 # The Airflow version whose public API this one answers as (`GET /version`).
@@ -203,7 +204,7 @@ def materialize_asset(
     run = run_writes.materialize_asset(
         asset_id=asset_id,
         conf=body.conf,
-        triggering_user_name=request.auth.get_username(),
+        triggering_user_name=public_auth.user_of(request).get_username(),
         triggered_by=DagRunTriggeredBy.REST_API,
         run_id=body.dag_run_id,
         run_after=body.run_after,

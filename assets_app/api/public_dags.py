@@ -16,6 +16,7 @@ from ninja import Field, Query, Router, Schema
 from assets_app import asset_events, dags, exceptions, run_reads, runs
 from assets_app.models import Dag, DagRun, DagRunTriggeredBy, TaskInstance
 
+from . import public_auth
 from .public import Page, actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
@@ -339,7 +340,7 @@ def trigger_dag_run(request: HttpRequest, dag_id: str, body: TriggerDagRunBody) 
     run = runs.trigger_dag(
         dag_id=dag_id,
         conf=body.conf,
-        triggering_user_name=request.auth.get_username(),
+        triggering_user_name=public_auth.user_of(request).get_username(),
         triggered_by=DagRunTriggeredBy.REST_API,
         run_id=body.dag_run_id,
         run_after=body.run_after,

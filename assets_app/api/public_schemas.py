@@ -164,7 +164,9 @@ class AssetResponse(Schema):
             aliases=[AssetAliasResponse.from_alias(alias) for alias in asset.aliases.all()],
             watchers=[],
             last_asset_event=LastAssetEventResponse(
-                id=asset.last_event_id, timestamp=asset.last_event_timestamp
+                # annotated by asset_events._with_last_event
+                id=asset.last_event_id,  # type: ignore[attr-defined]
+                timestamp=asset.last_event_timestamp,  # type: ignore[attr-defined]
             ),
         )
 
@@ -425,7 +427,7 @@ class DAGDetailsResponse(DAGResponse):
             rerun_with_latest_version=None,
             owner_links={},
             is_favorite=False,
-            active_runs_count=dag.active_runs_count or 0,
+            active_runs_count=dag.active_runs_count or 0,  # type: ignore[attr-defined]  # (annotated)
             concurrency=AIRFLOW_MAX_ACTIVE_TASKS,
             latest_dag_version=None,
         )

@@ -66,7 +66,7 @@ class ConnectionResponse(ResponseBody):
             conn_id=c.conn_id,
             conn_type=c.conn_type,
             host=c.host,
-            schema=c.schema,
+            schema=c.schema,  # type: ignore[call-arg]  # (the alias: `schema` is BaseModel's)
             login=c.login,
             password=found.password,
             port=c.port,

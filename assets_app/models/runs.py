@@ -78,7 +78,7 @@ class DagRun(models.Model):
     triggering_user_name = models.CharField(max_length=150, null=True, blank=True)
     note = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    consumed_events = models.ManyToManyField(
+    consumed_events: models.ManyToManyField = models.ManyToManyField(
         "AssetEvent", through="DagRunAssetEvent", related_name="consuming_runs", blank=True
     )
 

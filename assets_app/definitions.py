@@ -44,9 +44,10 @@ operator's explicit act (the admin), never a side effect of syncing a subset of 
 
 from __future__ import annotations
 
+import graphlib
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,32 +384,28 @@ class _Parser:
                         f"{_join(task.path, 'upstream')}[{i}]",
                         f"unknown upstream task {upstream_id!r} (dag {dag_id!r} has no such task)",
                     )
-        # Iterative depth-first search over "runs after"; a back edge is a cycle.
-        state: dict[str, int] = {}  # 1 on the stack, 2 done
-        for start in by_id:
-            if start in state:
-                continue
-            stack: list[tuple[str, Iterator[str]]] = [(start, iter(by_id[start].upstream))]
-            state[start] = 1
-            while stack:
-                node, edges = stack[-1]
-                for nxt in edges:
-                    if state.get(nxt) == 1:
-                        path = [n for n, _ in stack]
-                        cycle = [*path[path.index(nxt) :], nxt]
-                        raise self.error(
-                            _join(by_id[nxt].path, "upstream"),
-                            f"the tasks of dag {dag_id!r} form a cycle: "
-                            + " -> ".join(reversed(cycle))
-                            + " (each runs after the one before it)",
-                        )
-                    if nxt not in state:
-                        state[nxt] = 1
-                        stack.append((nxt, iter(by_id[nxt].upstream)))
-                        break
-                else:
-                    state[node] = 2
-                    stack.pop()
+        order = {task.task_id: i for i, task in enumerate(tasks)}
+        cycle = _cycle({task.task_id: task.upstream for task in tasks}, order)
+        if cycle:
+            raise self.error(
+                _join(by_id[cycle[0]].path, "upstream"),
+                f"the tasks of dag {dag_id!r} form a cycle: "
+                + " -> ".join([*cycle, cycle[0]])
+                + " (each runs after the one before it)",
+            )
+
+
+def _cycle(predecessors: Mapping[str, Iterable[str]], order: Mapping[str, int]) -> list[str]:
+    """A cycle of the graph (`predecessors[n]`: the nodes with an edge into n), as its nodes in
+    edge order starting from the one first in `order` (so the message is the same every time);
+    [] when there is none. The standard library finds it (`graphlib`)."""
+    try:
+        graphlib.TopologicalSorter(predecessors).prepare()
+    except graphlib.CycleError as exc:
+        found: list[str] = exc.args[1][:-1]  # [a, b, ..., a]: each an edge into the next
+        first = min(range(len(found)), key=lambda i: order[found[i]])
+        return found[first:] + found[:first]
+    return []
 
 
 def _type(value: Any) -> str:
@@ -567,37 +564,22 @@ def _check_trigger_cycles(dags: Sequence[DagDefinition], alias_assets: dict[str,
                     feeds[dag.dag_id].append(
                         (consumer.dag_id, f"{dag.dag_id}.{task.task_id} emits alias {alias!r}")
                     )
-    by_id = {dag.dag_id: dag for dag in dags}
-    finished: set[str] = set()
-    for start in feeds:
-        if start in finished:
-            continue
-        # Iterative depth-first search; whys[i] is the edge from stack[i] to stack[i + 1].
-        stack: list[tuple[str, Iterator[tuple[str, str]]]] = [(start, iter(feeds[start]))]
-        on_stack = {start}
-        whys: list[str] = []
-        while stack:
-            node, edges = stack[-1]
-            for target, why in edges:
-                if target in on_stack:
-                    first = [n for n, _ in stack].index(target)
-                    dag = by_id[target]
-                    raise DefinitionError(
-                        dag.file,
-                        _join(dag.path, "schedule"),
-                        f"dag {target!r} would trigger itself: " + "; ".join([*whys[first:], why]),
-                    )
-                if target not in finished:
-                    stack.append((target, iter(feeds[target])))
-                    on_stack.add(target)
-                    whys.append(why)
-                    break
-            else:
-                stack.pop()
-                on_stack.discard(node)
-                finished.add(node)
-                if whys:
-                    whys.pop()
+    triggered_by: dict[str, set[str]] = {dag_id: set() for dag_id in feeds}
+    for source, edges in feeds.items():
+        for target, _ in edges:
+            triggered_by[target].add(source)
+    cycle = _cycle(triggered_by, {dag.dag_id: i for i, dag in enumerate(dags)})
+    if cycle:
+        whys = [
+            next(why for target, why in feeds[source] if target == cycle[(i + 1) % len(cycle)])
+            for i, source in enumerate(cycle)
+        ]
+        dag = next(dag for dag in dags if dag.dag_id == cycle[0])
+        raise DefinitionError(
+            dag.file,
+            _join(dag.path, "schedule"),
+            f"dag {cycle[0]!r} would trigger itself: " + "; ".join(whys),
+        )
 
 
 # --- sync ----------------------------------------------------------------------------------

@@ -38,15 +38,16 @@ import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Exists, OuterRef, Q, Subquery, TextField, Value, When
+from django.db.models import Case, Exists, OuterRef, Q, Subquery, TextField, Value, When, sql
 from django.db.models.functions import Cast
+from django.db.models.sql.constants import ROW_COUNT
 from django.utils import timezone
 
 from . import dependencies, exceptions, locks, outbox, xcoms
@@ -164,6 +165,65 @@ def _mark_run_running(dag_run_id: int, *, now: datetime) -> None:
     )
 
 
+def _finish_run_update(dag_run_id: int, *, now: datetime) -> sql.UpdateQuery:
+    """The conditional UPDATE of `finish_run_if_done`, built (not run) through the ORM."""
+    tis = TaskInstance.objects.filter(dag_run_id=OuterRef("pk"))
+    has_downstream = TaskUpstream.objects.filter(
+        upstream__dag_id=OuterRef("dag_id"), upstream__task_id=OuterRef("task_id")
+    )
+    failing_leaf = tis.filter(state__in=_RUN_FAILING_STATES).filter(~Exists(has_downstream))
+    runs = DagRun.objects.filter(
+        id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING)
+    ).filter(~Exists(tis.filter(state__in=TI_UNFINISHED_STATES)))
+    query = runs.query.chain(sql.UpdateQuery)
+    query.add_update_values(
+        {
+            "state": Case(
+                When(Exists(failing_leaf), then=Value(DagRunState.FAILED)),
+                default=Value(DagRunState.SUCCESS),
+            ),
+            "end_date": now,
+        }
+    )
+    query.clear_select_clause()
+    return query
+
+
+# A run id and a time no call passes: they stand for the real ones in the statement compiled once.
+_ANY_RUN = -(2**62)
+_ANY_TIME = datetime(1, 1, 1, 0, 0, 1, tzinfo=UTC)
+
+
+@functools.cache
+def _finish_run_sql() -> tuple[str, tuple[Any, ...], tuple[int, ...], tuple[int, ...]]:
+    """`_finish_run_update` compiled once per process (building its two `Exists` and the `Case`
+    cost ~3.5 ms of CPU on every finish, half of a success's): the SQL, its parameters and the
+    positions of the run id and of the time in them."""
+    query = _finish_run_update(_ANY_RUN, now=_ANY_TIME)
+    text, params = query.get_compiler(using=connection.alias).as_sql()
+    run_slots = tuple(i for i, p in enumerate(params) if type(p) is int and p == _ANY_RUN)
+    time_slots = tuple(
+        i for i, p in enumerate(params) if isinstance(p, datetime) and p == _ANY_TIME
+    )
+    assert len(run_slots) == 1 and len(time_slots) == 1, "placeholders not found in the UPDATE"
+    return text, tuple(params), run_slots, time_slots
+
+
+def _run_finish_update(dag_run_id: int, *, now: datetime) -> int:
+    if connection.vendor != "postgresql":
+        query = _finish_run_update(dag_run_id, now=now)
+        return query.get_compiler(using=connection.alias).execute_sql(ROW_COUNT)
+    text, template, run_slots, time_slots = _finish_run_sql()
+    params = list(template)
+    for slot in run_slots:
+        params[slot] = dag_run_id
+    for slot in time_slots:
+        params[slot] = now
+    with connection.cursor() as cursor:
+        cursor.execute(text, params)
+        return cursor.rowcount
+
+
 def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
     """One conditional UPDATE: success/failed once no TI of the run is unfinished. Failed when a
     leaf TI (its task has no downstream task; Airflow's `DagRun.update_state` looks at leaves)
@@ -172,22 +232,7 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
     A run that finishes frees a `max_active_runs` slot, so if its Dag has queued events waiting
     the scheduler is nudged (after commit) instead of leaving them to the one-minute sweep.
     """
-    tis = TaskInstance.objects.filter(dag_run_id=OuterRef("pk"))
-    has_downstream = TaskUpstream.objects.filter(
-        upstream__dag_id=OuterRef("dag_id"), upstream__task_id=OuterRef("task_id")
-    )
-    failing_leaf = tis.filter(state__in=_RUN_FAILING_STATES).filter(~Exists(has_downstream))
-    finished = (
-        DagRun.objects.filter(id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING))
-        .filter(~Exists(tis.filter(state__in=TI_UNFINISHED_STATES)))
-        .update(
-            state=Case(
-                When(Exists(failing_leaf), then=Value(DagRunState.FAILED)),
-                default=Value(DagRunState.SUCCESS),
-            ),
-            end_date=now,
-        )
-    )
+    finished = _run_finish_update(dag_run_id, now=now)
     if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():
         from . import tasks  # django_q is imported only where a nudge is sent
 

@@ -55,6 +55,10 @@ logger = logging.getLogger(__name__)
 ATTEMPT_HISTORY_KEPT = 50
 
 
+def _iso(moment: datetime | None) -> str:
+    return moment.isoformat() if moment is not None else "an unknown time"
+
+
 def build_payload(
     *,
     ti: TaskInstance,
@@ -390,7 +394,7 @@ def _claim(*, limit: int, outlet_budget: int) -> _Claim:
         parked = 0
         for row in abandoned:
             error = DrainDied(
-                f"the drain registering this row (claimed at {row.claimed_at.isoformat()}) "
+                f"the drain registering this row (claimed at {_iso(row.claimed_at)}) "
                 "died before its transaction ended: task timeout, killed process or lost "
                 "database connection"
             )
@@ -797,8 +801,8 @@ def queue_status() -> QueueStatus:
     """Read-only snapshot of the outbox and ADRQ backlog: the totals are the /metrics gauges
     (`observability.queue_gauges`), plus two grouped queries per Dag. No locks."""
     gauges = observability.queue_gauges()
-    per_source = {
-        row["source_dag_id"]: row
+    per_source: dict[str, dict[str, int]] = {
+        row["source_dag_id"]: {"pending": row["pending"], "parked": row["parked"]}
         for row in AssetEventQueue.objects.order_by()
         .values("source_dag_id")
         .annotate(

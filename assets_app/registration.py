@@ -32,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -56,7 +56,12 @@ AssetKey = tuple[str, str]  # (name, uri)
 logger = logging.getLogger(__name__)
 # Outlet types that refer to an existing asset by one of its keys.
 REFERENCE_TYPES = {"AssetNameRef": "name", "AssetUriRef": "uri"}
-K = TypeVar("K")
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
+
+K = TypeVar("K", bound="SupportsRichComparison")
+# (source TI, its try, asset, ordinal): an event's identity; external events have no source TI.
+EventKey = tuple[UUID | None, int | None, int, int]
 
 
 def in_lock_order(keys: Iterable[K]) -> list[K]:
@@ -314,7 +319,7 @@ def _insert_events(
     rows: list[tuple[Any, ...]],
     *,
     now: datetime,
-) -> dict[tuple[UUID, int, int, int], int]:
+) -> dict[EventKey, int]:
     """Insert events from (asset_id, extra JSON text, dag_id, run_id, task_id, map_index, ti_id,
     try_number, ordinal) rows, skipping those whose idempotency key exists; returns
     {idempotency key: id} for the rows actually inserted.
@@ -345,13 +350,11 @@ def _insert_events(
         return {(ti, tn, asset, ordinal): pk for pk, ti, tn, asset, ordinal in cursor.fetchall()}
 
 
-def _event_key(event: AssetEvent) -> tuple[UUID, int, int, int]:
+def _event_key(event: AssetEvent) -> EventKey:
     return (event.source_ti_id, event.source_try_number, event.asset_id, event.source_ordinal)
 
 
-def _insert_events_portable(
-    rows: list[tuple[Any, ...]], *, now: datetime
-) -> dict[tuple[UUID, int, int, int], int]:
+def _insert_events_portable(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventKey, int]:
     existing = {
         (ti, tn, asset, ordinal)
         for ti, tn, asset, ordinal in AssetEvent.objects.filter(
@@ -416,12 +419,14 @@ def _resolve_references(payloads: Sequence[dict[str, Any]]) -> Sequence[dict[str
     wanted: dict[str, set[str]] = {"name": set(), "uri": set()}
     for payload in payloads:
         for outlet in (payload.get("outlets") or []) if isinstance(payload, dict) else []:
-            field = REFERENCE_TYPES.get(outlet.get("type")) if isinstance(outlet, dict) else None
+            field = (
+                REFERENCE_TYPES.get(str(outlet.get("type"))) if isinstance(outlet, dict) else None
+            )
             if field and isinstance(outlet.get(field), str):
                 wanted[field].add(outlet[field])
     if not wanted["name"] and not wanted["uri"]:
         return payloads
-    found = {"name": {}, "uri": {}}
+    found: dict[str, dict[str, tuple[str, str]]] = {"name": {}, "uri": {}}
     for name, uri in Asset.objects.filter(
         Q(name__in=wanted["name"]) | Q(uri__in=wanted["uri"])
     ).values_list("name", "uri"):
@@ -436,7 +441,9 @@ def _resolve_references(payloads: Sequence[dict[str, Any]]) -> Sequence[dict[str
             continue
         new_outlets = []
         for outlet in outlets:
-            field = REFERENCE_TYPES.get(outlet.get("type")) if isinstance(outlet, dict) else None
+            field = (
+                REFERENCE_TYPES.get(str(outlet.get("type"))) if isinstance(outlet, dict) else None
+            )
             if field is None:
                 new_outlets.append(outlet)
             elif (key := found[field].get(outlet.get(field))) is not None:
@@ -490,7 +497,7 @@ def register_payloads(
                 ignore_conflicts=True,
             )
 
-        def key_of(e: _Emission) -> tuple[UUID, int, int, int]:
+        def key_of(e: _Emission) -> EventKey:
             source = plan.sources[e.payload_index]
             return (source["ti_id"], source["try_number"], asset_ids[e.key], e.ordinal)
 
@@ -511,7 +518,7 @@ def register_payloads(
                 )
             )
         inserted = _insert_events(rows, now=now)
-        existing: dict[tuple[UUID, int, int, int], int] = {}
+        existing: dict[EventKey, int] = {}
         if len(inserted) < len(plan.emissions):
             # Some events were registered before (a replay): read their ids.
             ti_ids = {s["ti_id"] for s in plan.sources}
@@ -621,7 +628,7 @@ def _insert_external_event(
     )
     if connection.vendor != "postgresql":
         # Writers are serialized on the other databases we run on (SQLite): check, then insert.
-        if key is not None and _event_of_key(idempotency) is not None:
+        if idempotency is not None and _event_of_key(idempotency) is not None:
             return None
         event = AssetEvent.objects.create(
             asset_id=asset_id,

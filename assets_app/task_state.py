@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from django.conf import settings
@@ -175,7 +175,7 @@ def _finish_run_update(dag_run_id: int, *, now: datetime) -> sql.UpdateQuery:
     runs = DagRun.objects.filter(
         id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING)
     ).filter(~Exists(tis.filter(state__in=TI_UNFINISHED_STATES)))
-    query = runs.query.chain(sql.UpdateQuery)
+    query = cast(sql.UpdateQuery, runs.query.chain(sql.UpdateQuery))
     query.add_update_values(
         {
             "state": Case(

@@ -5,6 +5,7 @@ the `Airflow-API-Version` request header is accepted and ignored. A path id that
 a 422 (`validation_error`), like any other invalid parameter.
 """
 
+from typing import Any, cast
 from uuid import UUID
 
 from django.http import HttpRequest, HttpResponse
@@ -29,7 +30,7 @@ def ti_run(
 ):
     context = task_state.start(
         ti_id=task_instance_id,
-        try_number=auth.try_of(request.auth),
+        try_number=auth.try_of(auth.claims_of(request)),
         hostname=payload.hostname,
         unixname=payload.unixname,
         pid=payload.pid,
@@ -50,13 +51,14 @@ def ti_update_state(
     task_instance_id: UUID,
     payload: Body[schemas.TIStateUpdate],
 ):
-    try_number = auth.try_of(request.auth)
+    try_number = auth.try_of(auth.claims_of(request))
     if isinstance(payload, schemas.TISuccessStatePayload):
         change = task_state.succeed(
             ti_id=task_instance_id,
             try_number=try_number,
             end_date=payload.end_date,
-            task_outlets=list(payload.task_outlets or ()),
+            # AssetProfile TypedDicts: plain dicts at run time, stored as they came.
+            task_outlets=cast(list[dict[str, Any]], payload.task_outlets or []),
             outlet_events=list(payload.outlet_events or ()),
         )
     elif isinstance(payload, schemas.TIReschedulePayload):
@@ -85,7 +87,7 @@ def ti_update_state(
 
 @router.put(f"{TI_PATH}/heartbeat", auth=auth.task_token)
 def ti_heartbeat(request: HttpRequest, task_instance_id: UUID, payload: schemas.TIHeartbeatInfo):
-    try_number = auth.try_of(request.auth)
+    try_number = auth.try_of(auth.claims_of(request))
     task_state.heartbeat(
         ti_id=task_instance_id, try_number=try_number, hostname=payload.hostname, pid=payload.pid
     )
@@ -102,7 +104,7 @@ def ti_skip_downstream(
 ):
     tasks = [(t, -1) if isinstance(t, str) else (t[0], t[1]) for t in payload.tasks]
     task_state.skip_downstream(
-        ti_id=task_instance_id, try_number=auth.try_of(request.auth), tasks=tasks
+        ti_id=task_instance_id, try_number=auth.try_of(auth.claims_of(request)), tasks=tasks
     )
     return HttpResponse(status=204)
 

@@ -43,7 +43,7 @@ def _playwright():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        missing = "the playwright package is not installed (pip install -r requirements.txt)"
+        missing = "the playwright package is not installed (pip install -r requirements-dev.lock)"
         sync_playwright = None
     if missing is None and not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
         missing = f"{CHROMIUM} is missing (apt-get install -y chromium)"

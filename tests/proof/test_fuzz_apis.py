@@ -33,7 +33,9 @@ from .conftest import app_table_counts, figure, make_running_tis, make_scheduled
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-EXAMPLES = 25
+# 15 per operation and mode: the two fuzz runs take about 63 s together (25 took 91 s), for the
+# suite's 15-minute budget; derandomized, so a run is repeatable.
+EXAMPLES = 15
 FUZZ_SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -40,6 +40,19 @@ def channel_for(list_key: str) -> str:
     return (_CHANNEL_PREFIX + list_key)[:63]
 
 
+def listen(list_key: str) -> Any:
+    """A new psycopg connection (autocommit, Django's settings for the broker's database) that
+    LISTENs on `list_key`'s channel."""
+    import psycopg
+
+    params = connections[Conf.ORM].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    conn = psycopg.connect(**params, autocommit=True)
+    conn.execute(f'LISTEN "{channel_for(list_key)}"')
+    return conn
+
+
 class ListeningORM(ORM):
     """ORM broker: NOTIFY on enqueue, LISTEN (bounded) instead of sleeping on an empty queue."""
 
@@ -87,13 +100,7 @@ class ListeningORM(ORM):
             return listener
         self._listener = None
         try:
-            import psycopg
-
-            params = connections[Conf.ORM].get_connection_params()
-            params.pop("cursor_factory", None)
-            params.pop("context", None)
-            conn = psycopg.connect(**params, autocommit=True)
-            conn.execute(f'LISTEN "{channel_for(self.list_key)}"')
+            conn = listen(self.list_key)
         except Exception as exc:  # the database is away: wait, django-q2 retries the dequeue
             logger.warning("broker: cannot LISTEN (%s); polling until it can", exc)
             return None

@@ -209,7 +209,7 @@ def _finish_run_sql() -> tuple[str, tuple[Any, ...], tuple[int, ...], tuple[int,
     return text, tuple(params), run_slots, time_slots
 
 
-def _run_finish_update(dag_run_id: int, *, now: datetime) -> int:
+def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> int:
     if connection.vendor != "postgresql":
         query = _finish_run_update(dag_run_id, now=now)
         return query.get_compiler(using=connection.alias).execute_sql(ROW_COUNT)
@@ -232,7 +232,7 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
     A run that finishes frees a `max_active_runs` slot, so if its Dag has queued events waiting
     the scheduler is nudged (after commit) instead of leaving them to the one-minute sweep.
     """
-    finished = _run_finish_update(dag_run_id, now=now)
+    finished = _execute_finish_run_update(dag_run_id, now=now)
     if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():
         from . import tasks  # django_q is imported only where a nudge is sent
 

@@ -3,27 +3,16 @@
 import threading
 import time
 
-import psycopg
 import pytest
-from django.db import connection
 
-from assets_app.broker import ListeningORM, channel_for
+from assets_app.broker import ListeningORM, channel_for, listen
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _listen(list_key: str) -> psycopg.Connection:
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    conn = psycopg.connect(**params, autocommit=True)
-    conn.execute(f'LISTEN "{channel_for(list_key)}"')
-    return conn
-
-
 def test_enqueue_notifies_the_cluster_channel():
     broker = ListeningORM(list_key="test-notify")
-    with _listen("test-notify") as listener:
+    with listen("test-notify") as listener:
         broker.enqueue("payload")
         received = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.channel for n in received] == [channel_for("test-notify")]

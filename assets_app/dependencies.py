@@ -36,6 +36,7 @@ from django.db import connection
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from . import prepared
 from .models import DagRun, DagRunState, Task, TaskInstance, TaskUpstream, TIState, TriggerRule
 from .models.runs import TI_FINISHED_STATES, TI_UNFINISHED_STATES
 
@@ -177,7 +178,7 @@ def evaluate_round(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) 
     import json
 
     now = connection.ops.adapt_datetimefield_value(timezone.now())
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         if finished_task_ids is None:
             params = [dag_run_id, dag_run_id, now, now, now]
             cursor.execute(_sql(from_tasks=False), params)

@@ -48,7 +48,17 @@ from django.db import DataError, connection, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from . import audit, exceptions, heartbeats, locks, metrics, observability, registration, scheduling
+from . import (
+    audit,
+    exceptions,
+    heartbeats,
+    locks,
+    metrics,
+    observability,
+    prepared,
+    registration,
+    scheduling,
+)
 from .models import AssetDagRunQueue, AssetEventQueue, FailureKind, MetricCounter, TaskInstance
 
 logger = logging.getLogger(__name__)
@@ -121,7 +131,7 @@ def enqueue(
         else f.get_db_prep_save(getattr(row, f.attname), connection)
         for f in fields
     ]
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(sql, [*params, metrics.ENQUEUED, ti.id.int % metrics.SHARDS])
         return cursor.fetchone()[0]
 

@@ -50,7 +50,7 @@ from django.db.models.functions import Cast
 from django.db.models.sql.constants import ROW_COUNT
 from django.utils import timezone
 
-from . import dependencies, exceptions, locks, outbox, xcoms
+from . import dependencies, exceptions, locks, outbox, prepared, xcoms
 from .models import (
     AssetAliasEvent,
     AssetDagRunQueue,
@@ -219,7 +219,7 @@ def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> int:
         params[slot] = dag_run_id
     for slot in time_slots:
         params[slot] = now
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(text, params)
         return cursor.rowcount
 
@@ -475,7 +475,7 @@ def _read_task_instance(ti_id: UUID) -> TaskInstance | None:
     if connection.vendor != "postgresql":
         return TaskInstance.objects.filter(id=ti_id).first()
     sql, names = _ti_select_sql()
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(sql, [ti_id])
         row = cursor.fetchone()
     return None if row is None else TaskInstance.from_db(connection.alias, names, row)
@@ -491,7 +491,7 @@ def _set_success_if_running(*, ti: TaskInstance, end_date: datetime) -> bool:
             id=ti.id, state=TIState.RUNNING, try_number=ti.try_number
         ).update(state=TIState.SUCCESS, end_date=end_date, updated_at=now)
     else:
-        with connection.cursor() as cursor:
+        with prepared.cursor() as cursor:
             cursor.execute(
                 f'UPDATE "{TaskInstance._meta.db_table}" SET "state" = %s, "end_date" = %s, '
                 '"updated_at" = %s WHERE "id" = %s AND "state" = %s AND "try_number" = %s',

@@ -9,13 +9,12 @@ import os
 from collections.abc import Iterable
 
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.tasks import async_task
 
-from . import outbox, scheduling
+from . import outbox, prepared, scheduling
 from .broker import ListeningORM
 
 DRAIN_FUNC = "assets_app.tasks.drain"
@@ -50,7 +49,7 @@ _last_drain_nudge: dict[str, int] = {}
 
 def _still_waiting(row_id: int) -> bool:
     """Is that broker row still waiting for a cluster to pick it up? One primary-key read."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {OrmQ._meta.db_table} WHERE id = %s AND lock <= %s",
             [row_id, timezone.now()],

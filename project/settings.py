@@ -121,6 +121,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
 else:
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+    # Prepared statements for the success path's few fixed statements (assets_app/prepared.py,
+    # issue 14): psycopg prepares one on a connection after this many executions of it.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "prepare_threshold", env.int("DATABASE_PREPARE_THRESHOLD", default=2)
+    )
     # The web processes (gunicorn imports project.wsgi, which loads these settings) keep a pool
     # of connections each (psycopg_pool, as Django 5.2 supports it): a request waits at most
     # DATABASE_POOL_TIMEOUT_SECONDS for one, then gets a 503 with Retry-After (api/errors.py).
@@ -138,6 +143,8 @@ else:
         }
     else:
         DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+# Off (False) behind a transaction-pooling PgBouncer, which cannot keep prepared statements.
+DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
 # What a client is told (Retry-After, seconds) when the database is full or away: 503.
 DATABASE_RETRY_AFTER_SECONDS = env.int("DATABASE_RETRY_AFTER_SECONDS", default=5)
 

@@ -12,6 +12,9 @@ listening connection.
 
 On SQLite (no LISTEN) it is django-q2's ORM broker, polling every `poll` seconds.
 
+It also reads the broker's rows for the nudges' coalescing (`waiting_task_funcs`,
+`still_waiting`, `RememberingBroker`: see `nudges.py`).
+
 The listening connection is psycopg's own (autocommit, one per process, opened on the first
 empty dequeue, i.e. in the cluster's pusher after the fork), never Django's: Django's connection
 is closed and reopened by the broker between calls (`close_old_connections`).
@@ -27,8 +30,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections
+from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
+from django_q.models import OrmQ
+
+from . import prepared
 
 logger = logging.getLogger(__name__)
 
@@ -124,3 +131,30 @@ class ListeningORM(ORM):
             with contextlib.suppress(Exception):
                 self._listener.close()
         self._listener = None
+
+
+class RememberingBroker(ListeningORM):
+    """The cluster's broker, remembering the broker row of the task it enqueues."""
+
+    enqueued_id: int | None = None
+
+    def enqueue(self, task):
+        self.enqueued_id = super().enqueue(task)
+        return self.enqueued_id
+
+
+def waiting_task_funcs(*, lookahead: int) -> list[str]:
+    """The functions of the first `lookahead` tasks enqueued on this cluster and not yet picked
+    up by any of its workers (django-q2's OrmQ rows, decoded), oldest first."""
+    waiting = OrmQ.objects.filter(key=Conf.CLUSTER_NAME, lock__lte=timezone.now()).order_by("id")
+    return [row.func() for row in waiting[:lookahead]]
+
+
+def still_waiting(row_id: int) -> bool:
+    """Is that broker row still waiting for a cluster to pick it up? One primary-key read."""
+    with prepared.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {OrmQ._meta.db_table} WHERE id = %s AND lock <= %s",
+            [row_id, timezone.now()],
+        )
+        return cursor.fetchone() is not None

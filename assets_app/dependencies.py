@@ -21,8 +21,8 @@ later evaluation's snapshot sees both finished.
 Propagation: the TIs a round marks upstream_failed / skipped are finished tasks too, so their own
 downstream are evaluated in a next round (one statement per level of such a cascade; the common
 finish is one round). A crash between a TI's commit and its evaluation (or between rounds)
-leaves ready TIs waiting: `sweep_waiting_runs` evaluates every waiting TI of the runs that have
-any, and finishes runs a crash left with every TI finished.
+leaves ready TIs waiting: `repair.sweep_waiting_runs` evaluates every waiting TI of the runs
+that have any, and finishes runs a crash left with every TI finished.
 
 The run's state once every TI is finished follows Airflow's `DagRun.update_state`: failed when a
 leaf TI (a task nothing runs after; removed TIs aside) is failed or upstream_failed, else
@@ -33,12 +33,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from . import prepared
-from .models import DagRun, DagRunState, Task, TaskInstance, TaskUpstream, TIState, TriggerRule
-from .models.runs import TI_FINISHED_STATES, TI_UNFINISHED_STATES
+from .models import DagRun, Task, TaskInstance, TaskUpstream, TIState, TriggerRule
+from .models.runs import TI_FINISHED_STATES
 
 # Upper bound on cascade rounds: a cascade is at most as deep as the longest path in the Dag;
 # this only stops a runaway loop (the sweep finishes whatever is left).
@@ -208,50 +207,3 @@ def evaluate(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) -> Eva
             break
         frontier = [task_id for task_id, _ in done]
     return Evaluation(queued=tuple(queued), finished=tuple(finished), rounds=rounds)
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    runs_evaluated: int
-    tis_queued: int
-    tis_finished: int
-    runs_finished: int
-
-
-def sweep_waiting_runs(*, limit: int = 1000) -> SweepResult:
-    """The scheduler sweep's repair of what a crash left (invariant 11): every waiting TI of the
-    active runs that have any is evaluated (`evaluate` with no frontier), and active runs whose
-    TIs are all finished are finished. Up to `limit` runs of each kind, oldest first; safe to
-    run concurrently with finishes and other sweeps (every write is conditional)."""
-    from .task_state import finish_run_if_done
-
-    active = (DagRunState.QUEUED, DagRunState.RUNNING)
-    waiting_runs = list(
-        TaskInstance.objects.filter(state=TIState.SCHEDULED, dag_run__state__in=active)
-        .order_by("dag_run_id")
-        .values_list("dag_run_id", flat=True)
-        .distinct()[:limit]
-    )
-    queued = finished = 0
-    for run_id in waiting_runs:
-        result = evaluate(dag_run_id=run_id, finished_task_ids=None)
-        queued += len(result.queued)
-        finished += len(result.finished)
-    unfinished = TaskInstance.objects.filter(
-        dag_run_id=OuterRef("pk"), state__in=TI_UNFINISHED_STATES
-    )
-    stranded = list(
-        DagRun.objects.filter(state__in=active)
-        .filter(~Exists(unfinished))
-        .order_by("id")
-        .values_list("id", "dag_id")[:limit]
-    )
-    runs_finished = 0
-    for run_id, dag_id in stranded:
-        runs_finished += finish_run_if_done(run_id, dag_id=dag_id, now=timezone.now())
-    return SweepResult(
-        runs_evaluated=len(waiting_runs),
-        tis_queued=queued,
-        tis_finished=finished,
-        runs_finished=runs_finished,
-    )

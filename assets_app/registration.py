@@ -39,7 +39,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import audit, exceptions, limits, metrics
+from . import audit, exceptions, limits, metrics, nudges
 from .models import (
     Asset,
     AssetAlias,
@@ -680,9 +680,6 @@ def register_external_event(
     commit. A created event is audited for `actor` (an
     `audit.Actor`; `user` is kept for callers that pass one), a replay is not.
     """
-    # Imported here: tasks imports outbox, which imports this module.
-    from . import tasks
-
     if actor is None and user is not None:
         actor = audit.Actor.from_user(user, via="api")
     limits.check_json_depth(extra or {}, field="extra", loc=("body", "extra"))
@@ -712,7 +709,7 @@ def register_external_event(
         if dag_ids:
             rows = in_lock_order((dag_id, event_id, asset.pk) for dag_id in dag_ids)
             _insert_queue_rows(rows, now=now)
-            transaction.on_commit(lambda: tasks.nudge_scheduler(dag_ids=sorted(dag_ids)))
+            nudges.scheduler_on_commit(dag_ids=sorted(dag_ids))
         metrics.incr(metrics.EVENTS_WRITTEN)
         audit.record(
             actor=actor,

@@ -39,7 +39,6 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from typing import Any, cast
 from uuid import UUID
 
@@ -50,7 +49,7 @@ from django.db.models.functions import Cast
 from django.db.models.sql.constants import ROW_COUNT
 from django.utils import timezone
 
-from . import dependencies, exceptions, locks, outbox, prepared, xcoms
+from . import dependencies, exceptions, locks, nudges, outbox, prepared, registration, xcoms
 from .models import (
     AssetAliasEvent,
     AssetDagRunQueue,
@@ -234,9 +233,7 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
     """
     finished = _execute_finish_run_update(dag_run_id, now=now)
     if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():
-        from . import tasks  # django_q is imported only where a nudge is sent
-
-        transaction.on_commit(partial(tasks.nudge_scheduler, dag_ids=[dag_id]))
+        nudges.scheduler_on_commit(dag_ids=[dag_id])
     return bool(finished)
 
 
@@ -423,8 +420,6 @@ def _succeed_queued(
     `outbox.enqueue`, `_set_success_if_running`): building them with the ORM on every request
     was most of the request's CPU (bench/success_breakdown.py).
     """
-    from . import tasks  # django_q is imported only where a nudge is sent
-
     try:
         with transaction.atomic(durable=True):
             seen = _read_task_instance(ti_id)
@@ -438,7 +433,7 @@ def _succeed_queued(
             )
             if not _set_success_if_running(ti=seen, end_date=end_date):
                 raise _ChangedUnderUs(_read_task_instance(ti_id))
-            transaction.on_commit(tasks.nudge_drain)
+            nudges.drain_on_commit()
     except _ChangedUnderUs as changed:
         if changed.ti is None:
             raise _not_found(ti_id) from None
@@ -520,8 +515,6 @@ def _succeed_inline(
     task_outlets: list[dict[str, Any]],
     outlet_events: list[dict[str, Any]],
 ) -> StateChange:
-    from . import registration, tasks
-
     with transaction.atomic(durable=True):
         registration.check_constraints_immediately()
         # Unlocked read: the payload's source fields, and a cheap refusal before registering.
@@ -553,7 +546,7 @@ def _succeed_inline(
         _set_success(locked, end_date=end_date)
         if registered.dag_ids:
             # No drain runs in this mode, so the scheduler hears about the new ADRQ rows here.
-            transaction.on_commit(partial(tasks.nudge_scheduler, dag_ids=registered.dag_ids))
+            nudges.scheduler_on_commit(dag_ids=registered.dag_ids)
     after_ti_finished(locked)
     return StateChange(
         ti_id=locked.id, state=locked.state, replayed=False, try_number=locked.try_number

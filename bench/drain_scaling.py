@@ -2,7 +2,7 @@
 
 The outbox is pre-filled (OUTLETS outlets per row, fan-out 4, target Dags paused so only
 registration is measured); the drain processes start together (each set up Django first and
-waits for a "go" line) and run `outbox.drain(batch_size=500)` until the queue is empty.
+waits for a "go" line) and run `drain.drain(batch_size=500)` until the queue is empty.
 Throughput = events registered / (last drain end - first drain start). Claims use SKIP LOCKED, so
 adding drains must not lower it; on 2 cores it cannot rise much either.
 """
@@ -28,13 +28,13 @@ def child(url: str) -> None:
     h.setup_django(url)
     from django.db import connection
 
-    from assets_app import outbox
+    from assets_app import drain
 
     connection.ensure_connection()
     print("ready", flush=True)
     sys.stdin.readline()
     start = time.time()
-    result = outbox.drain(batch_size=BATCH, time_budget=3600)
+    result = drain.drain(batch_size=BATCH, time_budget=3600)
     end = time.time()
     print(
         json.dumps(

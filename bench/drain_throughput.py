@@ -31,7 +31,7 @@ def main() -> None:
     import _fixtures as fx
     from django.db import connection
 
-    from assets_app import outbox
+    from assets_app import drain
     from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue
 
     rounds = args.rounds or (1 if args.quick else 3)
@@ -57,7 +57,7 @@ def main() -> None:
         before_adrq = AssetDagRunQueue.objects.count()
         connection.close()  # start each round on a fresh connection, like a new task would
         with h.Stopwatch() as watch:
-            outbox.drain(batch_size=batch, time_budget=3600)
+            drain.drain(batch_size=batch, time_budget=3600)
         written = AssetEvent.objects.count() - before_events
         queued = AssetDagRunQueue.objects.count() - before_adrq
         left = AssetEventQueue.objects.count()

@@ -63,7 +63,7 @@ COMPONENTS = [
         "assets_app.task_state:_set_success_if_running",
     ),
     ("      COMMIT", "django.db.backends.base.base:BaseDatabaseWrapper.commit"),
-    ("      on-commit: drain nudge", "assets_app.tasks:nudge_drain"),
+    ("      on-commit: drain nudge", "assets_app.nudges:nudge_drain"),
     ("      on-commit: counter upsert", "assets_app.metrics:_add"),
     ("      after_ti_finished", "assets_app.task_state:after_ti_finished"),
     (

@@ -186,7 +186,7 @@ ASSET_QUEUE_BACKOFF_BASE_SECONDS = env.float("ASSET_QUEUE_BACKOFF_BASE_SECONDS",
 ASSET_QUEUE_BACKOFF_CAP_SECONDS = env.float("ASSET_QUEUE_BACKOFF_CAP_SECONDS", default=600.0)
 # One drain or scheduler invocation keeps working until its queue is empty or this budget is spent.
 ASSET_DRAIN_TIME_BUDGET_SECONDS = env.float("ASSET_DRAIN_TIME_BUDGET_SECONDS", default=20.0)
-# The drain yields to a burst of successes (outbox._Pacer): while more than this many per second
+# The drain yields to a burst of successes (drain._Pacer): while more than this many per second
 # arrive and wait undrained, for at most ASSET_DRAIN_YIELD_MAX_SECONDS in a row; 0: never.
 ASSET_DRAIN_YIELD_ABOVE_PER_SECOND = env.float("ASSET_DRAIN_YIELD_ABOVE_PER_SECOND", default=40.0)
 ASSET_DRAIN_YIELD_MAX_SECONDS = env.float("ASSET_DRAIN_YIELD_MAX_SECONDS", default=5.0)

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import definitions, dependencies, runs, task_state
+from assets_app import definitions, dependencies, repair, runs, task_state
 from assets_app.models import (
     DagRun,
     DagRunState,
@@ -275,7 +275,7 @@ def test_every_trigger_rule_decides_as_airflow(sweep):
             TaskInstance.objects.filter(dag_run=run, task_id=f"u{i}").update(state=state)
         run_of[dag_id] = run
     if sweep:
-        dependencies.sweep_waiting_runs()
+        repair.sweep_waiting_runs()
     else:
         for run in run_of.values():
             dependencies.evaluate(dag_run_id=run.pk, finished_task_ids=["u0"])
@@ -402,10 +402,10 @@ def test_the_sweep_queues_what_a_crash_between_commit_and_evaluation_left_waitin
     monkeypatch.setattr(task_state, "after_ti_finished", lambda ti: None)
     run_and_finish(ti(run, "extract"), TIState.SUCCESS)
     assert states(run)["transform"] == WAITS
-    result = dependencies.sweep_waiting_runs()
+    result = repair.sweep_waiting_runs()
     assert (result.runs_evaluated, result.tis_queued) == (1, 1)
     assert states(run)["transform"] == Q
-    assert dependencies.sweep_waiting_runs().tis_queued == 0
+    assert repair.sweep_waiting_runs().tis_queued == 0
 
 
 def test_the_sweep_finishes_a_run_a_crash_left_with_every_ti_finished(monkeypatch):
@@ -415,7 +415,7 @@ def test_the_sweep_finishes_a_run_a_crash_left_with_every_ti_finished(monkeypatc
     run_and_finish(ti(run, "t"), TIState.SUCCESS)
     run.refresh_from_db()
     assert run.state == DagRunState.RUNNING
-    assert dependencies.sweep_waiting_runs().runs_finished == 1
+    assert repair.sweep_waiting_runs().runs_finished == 1
     run.refresh_from_db()
     assert run.state == DagRunState.SUCCESS
 

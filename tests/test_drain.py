@@ -9,7 +9,7 @@ from django.db import DataError, IntegrityError, OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import asset_events, metrics, outbox, registration
+from assets_app import asset_events, drain, metrics, nudges, outbox, registration
 from assets_app.models import (
     Asset,
     AssetDagRunQueue,
@@ -79,7 +79,7 @@ def test_success_becomes_events_adrq_and_a_downstream_run(django_capture_on_comm
         payload(outlets=[asset_outlet(orders)], outlet_events=[asset_event(orders, {"n": 5})])
     )
     with django_capture_on_commit_callbacks(execute=True):
-        result = outbox.drain()
+        result = drain.drain()
     assert (result.claimed, result.registered, result.events_written) == (1, 1, 1)
     assert result.runs_triggered == 1
     assert not AssetEventQueue.objects.filter(id=row.id).exists()
@@ -106,7 +106,7 @@ def test_row_whose_ti_was_deleted_is_registered_from_its_payload():
     ti_id, dag_id, run_id = ti.id, ti.dag_id, ti.run_id
     ti.dag_run.delete()
     assert not TaskInstance.objects.filter(id=ti_id).exists()
-    outbox.drain()
+    drain.drain()
     event = AssetEvent.objects.get()
     assert (
         event.source_ti_id,
@@ -124,7 +124,7 @@ def test_failure_records_error_and_backs_off_within_the_jitter_window(settings, 
     settings.ASSET_QUEUE_BACKOFF_CAP_SECONDS = 15.0
     row = transient_row()
     before = timezone.now()
-    result = outbox.drain()
+    result = drain.drain()
     after = timezone.now()
     assert (result.claimed, result.registered, result.failed, result.parked) == (1, 0, 1, 0)
     row.refresh_from_db()
@@ -145,7 +145,7 @@ def test_permanent_error_parks_at_once_with_a_reason_naming_the_conflicting_asse
 ):
     row = poison_row()
     taken = Asset.objects.get(name="taken")
-    result = outbox.drain()
+    result = drain.drain()
     assert (result.failed, result.parked) == (1, 1)
     row.refresh_from_db()
     assert row.parked_at is not None and row.attempts == 1
@@ -159,7 +159,7 @@ def test_permanent_error_parks_at_once_with_a_reason_naming_the_conflicting_asse
     asset_events.change_asset_uri(asset_id=taken.pk, uri="s3://other")
     call_command("requeue_parked", "--id", str(row.pk), stdout=io.StringIO())
     with django_capture_on_commit_callbacks(execute=True):
-        result = outbox.drain()
+        result = drain.drain()
     assert (result.registered, result.failed) == (1, 0)
     assert AssetEvent.objects.filter(asset=taken).count() == 1
     assert list(AuditEntry.objects.order_by("id").values_list("action", "via")) == [
@@ -207,7 +207,7 @@ def test_poison_row_parks_after_max_attempts_while_other_rows_flow_and_requeue_b
     for attempt in range(1, 4):
         good = outbox_row(payload(outlets=[asset_outlet(good_asset)], task_id=f"good{attempt}"))
         with django_capture_on_commit_callbacks(execute=True):
-            result = outbox.drain()
+            result = drain.drain()
         assert (result.registered, result.failed) == (1, 1)
         assert not AssetEventQueue.objects.filter(id=good.id).exists()
         registered.append(result.registered)
@@ -218,7 +218,7 @@ def test_poison_row_parks_after_max_attempts_while_other_rows_flow_and_requeue_b
     assert metrics.value(metrics.PARKED) == 1
     assert metrics.value(metrics.FAILED_ATTEMPTS) == 3
     # Parked rows are left alone.
-    assert outbox.drain().claimed == 0
+    assert drain.drain().claimed == 0
     assert AssetEvent.objects.filter(asset=good_asset).count() == 3
 
     bad.refresh_from_db()
@@ -232,7 +232,7 @@ def test_poison_row_parks_after_max_attempts_while_other_rows_flow_and_requeue_b
     assert (bad.attempts, bad.parked_at, bad.park_reason) == (0, None, "")
     assert bad.last_error.startswith("OperationalError")  # kept as history
     assert len(bad.attempt_history) == 3
-    result = outbox.drain()
+    result = drain.drain()
     assert (result.registered, result.failed) == (1, 0)
     assert AssetEvent.objects.filter(asset__name="flaky").count() == 1
     assert AssetEventQueue.objects.count() == 0
@@ -243,7 +243,7 @@ def test_one_bad_row_in_a_batch_does_not_sink_the_others():
     goods = [outbox_row(payload(outlets=[asset_outlet(good_asset)])) for _ in range(3)]
     bad = poison_row()
     goods += [outbox_row(payload(outlets=[asset_outlet(good_asset)])) for _ in range(2)]
-    result = outbox.drain_batch(batch_size=10)
+    result = drain.drain_batch(batch_size=10)
     assert (result.claimed, result.registered, result.failed) == (6, 5, 1)
     assert list(AssetEventQueue.objects.values_list("id", flat=True)) == [bad.id]
     assert AssetEvent.objects.count() == 5
@@ -257,11 +257,11 @@ def test_drain_stops_when_its_time_budget_is_spent_and_hands_over(monkeypatch):
     for _ in range(5):
         outbox_row(payload(outlets=[asset_outlet(asset)]))
     nudged = []
-    monkeypatch.setattr(outbox, "_nudge", lambda: nudged.append(1))
-    result = outbox.drain(batch_size=2, time_budget=0)
+    monkeypatch.setattr(nudges, "nudge_drain", lambda: nudged.append(1))
+    result = drain.drain(batch_size=2, time_budget=0)
     assert (result.batches, result.registered) == (1, 2)
     assert nudged == [1]  # rows are left: a fresh drain task takes over
-    result = outbox.drain(batch_size=2, time_budget=60)
+    result = drain.drain(batch_size=2, time_budget=60)
     assert nudged == [1]  # emptied the queue: nothing to hand over
     assert (result.batches, result.registered) == (2, 3)
     assert AssetEventQueue.objects.count() == 0
@@ -273,7 +273,7 @@ def test_rows_not_yet_due_are_not_claimed():
     AssetEventQueue.objects.filter(id=row.id).update(
         next_attempt_at=timezone.now() + timedelta(minutes=5)
     )
-    assert outbox.drain().claimed == 0
+    assert drain.drain().claimed == 0
 
 
 def drain_batch_queries(rows: int) -> int:
@@ -283,7 +283,7 @@ def drain_batch_queries(rows: int) -> int:
             payload(outlets=[asset_outlet(asset)], outlet_events=[asset_event(asset, {"k": 1})])
         )
     with CaptureQueriesContext(connection) as ctx:
-        result = outbox.drain_batch(batch_size=500)
+        result = drain.drain_batch(batch_size=500)
     assert (result.registered, result.runs_triggered) == (rows, 1)
     return len(ctx.captured_queries)
 
@@ -327,7 +327,7 @@ def test_queue_status_counts_pending_due_parked_and_by_dag():
     parked = outbox_row(payload(outlets=[asset_outlet(asset)], dag_id="p2"))
     outbox.park(row_ids=[parked.id])
     registered = outbox_row(payload(outlets=[asset_outlet(asset)], ti_id=uuid.uuid4()))
-    outbox.drain_batch(batch_size=1)  # registers the oldest due row (the first p1 row)
+    drain.drain_batch(batch_size=1)  # registers the oldest due row (the first p1 row)
     assert not AssetEventQueue.objects.filter(id=registered.id, attempts__gt=0).exists()
     status = outbox.queue_status()
     assert (status.pending, status.due, status.parked) == (2, 1, 1)
@@ -361,9 +361,9 @@ def test_crash_between_registration_and_commit_leaves_the_row_pending_and_retry_
         seen["events_before_crash"] = AssetEvent.objects.count()
         raise SimulatedCrash("process died before commit")
 
-    monkeypatch.setattr(outbox, "_before_commit", crash)
+    monkeypatch.setattr(drain, "_before_commit", crash)
     with pytest.raises(SimulatedCrash):
-        outbox.drain()
+        drain.drain()
     assert seen == {"events_before_crash": 1}
     crashed = ComponentHeartbeat.objects.get(component="drain")
     assert (crashed.last_run_at is not None, crashed.last_ok_at) == (True, None)
@@ -375,11 +375,11 @@ def test_crash_between_registration_and_commit_leaves_the_row_pending_and_retry_
     assert AssetDagRunQueue.objects.count() == 0
     assert metrics.value(metrics.REGISTERED) == 0
     # Within the claim's grace the row is left alone (its drain may be about to lock it).
-    assert outbox.drain().claimed == 0
+    assert drain.drain().claimed == 0
 
     monkeypatch.undo()
     monkeypatch.setattr(outbox, "CLAIM_GRACE_SECONDS", 0.0)
-    result = outbox.drain()
+    result = drain.drain()
     # The dead attempt is counted (and would park the row at the maximum), then retried at once.
     assert (result.failed, result.parked) == (1, 0)
     assert metrics.value(metrics.FAILED_ATTEMPTS) == 1
@@ -388,27 +388,25 @@ def test_crash_between_registration_and_commit_leaves_the_row_pending_and_retry_
     assert AssetEventQueue.objects.count() == 0
     assert DagRun.objects.filter(dag_id="down").count() == 1
     assert metrics.value(metrics.REGISTERED) == 1
-    assert outbox.drain().claimed == 0
+    assert drain.drain().claimed == 0
     assert ComponentHeartbeat.objects.get(component="drain").last_ok_at is not None
 
 
 def test_drain_nudges_coalesce_while_one_is_waiting():
     from django_q.models import OrmQ
 
-    from assets_app import tasks
-
     def waiting_drains() -> int:
-        return sum(row.func() == tasks.DRAIN_FUNC for row in OrmQ.objects.all())
+        return sum(row.func() == nudges.DRAIN_FUNC for row in OrmQ.objects.all())
 
-    tasks.nudge_drain()
-    tasks.nudge_drain()
+    nudges.nudge_drain()
+    nudges.nudge_drain()
     assert waiting_drains() == 1
     # Once a cluster has picked it up (locked it), the next nudge enqueues a new drain.
     OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=90))
-    tasks.nudge_drain()
+    nudges.nudge_drain()
     assert waiting_drains() == 2
-    tasks.nudge_scheduler(dag_ids=["b", "a"])
-    (scheduler_task,) = [row for row in OrmQ.objects.all() if row.func() == tasks.SCHEDULE_FUNC]
+    nudges.nudge_scheduler(dag_ids=["b", "a"])
+    (scheduler_task,) = [row for row in OrmQ.objects.all() if row.func() == nudges.SCHEDULE_FUNC]
     assert scheduler_task.kwargs() == {"dag_ids": ["a", "b"]}
 
 
@@ -450,14 +448,14 @@ def test_batches_are_sized_by_outlets_and_a_big_row_is_registered_in_chunks(sett
     settings.ASSET_QUEUE_BATCH_OUTLETS = 10
     *_, big = _rows_with_outlets(4, 4, 4, 25)
 
-    first = outbox.drain_batch()
+    first = drain.drain_batch()
     assert (first.claimed, first.registered, first.events_written) == (2, 2, 8)
     assert first.more
-    second = outbox.drain_batch()  # small_c alone: big would not fit with it
+    second = drain.drain_batch()  # small_c alone: big would not fit with it
     assert (second.claimed, second.registered, second.events_written) == (1, 1, 4)
     chunks = []
     while AssetEventQueue.objects.exists():
-        batch = outbox.drain_batch()
+        batch = drain.drain_batch()
         chunks.append((batch.claimed, batch.registered, batch.chunked, batch.events_written))
         if AssetEventQueue.objects.exists():
             big.refresh_from_db()
@@ -467,7 +465,7 @@ def test_batches_are_sized_by_outlets_and_a_big_row_is_registered_in_chunks(sett
     events = AssetEvent.objects.filter(source_task_id="t3")
     assert events.count() == 25
     assert set(events.values_list("source_ordinal", flat=True)) == {0}
-    assert outbox.drain_batch().claimed == 0
+    assert drain.drain_batch().claimed == 0
 
 
 def test_a_chunk_registered_again_writes_nothing_twice(settings):
@@ -475,10 +473,10 @@ def test_a_chunk_registered_again_writes_nothing_twice(settings):
     lost) writes nothing new, since the events' idempotency keys come from the whole payload."""
     settings.ASSET_QUEUE_BATCH_OUTLETS = 10
     (big,) = _rows_with_outlets(25)
-    outbox.drain_batch()
+    drain.drain_batch()
     AssetEventQueue.objects.filter(id=big.id).update(registered_count=0)
     while AssetEventQueue.objects.exists():
-        outbox.drain_batch()
+        drain.drain_batch()
     assert AssetEvent.objects.count() == 25
 
 
@@ -505,7 +503,7 @@ def test_a_savepoint_rollback_that_fails_is_never_followed_by_per_row_retries(mo
     monkeypatch.setattr(registration, "register_payloads", batch_fails)
     monkeypatch.setattr(real, "savepoint_rollback", rollback_fails)
     with pytest.raises(DatabaseError, match="the batch failed"):
-        outbox.drain_batch()
+        drain.drain_batch()
     monkeypatch.undo()
     assert not [r for r in caplog.records if " failed: " in r.getMessage()]
     assert list(AssetEventQueue.objects.values_list("attempts", flat=True)) == [0, 0, 0]
@@ -538,7 +536,7 @@ def _wrapped(error: Exception) -> Exception:
 def test_connection_loss_is_recognised_however_it_surfaces(make_error, unusable):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
-    assert outbox._connection_unusable(_wrapped(make_error())) is unusable
+    assert drain._connection_unusable(_wrapped(make_error())) is unusable
 
 
 def test_the_drain_yields_to_a_burst_for_a_bounded_time_then_works(settings):
@@ -549,11 +547,11 @@ def test_the_drain_yields_to_a_burst_for_a_bounded_time_then_works(settings):
     settings.ASSET_DRAIN_YIELD_MAX_SECONDS = 0.3
     orders = AssetFactory(name="orders")
     burst = [outbox_row(payload(outlets=[asset_outlet(orders)], task_id=f"b{i}")) for i in range(6)]
-    result = outbox.drain()  # 6 rows within the last 0.5 s: 12/s > 10/s
+    result = drain.drain()  # 6 rows within the last 0.5 s: 12/s > 10/s
     detail = ComponentHeartbeat.objects.get(component="drain").detail
     assert 0.3 <= detail["yielded_seconds"] < 0.6
     assert result.registered == len(burst)
 
     outbox_row(payload(outlets=[asset_outlet(orders)], task_id="trickle"))
-    assert outbox.drain().registered == 1
+    assert drain.drain().registered == 1
     assert ComponentHeartbeat.objects.get(component="drain").detail["yielded_seconds"] == 0

@@ -24,7 +24,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from assets_app import definitions, limits, outbox, registration, scheduling
+from assets_app import definitions, drain, limits, outbox, registration, scheduling
 from assets_app.api import auth
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import Asset, AssetEvent, ComponentHeartbeat, Dag, DagRun
@@ -318,7 +318,7 @@ def test_the_drain_then_scheduler_path_skips_a_poison_dag_too():
         outlet_events=[],
         end_date=timezone.now() - timedelta(seconds=1),
     )
-    outbox.drain()
+    drain.drain()
     scheduling.schedule_dags()
     assert DagRun.objects.filter(dag_id="healthy").count() == 1
     assert Dag.objects.get(dag_id="poison").schedule_error

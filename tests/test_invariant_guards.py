@@ -24,7 +24,7 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from assets_app import outbox, registration, runs, scheduling, task_state
+from assets_app import drain, registration, runs, scheduling, task_state
 from assets_app.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -132,7 +132,7 @@ def test_a_drain_batch_commits_its_events_adrq_rows_and_outbox_deletes_in_one_tr
     ]
     assert write_log() == []
 
-    result = outbox.drain_batch(batch_size=10)
+    result = drain.drain_batch(batch_size=10)
 
     assert result.registered == 3
     log = write_log()
@@ -174,7 +174,7 @@ def test_the_drain_claim_skips_rows_another_session_holds_and_never_waits():
         ).fetchall()
         assert sorted(r[0] for r in locked) == sorted(held)
         with lock_timeout():
-            result = outbox.drain_batch(batch_size=10)
+            result = drain.drain_batch(batch_size=10)
 
     assert (result.claimed, result.registered, result.failed) == (3, 3, 0)
     left = {row.id: row for row in AssetEventQueue.objects.all()}

@@ -19,7 +19,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from assets_app import outbox, registration
+from assets_app import drain, registration
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import AssetDagRunQueue, AssetEvent, DagScheduleAssetReference
 from tests.asset_flow import asset_event, asset_outlet, outbox_row, payload, scheduled_dag
@@ -75,7 +75,7 @@ def test_drain_inserts_adrq_rows_in_lock_order():
                 outlet_events=[asset_event(hot, {"n": n, "k": k}) for k in range(2)],
             )
         )
-    result = outbox.drain_batch(batch_size=10)
+    result = drain.drain_batch(batch_size=10)
     assert result.registered == 2
     assert_inserted_in_lock_order(events=4)
 

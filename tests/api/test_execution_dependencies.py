@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from assets_app import definitions, runs, scheduling, task_state
+from assets_app import definitions, repair, runs, task_state
 from assets_app.models import DagRunState, TaskInstance, TIState
 from tests.api.snapshots import db_snapshot
 
@@ -248,10 +248,10 @@ def test_a_dead_workers_ti_is_retried_then_failed_and_its_late_calls_get_409(wor
     work = ti(run, "work")
     start(worker_api, work)
     # A fresh heartbeat: nothing to do.
-    assert scheduling.repair_task_instances().tis_retried == 0
+    assert repair.repair_task_instances().tis_retried == 0
     stale = timezone.now() - timedelta(seconds=61)
     TaskInstance.objects.filter(id=work.id).update(last_heartbeat_at=stale)
-    result = scheduling.repair_task_instances()
+    result = repair.repair_task_instances()
     assert (result.tis_retried, result.tis_failed) == (1, 0)
     work.refresh_from_db()
     assert (work.state, work.try_number) == (TIState.QUEUED, 2)
@@ -267,7 +267,7 @@ def test_a_dead_workers_ti_is_retried_then_failed_and_its_late_calls_get_409(wor
     # The second try dies too: no tries left, so it fails and `next` is upstream_failed.
     start(worker_api, work)
     TaskInstance.objects.filter(id=work.id).update(last_heartbeat_at=stale)
-    result = scheduling.repair_task_instances()
+    result = repair.repair_task_instances()
     assert (result.tis_retried, result.tis_failed) == (0, 1)
     states = dict(TaskInstance.objects.filter(dag_run=run).values_list("task_id", "state"))
     assert states == {"work": TIState.FAILED, "next": TIState.UPSTREAM_FAILED}

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from assets_app import locks, task_state, tasks
+from assets_app import locks, nudges, task_state
 from assets_app.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -56,8 +56,8 @@ def test_inline_success_nudges_the_scheduler_for_dags_with_new_queued_events(
     with django_capture_on_commit_callbacks() as callbacks:
         assert patch_state(worker_api, ti, SUCCESS).status_code == 204
 
-    nudges = [cb for cb in callbacks if getattr(cb, "func", None) is tasks.nudge_scheduler]
-    assert [n.keywords for n in nudges] == [{"dag_ids": frozenset({"consumer"})}]
+    sent = [cb for cb in callbacks if getattr(cb, "args", ())[:1] == (nudges.nudge_scheduler,)]
+    assert [n.keywords for n in sent] == [{"dag_ids": frozenset({"consumer"})}]
     assert AssetDagRunQueue.objects.filter(target_dag=consumer).count() == 1
 
 

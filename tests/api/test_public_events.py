@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from assets_app import outbox, scheduling
+from assets_app import drain, scheduling
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import AssetDagRunQueue, AssetEvent, AuditEntry, DagRun
 from tests.asset_flow import asset_outlet, outbox_row, payload, scheduled_dag
@@ -188,7 +188,7 @@ def test_get_events_filters_pages_and_lists_the_runs_that_consumed_them(
     for i in range(3):
         outbox_row(payload(outlets=[asset_outlet(orders)], dag_id="etl", task_id=f"t{i}"))
     outbox_row(payload(outlets=[asset_outlet(other)], dag_id="etl2"))
-    outbox.drain()
+    drain.drain()
     run = DagRun.objects.get(dag_id="down")
 
     with django_assert_max_num_queries(5):
@@ -235,7 +235,7 @@ def test_queued_events_get_and_delete_for_a_dag_and_per_asset(api):
     scheduled_dag("waits", {"all": ["a", "b", "c"]})
     for asset in (a, a, b):
         outbox_row(payload(outlets=[asset_outlet(asset)]))
-    outbox.drain()
+    drain.drain()
     url = "/api/v2/dags/waits/assets/queuedEvents"
     body = api.get(url).json()
     assert body["total_entries"] == 2

@@ -17,7 +17,7 @@ from django.contrib.admin.utils import quote
 from django.db import connections
 from django.utils import timezone
 
-from assets_app import definitions, heartbeats, outbox, runs, task_state
+from assets_app import definitions, drain, heartbeats, runs, task_state
 from assets_app.models import Asset, AssetEvent, AssetEventQueue, DagRun, DagRunType, Task
 from tests.factories import AssetEventQueueFactory, AssetFactory, DagFactory
 
@@ -125,7 +125,7 @@ def test_operator_requeues_a_parked_row_and_sees_its_events(
         page.click("button[name=index]")
         assert f"Requeued 1 outbox row(s): {row.pk}." in page.inner_text("ul.messagelist")
 
-        result = outbox.drain(time_budget=5)
+        result = drain.drain(time_budget=5)
         assert (result.registered, result.failed) == (1, 0)
 
         page.goto(f"{live_server.url}/admin/assets_app/asseteventqueue/")
@@ -198,10 +198,10 @@ def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_au
     definitions.sync_dags(paths=[Path(settings.BASE_DIR) / "examples" / "dags"])
     for fail in ("fetch_payments", None, None):
         _run_ingest(orders_uri="s3://lake/raw/orders", fail=fail)
-        outbox.drain(time_budget=5)
+        drain.drain(time_budget=5)
     # The producer moved its orders: the worker now reports another uri for the same name.
     broken = _run_ingest(orders_uri="s3://lake/v2/orders")
-    result = outbox.drain(time_budget=5)
+    result = drain.drain(time_budget=5)
     assert result.parked == 1
     row = AssetEventQueue.objects.get()
     orders = Asset.objects.get(name="orders")
@@ -254,7 +254,7 @@ def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_au
         page.goto(f"{live_server.url}/admin/assets_app/asseteventqueue/{row.pk}/change/")
         page.click("button:has-text('Requeue now')")
         assert f"Requeued 1 outbox row(s): {row.pk}." in page.inner_text("ul.messagelist")
-        result = outbox.drain(time_budget=5)
+        result = drain.drain(time_budget=5)
         assert (result.registered, result.failed) == (1, 0)
         page.goto(f"{live_server.url}/admin/assets_app/dagrun/{broken.pk}/change/")
         assert page.locator("#outputs-warning").count() == 0

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from django.db import connection, connections
 
-from assets_app import outbox, scheduling
+from assets_app import drain, scheduling
 from assets_app.models import (
     Asset,
     AssetDagRunQueue,
@@ -97,7 +97,7 @@ def test_two_drains_and_two_schedulers_register_once_and_consume_once_per_dag():
     @guarded
     def drainer(name):
         while AssetEventQueue.objects.filter(parked_at__isnull=True).exists():
-            result = outbox.drain(batch_size=100, time_budget=5)
+            result = drain.drain(batch_size=100, time_budget=5)
             claimed[name] += result.claimed
 
     @guarded

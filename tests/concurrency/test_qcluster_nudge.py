@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django_q.models import Schedule
 
-from assets_app import runs, tasks
+from assets_app import nudges, runs
 from assets_app.models import (
     ComponentHeartbeat,
     DagRun,
@@ -108,7 +108,7 @@ def test_worker_success_becomes_a_downstream_run_within_5s_through_qcluster(tmp_
             )
         )
         # The cluster is up once it has run a task: a scheduler nudge leaves a heartbeat.
-        tasks.nudge_scheduler()
+        nudges.nudge_scheduler()
         wait_for(
             lambda: ComponentHeartbeat.objects.filter(component="scheduler").exists(),
             timeout=30,

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db.models import Count
 from django.test import Client
 
-from assets_app import outbox
+from assets_app import drain
 from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue, TaskInstance
 
 from .conftest import (
@@ -174,7 +174,7 @@ def test_a_100000_outlet_success_is_registered_completely_in_bounded_transaction
     written = []
     while AssetEventQueue.objects.exists():
         assert time.monotonic() - started < 600, "the drain did not finish the row"
-        batch = outbox.drain_batch()
+        batch = drain.drain_batch()
         assert batch.failed == 0
         written.append(batch.events_written)
     figure(

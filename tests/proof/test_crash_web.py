@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from assets_app import outbox
+from assets_app import drain
 from assets_app.models import AssetEvent, AssetEventQueue, TaskInstance
 
 from .conftest import figure, make_running_tis, run_in_threads
@@ -89,7 +89,7 @@ def test_sigkill_gunicorn_mid_request_retry_changes_state_once(servers, mode):
     run_in_threads([killer] + [lambda n=n: worker(n) for n in range(WORKERS)], timeout=200)
     elapsed = time.monotonic() - started
     web.stop()
-    while outbox.drain().claimed:
+    while drain.drain().claimed:
         pass
 
     answered = set(answers)

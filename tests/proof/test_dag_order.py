@@ -22,7 +22,7 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from assets_app import definitions, dependencies, runs, task_state
+from assets_app import definitions, repair, runs, task_state
 from assets_app.models import DagRun, DagRunState, TaskInstance, TaskUpstream, TIState
 
 from .conftest import ServiceProcess, figure, run_in_threads, wait_until
@@ -235,7 +235,7 @@ def test_reference_worker_killed_mid_task_its_tis_are_retried_and_runs_finish(
         while not done.is_set():
             result = task_state.fail_dead_task_instances()
             repaired.update(result.retried + result.failed)
-            dependencies.sweep_waiting_runs()
+            repair.sweep_waiting_runs()
             time.sleep(0.3)
 
     def killer() -> None:

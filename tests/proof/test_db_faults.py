@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
 
-from assets_app import metrics, outbox
+from assets_app import drain, metrics, outbox
 from assets_app.models import AssetEvent, AssetEventQueue, TaskInstance
 
 from .conftest import (
@@ -98,7 +98,7 @@ def test_terminated_drain_connection_mid_batch_rolls_back_and_recovers(caplog, m
                 pid_box.append(cursor.fetchone()[0])
             ready.set()
             try:
-                while outbox.drain(batch_size=50, time_budget=30).claimed:
+                while drain.drain(batch_size=50, time_budget=30).claimed:
                     pass
             except DatabaseError as exc:
                 errors.append(type(exc).__name__)
@@ -132,7 +132,7 @@ def test_terminated_drain_connection_mid_batch_rolls_back_and_recovers(caplog, m
     assert len(errors) == 3
     # A dead session is not retried row by row (every row would fail the same way).
     assert not [r for r in caplog.records if " failed: " in r.getMessage()]
-    while outbox.drain(batch_size=50).claimed:
+    while drain.drain(batch_size=50).claimed:
         pass
     figure(
         f"db faults: {terminations} drain connections terminated mid-batch ({errors}); "
@@ -171,10 +171,10 @@ def test_a_row_whose_drain_is_killed_mid_batch_has_its_attempt_counted_and_parks
         _terminate_and_wait(connection.connection.info.backend_pid)
 
     def drain_killed() -> None:
-        monkeypatch.setattr(outbox, "_before_commit", kill_own_session)
+        monkeypatch.setattr(drain, "_before_commit", kill_own_session)
         with pytest.raises(DatabaseError):
-            outbox.drain()
-        monkeypatch.setattr(outbox, "_before_commit", lambda rows: None)
+            drain.drain()
+        monkeypatch.setattr(drain, "_before_commit", lambda rows: None)
         connections.close_all()
 
     drain_killed()  # attempt 1 dies
@@ -186,7 +186,7 @@ def test_a_row_whose_drain_is_killed_mid_batch_has_its_attempt_counted_and_parks
     assert (row.attempts, row.parked_at) == (1, None)
     assert row.last_error_type == outbox.DRAIN_DIED_TYPE
     assert "died" in row.last_error
-    result = outbox.drain()  # counts attempt 2: the maximum, so the row parks
+    result = drain.drain()  # counts attempt 2: the maximum, so the row parks
     assert (result.claimed, result.failed, result.parked) == (0, 1, 1)
     row.refresh_from_db()
     assert row.attempts == 2 and row.parked_at is not None and row.claimed_at is None
@@ -196,7 +196,7 @@ def test_a_row_whose_drain_is_killed_mid_batch_has_its_attempt_counted_and_parks
     drain_killed()
     assert outbox.park(row_ids=[row.id]) == [row.id]  # no drain holds it: Park works
     assert outbox.requeue(row_ids=[row.id]) == [row.id]
-    outbox.drain()
+    drain.drain()
     assert not AssetEventQueue.objects.exists()
     assert _events_by_ti() == {ti.id: sorted(ASSETS[:3])}
 
@@ -229,7 +229,7 @@ def _drain_while_asset_locked() -> list[Exception]:
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '300ms'")
         try:
-            outbox.drain()
+            drain.drain()
         except DatabaseError as exc:
             raised.append(exc)
         finally:
@@ -260,7 +260,7 @@ def test_registration_lock_timeout_recovers_with_nothing_lost(settings):
     )
 
     def drained() -> bool:
-        outbox.drain()
+        drain.drain()
         return not AssetEventQueue.objects.exists()
 
     wait_until(drained, timeout=10, interval=0.1)

@@ -53,7 +53,7 @@ import pytest
 from django.db import OperationalError, connection
 from django.utils import timezone
 
-from assets_app import outbox, registration, scheduling
+from assets_app import drain, registration, scheduling
 from assets_app.models import AssetDagRunQueue, AssetEventQueue
 
 from .conftest import consumption_report, figure, make_scheduled_dag, pg_deadlocks, run_in_threads
@@ -193,7 +193,7 @@ def _run_round(round_no: int, observed: Observed) -> None:
         barrier.wait(30)
         with connection.execute_wrapper(observed.recorder(round_no, n)):
             while AssetEventQueue.objects.filter(parked_at__isnull=True).exists():
-                outbox.drain_batch(batch_size=1)
+                drain.drain_batch(batch_size=1)
         with observed.lock:
             finished[0] += 1
             if finished[0] == DRAINS:

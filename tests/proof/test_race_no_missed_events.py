@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 
-from assets_app import outbox, registration, scheduling
+from assets_app import drain, registration, scheduling
 from assets_app.models import Asset, AssetDagRunQueue, AssetEvent, AssetEventQueue
 
 from .conftest import (
@@ -103,7 +103,7 @@ def test_concurrent_producers_drains_and_schedulers_miss_and_double_nothing(sett
                 loops_idle.release()
                 loops_may_run.wait()
                 continue
-            result = outbox.drain(batch_size=local.randint(1, 40), time_budget=0.0)
+            result = drain.drain(batch_size=local.randint(1, 40), time_budget=0.0)
             count(drain_calls=1, runs=result.runs_triggered)
             time.sleep(local.uniform(0, 0.01))
 

@@ -3,7 +3,7 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from assets_app import outbox
+from assets_app import drain
 
 
 class Command(BaseCommand):
@@ -16,7 +16,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, once, batch_size, sleep, **options):
         while True:
-            result = outbox.drain(batch_size=batch_size)
+            result = drain.drain(batch_size=batch_size)
             if once or result.claimed:
                 self.stdout.write(
                     f"drain: {result.registered} registered, {result.failed} failed "

@@ -2,7 +2,7 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from assets_app import scheduling
+from assets_app import repair, scheduling
 
 
 class Command(BaseCommand):
@@ -19,7 +19,7 @@ class Command(BaseCommand):
     def handle(self, *args, once, dag_ids, sleep, **options):
         while True:
             if not dag_ids:
-                repaired = scheduling.repair_task_instances()
+                repaired = repair.repair_task_instances()
                 if any(vars(repaired).values()):
                     self.stdout.write(f"repair: {repaired}")
             result = scheduling.schedule_dags(dag_ids=dag_ids)

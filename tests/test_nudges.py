@@ -1,0 +1,48 @@
+"""assets_app.nudges: the names it enqueues, and robust on-commit scheduler nudges."""
+
+import logging
+
+import pytest
+from django.db import OperationalError
+from django.utils.module_loading import import_string
+
+from assets_app import nudges, registration, schedules, scheduling, tasks
+from assets_app.models import Asset, AssetDagRunQueue, DagRun
+from tests.asset_flow import scheduled_dag
+
+
+def test_the_enqueued_names_are_the_django_q2_entry_points():
+    """Broker rows and Schedule rows already stored carry these dotted names: they must keep
+    resolving to the entry points."""
+    assert import_string(nudges.DRAIN_FUNC) is tasks.drain
+    assert import_string(nudges.SCHEDULE_FUNC) is tasks.schedule
+    assert {import_string(func) for func in schedules.SWEEPS.values()} <= {
+        tasks.drain,
+        tasks.schedule,
+        tasks.repair,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_scheduler_nudge_that_raises_after_commit_keeps_the_event_and_its_queue_rows(
+    monkeypatch, caplog
+):
+    def broker_away(**kwargs) -> None:
+        raise OperationalError("the broker table is away")
+
+    monkeypatch.setattr(nudges, "nudge_scheduler", broker_away)
+    consumer = scheduled_dag("consumer", "orders")
+    asset = Asset.objects.get(name="orders")
+
+    with caplog.at_level(logging.WARNING, logger="assets_app.nudges"):
+        event, created = registration.register_external_event(asset=asset, extra={})
+
+    assert created
+    (warning,) = [r for r in caplog.records if r.name == "assets_app.nudges"]
+    assert "broker_away" in warning.getMessage()
+    assert AssetDagRunQueue.objects.filter(target_dag=consumer, asset_event=event).count() == 1
+
+    result = scheduling.schedule_dags()  # what the one-minute sweep runs
+
+    assert [dag_id for dag_id, _ in result.run_ids] == ["consumer"]
+    assert DagRun.objects.filter(dag=consumer).count() == 1

@@ -1,17 +1,7 @@
 """The asset event outbox (`AssetEventQueue`): enqueue, claim, retry, park, requeue.
 
-Payload of a row (JSON), everything registration needs even after the TI is deleted:
-
-    {
-      "outlets":       [{"name": str, "uri": str, "type": "Asset"}  |
-                        {"name": str, "type": "AssetAlias"}],        # as the worker declared them
-      "outlet_events": [{"dest_asset_key": {"name", "uri"}, "extra": {...}} |
-                        {"source_alias_name": str, "dest_asset_key": {"name", "uri"},
-                         "dest_asset_extra": {...}, "extra": {...}}],
-      "source": {"ti_id": str, "dag_id": str, "run_id": str, "task_id": str,
-                 "map_index": int, "try_number": int},
-      "end_date": ISO 8601 str,
-    }
+Payload of a row (JSON): `payloads.OutboxPayload`, everything registration needs even after
+the TI is deleted (the outlets as the worker declared them, the TI try they come from).
 
 The drain (`drain.py`) claims due rows FOR UPDATE SKIP LOCKED (`claim_batch`), registers their
 payloads (`registration`) and deletes them in the same transaction, so a crash anywhere rolls both
@@ -46,8 +36,9 @@ from django.db import DataError, connection, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from . import audit, exceptions, locks, metrics, nudges, observability, prepared
+from . import audit, exceptions, locks, metrics, nudges, observability, payloads, prepared
 from .models import AssetDagRunQueue, AssetEventQueue, FailureKind, MetricCounter, TaskInstance
+from .payloads import AssetProfile, JsonDict
 
 logger = logging.getLogger(__name__)
 ATTEMPT_HISTORY_KEPT = 50
@@ -57,33 +48,11 @@ def _iso(moment: datetime | None) -> str:
     return moment.isoformat() if moment is not None else "an unknown time"
 
 
-def build_payload(
-    *,
-    ti: TaskInstance,
-    outlets: list[dict[str, Any]],
-    outlet_events: list[dict[str, Any]],
-    end_date: datetime,
-) -> dict[str, Any]:
-    return {
-        "outlets": outlets,
-        "outlet_events": outlet_events,
-        "source": {
-            "ti_id": str(ti.id),
-            "dag_id": ti.dag_id,
-            "run_id": ti.run_id,
-            "task_id": ti.task_id,
-            "map_index": ti.map_index,
-            "try_number": ti.try_number,
-        },
-        "end_date": end_date.isoformat(),
-    }
-
-
 def enqueue(
     *,
     ti: TaskInstance,
-    outlets: list[dict[str, Any]],
-    outlet_events: list[dict[str, Any]],
+    outlets: list[AssetProfile],
+    outlet_events: list[JsonDict],
     end_date: datetime,
 ) -> int:
     """Insert the outbox row for this TI try and return its id. Runs inside the caller's
@@ -95,7 +64,7 @@ def enqueue(
     passed as jsonb text: the ORM's JSON encoding and a separate counter upsert after commit
     were a third of the request's cost (bench/success_breakdown.py).
     """
-    payload = build_payload(ti=ti, outlets=outlets, outlet_events=outlet_events, end_date=end_date)
+    payload = payloads.build(ti=ti, outlets=outlets, outlet_events=outlet_events, end_date=end_date)
     row = AssetEventQueue(
         ti_id=ti.id,
         try_number=ti.try_number,

@@ -32,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -51,11 +51,12 @@ from .models import (
     DagScheduleAssetReference,
 )
 from .models.assets import ASSET_KEY_MAX_LENGTH
+from .payloads import OutboxPayload
 
 AssetKey = tuple[str, str]  # (name, uri)
 logger = logging.getLogger(__name__)
 # Outlet types that refer to an existing asset by one of its keys.
-REFERENCE_TYPES = {"AssetNameRef": "name", "AssetUriRef": "uri"}
+REFERENCE_TYPES: dict[str, Literal["name", "uri"]] = {"AssetNameRef": "name", "AssetUriRef": "uri"}
 if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
 
@@ -158,7 +159,7 @@ def _asset_key(raw: Any, *, where: str) -> AssetKey:
     return name, uri
 
 
-def _source(payload: dict[str, Any], *, where: str) -> dict[str, Any]:
+def _source(payload: OutboxPayload, *, where: str) -> dict[str, Any]:
     source = payload.get("source")
     if not isinstance(source, dict):
         raise RegistrationError(f"{where}.source: missing")
@@ -175,7 +176,7 @@ def _source(payload: dict[str, Any], *, where: str) -> dict[str, Any]:
         raise RegistrationError(f"{where}.source: {type(exc).__name__}: {exc}") from exc
 
 
-def _plan(payloads: Sequence[dict[str, Any]]) -> _Plan:
+def _plan(payloads: Sequence[OutboxPayload]) -> _Plan:
     """Turn payloads into emissions (pure Python, no queries)."""
     plan = _Plan()
     for index, payload in enumerate(payloads):
@@ -409,7 +410,7 @@ def _insert_queue_rows(rows: list[tuple[str, int, int]], *, now: datetime) -> in
         return cursor.rowcount
 
 
-def _resolve_references(payloads: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+def _resolve_references(payloads: Sequence[OutboxPayload]) -> Sequence[OutboxPayload]:
     """Replace `AssetNameRef` / `AssetUriRef` outlets by the full key of the asset they name.
 
     One query, and only when some payload has such an outlet. Unknown references are dropped
@@ -422,8 +423,8 @@ def _resolve_references(payloads: Sequence[dict[str, Any]]) -> Sequence[dict[str
             field = (
                 REFERENCE_TYPES.get(str(outlet.get("type"))) if isinstance(outlet, dict) else None
             )
-            if field and isinstance(outlet.get(field), str):
-                wanted[field].add(outlet[field])
+            if field and isinstance(value := outlet.get(field), str):
+                wanted[field].add(value)
     if not wanted["name"] and not wanted["uri"]:
         return payloads
     found: dict[str, dict[str, tuple[str, str]]] = {"name": {}, "uri": {}}
@@ -446,7 +447,7 @@ def _resolve_references(payloads: Sequence[dict[str, Any]]) -> Sequence[dict[str
             )
             if field is None:
                 new_outlets.append(outlet)
-            elif (key := found[field].get(outlet.get(field))) is not None:
+            elif isinstance(ref := outlet.get(field), str) and (key := found[field].get(ref)):
                 new_outlets.append({"name": key[0], "uri": key[1], "type": "Asset"})
             else:
                 logger.warning("outlet %s %r names no known asset; skipped", field, outlet)
@@ -456,7 +457,7 @@ def _resolve_references(payloads: Sequence[dict[str, Any]]) -> Sequence[dict[str
 
 def register_payloads(
     *,
-    payloads: Sequence[dict[str, Any]],
+    payloads: Sequence[OutboxPayload],
     windows: Sequence[tuple[int, int | None]] | None = None,
 ) -> list[RegistrationResult]:
     """Register a batch of outbox payloads; one result per payload, in order.
@@ -594,7 +595,7 @@ def register_payloads(
     ]
 
 
-def register_payload(*, payload: dict[str, Any]) -> RegistrationResult:
+def register_payload(*, payload: OutboxPayload) -> RegistrationResult:
     """Register one outbox payload. Runs inside the caller's transaction; idempotent (see
     `register_payloads`)."""
     (result,) = register_payloads(payloads=[payload])

@@ -49,7 +49,17 @@ from django.db.models.functions import Cast
 from django.db.models.sql.constants import ROW_COUNT
 from django.utils import timezone
 
-from . import dependencies, exceptions, locks, nudges, outbox, prepared, registration, xcoms
+from . import (
+    dependencies,
+    exceptions,
+    locks,
+    nudges,
+    outbox,
+    payloads,
+    prepared,
+    registration,
+    xcoms,
+)
 from .models import (
     AssetAliasEvent,
     AssetDagRunQueue,
@@ -65,6 +75,7 @@ from .models import (
 )
 from .models.dags import DEFAULT_RETRY_DELAY_SECONDS
 from .models.runs import TI_UNFINISHED_STATES
+from .payloads import AssetProfile, JsonDict
 
 # Airflow's `[core] max_task_retry_delay` default: the cap of an exponential backoff.
 MAX_RETRY_DELAY_SECONDS = 24 * 60 * 60
@@ -363,8 +374,8 @@ def succeed(
     ti_id: UUID,
     try_number: int,
     end_date: datetime,
-    task_outlets: list[dict[str, Any]],
-    outlet_events: list[dict[str, Any]],
+    task_outlets: list[AssetProfile],
+    outlet_events: list[JsonDict],
 ) -> StateChange:
     """running -> success, handing the outlets to registration.
 
@@ -402,8 +413,8 @@ def _succeed_queued(
     ti_id: UUID,
     try_number: int,
     end_date: datetime,
-    task_outlets: list[dict[str, Any]],
-    outlet_events: list[dict[str, Any]],
+    task_outlets: list[AssetProfile],
+    outlet_events: list[JsonDict],
 ) -> StateChange:
     """Read the TI, insert the outbox row, then take the lock with the state change itself.
 
@@ -512,8 +523,8 @@ def _succeed_inline(
     ti_id: UUID,
     try_number: int,
     end_date: datetime,
-    task_outlets: list[dict[str, Any]],
-    outlet_events: list[dict[str, Any]],
+    task_outlets: list[AssetProfile],
+    outlet_events: list[JsonDict],
 ) -> StateChange:
     with transaction.atomic(durable=True):
         registration.check_constraints_immediately()
@@ -524,7 +535,7 @@ def _succeed_inline(
         if ti.state != TIState.RUNNING or ti.try_number != try_number:
             return _replay_or_conflict(ti, try_number=try_number, action="marked success")
         registered = registration.register_payload(
-            payload=outbox.build_payload(
+            payload=payloads.build(
                 ti=ti, outlets=task_outlets, outlet_events=outlet_events, end_date=end_date
             )
         )

@@ -55,7 +55,7 @@ COMPONENTS = [
     ("      QuerySet.first (TI read + TI lock)", "django.db.models.query:QuerySet.first"),
     ("      TI read (plain SQL)", "assets_app.task_state:_read_task_instance"),
     ("      outbox INSERT (enqueue)", "assets_app.outbox:enqueue"),
-    ("        payload build", "assets_app.outbox:build_payload"),
+    ("        payload build", "assets_app.payloads:build"),
     ("      TI lock (SELECT FOR UPDATE)", "assets_app.locks:lock_task_instance"),
     ("      TI UPDATE", "assets_app.task_state:_set_success"),
     (

@@ -5,7 +5,6 @@ the `Airflow-API-Version` request header is accepted and ignored. A path id that
 a 422 (`validation_error`), like any other invalid parameter.
 """
 
-from typing import Any, cast
 from uuid import UUID
 
 from django.http import HttpRequest, HttpResponse
@@ -57,8 +56,7 @@ def ti_update_state(
             ti_id=task_instance_id,
             try_number=try_number,
             end_date=payload.end_date,
-            # AssetProfile TypedDicts: plain dicts at run time, stored as they came.
-            task_outlets=cast(list[dict[str, Any]], payload.task_outlets or []),
+            task_outlets=payload.task_outlets or [],
             outlet_events=list(payload.outlet_events or ()),
         )
     elif isinstance(payload, schemas.TIReschedulePayload):

@@ -9,17 +9,16 @@ a field that is required-but-nullable there is always emitted, as null when unkn
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, Literal
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 import orjson
 from django.core.serializers.json import DjangoJSONEncoder
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, with_config
-from typing_extensions import TypedDict
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
-from assets_app import asset_events, limits, task_state
+from assets_app import asset_events, task_state
 from assets_app.models import Asset, AssetEvent, TaskInstance
-from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
+from assets_app.payloads import AssetProfile, OutletEvent
 
 JsonDict = dict[str, Any]
 
@@ -49,7 +48,6 @@ def _storable_utc(value: datetime) -> datetime:
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_storable_utc)]
 Hostname = Annotated[str, Field(max_length=HOSTNAME_MAX_LENGTH)]
 Pid = Annotated[int, Field(gt=0, le=INT32_MAX)]
-AssetKeyPart = Annotated[str, Field(max_length=ASSET_KEY_MAX_LENGTH)]
 
 
 class RequestBody(BaseModel):
@@ -71,45 +69,10 @@ class TIEnterRunningPayload(RequestBody):
     start_date: UtcDatetime
 
 
-@with_config(ConfigDict(extra="forbid"))
-class AssetProfile(TypedDict):
-    """A declared outlet: an Asset (name + uri), an AssetAlias (name), or a name/uri reference.
-
-    A TypedDict, not a model: pydantic-core checks each outlet and hands back the dict itself,
-    which is what the outbox payload stores. A model per outlet and its `model_dump` back into
-    a dict cost ~2 us per outlet on the success path (bench/success_breakdown.py)."""
-
-    name: NotRequired[AssetKeyPart | None]
-    uri: NotRequired[AssetKeyPart | None]
-    type: str
-
-
-def _bounded_outlet_event(event: JsonDict) -> JsonDict:
-    """An outlet event stays free-form (Airflow's `dict[str, Any]`), but the asset and alias
-    names in it become columns when the drain registers it: over-long ones are a 422 now rather
-    than an outbox row that can only be parked. Its `extra` and `dest_asset_extra` nest at most
-    `limits.MAX_JSON_DEPTH` levels, as at every other door."""
-    for json_field in ("extra", "dest_asset_extra"):
-        path = limits.too_deep_path(event.get(json_field))
-        if path is not None:
-            raise ValueError(
-                f"{json_field}{limits.abbreviate(path)}: "
-                f"{limits.depth_message(limit=limits.MAX_JSON_DEPTH)}"
-            )
-    key = event.get("dest_asset_key")
-    named = [("source_alias_name", event.get("source_alias_name"))]
-    if isinstance(key, dict):
-        named += [(f"dest_asset_key.{part}", key.get(part)) for part in ("name", "uri")]
-    for where, value in named:
-        if isinstance(value, str) and len(value) > ASSET_KEY_MAX_LENGTH:
-            raise ValueError(f"{where} must have at most {ASSET_KEY_MAX_LENGTH} characters")
-    return event
-
-
-OutletEvent = Annotated[JsonDict, AfterValidator(_bounded_outlet_event)]
-
-
 class TISuccessStatePayload(RequestBody):
+    """Outlets are the outbox payload's own types (`payloads.py`): TypedDicts, kept as they
+    came."""
+
     state: Literal["success"] = "success"
     end_date: UtcDatetime
     task_outlets: list[AssetProfile] | None = None

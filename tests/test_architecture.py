@@ -62,6 +62,7 @@ SHARED = frozenset(
         "nudges",
         "broker",
         "payloads",
+        "prepared",
         "conditions",
         "definitions",
         "dags",

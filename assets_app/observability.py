@@ -1,5 +1,6 @@
 """What operators watch: queue gauges, activity per minute, component health, the worker API
-latency histogram, and their Prometheus text rendering (`/metrics`).
+latency histogram, and `/metrics`: prometheus_client renders a registry holding a collector of
+the database gauges and counters (`DatabaseCollector`) and the histogram.
 
 Gauges are computed per scrape with a fixed number of queries and counters live in the sharded
 `MetricCounter` rows of `metrics.py`, so every API process and django-q2 cluster contributes and
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -20,6 +21,9 @@ from django.db import connection
 from django.db.models import Count, Min, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
+from prometheus_client import CollectorRegistry, Histogram, generate_latest, multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from . import metrics
 from .models import (
@@ -231,16 +235,14 @@ def database_reachable() -> bool:
 # /metrics sums all of them. Without it each process reports its own requests.
 
 HISTOGRAM_NAME = f"{PREFIX}worker_api_request_duration_seconds"
-_histogram_holder: list = []
+_histogram_holder: list[Histogram] = []
 
 
-def _histogram():
+def _histogram() -> Histogram:
     if not _histogram_holder:
         directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if directory:
             os.makedirs(directory, exist_ok=True)
-        from prometheus_client import Histogram
-
         _histogram_holder.append(
             Histogram(
                 HISTOGRAM_NAME,
@@ -268,8 +270,6 @@ def _histogram_samples():
     this process."""
     histogram = _histogram()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import CollectorRegistry, multiprocess
-
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         families = [f for f in registry.collect() if f.name == HISTOGRAM_NAME]
@@ -335,81 +335,76 @@ def latency_quantile(series: list[LatencySeries], q: float) -> float | None:
     return float("inf")
 
 
-# --- Prometheus text format -----------------------------------------------------------------
+# --- /metrics through prometheus_client ---------------------------------------------------
+
+_GAUGES = (
+    ("outbox_depth", "depth", "Outbox rows waiting for registration (not parked)."),
+    ("outbox_due", "due", "Outbox rows due for a drain attempt now."),
+    ("outbox_backing_off", "backing_off", "Outbox rows waiting for a retry."),
+    ("outbox_parked", "parked", "Outbox rows parked after too many failures."),
+    (
+        "outbox_oldest_pending_age_seconds",
+        "oldest_pending_age_seconds",
+        "Age of the oldest outbox row not parked.",
+    ),
+    ("queued_asset_events", "queued_events", "ADRQ rows waiting for the scheduler."),
+)
+
+_COMPONENT_TIMES = (
+    ("component_last_run_timestamp_seconds", "last_run_at", "Last run of a component."),
+    ("component_last_ok_timestamp_seconds", "last_ok_at", "Last successful run."),
+)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class DatabaseCollector(Collector):
+    """The gauges and counters every process can answer from the database: queue gauges (two
+    queries), the sharded counters (one) and component health (one), read once per `collect()`."""
+
+    def __init__(self, *, now: datetime | None = None) -> None:
+        self.now = now
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.now or timezone.now()
+        gauges = queue_gauges(now=now)
+        for name, attr, help_text in _GAUGES:
+            yield GaugeMetricFamily(f"{PREFIX}{name}", help_text, value=getattr(gauges, attr))
+
+        for counter, value in metrics.values().items():
+            help_text = f"Total {counter.replace('_', ' ')} since the database was created."
+            yield CounterMetricFamily(f"{PREFIX}{counter}", help_text, value=value)
+
+        health = component_health(now=now)
+        for name, attr, help_text in _COMPONENT_TIMES:
+            family = GaugeMetricFamily(f"{PREFIX}{name}", help_text, labels=["component"])
+            for h in health:
+                if (at := getattr(h, attr)) is not None:
+                    family.add_metric([h.component], at.timestamp())
+            yield family
+        healthy = GaugeMetricFamily(
+            f"{PREFIX}component_healthy",
+            "1 when the component succeeded within ASSET_HEALTH_MAX_AGE_SECONDS.",
+            labels=["component"],
+        )
+        for h in health:
+            healthy.add_metric([h.component], int(h.healthy))
+        yield healthy
 
 
-def _number(value: float) -> str:
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
-
-
-def _family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> list[str]:
-    return [f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}", *samples]
+def metrics_registry(*, now: datetime | None = None) -> CollectorRegistry:
+    """What `/metrics` shows: the database collector and the latency histogram (every process's
+    under PROMETHEUS_MULTIPROC_DIR, else this process's)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector(now=now))
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry.register(_histogram())
+    return registry
 
 
 def render_prometheus(*, now: datetime | None = None) -> str:
     """The `/metrics` body (text exposition format 0.0.4). A fixed number of queries."""
-    now = now or timezone.now()
-    gauges = queue_gauges(now=now)
-    lines: list[str] = []
-    for name, value, help_text in (
-        ("outbox_depth", gauges.depth, "Outbox rows waiting for registration (not parked)."),
-        ("outbox_due", gauges.due, "Outbox rows due for a drain attempt now."),
-        ("outbox_backing_off", gauges.backing_off, "Outbox rows waiting for a retry."),
-        ("outbox_parked", gauges.parked, "Outbox rows parked after too many failures."),
-        (
-            "outbox_oldest_pending_age_seconds",
-            gauges.oldest_pending_age_seconds,
-            "Age of the oldest outbox row not parked.",
-        ),
-        ("queued_asset_events", gauges.queued_events, "ADRQ rows waiting for the scheduler."),
-    ):
-        lines += _family(name, "gauge", help_text, [f"{PREFIX}{name} {_number(value)}"])
-
-    for counter, value in metrics.values().items():
-        name = f"{counter}_total"
-        help_text = f"Total {counter.replace('_', ' ')} since the database was created."
-        lines += _family(name, "counter", help_text, [f"{PREFIX}{name} {value}"])
-
-    health = component_health(now=now)
-    for metric, attr, help_text in (
-        ("component_last_run_timestamp_seconds", "last_run_at", "Last run of a component."),
-        ("component_last_ok_timestamp_seconds", "last_ok_at", "Last successful run."),
-    ):
-        samples = [
-            f'{PREFIX}{metric}{{component="{h.component}"}} {getattr(h, attr).timestamp():.3f}'
-            for h in health
-            if getattr(h, attr) is not None
-        ]
-        lines += _family(metric, "gauge", help_text, samples)
-    lines += _family(
-        "component_healthy",
-        "gauge",
-        "1 when the component succeeded within ASSET_HEALTH_MAX_AGE_SECONDS.",
-        [
-            f'{PREFIX}component_healthy{{component="{h.component}"}} {int(h.healthy)}'
-            for h in health
-        ],
-    )
-
-    hist = "worker_api_request_duration_seconds"
-    samples = []
-    for series in latency_histograms():
-        labels = f'method="{_escape(series.method)}",route="{_escape(series.route)}"'
-        cumulative = 0
-        for bound, count in zip((*LATENCY_BUCKETS, None), series.buckets, strict=True):
-            cumulative += count
-            le = "+Inf" if bound is None else _number(bound)
-            samples.append(f'{PREFIX}{hist}_bucket{{{labels},le="{le}"}} {cumulative}')
-        samples.append(f"{PREFIX}{hist}_sum{{{labels}}} {series.sum_seconds!r}")
-        samples.append(f"{PREFIX}{hist}_count{{{labels}}} {series.count}")
-    lines += _family(hist, "histogram", "Worker API (/execution/) request latency.", samples)
-    return "\n".join(lines) + "\n"
+    return generate_latest(metrics_registry(now=now)).decode()
 
 
 @dataclass(frozen=True)

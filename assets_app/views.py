@@ -7,12 +7,13 @@ from django.http import HttpResponse, HttpResponsePermanentRedirect, JsonRespons
 from django.templatetags.static import static
 from django.views import defaults
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from . import observability
 from .api import errors
 from .database_errors import database_unavailable_reason
 
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 
 @require_GET

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,10 +24,12 @@ def _free_port() -> int:
 
 
 def _samples(text: str) -> dict[str, float]:
+    """The unlabelled samples of a /metrics body, by name (prometheus_client's parser)."""
     return {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#") and "{" not in line
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels
     }
 
 

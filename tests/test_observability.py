@@ -2,7 +2,6 @@
 latency histogram from process memory) and /healthz."""
 
 import os
-import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -11,28 +10,33 @@ from pathlib import Path
 import pytest
 from django.test import Client
 from django.utils import timezone
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from assets_app import metrics, observability
 from assets_app.models import AssetDagRunQueue, ComponentHeartbeat, MetricCounter
 from tests.factories import AssetEventFactory, AssetEventQueueFactory, DagFactory
 
-SAMPLE = re.compile(r"^([a-z_]+)(\{[^}]*\})? (-?[0-9.e+]+|\+Inf)$")
 
-
-def scrape(client=None) -> tuple[str, dict[str, float]]:
+def scrape(client=None) -> tuple[dict[str, Metric], dict[str, float]]:
+    """/metrics parsed by prometheus_client's own parser: the families, and every
+    sample as `name{label="value",...}` (labels sorted) -> value."""
     response = (client or Client()).get("/metrics")
     assert response.status_code == 200
     assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
-    text = response.content.decode()
+    parsed = list(text_string_to_metric_families(response.content.decode()))
+    # By the name of their TYPE line: the parser drops a counter's `_total`, and the gauge
+    # `outbox_parked` and the counter `outbox_parked_total` would collide.
+    families = {f.name + ("_total" if f.type == "counter" else ""): f for f in parsed}
+    assert len(families) == len(parsed)
     samples = {}
-    for line in text.splitlines():
-        if line.startswith("# "):
-            assert re.match(r"^# (HELP|TYPE) asset_service_[a-z_]+ .+$", line), line
-            continue
-        match = SAMPLE.match(line)
-        assert match, f"not a sample line: {line!r}"
-        samples[match[1] + (match[2] or "")] = float(match[3])
-    return text, samples
+    for family in parsed:
+        assert family.name.startswith("asset_service_"), family.name
+        assert family.documentation, family.name
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return families, samples
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +71,7 @@ def test_metrics_gauges_and_counters():
     MetricCounter.objects.create(name=metrics.REGISTERED, shard=0, value=40)
     MetricCounter.objects.create(name=metrics.REGISTERED, shard=3, value=2)
 
-    text, samples = scrape()
+    families, samples = scrape()
     assert samples["asset_service_outbox_depth"] == 2
     assert samples["asset_service_outbox_due"] == 1
     assert samples["asset_service_outbox_backing_off"] == 1
@@ -77,7 +81,9 @@ def test_metrics_gauges_and_counters():
     assert samples["asset_service_queued_asset_events"] == 1
     assert samples["asset_service_outbox_registered_total"] == 42
     for counter in metrics.COUNTERS:
-        assert f"# TYPE asset_service_{counter}_total counter" in text
+        assert families[f"asset_service_{counter}_total"].type == "counter"
+        assert f"asset_service_{counter}_total" in samples
+    assert families["asset_service_outbox_depth"].type == "gauge"
     assert samples['asset_service_component_healthy{component="drain"}'] == 0
 
 
@@ -103,12 +109,24 @@ def test_worker_api_latency_histogram_counts_each_request():
     labels = f'method="GET",route="{route}"'
     assert samples[f"asset_service_worker_api_request_duration_seconds_count{{{labels}}}"] == 2
     assert (
-        samples[f'asset_service_worker_api_request_duration_seconds_bucket{{{labels},le="+Inf"}}']
+        samples[f'asset_service_worker_api_request_duration_seconds_bucket{{le="+Inf",{labels}}}']
         == 2
     )
     buckets = [
-        samples[f'asset_service_worker_api_request_duration_seconds_bucket{{{labels},le="{le}"}}']
-        for le in ("0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10")
+        samples[f'asset_service_worker_api_request_duration_seconds_bucket{{le="{le}",{labels}}}']
+        for le in (
+            "0.005",
+            "0.01",
+            "0.025",
+            "0.05",
+            "0.1",
+            "0.25",
+            "0.5",
+            "1.0",
+            "2.5",
+            "5.0",
+            "10.0",
+        )
     ]
     assert buckets == sorted(buckets)  # cumulative
     assert 0 < samples[f"asset_service_worker_api_request_duration_seconds_sum{{{labels}}}"] < 10
@@ -127,6 +145,7 @@ def test_latency_histogram_places_buckets_without_a_query(django_assert_num_quer
     assert series.sum_seconds == pytest.approx(30.203)
 
 
+@pytest.mark.django_db
 def test_latency_histogram_sums_the_processes_of_a_multiprocess_directory(tmp_path, monkeypatch):
     """Under gunicorn every worker records into PROMETHEUS_MULTIPROC_DIR; whichever worker
     answers /metrics reports the sum. Two real processes record, this one reads."""
@@ -149,6 +168,47 @@ def test_latency_histogram_sums_the_processes_of_a_multiprocess_directory(tmp_pa
     assert (series.method, series.route) == ("PATCH", "r")
     assert series.buckets == (1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0)
     assert series.sum_seconds == pytest.approx(0.203)
+    # /metrics renders the directory's histogram too, next to the database collector.
+    _, samples = scrape()
+    labels = 'method="PATCH",route="r"'
+    prefix = "asset_service_worker_api_request_duration_seconds"
+    assert samples[f"{prefix}_count{{{labels}}}"] == 2
+    assert samples[f'{prefix}_bucket{{le="0.005",{labels}}}'] == 1
+    assert samples[f'{prefix}_bucket{{le="0.25",{labels}}}'] == 2
+    assert "asset_service_outbox_depth" in samples
+
+
+@pytest.mark.django_db
+def test_metrics_component_health_by_label():
+    """One sample per component: its last run and last success as Unix seconds, and healthy."""
+    beat("drain", ago=timedelta(seconds=10))
+    beat("scheduler", ago=timedelta(hours=2), ok=False)
+    drain_at = ComponentHeartbeat.objects.get(component="drain").last_run_at.timestamp()
+    families, samples = scrape()
+    runs = "asset_service_component_last_run_timestamp_seconds"
+    oks = "asset_service_component_last_ok_timestamp_seconds"
+    assert samples[f'{runs}{{component="drain"}}'] == pytest.approx(drain_at, abs=0.001)
+    assert samples[f'{oks}{{component="drain"}}'] == pytest.approx(drain_at, abs=0.001)
+    assert f'{runs}{{component="scheduler"}}' in samples
+    assert f'{oks}{{component="scheduler"}}' not in samples  # never succeeded: no sample
+    assert samples['asset_service_component_healthy{component="drain"}'] == 1
+    assert samples['asset_service_component_healthy{component="scheduler"}'] == 0
+    assert families["asset_service_component_healthy"].documentation == (
+        "1 when the component succeeded within ASSET_HEALTH_MAX_AGE_SECONDS."
+    )
+
+
+@pytest.mark.django_db
+def test_metrics_label_values_round_trip_whatever_their_characters():
+    """A route label with a quote, a backslash and a newline reads back unchanged: the
+    exposition escapes it (prometheus_client's, not ours)."""
+    route = 'execution/a"b\\c\nd'
+    observability.record_api_latency(method="GET", route=route, seconds=0.01)
+    families, _ = scrape()
+    family = families["asset_service_worker_api_request_duration_seconds"]
+    assert family.type == "histogram"
+    counts = [s for s in family.samples if s.name.endswith("_count")]
+    assert [(s.labels, s.value) for s in counts] == [({"method": "GET", "route": route}, 1)]
 
 
 @pytest.mark.django_db

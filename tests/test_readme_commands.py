@@ -2,7 +2,6 @@
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -19,6 +18,33 @@ def _quick_start_commands() -> list[str]:
     section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _free_port() -> int:
@@ -49,6 +75,7 @@ def test_run_command_serves_the_admin_login_then_stops(tmp_path):
         text=True,
         start_new_session=True,
     )
+    processes: set[int] = set()
     try:
         # migrate, collectstatic, setup_schedules and bootstrap_admin come first: a minute and
         # more on a loaded 2-core machine (as the demo test allows).
@@ -68,9 +95,18 @@ def test_run_command_serves_the_admin_login_then_stops(tmp_path):
         assert "csrfmiddlewaretoken" in response.text
         static = requests.get(f"http://127.0.0.1:{port}/static/admin/css/base.css", timeout=5)
         assert static.status_code == 200
+        # gunicorn's master and workers, qcluster and its forked workers, honcho's own.
+        processes = _descendants(process.pid)
+        assert len(processes) >= 6, processes
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
+        # A SIGTERM of bin/serve alone (not its group) stops every process it started, the
+        # cluster's forked workers too, within 15 s (qcluster may hang on SIGTERM: SIGKILLed).
+        stopped_at = time.monotonic()
+        process.terminate()
         output, _ = process.communicate(timeout=30)
+    while time.monotonic() - stopped_at < 15 and any(_alive(pid) for pid in processes):
+        time.sleep(0.2)
+    assert not [pid for pid in processes if _alive(pid)], output
     assert "user 'admin', password 's3cret-pass'" in output
     assert process.returncode is not None
 

@@ -23,8 +23,6 @@ import hashlib
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +34,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tests import servers  # noqa: E402 (after ROOT is importable)
+from tests.servers import Server  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 PYTHON = sys.executable
@@ -396,54 +397,7 @@ def plot_hist(
 
 
 def free_port() -> int:
-    for port in PORT_RANGE:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 8400-8499")
-
-
-class Server:
-    """A child process group (gunicorn or qcluster) that is stopped on exit."""
-
-    def __init__(
-        self, argv: list[str], env: Mapping[str, str], log: Path, stop_timeout: float = 10.0
-    ) -> None:
-        self.stop_timeout = stop_timeout
-        self.log = open(log, "w")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=dict(env),
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            except ProcessLookupError:
-                pass
-        self.log.close()
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    return servers.free_port(PORT_RANGE)
 
 
 def start_gunicorn(
@@ -451,59 +405,28 @@ def start_gunicorn(
 ) -> tuple[Server, str]:
     """gunicorn on 127.0.0.1:<free port>; returns (server, base URL) once it answers HTTP."""
     port = free_port()
-    argv = [
-        PYTHON,
-        "-m",
-        "gunicorn",
-        "project.wsgi:application",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--workers",
-        str(workers),
-        "--threads",
-        str(threads),
-        "--backlog",
-        "2048",
-        "--timeout",
-        "120",
-        "--log-level",
-        "warning",
-    ]
     # The latency histogram's multiprocess directory (bin/serve sets one up the same way).
     metrics_dir = log.parent / f"prometheus-{port}"
     metrics_dir.mkdir(parents=True, exist_ok=True)
     for stale in metrics_dir.glob("*.db"):
         stale.unlink()
     env = {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), **env}
-    server = Server(argv, server_env(url, **env), log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(base, server)
-    except BaseException:
-        server.stop()
-        raise
-    return server, base
-
-
-def wait_http(base: str, server: Server, timeout: float = 30.0) -> None:
-    import requests
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited early, see {server.log.name}")
-        try:
-            requests.get(f"{base}/execution/docs", timeout=10)
-            return
-        except (requests.ConnectionError, requests.Timeout):
-            time.sleep(0.1)
-    raise RuntimeError(f"server at {base} did not answer in {timeout} s")
+    args = ("--threads", str(threads), "--backlog", "2048", "--timeout", "120")
+    server = servers.gunicorn(
+        server_env(url, **env),
+        log,
+        workers=workers,
+        port=port,
+        args=(*args, "--log-level", "warning"),
+    )
+    assert server.url is not None
+    return server, server.url
 
 
 def start_qcluster(url: str, *, log: Path, **env: str) -> Server:
     # The measurements are over when a cluster is stopped, and a django-q2 cluster takes
     # 10 s or more to stop on SIGTERM: give it 2 s, then SIGKILL its process group.
-    return Server([PYTHON, "manage.py", "qcluster"], server_env(url, **env), log, stop_timeout=2.0)
+    return servers.qcluster(server_env(url, **env), log, stop_timeout=2.0)
 
 
 def tree_rss_bytes(pid: int) -> int:

@@ -14,26 +14,20 @@ figures are the SDK's start-up cost, not the service's.
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import _harness as h  # bench/ is sys.path[0]: puts the checkout on sys.path
 import psycopg
+
+from tests import servers
 
 ROOT = Path(__file__).resolve().parents[1]
 PG = os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432")
 DB = f"{os.environ.get('BENCH_DB_PREFIX', 'bench')}_airflow_worker"
 KEY = "bench-worker-key"
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _sql(query: str, *args, db: str = DB):
@@ -72,25 +66,12 @@ def main() -> None:
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{DB}"')
         conn.execute(f'CREATE DATABASE "{DB}"')
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
+    port = h.free_port()
     env = {**os.environ, "DATABASE_URL": f"{PG}/{DB}", "PORT": str(port), "WORKER_API_KEY": KEY}
-    serve = subprocess.Popen(
-        [str(ROOT / "bin/serve")],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    serve = servers.bin_serve(env, h.log_path("airflow_worker", "serve"), ready_timeout=120)
+    url = f"http://127.0.0.1:{port}"
     rows = []
     try:
-        for _ in range(240):
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.5)
         _worker(url, env, "--sync-only")
         load_before = os.getloadavg()[0]
         for concurrency in options.concurrency:
@@ -121,8 +102,7 @@ def main() -> None:
             )
         load_after = os.getloadavg()[0]
     finally:
-        os.killpg(serve.pid, signal.SIGTERM)
-        serve.wait(timeout=60)
+        serve.stop(timeout=60)
     print(f"{'concurrency':>11} {'TIs':>4} {'tasks/s':>8} {'claim->running median':>22} {'max':>6}")
     for r in rows:
         print(

@@ -3,10 +3,7 @@ triggers `ingest`, and the fan-out/fan-in graph runs to the end within a minute 
 
 import contextlib
 import os
-import signal
-import socket
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,13 +11,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import servers
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -35,32 +28,23 @@ def _samples(text: str) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_demo_runs_the_example_graph_to_the_end(tmp_path):
-    port = _free_port()
     log = tmp_path / "serve.log"
     env = {
         **os.environ,
-        "PORT": str(port),
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "DEMO": "1",
     }
     env.pop("ADMIN_PASSWORD", None)
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [str(ROOT / "bin/serve")],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    serve = servers.bin_serve(env, log)
+    url = serve.url
     try:
         deadline = time.monotonic() + 150
         samples: dict[str, float] = {}
         while time.monotonic() < deadline:
-            assert process.poll() is None, log.read_text()
+            assert serve.running, log.read_text()
             # Not up yet, or its two sync workers busy behind a SQLite write: ask again.
             with contextlib.suppress(requests.RequestException):
-                metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+                metrics = requests.get(f"{url}/metrics", timeout=10)
                 samples = _samples(metrics.text)
             # ingest: 3 events -> clean_orders (1 alias event) -> daily_report (report)
             # -> archive (report_archive): 6 events, 3 asset-triggered runs.
@@ -72,7 +56,7 @@ def test_demo_runs_the_example_graph_to_the_end(tmp_path):
             time.sleep(1)
         assert samples.get("asset_service_dag_runs_triggered_total") == 3, log.read_text()
         assert samples["asset_service_outbox_parked"] == 0
-        health = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
+        health = requests.get(f"{url}/healthz", timeout=10)
         assert health.status_code == 200, health.text
         # The demo prints the real login (issue 13: a random password, not admin/admin).
         password = log.read_text().split("admin login: user 'admin', password '", 1)[1]
@@ -80,9 +64,9 @@ def test_demo_runs_the_example_graph_to_the_end(tmp_path):
         assert password != "admin"
         assert f"(admin login: user 'admin', password '{password}'" in log.read_text()
         session = requests.Session()
-        session.get(f"http://127.0.0.1:{port}/admin/login/", timeout=10)
+        session.get(f"{url}/admin/login/", timeout=10)
         logged_in = session.post(
-            f"http://127.0.0.1:{port}/admin/login/?next=/admin/",
+            f"{url}/admin/login/?next=/admin/",
             data={
                 "username": "admin",
                 "password": password,
@@ -92,13 +76,8 @@ def test_demo_runs_the_example_graph_to_the_end(tmp_path):
         )
         assert logged_in.url.endswith("/admin/"), logged_in.url
     finally:
-        # django-q2's qcluster can hang on SIGTERM (django-q2 issue #346): ask, then insist.
-        os.kill(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=15)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=15)
+        # SIGTERM (honcho stops every process, SIGKILL after 5 s), SIGKILL after 15 s.
+        serve.stop(timeout=15)
     text = log.read_text()
     assert "4 dags: 4 created" in text
     # The demo Dags' dependencies held: each downstream started after its upstream ended.
@@ -113,4 +92,4 @@ def test_demo_runs_the_example_graph_to_the_end(tmp_path):
     assert times[("ingest", "fetch_payments")][0] >= times[("ingest", "fetch_orders")][1], times
     notify_start = times[("daily_report", "notify")][0]
     assert notify_start is None or notify_start >= times[("daily_report", "build")][1], times
-    assert f"watch http://127.0.0.1:{port}/admin/dashboard/" in text
+    assert f"watch {url}/admin/dashboard/" in text

@@ -2,79 +2,35 @@
 (`manage.py run_worker`, another process) over HTTP, on the test database."""
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
-from django.db import connection
 
 from assets_app import runs
 from assets_app.models import AssetEventQueue, DagRunState, TIState
+from tests import servers
 from tests.factories import AssetAliasFactory, AssetFactory, DagFactory, TaskFactory
+from tests.proof.conftest import database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def subprocess_env() -> dict[str, str]:
-    db = connection.settings_dict
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    url = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     return {
         **os.environ,
-        "DATABASE_URL": url,
+        "DATABASE_URL": database_url(),
         "WORKER_API_KEY": "e2e-worker-key",
         "ASSET_REGISTRATION_MODE": "queue",
         "PYTHONUNBUFFERED": "1",
     }
 
 
-def wait_until_up(url: str, server: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(f"server exited: {server.stdout.read()}")
-        try:
-            # 401 without a token: the server and the worker API are up.
-            if requests.get(f"{url}/execution/assets/by-name?name=x", timeout=1).status_code == 401:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("server did not come up")
-
-
 @pytest.fixture
-def server():
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        wait_until_up(url, process)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def server(tmp_path):
+    with servers.runserver(subprocess_env(), tmp_path / "runserver.log") as process:
+        yield process.url
 
 
 @pytest.mark.django_db(transaction=True)

@@ -2,13 +2,15 @@
 
 import os
 import re
-import socket
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import requests
+
+from tests import servers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,68 +49,41 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_readme_lists_exactly_the_two_commands():
     assert _quick_start_commands() == ["bin/serve", "bin/test"]
 
 
 @pytest.mark.slow
 def test_run_command_serves_the_admin_login_then_stops(tmp_path):
-    port = _free_port()
     env = {
         **os.environ,
-        "PORT": str(port),
         "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
         "ADMIN_PASSWORD": "s3cret-pass",
     }
-    process = subprocess.Popen(
-        [str(ROOT / "bin/serve")],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    # migrate, collectstatic, setup_schedules and bootstrap_admin come first: a minute and more
+    # on a loaded 2-core machine (bin_serve waits up to 150 s for the login page to answer).
+    serve = servers.bin_serve(env, tmp_path / "serve.log")
     processes: set[int] = set()
     try:
-        # migrate, collectstatic, setup_schedules and bootstrap_admin come first: a minute and
-        # more on a loaded 2-core machine (as the demo test allows).
-        deadline = time.monotonic() + 150
-        response = None
-        while time.monotonic() < deadline:
-            try:
-                response = requests.get(f"http://127.0.0.1:{port}/admin/login/", timeout=2)
-                break
-            except (requests.ConnectionError, requests.Timeout):
-                # Not listening yet, or still importing the URLconf (the first request loads
-                # both APIs' schemas: seconds on a loaded machine).
-                assert process.poll() is None, process.stdout.read()
-                time.sleep(0.5)
-        assert response is not None, "bin/serve did not answer within 150 s"
+        response = requests.get(f"{serve.url}/admin/login/", timeout=10)
         assert response.status_code == 200
         assert "csrfmiddlewaretoken" in response.text
-        static = requests.get(f"http://127.0.0.1:{port}/static/admin/css/base.css", timeout=5)
+        static = requests.get(f"{serve.url}/static/admin/css/base.css", timeout=5)
         assert static.status_code == 200
         # gunicorn's master and workers, qcluster and its forked workers, honcho's own.
-        processes = _descendants(process.pid)
+        processes = _descendants(serve.pid)
         assert len(processes) >= 6, processes
     finally:
         # A SIGTERM of bin/serve alone (not its group) stops every process it started, the
         # cluster's forked workers too, within 15 s (qcluster may hang on SIGTERM: SIGKILLed).
         stopped_at = time.monotonic()
-        process.terminate()
-        output, _ = process.communicate(timeout=30)
+        serve.stop(timeout=30)
     while time.monotonic() - stopped_at < 15 and any(_alive(pid) for pid in processes):
         time.sleep(0.2)
+    output = serve.log_tail(100_000)
     assert not [pid for pid in processes if _alive(pid)], output
+    assert serve.proc is not None and serve.proc.returncode != -signal.SIGKILL, output
     assert "user 'admin', password 's3cret-pass'" in output
-    assert process.returncode is not None
 
 
 def test_test_command_collects_the_suite():

@@ -12,7 +12,6 @@ the access log must show no 404, 405 or 5xx on either API.
 
 import os
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -24,7 +23,8 @@ from django.contrib.auth import get_user_model
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import DagRun, DagRunType, TaskInstance, TaskReschedule, Variable, XCom
-from tests.proof.conftest import database_url, figure, free_port
+from tests import servers
+from tests.proof.conftest import database_url, figure
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -52,42 +52,17 @@ def _xcom(dag_id: str, task_id: str):
 
 @pytest.fixture
 def service(tmp_path):
-    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),
-        "PORT": str(port),
         "WEB_WORKERS": "2",
         "WORKER_API_KEY": "acceptance-worker-key",
         "FERNET_KEY": Fernet.generate_key().decode(),
         "ADMIN_PASSWORD": "acceptance-admin",
     }
-    log = (tmp_path / "serve.log").open("w")
-    process = subprocess.Popen(
-        [str(ROOT / "bin/serve")],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{url}/api/v2/version", timeout=5).status_code == 200:
-                break
-        except requests.RequestException:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-        time.sleep(0.5)
-    else:
-        pytest.fail("bin/serve did not answer within 120 s")
-    try:
-        yield {"url": url, "env": env, "log": tmp_path / "serve.log"}
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
-        log.close()
+    log = tmp_path / "serve.log"
+    with servers.bin_serve(env, log, ready_path="/api/v2/version", ready_timeout=120) as serve:
+        yield {"url": serve.url, "env": serve.env, "log": log}
 
 
 def _worker(service, tmp_path, *args: str) -> subprocess.CompletedProcess:

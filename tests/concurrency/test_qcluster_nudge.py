@@ -3,17 +3,13 @@ and `manage.py run_worker` (the reference worker). A worker's success reaches a 
 asset-triggered run through the on-commit drain nudge, well before any sweep could (no sweep
 schedule exists in this database)."""
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django_q.models import Schedule
 
 from assets_app import nudges, runs
@@ -25,45 +21,12 @@ from assets_app.models import (
     TaskOutletAssetReference,
     TIState,
 )
+from tests import servers
 from tests.asset_flow import scheduled_dag
 from tests.factories import AssetFactory, DagFactory, TaskFactory
+from tests.proof.conftest import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def database_url() -> str:
-    s = connection.settings_dict
-    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        args,
-        cwd=ROOT,
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, so stopping it stops its children
-    )
-
-
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the main process only (it stops its own children; a second TERM delivered to
-    the whole group can wedge django-q2's signal handler), then SIGKILL to its group."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=15)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=5)
 
 
 def wait_for(predicate, *, timeout: float, what: str):
@@ -87,7 +50,6 @@ def test_worker_success_becomes_a_downstream_run_within_5s_through_qcluster(tmp_
     TaskFactory(dag=consumer, task_id="report")
     assert not Schedule.objects.exists()
 
-    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),
@@ -99,14 +61,9 @@ def test_worker_success_becomes_a_downstream_run_within_5s_through_qcluster(tmp_
     python = sys.executable
     processes = []
     try:
-        processes.append(start([python, "manage.py", "qcluster"], env, tmp_path / "qcluster.log"))
-        processes.append(
-            start(
-                [python, "-m", "gunicorn", "project.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2"],
-                env,
-                tmp_path / "gunicorn.log",
-            )
-        )
+        processes.append(servers.qcluster(env, tmp_path / "qcluster.log"))
+        web = servers.gunicorn(env, tmp_path / "gunicorn.log", workers=2)
+        processes.append(web)
         # The cluster is up once it has run a task: a scheduler nudge leaves a heartbeat.
         nudges.nudge_scheduler()
         wait_for(
@@ -122,7 +79,7 @@ def test_worker_success_becomes_a_downstream_run_within_5s_through_qcluster(tmp_
                 "manage.py",
                 "run_worker",
                 "--url",
-                f"http://127.0.0.1:{port}",
+                web.url,
                 "--max-tis",
                 "1",
                 "--task-seconds",
@@ -152,4 +109,4 @@ def test_worker_success_becomes_a_downstream_run_within_5s_through_qcluster(tmp_
         assert latency < 5.0
     finally:
         for process in reversed(processes):
-            stop(process)
+            process.stop()

@@ -10,12 +10,7 @@ and every one still alive is killed before pytest-django flushes the database.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,13 +19,16 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-import requests
 from django.apps import apps
 from django.conf import settings
 from django.db import connection, connections
 
+from tests.servers import Server, gunicorn, qcluster
+
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES: list[str] = []
+# The proof suites' gunicorn: a request may wait a minute on a loaded machine; stop quickly.
+GUNICORN_ARGS = ("--timeout", "60", "--graceful-timeout", "5")
 
 
 def figure(line: str) -> None:
@@ -45,12 +43,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("proof suite figures")
         for line in FIGURES:
             terminalreporter.write_line(line)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def database_url() -> str:
@@ -139,117 +131,6 @@ def pg_deadlocks() -> int:
         return int(cursor.fetchone()[0])
 
 
-class ServiceProcess:
-    """A server subprocess (gunicorn or qcluster) in its own process group, logging to a file."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.argv = argv
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        assert self.proc is None or self.proc.poll() is not None, "already running"
-        self.starts += 1
-        log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child for its lifetime)
-        log.write(f"\n===== start {self.starts}: {' '.join(self.argv)}\n".encode())
-        log.flush()
-        self.proc = subprocess.Popen(
-            self.argv,
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group (master and every child), like a host dying."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        # Children reparented to init may outlive the leader for a moment.
-        deadline = time.monotonic() + 10
-        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-    def stop(self, *, timeout: float = 15) -> None:
-        """SIGTERM, then SIGKILL if it does not exit in time."""
-        if self.proc is None or self.proc.poll() is not None:
-            self.kill()
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=timeout)
-        self.kill()
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except FileNotFoundError:
-            return ""
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class Gunicorn(ServiceProcess):
-    def __init__(self, env: dict[str, str], log_path: Path, *, workers: int, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        argv = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "project.wsgi",
-            "-w",
-            str(workers),
-            "-b",
-            f"127.0.0.1:{port}",
-            "--timeout",
-            "60",
-            "--graceful-timeout",
-            "5",
-        ]
-        super().__init__(argv, env, log_path)
-
-    def start(self, *, wait: float = 60) -> None:
-        super().start()
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                pytest.fail(f"gunicorn exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                requests.get(f"{self.url}/execution/openapi.json", timeout=2)
-                return
-            except requests.RequestException:
-                time.sleep(0.1)
-        pytest.fail(f"gunicorn did not answer within {wait} s:\n{self.log_tail()}")
-
-
-class QCluster(ServiceProcess):
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        super().__init__([sys.executable, "manage.py", "qcluster"], env, log_path)
-
-
 @pytest.fixture
 def service_env(transactional_db, tmp_path) -> dict[str, str]:
     """Environment for a server subprocess: the test database, this process's secrets, a fresh
@@ -270,23 +151,22 @@ def service_env(transactional_db, tmp_path) -> dict[str, str]:
 
 
 @pytest.fixture
-def servers(service_env, tmp_path) -> Iterator[Callable[..., ServiceProcess]]:
-    """Factory: `servers("gunicorn", workers=4)` / `servers("qcluster", **env)`; all are killed
-    at teardown, before the database is flushed."""
-    started: list[ServiceProcess] = []
+def servers(service_env, tmp_path) -> Iterator[Callable[..., Server]]:
+    """Factory: `servers("gunicorn", workers=4)` / `servers("qcluster", env=...)`, started (a
+    gunicorn answering HTTP); all are killed at teardown, before the database is flushed."""
+    started: list[Server] = []
 
-    def make(kind: str, *, workers: int = 2, env: dict[str, str] | None = None) -> Any:
+    def make(kind: str, *, workers: int = 2, env: dict[str, str] | None = None) -> Server:
         full_env = {**service_env, **(env or {})}
         log = tmp_path / f"{kind}-{len(started)}.log"
         if kind == "gunicorn":
-            server: ServiceProcess = Gunicorn(full_env, log, workers=workers, port=free_port())
+            server = gunicorn(full_env, log, workers=workers, args=GUNICORN_ARGS, start=False)
         elif kind == "qcluster":
-            server = QCluster(full_env, log)
+            server = qcluster(full_env, log, start=False)
         else:
             raise ValueError(kind)
         started.append(server)
-        server.start()
-        return server
+        return server.start()
 
     yield make
     for server in started:

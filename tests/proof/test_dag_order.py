@@ -24,8 +24,9 @@ from django.utils import timezone
 
 from assets_app import definitions, repair, runs, task_state
 from assets_app.models import DagRun, DagRunState, TaskInstance, TaskUpstream, TIState
+from tests.servers import Server
 
-from .conftest import ServiceProcess, figure, run_in_threads, wait_until
+from .conftest import figure, run_in_threads, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -207,7 +208,7 @@ def test_reference_worker_killed_mid_task_its_tis_are_retried_and_runs_finish(
     )
     web = servers("gunicorn", workers=2, env={"WORKLOAD_CLAIM_TIMEOUT_SECONDS": "2"})
     run_pks = [runs.trigger_dag(dag_id="proof_chain").pk for _ in range(8)]
-    worker = ServiceProcess(
+    worker = Server(
         [
             sys.executable,
             "manage.py",

@@ -26,7 +26,9 @@ import psycopg
 import pytest
 import requests
 
-from .conftest import ROOT, Gunicorn, ServiceProcess, figure, free_port
+from tests.servers import Server, free_port, gunicorn
+
+from .conftest import GUNICORN_ARGS, ROOT, figure
 
 pytestmark = pytest.mark.slow
 
@@ -173,7 +175,7 @@ def _wait_for_successes(url: str, count: int, *, timeout: float = 90) -> None:
             time.sleep(0.05)
 
 
-def _outage_answers(pooled: Gunicorn, plain: Gunicorn, session: requests.Session, env) -> dict:
+def _outage_answers(pooled: Server, plain: Server, session: requests.Session, env) -> dict:
     """What the service answers while the database has no slot for it."""
     claim = {"hostname": "probe", "limit": 1}
     headers = {"Authorization": f"Bearer {env['WORKER_API_KEY']}"}
@@ -213,20 +215,23 @@ def test_database_out_of_connections_is_503_then_everything_recovers(private_pos
     _manage(env, "trigger_dag", "full_producer")
     _manage(env, "bootstrap_admin", "--password", "db-full-proof-admin")
 
-    pooled = Gunicorn(env, tmp_path / "gunicorn-pooled.log", workers=2, port=free_port())
-    plain = Gunicorn(
+    pooled = gunicorn(
+        env, tmp_path / "gunicorn-pooled.log", workers=2, args=GUNICORN_ARGS, start=False
+    )
+    plain = gunicorn(
         {**env, "DATABASE_POOL": "false"},
         tmp_path / "gunicorn-plain.log",
         workers=1,
-        port=free_port(),
+        args=GUNICORN_ARGS,
+        start=False,
     )
-    worker = ServiceProcess(
+    worker = Server(
         [
             sys.executable,
             "manage.py",
             "run_worker",
             "--url",
-            f"http://127.0.0.1:{pooled.port}",
+            pooled.url,
             "--concurrency",
             "4",
             "--task-seconds",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connection, models, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.crypto import get_random_string
@@ -166,7 +166,7 @@ def create_asset_triggered_runs(*, planned: Sequence[PlannedRun]) -> list[DagRun
     runs in the order of `planned`.
 
     Runs inside the caller's transaction and takes no locks. 3 queries whatever the number of
-    runs (up to `_insert_prepared`'s chunk size), events and tasks: the runs, the links (none
+    runs, events and tasks: the runs, the links (none
     without events), the TIs (none without tasks). Generated run_ids (see `create_dag_run`).
     """
     items = [
@@ -196,17 +196,19 @@ def _insert_runs(
 ) -> None:
     """INSERT unsaved runs (reading back their ids), then the consumed-event links and TIs of
     all of them: (run, distinct event ids, tasks as `dag_tasks` reads them). Inside the
-    caller's transaction; one statement each for runs, links and TIs (links and TIs only when
-    there are any)."""
+    caller's transaction; one `bulk_create` statement each for runs, links and TIs (links and
+    TIs only when there are any). No signals are connected to these models, which
+    `bulk_create` would not send."""
     if not items:
         return
-    _insert_instances([run for run, _, _ in items], returning_pk=True)
-    # Plain ints and a str on every backend: no model instances, no value preparation.
-    _insert_rows(
-        DagRunAssetEvent,
-        ("dag_run", "dag", "asset_event"),
-        [(run.pk, run.dag_id, event_id) for run, event_ids, _ in items for event_id in event_ids],
-    )
+    DagRun.objects.bulk_create([run for run, _, _ in items])
+    links = [
+        DagRunAssetEvent(dag_run_id=run.pk, dag_id=run.dag_id, asset_event_id=event_id)
+        for run, event_ids, _ in items
+        for event_id in event_ids
+    ]
+    if links:
+        DagRunAssetEvent.objects.bulk_create(links)
     now = timezone.now()
     tis = []
     for run, _, tasks in items:
@@ -228,82 +230,8 @@ def _insert_runs(
             )
             for task_id, retries, _ in tasks
         ]
-    _insert_instances(tis)
-
-
-# `bulk_create` and `save` build and compile a query per call, which was most of the scheduler's
-# client CPU per run; these two write the same rows with one prepared INSERT (batched as
-# `bulk_create` batches) and skip what these models do not need from it: no signals are
-# connected to them, and only DagRun's generated id is read back.
-
-
-def _insert_instances(objs: Sequence[models.Model], *, returning_pk: bool = False) -> None:
-    """INSERT unsaved instances of one model with every concrete field, values prepared as
-    `save` prepares them (defaults, auto_now). `returning_pk`: the database generates their
-    pks; they are read back."""
-    if not objs:
-        return
-    meta = objs[0]._meta
-    fields = [f for f in meta.local_concrete_fields if not (returning_pk and f.primary_key)]
-    rows = [[f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs]
-    pks = _insert_prepared(meta, fields, rows, returning_pk=returning_pk)
-    if returning_pk:
-        for obj, pk in zip(objs, pks, strict=True):
-            obj.pk = pk
-    for obj in objs:
-        obj._state.adding = False
-        obj._state.db = connection.alias
-
-
-def _insert_rows(
-    model: type[models.Model], names: Sequence[str], rows: Sequence[Sequence[Any]]
-) -> None:
-    """INSERT rows of values that need no preparation (ints, strs) into the fields `names`; the
-    model's other columns must have database defaults or be its auto pk."""
-    if not rows:
-        return
-    meta = model._meta
-    fields = [meta.get_field(name) for name in names]
-    _insert_prepared(meta, [f for f in fields if isinstance(f, models.Field)], rows)
-
-
-# Rows per INSERT at most: PostgreSQL takes up to 65,535 parameters in one statement.
-MAX_INSERT_PARAMETERS = 65_535
-
-
-def column_name(field: models.Field) -> str:
-    if field.column is None:  # only concrete fields have a column
-        raise ValueError(f"{field!r} has no column")
-    return field.column
-
-
-def _insert_prepared(
-    meta: Any, fields: Sequence[models.Field], rows: Sequence[Sequence[Any]], *, returning_pk=False
-) -> list[Any]:
-    """INSERT prepared rows, in chunks; `returning_pk`: the generated pks, in the rows' order
-    (PostgreSQL returns the rows of a multi-row VALUES insert in order, as `bulk_create` relies
-    on)."""
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(column_name(f)) for f in fields)
-    head = f"INSERT INTO {quote(meta.db_table)} ({columns}) "
-    placeholders = ["%s"] * len(fields)
-    batch = max(
-        min(connection.ops.bulk_batch_size(fields, rows), MAX_INSERT_PARAMETERS // len(fields)), 1
-    )
-    pks: list[Any] = []
-    with connection.cursor() as cursor:
-        for start in range(0, len(rows), batch):
-            chunk = rows[start : start + batch]
-            # django-stubs types the placeholder rows as list[str]; Django takes a list per row.
-            rows_sql = [placeholders] * len(chunk)
-            sql = head + connection.ops.bulk_insert_sql(fields, rows_sql)  # type: ignore[arg-type]
-            if returning_pk:
-                returning = f"RETURNING {quote(column_name(meta.pk))}"
-                cursor.execute(f"{sql} {returning}", [v for row in chunk for v in row])
-                pks += [row[0] for row in cursor.fetchall()]
-            else:
-                cursor.execute(sql, [v for row in chunk for v in row])
-    return pks
+    if tis:
+        TaskInstance.objects.bulk_create(tis)
 
 
 def trigger_dag(

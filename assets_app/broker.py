@@ -29,13 +29,12 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
 from django.utils import timezone
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from . import prepared
+from . import prepared, sql
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +49,7 @@ def channel_for(list_key: str) -> str:
 def listen(list_key: str) -> Any:
     """A new psycopg connection (autocommit, Django's settings for the broker's database) that
     LISTENs on `list_key`'s channel."""
-    import psycopg
-
-    params = connections[Conf.ORM].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    conn = psycopg.connect(**params, autocommit=True)
-    conn.execute(f'LISTEN "{channel_for(list_key)}"')
-    return conn
+    return sql.open_listener(channel_for(list_key), using=Conf.ORM)
 
 
 class ListeningORM(ORM):
@@ -70,13 +62,12 @@ class ListeningORM(ORM):
 
     @staticmethod
     def _postgresql() -> bool:
-        return connections[Conf.ORM].vendor == "postgresql"
+        return sql.is_postgresql(Conf.ORM)
 
     def enqueue(self, task: str) -> int:
         task_id = super().enqueue(task)
         if self._postgresql():
-            with connections[Conf.ORM].cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, '')", [channel_for(self.list_key)])
+            sql.notify(channel_for(self.list_key), using=Conf.ORM)
         return task_id
 
     def dequeue(self) -> list[tuple[int, str]] | None:

@@ -33,7 +33,7 @@ from uuid import UUID
 from django.db.models import Expression, F, Lookup, Q, QuerySet
 from django.db.models.fields import Field
 
-from . import exceptions
+from . import exceptions, sql
 
 MAXIMUM_PAGE_LIMIT = 100
 DEFAULT_PAGE_LIMIT = 50
@@ -68,7 +68,7 @@ class AirflowLike(Lookup):
     def as_sql(self, compiler, connection):
         lhs, lhs_params = self.process_lhs(compiler, connection)
         rhs, rhs_params = self.process_rhs(compiler, connection)
-        operator = "ILIKE" if connection.vendor == "postgresql" else "LIKE"
+        operator = sql.ilike_operator(connection)
         return f"{lhs} {operator} {rhs}", [*lhs_params, *rhs_params]
 
 

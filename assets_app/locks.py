@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from django.db import connection
 from django.db.models import Q, QuerySet
 
+from . import sql
 from .models import (
     Asset,
     AssetDagRunQueue,
@@ -200,10 +200,8 @@ def lock_dag_sync() -> None:
     """Take the transaction-scoped advisory lock that serializes DAG definition syncs, waiting
     for a concurrent sync to commit. Two syncs of the same new Dags would otherwise both insert
     them and the second would fail on the primary key. PostgreSQL only: SQLite serializes writers
-    itself (IMMEDIATE transactions)."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [DAG_SYNC_ADVISORY_LOCK_KEY])
+    itself (IMMEDIATE transactions): `sql.advisory_xact_lock`."""
+    sql.advisory_xact_lock(DAG_SYNC_ADVISORY_LOCK_KEY)
 
 
 def lock_asset(asset_id: int) -> Asset | None:

@@ -7,9 +7,10 @@ nothing), in their own short statement.
 
 import os
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Sum
 
+from . import sql
 from .models import MetricCounter
 
 SHARDS = 16
@@ -36,13 +37,7 @@ COUNTERS = (
 
 
 def _add(name: str, amount: int) -> None:
-    table = MetricCounter._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (name, shard, value) VALUES (%s, %s, %s) "
-            f"ON CONFLICT (name, shard) DO UPDATE SET value = {table}.value + excluded.value",
-            [name, os.getpid() % SHARDS, amount],
-        )
+    sql.add_to_counter(name=name, shard=os.getpid() % SHARDS, amount=amount)
 
 
 def incr(name: str, amount: int = 1) -> None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Count, Min, Q
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
@@ -25,7 +24,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest, mul
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import metrics
+from . import metrics, sql
 from .models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -219,9 +218,7 @@ def newest_errors(*, limit: int = 5) -> list[RecentError]:
 
 def database_reachable() -> bool:
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            return cursor.fetchone() == (1,)
+        return sql.select_one()
     except Exception:
         return False
 

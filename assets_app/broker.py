@@ -34,7 +34,7 @@ from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from . import prepared, sql
+from . import sql
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class ListeningORM(ORM):
 
     @staticmethod
     def _postgresql() -> bool:
-        return sql.is_postgresql(Conf.ORM)
+        return sql.supports_listen(Conf.ORM)
 
     def enqueue(self, task: str) -> int:
         task_id = super().enqueue(task)
@@ -142,10 +142,6 @@ def waiting_task_funcs(*, lookahead: int) -> list[str]:
 
 
 def still_waiting(row_id: int) -> bool:
-    """Is that broker row still waiting for a cluster to pick it up? One primary-key read."""
-    with prepared.cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM {OrmQ._meta.db_table} WHERE id = %s AND lock <= %s",
-            [row_id, timezone.now()],
-        )
-        return cursor.fetchone() is not None
+    """Is that broker row still waiting for a cluster to pick it up? One primary-key read
+    (`sql.broker_row_waiting`)."""
+    return sql.broker_row_waiting(table=OrmQ._meta.db_table, row_id=row_id, now=timezone.now())

@@ -21,8 +21,6 @@ the row was parked and are overwritten by the next failure (or vanish with the r
 registered).
 """
 
-import functools
-import json
 import logging
 import random
 from collections.abc import Iterable
@@ -30,14 +28,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import orjson
 from django.conf import settings
-from django.db import DataError, connection, transaction
+from django.db import DataError, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from . import audit, exceptions, locks, metrics, nudges, observability, payloads, prepared
-from .models import AssetDagRunQueue, AssetEventQueue, FailureKind, MetricCounter, TaskInstance
+from . import audit, exceptions, locks, metrics, nudges, observability, payloads, sql
+from .models import AssetDagRunQueue, AssetEventQueue, FailureKind, TaskInstance
 from .payloads import AssetProfile, JsonDict
 
 logger = logging.getLogger(__name__)
@@ -75,47 +72,9 @@ def enqueue(
         payload=payload,
         outlet_count=len(outlets) + len(outlet_events),
     )
-    if connection.vendor != "postgresql":
-        row.save(force_insert=True)
+    if not sql.insert_outbox_row(row, counter=metrics.ENQUEUED, shard=ti.id.int % metrics.SHARDS):
         metrics.incr(metrics.ENQUEUED)
-        return row.id
-    sql, fields = _enqueue_sql()
-    now = timezone.now()
-    row.created_at = row.updated_at = row.next_attempt_at = now
-    params = [
-        _json_text(payload)
-        if f.attname == "payload"
-        else f.get_db_prep_save(getattr(row, f.attname), connection)
-        for f in fields
-    ]
-    with prepared.cursor() as cursor:
-        cursor.execute(sql, [*params, metrics.ENQUEUED, ti.id.int % metrics.SHARDS])
-        return cursor.fetchone()[0]
-
-
-def _json_text(value: Any) -> str:
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # an integer beyond 64 bits in an event's extra: the stdlib has no limit
-        return json.dumps(value)
-
-
-@functools.cache
-def _enqueue_sql() -> tuple[str, list[Any]]:
-    """INSERT of every concrete column (defaults filled in by the model instance, so a column
-    added later needs no change here) plus the counter upsert, as one statement."""
-    fields = [f for f in AssetEventQueue._meta.concrete_fields if not f.primary_key]
-    table = AssetEventQueue._meta.db_table
-    counters = MetricCounter._meta.db_table
-    columns = ", ".join(f'"{f.column}"' for f in fields)
-    values = ", ".join("%s::jsonb" if f.attname == "payload" else "%s" for f in fields)
-    sql = (
-        f'WITH row AS (INSERT INTO "{table}" ({columns}) VALUES ({values}) RETURNING id), '
-        f'counted AS (INSERT INTO "{counters}" (name, shard, value) SELECT %s, %s, 1 FROM row '
-        f'ON CONFLICT (name, shard) DO UPDATE SET value = "{counters}".value + excluded.value) '
-        "SELECT id FROM row"
-    )
-    return sql, fields
+    return row.id
 
 
 @dataclass(frozen=True)

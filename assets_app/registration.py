@@ -35,17 +35,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from uuid import UUID
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import audit, exceptions, limits, metrics, nudges
+from . import audit, exceptions, limits, metrics, nudges, sql
 from .models import (
     Asset,
     AssetAlias,
     AssetAliasAsset,
     AssetAliasEvent,
-    AssetDagRunQueue,
     AssetEvent,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
@@ -61,8 +60,7 @@ if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
 
 K = TypeVar("K", bound="SupportsRichComparison")
-# (source TI, its try, asset, ordinal): an event's identity; external events have no source TI.
-EventKey = tuple[UUID | None, int | None, int, int]
+EventKey = sql.EventKey
 
 
 def in_lock_order(keys: Iterable[K]) -> list[K]:
@@ -83,9 +81,7 @@ def check_constraints_immediately() -> None:
     insert runs: the drain so that a failing row fails inside its own savepoint (not the whole
     batch at COMMIT), inline success so that checking thousands of event and ADRQ keys does not
     happen at COMMIT while the TI lock is held. Call it first in the caller's transaction."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    sql.set_constraints_immediate()
 
 
 class RegistrationError(exceptions.InvalidInput):
@@ -316,98 +312,19 @@ def _resolve_aliases(names: set[str]) -> dict[str, int]:
     return found
 
 
-def _insert_events(
-    rows: list[tuple[Any, ...]],
-    *,
-    now: datetime,
-) -> dict[EventKey, int]:
+def _insert_events(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventKey, int]:
     """Insert events from (asset_id, extra JSON text, dag_id, run_id, task_id, map_index, ti_id,
     try_number, ordinal) rows, skipping those whose idempotency key exists; returns
-    {idempotency key: id} for the rows actually inserted.
-
-    PostgreSQL: one INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING, safe
-    against concurrent writers and one query whatever the row count. Other databases (the SQLite
-    demo, where writers are serialized by IMMEDIATE transactions): read the existing keys, then
-    bulk-insert the missing rows.
-    """
-    if connection.vendor != "postgresql":
-        return _insert_events_portable(rows, now=now)
-    table = AssetEvent._meta.db_table
-    columns = list(zip(*rows, strict=True))
-    sql = (
-        f"INSERT INTO {table} (asset_id, extra, timestamp, source_dag_id, source_run_id, "
-        "source_task_id, source_map_index, source_ti_id, source_try_number, source_ordinal) "
-        "SELECT u.asset_id, u.extra::jsonb, %s, u.dag_id, u.run_id, u.task_id, u.map_index, "
-        "u.ti_id, u.try_number, u.ordinal FROM unnest(%s::bigint[], %s::text[], %s::text[], "
-        "%s::text[], %s::text[], %s::int[], %s::uuid[], %s::int[], %s::int[]) WITH ORDINALITY "
-        "AS u(asset_id, extra, dag_id, run_id, task_id, map_index, ti_id, try_number, ordinal, n) "
-        "ORDER BY u.n "
-        "ON CONFLICT (source_ti_id, source_try_number, asset_id, source_ordinal) "
-        "WHERE source_ti_id IS NOT NULL DO NOTHING "
-        "RETURNING id, source_ti_id, source_try_number, asset_id, source_ordinal"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [now, *[list(column) for column in columns]])
-        return {(ti, tn, asset, ordinal): pk for pk, ti, tn, asset, ordinal in cursor.fetchall()}
-
-
-def _event_key(event: AssetEvent) -> EventKey:
-    return (event.source_ti_id, event.source_try_number, event.asset_id, event.source_ordinal)
-
-
-def _insert_events_portable(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventKey, int]:
-    existing = {
-        (ti, tn, asset, ordinal)
-        for ti, tn, asset, ordinal in AssetEvent.objects.filter(
-            source_ti_id__in={row[6] for row in rows}
-        ).values_list("source_ti_id", "source_try_number", "asset_id", "source_ordinal")
-    }
-    events = [
-        AssetEvent(
-            asset_id=asset_id,
-            extra=json.loads(extra),
-            timestamp=now,
-            source_dag_id=dag_id,
-            source_run_id=run_id,
-            source_task_id=task_id,
-            source_map_index=map_index,
-            source_ti_id=ti_id,
-            source_try_number=try_number,
-            source_ordinal=ordinal,
-        )
-        for asset_id, extra, dag_id, run_id, task_id, map_index, ti_id, try_number, ordinal in rows
-        if (ti_id, try_number, asset_id, ordinal) not in existing
-    ]
-    AssetEvent.objects.bulk_create(events)
-    return {_event_key(event): event.pk for event in events}
+    {idempotency key: id} for the rows actually inserted. One statement whatever the row count
+    (`sql.insert_events`)."""
+    return sql.insert_events(rows, now=now)
 
 
 def _insert_queue_rows(rows: list[tuple[str, int, int]], *, now: datetime) -> int:
     """Insert ADRQ rows (target_dag_id, asset_event_id, asset_id) in the given (sorted) order,
-    conflicts ignored; returns the number inserted (other databases than PostgreSQL: the number
-    given, which is the same since callers only queue new events). 1 query."""
-    if connection.vendor != "postgresql":
-        AssetDagRunQueue.objects.bulk_create(
-            [
-                AssetDagRunQueue(
-                    target_dag_id=dag_id, asset_event_id=event_id, asset_id=asset_id, created_at=now
-                )
-                for dag_id, event_id, asset_id in rows
-            ],
-            ignore_conflicts=True,
-        )
-        return len(rows)
-    table = AssetDagRunQueue._meta.db_table
-    dag_ids, event_ids, asset_ids = (list(column) for column in zip(*rows, strict=True))
-    sql = (
-        f"INSERT INTO {table} (target_dag_id, asset_event_id, asset_id, created_at) "
-        "SELECT u.dag_id, u.event_id, u.asset_id, %s FROM unnest(%s::text[], %s::bigint[], "
-        "%s::bigint[]) WITH ORDINALITY AS u(dag_id, event_id, asset_id, n) ORDER BY u.n "
-        "ON CONFLICT (target_dag_id, asset_event_id) DO NOTHING"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [now, dag_ids, event_ids, asset_ids])
-        return cursor.rowcount
+    conflicts ignored; returns the number inserted. 1 statement (`sql.insert_queue_rows`): the
+    one writer of ADRQ rows, called with `in_lock_order` rows."""
+    return sql.insert_queue_rows(rows, now=now)
 
 
 def _resolve_references(payloads: Sequence[OutboxPayload]) -> Sequence[OutboxPayload]:
@@ -627,31 +544,9 @@ def _insert_external_event(
         if idempotency
         else (None, "", "")
     )
-    if connection.vendor != "postgresql":
-        # Writers are serialized on the other databases we run on (SQLite): check, then insert.
-        if idempotency is not None and _event_of_key(idempotency) is not None:
-            return None
-        event = AssetEvent.objects.create(
-            asset_id=asset_id,
-            extra=extra,
-            timestamp=now,
-            external_key=key,
-            external_key_scope=scope,
-            request_hash=body_hash,
-        )
-        return event.pk
-    table = AssetEvent._meta.db_table
-    with connection.cursor() as cursor:
-        # ON CONFLICT waits for a concurrent insert of the same key to commit or roll back.
-        cursor.execute(
-            f"INSERT INTO {table} (asset_id, extra, timestamp, source_map_index, "
-            "source_ordinal, external_key, external_key_scope, request_hash) "
-            "VALUES (%s, %s::jsonb, %s, -1, 0, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING RETURNING id",
-            [asset_id, json.dumps(extra), now, key, scope, body_hash],
-        )
-        row = cursor.fetchone()
-    return row[0] if row else None
+    return sql.insert_external_event(
+        asset_id=asset_id, extra=extra, key=key, scope=scope, body_hash=body_hash, now=now
+    )
 
 
 def _event_of_key(idempotency: IdempotencyKey) -> AssetEvent | None:

@@ -11,24 +11,41 @@ domain's, their callers own the transactions and locks (each function says wheth
 the caller's transaction).
 """
 
+import functools
 import json
-from collections.abc import Sequence
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+from uuid import UUID
 
+import orjson
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import QuerySet
+from django.db.models.sql import UpdateQuery
+from django.utils import timezone
 
 from . import prepared
-from .models import DagRun, MetricCounter, Task, TaskInstance, TaskUpstream, TIState, TriggerRule
+from .models import (
+    AssetDagRunQueue,
+    AssetEvent,
+    AssetEventQueue,
+    DagRun,
+    MetricCounter,
+    Task,
+    TaskInstance,
+    TaskUpstream,
+    TIState,
+    TriggerRule,
+)
 from .models.runs import TI_FINISHED_STATES
 
 # --- dialect questions ----------------------------------------------------------------------
 
 
-def is_postgresql(using: str = DEFAULT_DB_ALIAS) -> bool:
-    """Whether the database `using` is PostgreSQL (LISTEN/NOTIFY, advisory locks, ILIKE): the
-    one place a caller asks which backend it runs on."""
+def supports_listen(using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Whether the database `using` has LISTEN/NOTIFY (`notify`, `open_listener`): PostgreSQL
+    does; SQLite has nothing like it, so its callers poll."""
     return connections[using].vendor == "postgresql"
 
 
@@ -251,3 +268,331 @@ def evaluate_waiting_task_instances(
             params = [given, dag_run_id, dag_run_id, dag_run_id, at, at, at]
             cursor.execute(_evaluate_statement(from_tasks=True), params)
         return list(cursor.fetchall())
+
+
+# --- the outbox row (outbox.enqueue) -----------------------------------------------------------
+
+
+def json_text(value: Any) -> str:
+    """`value` as JSON text for a `::jsonb` parameter: orjson (several times faster than the
+    ORM's encoder on a 300-outlet payload), the standard library for what orjson refuses."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # an integer beyond 64 bits in an event's extra: the stdlib has no limit
+        return json.dumps(value)
+
+
+@functools.cache
+def _enqueue_statement() -> tuple[str, list[Any]]:
+    """INSERT of every concrete column (defaults filled in by the model instance, so a column
+    added later needs no change here) plus the counter upsert, as one statement."""
+    fields = [f for f in AssetEventQueue._meta.concrete_fields if not f.primary_key]
+    table = AssetEventQueue._meta.db_table
+    counters = MetricCounter._meta.db_table
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    values = ", ".join("%s::jsonb" if f.attname == "payload" else "%s" for f in fields)
+    text = (
+        f'WITH row AS (INSERT INTO "{table}" ({columns}) VALUES ({values}) RETURNING id), '
+        f'counted AS (INSERT INTO "{counters}" (name, shard, value) SELECT %s, %s, 1 FROM row '
+        f'ON CONFLICT (name, shard) DO UPDATE SET value = "{counters}".value + excluded.value) '
+        "SELECT id FROM row"
+    )
+    return text, fields
+
+
+def insert_outbox_row(row: AssetEventQueue, *, counter: str, shard: int) -> bool:
+    """INSERT the unsaved outbox `row` (its id is set), in the caller's transaction. Returns
+    whether the same statement also added 1 to the counter `counter` (shard `shard`); when it
+    did not, the caller counts the row itself.
+
+    PostgreSQL: raw, one statement for both (a data-modifying CTE), the payload encoded once by
+    `json_text` and passed as jsonb text, the statement built once per process: the ORM's JSON
+    encoding, its query building and a separate counter upsert after commit were a third of a
+    success's cost (bench/success_breakdown.py). SQLite (the demo): the ORM's INSERT, no count."""
+    if connection.vendor != "postgresql":
+        row.save(force_insert=True)
+        return False
+    text, fields = _enqueue_statement()
+    now = timezone.now()
+    row.created_at = row.updated_at = row.next_attempt_at = now
+    params = [
+        json_text(row.payload)
+        if f.attname == "payload"
+        else f.get_db_prep_save(getattr(row, f.attname), connection)
+        for f in fields
+    ]
+    with prepared.cursor() as cursor:
+        cursor.execute(text, [*params, counter, shard])
+        row.id = cursor.fetchone()[0]
+    return True
+
+
+# --- registration (registration.register_payloads, the public API's events) --------------------
+
+
+def set_constraints_immediate() -> None:
+    """Check foreign keys per statement for the rest of the current transaction (see
+    `registration.check_constraints_immediately` for why). PostgreSQL: `SET CONSTRAINTS ALL
+    IMMEDIATE`, which the ORM has no form of (Django creates its foreign keys DEFERRABLE
+    INITIALLY DEFERRED). SQLite: nothing; its foreign keys are checked per statement already."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+
+
+# (source TI, its try, asset, ordinal): an event's identity; external events have no source TI.
+EventKey = tuple[UUID | None, int | None, int, int]
+
+
+def insert_events(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventKey, int]:
+    """Insert events from (asset_id, extra JSON text, dag_id, run_id, task_id, map_index, ti_id,
+    try_number, ordinal) rows, skipping those whose idempotency key exists; returns
+    {idempotency key: id} for the rows actually inserted. In the caller's transaction.
+
+    PostgreSQL: raw, one INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING,
+    safe against concurrent writers and one statement whatever the row count; the ORM's
+    `bulk_create(ignore_conflicts=True)` returns no ids and names no conflict target (this one
+    is a partial unique index). SQLite (the demo, where writers are serialized by IMMEDIATE
+    transactions): read the existing keys, then bulk-insert the missing rows."""
+    if connection.vendor != "postgresql":
+        return _insert_events_sqlite(rows, now=now)
+    table = AssetEvent._meta.db_table
+    columns = list(zip(*rows, strict=True))
+    text = (
+        f"INSERT INTO {table} (asset_id, extra, timestamp, source_dag_id, source_run_id, "
+        "source_task_id, source_map_index, source_ti_id, source_try_number, source_ordinal) "
+        "SELECT u.asset_id, u.extra::jsonb, %s, u.dag_id, u.run_id, u.task_id, u.map_index, "
+        "u.ti_id, u.try_number, u.ordinal FROM unnest(%s::bigint[], %s::text[], %s::text[], "
+        "%s::text[], %s::text[], %s::int[], %s::uuid[], %s::int[], %s::int[]) WITH ORDINALITY "
+        "AS u(asset_id, extra, dag_id, run_id, task_id, map_index, ti_id, try_number, ordinal, n) "
+        "ORDER BY u.n "
+        "ON CONFLICT (source_ti_id, source_try_number, asset_id, source_ordinal) "
+        "WHERE source_ti_id IS NOT NULL DO NOTHING "
+        "RETURNING id, source_ti_id, source_try_number, asset_id, source_ordinal"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(text, [now, *[list(column) for column in columns]])
+        return {(ti, tn, asset, ordinal): pk for pk, ti, tn, asset, ordinal in cursor.fetchall()}
+
+
+def _insert_events_sqlite(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventKey, int]:
+    existing = {
+        (ti, tn, asset, ordinal)
+        for ti, tn, asset, ordinal in AssetEvent.objects.filter(
+            source_ti_id__in={row[6] for row in rows}
+        ).values_list("source_ti_id", "source_try_number", "asset_id", "source_ordinal")
+    }
+    events = [
+        AssetEvent(
+            asset_id=asset_id,
+            extra=json.loads(extra),
+            timestamp=now,
+            source_dag_id=dag_id,
+            source_run_id=run_id,
+            source_task_id=task_id,
+            source_map_index=map_index,
+            source_ti_id=ti_id,
+            source_try_number=try_number,
+            source_ordinal=ordinal,
+        )
+        for asset_id, extra, dag_id, run_id, task_id, map_index, ti_id, try_number, ordinal in rows
+        if (ti_id, try_number, asset_id, ordinal) not in existing
+    ]
+    AssetEvent.objects.bulk_create(events)
+    return {
+        (e.source_ti_id, e.source_try_number, e.asset_id, e.source_ordinal): e.pk for e in events
+    }
+
+
+def insert_queue_rows(rows: list[tuple[str, int, int]], *, now: datetime) -> int:
+    """Insert ADRQ rows (target_dag_id, asset_event_id, asset_id) in the given (sorted: the
+    global lock order) order, conflicts ignored; returns the number inserted (SQLite: the
+    number given, which is the same since callers only queue new events). 1 statement, in the
+    caller's transaction.
+
+    PostgreSQL: raw, INSERT ... SELECT FROM unnest(...) WITH ORDINALITY ORDER BY: the rows are
+    inserted (and their keys locked) in exactly the given order (invariant 7), with one
+    parameter per column whatever the row count, and the inserted count comes back, which
+    `bulk_create(ignore_conflicts=True)` does not give. SQLite: `bulk_create`."""
+    if connection.vendor != "postgresql":
+        AssetDagRunQueue.objects.bulk_create(
+            [
+                AssetDagRunQueue(
+                    target_dag_id=dag_id, asset_event_id=event_id, asset_id=asset_id, created_at=now
+                )
+                for dag_id, event_id, asset_id in rows
+            ],
+            ignore_conflicts=True,
+        )
+        return len(rows)
+    table = AssetDagRunQueue._meta.db_table
+    dag_ids, event_ids, asset_ids = (list(column) for column in zip(*rows, strict=True))
+    text = (
+        f"INSERT INTO {table} (target_dag_id, asset_event_id, asset_id, created_at) "
+        "SELECT u.dag_id, u.event_id, u.asset_id, %s FROM unnest(%s::text[], %s::bigint[], "
+        "%s::bigint[]) WITH ORDINALITY AS u(dag_id, event_id, asset_id, n) ORDER BY u.n "
+        "ON CONFLICT (target_dag_id, asset_event_id) DO NOTHING"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(text, [now, dag_ids, event_ids, asset_ids])
+        return cursor.rowcount
+
+
+def insert_external_event(
+    *,
+    asset_id: int,
+    extra: dict[str, Any],
+    key: str | None,
+    scope: str,
+    body_hash: str,
+    now: datetime,
+) -> int | None:
+    """Insert an event without a source TI (the public API's), with the caller's idempotency
+    `key` in `scope` when given; returns its id, or None when that key is taken (a retry). In
+    the caller's transaction.
+
+    PostgreSQL: raw, INSERT ... ON CONFLICT DO NOTHING RETURNING id, which waits for a
+    concurrent insert of the same key to commit or roll back and then says which one won, in
+    one statement; the ORM's `create` would raise IntegrityError and need a savepoint around
+    it. SQLite (writers serialized): look the key up, then the ORM's INSERT."""
+    if connection.vendor != "postgresql":
+        if (
+            key is not None
+            and AssetEvent.objects.select_related("asset")
+            .filter(external_key_scope=scope, external_key=key)
+            .first()
+            is not None
+        ):
+            return None
+        event = AssetEvent.objects.create(
+            asset_id=asset_id,
+            extra=extra,
+            timestamp=now,
+            external_key=key,
+            external_key_scope=scope,
+            request_hash=body_hash,
+        )
+        return event.pk
+    table = AssetEvent._meta.db_table
+    with connection.cursor() as cursor:
+        # ON CONFLICT waits for a concurrent insert of the same key to commit or roll back.
+        cursor.execute(
+            f"INSERT INTO {table} (asset_id, extra, timestamp, source_map_index, "
+            "source_ordinal, external_key, external_key_scope, request_hash) "
+            "VALUES (%s, %s::jsonb, %s, -1, 0, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING RETURNING id",
+            [asset_id, json.dumps(extra), now, key, scope, body_hash],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+# --- the success path's TI statements (task_state.succeed) --------------------------------------
+
+
+@functools.cache
+def _task_instance_select() -> tuple[str, list[str]]:
+    meta = TaskInstance._meta
+    fields = meta.concrete_fields
+    columns = ", ".join(f'"{f.column}"' for f in fields)
+    return f'SELECT {columns} FROM "{meta.db_table}" WHERE "id" = %s', [f.attname for f in fields]
+
+
+def read_task_instance(ti_id: UUID) -> TaskInstance | None:
+    """The TI, unlocked: `TaskInstance.objects.filter(id=ti_id).first()`, autocommit or in the
+    caller's transaction.
+
+    PostgreSQL: the SELECT built once per process and the instance made by the documented
+    `Model.from_db` (psycopg returns every column type of the model as the ORM would): building
+    and compiling the query on every success was a measured part of its CPU
+    (bench/success_breakdown.py, "TI read"). SQLite: the ORM."""
+    if connection.vendor != "postgresql":
+        return TaskInstance.objects.filter(id=ti_id).first()
+    text, names = _task_instance_select()
+    with prepared.cursor() as cursor:
+        cursor.execute(text, [ti_id])
+        row = cursor.fetchone()
+    return None if row is None else TaskInstance.from_db(connection.alias, names, row)
+
+
+def set_success_if_running(
+    *, ti_id: UUID, try_number: int, end_date: datetime, now: datetime
+) -> int:
+    """running (that try) -> success in one UPDATE, which takes the TI row lock; in the caller's
+    transaction. Returns the number of rows it matched (0 or 1).
+
+    PostgreSQL: raw, the statement text written once: the ORM's `filter().update()` built and
+    compiled it on every success while the TI lock is held. SQLite: the ORM."""
+    if connection.vendor != "postgresql":
+        return TaskInstance.objects.filter(
+            id=ti_id, state=TIState.RUNNING, try_number=try_number
+        ).update(state=TIState.SUCCESS, end_date=end_date, updated_at=now)
+    with prepared.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE "{TaskInstance._meta.db_table}" SET "state" = %s, "end_date" = %s, '
+            '"updated_at" = %s WHERE "id" = %s AND "state" = %s AND "try_number" = %s',
+            [TIState.SUCCESS, end_date, now, ti_id, TIState.RUNNING, try_number],
+        )
+        return cursor.rowcount
+
+
+# --- an ORM UPDATE compiled once per process (task_state.finish_run_if_done) ---------------------
+#
+# `build(pk, now)` returns (queryset, values) of an UPDATE the ORM expresses (`queryset.update(
+# **values)`). Building its `Exists` and `Case` expressions cost ~3.5 ms of CPU on every TI
+# finish, half of a success's; on PostgreSQL the statement is compiled once, with a pk and a time
+# no call passes standing in for the real ones, and run with the real ones put in their places.
+
+_ANY_PK = -(2**62)
+_ANY_TIME = datetime(1, 1, 1, 0, 0, 1, tzinfo=UTC)
+
+UpdateBuilder = Callable[[int, datetime], tuple[QuerySet[Any], dict[str, Any]]]
+
+
+@functools.cache
+def _compiled_update(
+    build: UpdateBuilder,
+) -> tuple[str, tuple[Any, ...], tuple[int, ...], tuple[int, ...]]:
+    queryset, values = build(_ANY_PK, _ANY_TIME)
+    query = cast(UpdateQuery, queryset.query.chain(UpdateQuery))
+    query.add_update_values(values)
+    query.clear_select_clause()
+    text, params = query.get_compiler(using=connection.alias).as_sql()
+    pk_slots = tuple(i for i, p in enumerate(params) if type(p) is int and p == _ANY_PK)
+    time_slots = tuple(
+        i for i, p in enumerate(params) if isinstance(p, datetime) and p == _ANY_TIME
+    )
+    assert len(pk_slots) == 1 and len(time_slots) == 1, "placeholders not found in the UPDATE"
+    return text, tuple(params), pk_slots, time_slots
+
+
+def run_update_compiled_once(build: UpdateBuilder, *, pk: int, now: datetime) -> int:
+    """`queryset.update(**values)` of `build(pk, now)`, the statement compiled once per process
+    on PostgreSQL (SQLite: the ORM's update as built); autocommit or in the caller's
+    transaction. Returns the number of rows updated."""
+    if connection.vendor != "postgresql":
+        queryset, values = build(pk, now)
+        return queryset.update(**values)
+    text, template, pk_slots, time_slots = _compiled_update(build)
+    params = list(template)
+    for slot in pk_slots:
+        params[slot] = pk
+    for slot in time_slots:
+        params[slot] = now
+    with prepared.cursor() as cursor:
+        cursor.execute(text, params)
+        return cursor.rowcount
+
+
+# --- drain nudge coalescing (tasks.nudge_drain) -------------------------------------------------
+
+
+def broker_row_waiting(*, table: str, row_id: int, now: datetime) -> bool:
+    """Is the broker row `row_id` of django-q2's ORM broker table `table` still waiting for a
+    cluster (its lock time passed, not taken)? One primary-key read, autocommit.
+
+    Raw, with the table name given by the caller: this module does not import django_q (the
+    caller does), and the ORM's `filter().exists()` cost a query build on every success."""
+    with prepared.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s AND lock <= %s", [row_id, now])
+        return cursor.fetchone() is not None

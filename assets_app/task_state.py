@@ -34,19 +34,17 @@ workers claim it again after the delay; an ineligible one becomes `failed`. A TI
 never left in `up_for_retry`, so a replayed retry request finds it queued and gets 409.
 """
 
-import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Exists, OuterRef, Q, Subquery, TextField, Value, When, sql
+from django.db import IntegrityError, transaction
+from django.db.models import Case, Exists, OuterRef, Q, QuerySet, Subquery, TextField, Value, When
 from django.db.models.functions import Cast
-from django.db.models.sql.constants import ROW_COUNT
 from django.utils import timezone
 
 from . import (
@@ -56,8 +54,8 @@ from . import (
     nudges,
     outbox,
     payloads,
-    prepared,
     registration,
+    sql,
     xcoms,
 )
 from .models import (
@@ -175,8 +173,9 @@ def _mark_run_running(dag_run_id: int, *, now: datetime) -> None:
     )
 
 
-def _finish_run_update(dag_run_id: int, *, now: datetime) -> sql.UpdateQuery:
-    """The conditional UPDATE of `finish_run_if_done`, built (not run) through the ORM."""
+def _finish_run_update(dag_run_id: int, now: datetime) -> tuple[QuerySet[DagRun], dict[str, Any]]:
+    """The conditional UPDATE of `finish_run_if_done`: the runs it matches and the values it
+    sets (`runs.update(**values)`), built (not run) through the ORM."""
     tis = TaskInstance.objects.filter(dag_run_id=OuterRef("pk"))
     has_downstream = TaskUpstream.objects.filter(
         upstream__dag_id=OuterRef("dag_id"), upstream__task_id=OuterRef("task_id")
@@ -185,53 +184,20 @@ def _finish_run_update(dag_run_id: int, *, now: datetime) -> sql.UpdateQuery:
     runs = DagRun.objects.filter(
         id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING)
     ).filter(~Exists(tis.filter(state__in=TI_UNFINISHED_STATES)))
-    query = cast(sql.UpdateQuery, runs.query.chain(sql.UpdateQuery))
-    query.add_update_values(
-        {
-            "state": Case(
-                When(Exists(failing_leaf), then=Value(DagRunState.FAILED)),
-                default=Value(DagRunState.SUCCESS),
-            ),
-            "end_date": now,
-        }
-    )
-    query.clear_select_clause()
-    return query
-
-
-# A run id and a time no call passes: they stand for the real ones in the statement compiled once.
-_ANY_RUN = -(2**62)
-_ANY_TIME = datetime(1, 1, 1, 0, 0, 1, tzinfo=UTC)
-
-
-@functools.cache
-def _finish_run_sql() -> tuple[str, tuple[Any, ...], tuple[int, ...], tuple[int, ...]]:
-    """`_finish_run_update` compiled once per process (building its two `Exists` and the `Case`
-    cost ~3.5 ms of CPU on every finish, half of a success's): the SQL, its parameters and the
-    positions of the run id and of the time in them."""
-    query = _finish_run_update(_ANY_RUN, now=_ANY_TIME)
-    text, params = query.get_compiler(using=connection.alias).as_sql()
-    run_slots = tuple(i for i, p in enumerate(params) if type(p) is int and p == _ANY_RUN)
-    time_slots = tuple(
-        i for i, p in enumerate(params) if isinstance(p, datetime) and p == _ANY_TIME
-    )
-    assert len(run_slots) == 1 and len(time_slots) == 1, "placeholders not found in the UPDATE"
-    return text, tuple(params), run_slots, time_slots
+    values = {
+        "state": Case(
+            When(Exists(failing_leaf), then=Value(DagRunState.FAILED)),
+            default=Value(DagRunState.SUCCESS),
+        ),
+        "end_date": now,
+    }
+    return runs, values
 
 
 def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> int:
-    if connection.vendor != "postgresql":
-        query = _finish_run_update(dag_run_id, now=now)
-        return query.get_compiler(using=connection.alias).execute_sql(ROW_COUNT)
-    text, template, run_slots, time_slots = _finish_run_sql()
-    params = list(template)
-    for slot in run_slots:
-        params[slot] = dag_run_id
-    for slot in time_slots:
-        params[slot] = now
-    with prepared.cursor() as cursor:
-        cursor.execute(text, params)
-        return cursor.rowcount
+    """Run `_finish_run_update`, compiled once per process (`sql.run_update_compiled_once`:
+    building its two `Exists` and the `Case` cost ~3.5 ms of CPU on every finish)."""
+    return sql.run_update_compiled_once(_finish_run_update, pk=dag_run_id, now=now)
 
 
 def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
@@ -467,24 +433,9 @@ class _ChangedUnderUs(Exception):
         self.ti = ti
 
 
-@functools.cache
-def _ti_select_sql() -> tuple[str, list[str]]:
-    meta = TaskInstance._meta
-    fields = meta.concrete_fields
-    columns = ", ".join(f'"{f.column}"' for f in fields)
-    return f'SELECT {columns} FROM "{meta.db_table}" WHERE "id" = %s', [f.attname for f in fields]
-
-
 def _read_task_instance(ti_id: UUID) -> TaskInstance | None:
-    """The TI, unlocked: `TaskInstance.objects.filter(id=ti_id).first()`, built once on
-    PostgreSQL (psycopg returns every column type of the model as the ORM would)."""
-    if connection.vendor != "postgresql":
-        return TaskInstance.objects.filter(id=ti_id).first()
-    sql, names = _ti_select_sql()
-    with prepared.cursor() as cursor:
-        cursor.execute(sql, [ti_id])
-        row = cursor.fetchone()
-    return None if row is None else TaskInstance.from_db(connection.alias, names, row)
+    """The TI, unlocked (`sql.read_task_instance`: the SELECT built once on PostgreSQL)."""
+    return sql.read_task_instance(ti_id)
 
 
 def _set_success_if_running(*, ti: TaskInstance, end_date: datetime) -> bool:
@@ -492,18 +443,9 @@ def _set_success_if_running(*, ti: TaskInstance, end_date: datetime) -> bool:
     the lock covers this statement and COMMIT). Updates `ti` and returns True when it matched;
     False when the TI is no longer running that try. Runs inside the caller's transaction."""
     now = timezone.now()
-    if connection.vendor != "postgresql":
-        matched = TaskInstance.objects.filter(
-            id=ti.id, state=TIState.RUNNING, try_number=ti.try_number
-        ).update(state=TIState.SUCCESS, end_date=end_date, updated_at=now)
-    else:
-        with prepared.cursor() as cursor:
-            cursor.execute(
-                f'UPDATE "{TaskInstance._meta.db_table}" SET "state" = %s, "end_date" = %s, '
-                '"updated_at" = %s WHERE "id" = %s AND "state" = %s AND "try_number" = %s',
-                [TIState.SUCCESS, end_date, now, ti.id, TIState.RUNNING, ti.try_number],
-            )
-            matched = cursor.rowcount
+    matched = sql.set_success_if_running(
+        ti_id=ti.id, try_number=ti.try_number, end_date=end_date, now=now
+    )
     if matched:
         ti.state, ti.end_date, ti.updated_at = TIState.SUCCESS, end_date, now
     return bool(matched)

@@ -1,0 +1,106 @@
+"""Hand-written SQL and dialect branches live in `assets_app/sql.py` only (issue 15).
+
+A domain module that opens a cursor, runs `.raw(` / `.extra(` / `RawSQL`, executes a statement
+or asks a connection for its `vendor` fails here with the file and line; the statement belongs
+in a named function of `assets_app/sql.py`, with its reason and its SQLite branch beside it.
+Migrations are exempt (they are reviewed, frozen history). And `sql.py` itself stays a leaf:
+it imports Django, the standard library, psycopg, orjson and the models, never a domain
+module.
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+APP = Path(__file__).resolve().parent.parent / "assets_app"
+SQL_MODULE = APP / "sql.py"
+
+# Calls whose attribute name hands SQL text to the database, or opens a cursor to do it.
+SQL_CALLS = {"cursor", "raw", "extra", "execute", "executemany"}
+
+
+def _domain_modules() -> list[Path]:
+    return sorted(
+        path
+        for path in APP.rglob("*.py")
+        if path != SQL_MODULE and "migrations" not in path.relative_to(APP).parts
+    )
+
+
+def _names_raw_sql(node: ast.AST) -> bool:
+    if isinstance(node, ast.Attribute):
+        return node.attr == "RawSQL"
+    if isinstance(node, ast.Name):
+        return node.id == "RawSQL"
+    if isinstance(node, ast.ImportFrom):
+        return any(alias.name == "RawSQL" for alias in node.names)
+    return False
+
+
+def raw_sql_uses(source: str) -> list[tuple[int, str]]:
+    """(line, what) of every raw SQL or dialect use in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in SQL_CALLS
+        ):
+            found.append((node.lineno, f".{node.func.attr}()"))
+        elif isinstance(node, ast.Attribute) and node.attr == "vendor":
+            found.append((node.lineno, ".vendor"))
+        elif _names_raw_sql(node):
+            found.append((node.lineno, "RawSQL"))
+    return sorted(set(found))
+
+
+def test_raw_sql_and_dialect_branches_only_in_the_sql_module():
+    offenders = [
+        f"{path.relative_to(APP.parent)}:{line}: {what}"
+        for path in _domain_modules()
+        for line, what in raw_sql_uses(path.read_text())
+    ]
+    assert not offenders, (
+        "raw SQL or a dialect branch outside assets_app/sql.py (move the statement into a named "
+        "function there, with its reason):\n" + "\n".join(offenders)
+    )
+
+
+def test_the_checker_finds_each_kind_of_raw_sql():
+    source = (
+        "from django.db.models.expressions import RawSQL\n"
+        "with connection.cursor() as c:\n"
+        "    c.execute('SELECT 1')\n"
+        "Dag.objects.raw('SELECT * FROM dag')\n"
+        "if connections['default'].vendor == 'postgresql':\n"
+        "    pass\n"
+        "Dag.objects.annotate(x=expressions.RawSQL('1', []))\n"
+        "'a docstring naming connection.cursor() is no use of it'\n"
+    )
+    assert raw_sql_uses(source) == [
+        (1, "RawSQL"),
+        (2, ".cursor()"),
+        (3, ".execute()"),
+        (4, ".raw()"),
+        (5, ".vendor"),
+        (7, "RawSQL"),
+    ]
+
+
+def test_the_sql_module_imports_no_domain_module():
+    allowed_roots = {"django", "psycopg", "orjson", *sys.stdlib_module_names}
+    bad = []
+    for node in ast.walk(ast.parse(SQL_MODULE.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            if not (node.module or "").startswith("models"):
+                bad.append(f"line {node.lineno}: from {'.' * node.level}{node.module or ''}")
+        elif isinstance(node, ast.ImportFrom):
+            if (node.module or "").split(".")[0] not in allowed_roots:
+                bad.append(f"line {node.lineno}: from {node.module}")
+        elif isinstance(node, ast.Import):
+            bad += [
+                f"line {node.lineno}: import {alias.name}"
+                for alias in node.names
+                if alias.name.split(".")[0] not in allowed_roots
+            ]
+    assert not bad, "assets_app/sql.py imports beyond Django and the models:\n" + "\n".join(bad)

@@ -13,19 +13,21 @@ the caller's transaction).
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, cast
 from uuid import UUID
 
 import orjson
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import QuerySet
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from . import prepared
 from .models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -53,6 +55,55 @@ def ilike_operator(db: BaseDatabaseWrapper) -> str:
     """The case-insensitive LIKE of `db`, for a lookup's `as_sql`: PostgreSQL's ILIKE; SQLite's
     LIKE is case-insensitive for ASCII already (and has no ILIKE)."""
     return "ILIKE" if db.vendor == "postgresql" else "LIKE"
+
+
+# --- prepared statements (the success path's fixed statements) ---------------------------------
+#
+# Django's PostgreSQL cursors bind parameters on the client: each statement goes to the server as
+# text with its values inlined, and PostgreSQL parses and plans it again every time. For the
+# statements of the success path (TI read, outbox INSERT, TI UPDATE, downstream evaluation, run
+# UPDATE, nudge read) the planning was most of the backend's CPU: 5.3 ms per 300-outlet success,
+# 1.7 ms with these statements prepared (`bench/success_breakdown.py`; the downstream evaluation's
+# long CASE alone took about 2 ms to plan; issue 14).
+#
+# `prepared_cursor()` gives a Django cursor (query logging, execute wrappers and error translation
+# as usual) over a psycopg server-side-binding cursor: psycopg prepares a statement on its
+# connection after `prepare_threshold` executions of it (the connection's setting,
+# DATABASE_PREPARE_THRESHOLD, default 2) and then sends only its name and parameters. Only these
+# statements use it: the others keep Django's client-side binding, which has no 65,535-parameter
+# limit (the drain and the scheduler send statements with more parameters than that).
+# DATABASE_PREPARED_STATEMENTS=False turns it off (a transaction-pooling PgBouncer cannot keep
+# prepared statements); on SQLite it is the plain cursor.
+
+
+class _LoggedCursor(CursorDebugWrapper):
+    """Query logging (DEBUG, tests' query counts) of a prepared statement: psycopg sends it by
+    name, so Django's "last executed query" is empty; log the statement's text instead."""
+
+    def execute(self, sql, params=None):
+        with self.debug_sql(sql, params):
+            return CursorWrapper.execute(self, sql, params)
+
+
+@contextmanager
+def prepared_cursor() -> Iterator[CursorWrapper]:
+    """A cursor whose statements psycopg prepares on the connection after a few executions."""
+    if connection.vendor != "postgresql" or not settings.DATABASE_PREPARED_STATEMENTS:
+        with connection.cursor() as plain:
+            yield plain
+        return
+    from django.db.backends.postgresql import base
+
+    # Typed as Any: django-stubs types this psycopg 3 cursor class without its constructor.
+    server_binding_cursor: Any = base.ServerBindingCursor
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    raw = server_binding_cursor(connection.connection)
+    wrapped = (
+        _LoggedCursor(raw, connection) if connection.queries_logged else connection.make_cursor(raw)
+    )
+    with wrapped:
+        yield wrapped
 
 
 # --- health -----------------------------------------------------------------------------------
@@ -259,7 +310,7 @@ def evaluate_waiting_task_instances(
     the run) and write the decided ones: one statement, autocommit or in the caller's
     transaction. Returns (task_id, new state) of the TIs it changed."""
     at = connection.ops.adapt_datetimefield_value(now)
-    with prepared.cursor() as cursor:
+    with prepared_cursor() as cursor:
         if finished_task_ids is None:
             params = [dag_run_id, dag_run_id, at, at, at]
             cursor.execute(_evaluate_statement(from_tasks=False), params)
@@ -321,7 +372,7 @@ def insert_outbox_row(row: AssetEventQueue, *, counter: str, shard: int) -> bool
         else f.get_db_prep_save(getattr(row, f.attname), connection)
         for f in fields
     ]
-    with prepared.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(text, [*params, counter, shard])
         row.id = cursor.fetchone()[0]
     return True
@@ -509,7 +560,7 @@ def read_task_instance(ti_id: UUID) -> TaskInstance | None:
     if connection.vendor != "postgresql":
         return TaskInstance.objects.filter(id=ti_id).first()
     text, names = _task_instance_select()
-    with prepared.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(text, [ti_id])
         row = cursor.fetchone()
     return None if row is None else TaskInstance.from_db(connection.alias, names, row)
@@ -527,7 +578,7 @@ def set_success_if_running(
         return TaskInstance.objects.filter(
             id=ti_id, state=TIState.RUNNING, try_number=try_number
         ).update(state=TIState.SUCCESS, end_date=end_date, updated_at=now)
-    with prepared.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f'UPDATE "{TaskInstance._meta.db_table}" SET "state" = %s, "end_date" = %s, '
             '"updated_at" = %s WHERE "id" = %s AND "state" = %s AND "try_number" = %s',
@@ -579,7 +630,7 @@ def run_update_compiled_once(build: UpdateBuilder, *, pk: int, now: datetime) ->
         params[slot] = pk
     for slot in time_slots:
         params[slot] = now
-    with prepared.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(text, params)
         return cursor.rowcount
 
@@ -593,6 +644,6 @@ def broker_row_waiting(*, table: str, row_id: int, now: datetime) -> bool:
 
     Raw, with the table name given by the caller: this module does not import django_q (the
     caller does), and the ORM's `filter().exists()` cost a query build on every success."""
-    with prepared.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s AND lock <= %s", [row_id, now])
         return cursor.fetchone() is not None

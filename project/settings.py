@@ -121,7 +121,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
 else:
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
-    # Prepared statements for the success path's few fixed statements (assets_app/prepared.py,
+    # Prepared statements for the success path's few fixed statements (`sql.prepared_cursor`,
     # issue 14): psycopg prepares one on a connection after this many executions of it.
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
         "prepare_threshold", env.int("DATABASE_PREPARE_THRESHOLD", default=2)

@@ -62,7 +62,7 @@ SHARED = frozenset(
         "nudges",
         "broker",
         "payloads",
-        "prepared",
+        "sql",
         "conditions",
         "definitions",
         "dags",

@@ -6,9 +6,9 @@ lock order) and its SQLite branch sits next to it. Domain modules call these fun
 and never open a cursor, write `.raw(` / `RawSQL` or look at a connection's vendor themselves
 (`tests/test_sql_boundary.py` fails on one that does).
 
-This module imports Django and the models only, never a domain module: the statements are the
-domain's, their callers own the transactions and locks (each function says whether it runs in
-the caller's transaction).
+This module imports Django, the models, orjson and (for the LISTEN connection) psycopg, never a
+domain module: the statements are the domain's, their callers own the transactions and locks
+(each function says whether it runs in the caller's transaction).
 """
 
 import functools
@@ -126,9 +126,9 @@ def add_to_counter(*, name: str, shard: int, amount: int) -> None:
     """Add `amount` to one counter shard, creating the row at its first increment: one statement,
     autocommit or in the caller's transaction.
 
-    Raw because the ORM has no upsert with an increment: `update_or_create` is a SELECT and an
-    UPDATE or INSERT (3 statements with its savepoint) and two processes creating the same shard
-    race into an IntegrityError. `INSERT ... ON CONFLICT DO UPDATE` is one statement on
+    Raw because the ORM has no upsert with an increment: `update_or_create` is a savepoint, a
+    locking SELECT and an UPDATE or INSERT, and two processes creating the same shard race into
+    an IntegrityError. `INSERT ... ON CONFLICT DO UPDATE` is one statement on
     PostgreSQL and on SQLite (3.24+) alike."""
     table = MetricCounter._meta.db_table
     with connection.cursor() as cursor:

@@ -5,7 +5,8 @@ gunicorn runs WORKERS sync workers (backlog 2048) and a django-q2 qcluster (2 wo
 per request, `fire`). Measured: errors (non-204 answers and connection failures), request
 latency, peak memory of the gunicorn master + workers and of the qcluster's processes
 (`MemorySampler`), and the time from the release until all CONCURRENCY x OUTLETS events are
-registered (the outbox polled every 100 ms, then the events counted). Each asset is scheduled on by FANOUT Dags, as in the lock benchmark.
+registered (the outbox polled every 100 ms, then the events counted). Each asset is scheduled
+on by FANOUT Dags, as in the lock benchmark.
 
 Targets (issue 14, 500 calls): zero errors, p99 at most 3 s, web CPU at most 5 ms per success
 (gunicorn's CPU until the last answer / calls), every event registered within 30 s of the last

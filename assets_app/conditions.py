@@ -9,9 +9,11 @@ A condition is an asset reference, an alias reference, or `all` / `any` over nes
     {"all": [cond, ...]}  /  {"any": [cond, ...]}
 
 `Dag.schedule` stores `to_json(parse(raw))`, so stored schedules parse back to the same tree.
-A condition nests at most `limits.MAX_CONDITION_DEPTH` levels (each condition one level): `parse`
-refuses a deeper one with a ConditionError naming the path, before recursing any further, so the
-functions below never meet a tree deep enough to exhaust Python's stack.
+Its shape is `dag_schema.Condition` (pydantic models, published in the Dag definition JSON Schema);
+`parse` validates with it and builds the frozen dataclasses below. A condition nests at most
+`limits.MAX_CONDITION_DEPTH` levels (each condition one level): `parse` refuses a deeper one with a
+ConditionError naming the path, before walking it, so the functions below never meet a tree deep
+enough to exhaust Python's stack.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
-from .limits import MAX_CONDITION_DEPTH, UNREADABLE_KEY, UNREADABLE_MESSAGE
-from .models.assets import ASSET_KEY_MAX_LENGTH
+from pydantic import ValidationError
+
+from . import dag_schema
+from .limits import UNREADABLE_KEY, UNREADABLE_MESSAGE
 
 
 class ConditionError(ValueError):
@@ -57,82 +61,40 @@ class AnyOf:
 Condition = AssetRef | AliasRef | AllOf | AnyOf
 
 
-def _key(value: Any, path: str, what: str) -> str:
-    if not isinstance(value, str):
-        raise ConditionError(path, f"{what} must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise ConditionError(path, f"{what} must not be empty")
-    if len(value) > ASSET_KEY_MAX_LENGTH:
-        raise ConditionError(path, f"{what} is longer than {ASSET_KEY_MAX_LENGTH} characters")
-    return value
+def asset_ref(model: str | dag_schema.AssetObject) -> AssetRef:
+    """The asset a `dag_schema.AssetRef` validated (one key given: the other equals it)."""
+    if isinstance(model, str):
+        return AssetRef(name=model, uri=model)
+    name, uri = model.name or model.uri or "", model.uri or model.name or ""
+    return AssetRef(name=name, uri=uri)
 
 
-def parse_asset_ref(raw: Any, *, path: str) -> AssetRef:
-    """Parse `"name"` or `{"name", "uri"}` (one of them given: the other equals it)."""
-    if isinstance(raw, str):
-        name = _key(raw, path, "asset reference")
-        return AssetRef(name=name, uri=name)
-    if not isinstance(raw, dict):
-        raise ConditionError(
-            path, f"asset reference must be a string or an object, got {type(raw).__name__}"
-        )
-    unknown = sorted(set(raw) - {"name", "uri"})
-    if unknown:
-        raise ConditionError(f"{path}.{unknown[0]}", "unknown key in asset reference")
-    if "name" not in raw and "uri" not in raw:
-        raise ConditionError(path, "asset reference needs a name or a uri")
-    name = _key(raw["name"], f"{path}.name", "name") if "name" in raw else ""
-    uri = _key(raw["uri"], f"{path}.uri", "uri") if "uri" in raw else ""
-    return AssetRef(name=name or uri, uri=uri or name)
+def from_model(model: Any) -> Condition:
+    """The condition a `dag_schema.Condition` validated (at most MAX_CONDITION_DEPTH levels)."""
+    match model:
+        case dag_schema.AllCondition():
+            return AllOf(tuple(from_model(child) for child in model.all))
+        case dag_schema.AnyCondition():
+            return AnyOf(tuple(from_model(child) for child in model.any))
+        case dag_schema.AliasCondition():
+            return AliasRef(name=model.alias)
+        case dag_schema.AssetCondition():
+            return asset_ref(model.asset)
+    return asset_ref(model)
 
 
-def parse(raw: Any, *, path: str = "schedule", depth: int = 1) -> Condition:
-    """Parse a condition (raw or normalized form). Raises ConditionError naming the JSON path,
-    also for a condition nested deeper than MAX_CONDITION_DEPTH (`depth` is this node's level)."""
-    if depth > MAX_CONDITION_DEPTH:
-        raise ConditionError(
-            path, f"conditions nest deeper than the {MAX_CONDITION_DEPTH} levels allowed"
-        )
-    if isinstance(raw, str):
-        return parse_asset_ref(raw, path=path)
-    if not isinstance(raw, dict):
-        raise ConditionError(
-            path, f"condition must be a string or an object, got {type(raw).__name__}"
-        )
-    if not raw:
-        raise ConditionError(path, "condition must not be empty")
-    if raw.get(UNREADABLE_KEY) == UNREADABLE_MESSAGE:
+def parse(raw: Any, *, path: str = "schedule") -> Condition:
+    """Parse a condition (raw or normalized form) with its schema (`dag_schema.Schedule`, which
+    refuses a condition nested deeper than MAX_CONDITION_DEPTH before walking it). Raises
+    ConditionError naming the JSON path, `path` being the condition's own."""
+    if isinstance(raw, dict) and raw.get(UNREADABLE_KEY) == UNREADABLE_MESSAGE:
         raise ConditionError(path, UNREADABLE_MESSAGE)
-    keys = set(raw)
-    if keys & {"all", "any"}:
-        if len(keys) != 1:
-            raise ConditionError(path, f"'all'/'any' must be the only key, got {sorted(keys)}")
-        (operator,) = keys
-        items = raw[operator]
-        if not isinstance(items, list):
-            raise ConditionError(f"{path}.{operator}", "must be a list of conditions")
-        if not items:
-            raise ConditionError(f"{path}.{operator}", "must not be empty")
-        children = tuple(
-            parse(item, path=f"{path}.{operator}[{i}]", depth=depth + 1)
-            for i, item in enumerate(items)
-        )
-        return AllOf(children) if operator == "all" else AnyOf(children)
-    if "alias" in keys:
-        if len(keys) != 1:
-            raise ConditionError(path, f"'alias' must be the only key, got {sorted(keys)}")
-        return AliasRef(name=_key(raw["alias"], f"{path}.alias", "alias name"))
-    if "asset" in keys:
-        if len(keys) != 1:
-            raise ConditionError(path, f"'asset' must be the only key, got {sorted(keys)}")
-        return parse_asset_ref(raw["asset"], path=f"{path}.asset")
-    if keys <= {"name", "uri"}:
-        return parse_asset_ref(raw, path=path)
-    unknown = sorted(keys - {"name", "uri"})[0]
-    raise ConditionError(
-        f"{path}.{unknown}",
-        f"unknown condition operator {unknown!r} (expected all, any, alias, asset, name, uri)",
-    )
+    try:
+        model = dag_schema.SCHEDULE.validate_python(raw)
+    except ValidationError as exc:
+        where, message = dag_schema.problem(exc)
+        raise ConditionError(dag_schema.join(path, where), message) from None
+    return from_model(model)
 
 
 def to_json(condition: Condition) -> dict[str, Any]:

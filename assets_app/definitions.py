@@ -12,17 +12,20 @@ A file holds one Dag object or a list of them:
                 "max_retry_delay_seconds": 600}]}
 
 Only `dag_id` is required (a task needs `task_id`). Every problem is a `DefinitionError` naming the
-file and the JSON path, e.g. `dags/report.json: [0].tasks[1].outlets[0].name: must be a string`.
+file, the JSON path and the Dag, e.g.
+`dags/report.json: [0].tasks[1].outlets[0].name: must be a string, got an integer (dag 'report')`.
 
 Validation, before anything is written:
-- JSON syntax; the document shape; unknown keys; types (booleans are not integers); empty or
-  blank strings; ids limited to letters, digits, `_`, `.` and `-` (they appear in URLs);
-  `max_active_runs >= 1`, `retries >= 0`; the schedule condition (`conditions.parse`, so an
-  unknown operator is rejected there); duplicate task ids in a Dag, duplicate outlets in a task,
-  duplicate `dag_id`s across all the files of one sync; `upstream` ids that name no task of the
-  Dag, a task upstream of itself, and cycles among a Dag's tasks (the message names them);
-  `trigger_rule` one of Airflow's (`TriggerRule`); retry delays finite numbers >= 0
-  (`retry_exponential_backoff` is Airflow's multiplier, `true` meaning 2.0).
+- JSON syntax, then the document's shape by its schema (`dag_schema`, pydantic models; the same
+  models give the JSON Schema published for DAG authors): unknown keys; types (booleans are not
+  integers); empty or blank strings; ids limited to letters, digits, `_`, `.` and `-` (they
+  appear in URLs); `max_active_runs >= 1`, `retries >= 0`; the schedule condition (its kinds,
+  its depth limit); `trigger_rule` one of Airflow's (`TriggerRule`); retry delays finite numbers
+  >= 0 (`retry_exponential_backoff` is Airflow's multiplier, `true` meaning 2.0).
+- Then what a schema cannot say (`_check_tasks`, `check_definitions`): duplicate task ids in a
+  Dag, duplicate outlets or upstream ids in a task, duplicate `dag_id`s across all the files of
+  one sync; `upstream` ids that name no task of the Dag, a task upstream of itself, and cycles
+  among a Dag's tasks (the message names them; `graphlib` finds them).
 - Asset identity: one name means one uri (and one uri one name) across the files and against the
   assets already stored, since both are unique.
 - Trigger cycles ("cycles of aliases" in DESIGN 6.3). Aliases here resolve only to assets, so an
@@ -54,9 +57,11 @@ from typing import Any
 
 from django.db import models, transaction
 from django.db.models import Count, Exists, OuterRef
+from pydantic import ValidationError
 
-from . import conditions, exceptions, limits, locks
+from . import conditions, dag_schema, exceptions, limits, locks
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
+from .dag_schema import join
 from .models import (
     Asset,
     AssetAlias,
@@ -71,23 +76,8 @@ from .models import (
     TaskUpstream,
     TriggerRule,
 )
-from .models.assets import ASSET_KEY_MAX_LENGTH
-from .models.dags import DAG_ID_MAX_LENGTH, DEFAULT_RETRY_DELAY_SECONDS
+from .models.dags import DEFAULT_RETRY_DELAY_SECONDS
 
-DAG_KEYS = ("dag_id", "schedule", "max_active_runs", "is_paused", "description", "tasks")
-TASK_KEYS = (
-    "task_id",
-    "retries",
-    "outlets",
-    "outlet_aliases",
-    "upstream",
-    "trigger_rule",
-    "retry_delay_seconds",
-    "retry_exponential_backoff",
-    "max_retry_delay_seconds",
-)
-DEFAULT_MAX_ACTIVE_RUNS = 16
-ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 # Task columns a definition sets (besides its id, outlets and upstream links).
 TASK_FIELDS = (
     "retries",
@@ -126,7 +116,7 @@ class TaskDefinition:
 class DagDefinition:
     dag_id: str
     schedule: Condition | None = None
-    max_active_runs: int = DEFAULT_MAX_ACTIVE_RUNS
+    max_active_runs: int = dag_schema.DEFAULT_MAX_ACTIVE_RUNS
     is_paused: bool = False
     description: str = ""
     tasks: tuple[TaskDefinition, ...] = ()
@@ -186,213 +176,116 @@ class SyncResult:
 # --- parsing -------------------------------------------------------------------------------
 
 
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-class _Parser:
-    """Validates one file's document; every error names `file` and the JSON path."""
-
-    def __init__(self, *, file: str, fileloc: str) -> None:
-        self.file = file
-        self.fileloc = fileloc
-
-    def error(self, path: str, message: str) -> DefinitionError:
-        return DefinitionError(self.file, path, message)
-
-    def object(self, raw: Any, path: str, allowed: Sequence[str], what: str) -> dict[str, Any]:
-        if not isinstance(raw, dict):
-            raise self.error(path, f"{what} must be an object, got {_type(raw)}")
-        for key in raw:
-            if key not in allowed:
-                raise self.error(
-                    _join(path, key),
-                    f"unknown key {key!r} in {what} (allowed: {', '.join(allowed)})",
-                )
-        return raw
-
-    def string(self, raw: Any, path: str, *, max_length: int, allow_empty: bool = False) -> str:
-        if not isinstance(raw, str):
-            raise self.error(path, f"must be a string, got {_type(raw)}")
-        if not allow_empty and not raw.strip():
-            raise self.error(path, "must not be empty")
-        if len(raw) > max_length:
-            raise self.error(path, f"is longer than {max_length} characters")
-        return raw
-
-    def identifier(self, raw: Any, path: str) -> str:
-        value = self.string(raw, path, max_length=DAG_ID_MAX_LENGTH)
-        if not ID_PATTERN.fullmatch(value):
-            raise self.error(path, f"{value!r} may contain only letters, digits, '_', '.' and '-'")
-        return value
-
-    def integer(self, raw: Any, path: str, *, minimum: int) -> int:
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise self.error(path, f"must be an integer, got {_type(raw)}")
-        if raw < minimum:
-            raise self.error(path, f"must be at least {minimum}, got {raw}")
-        return raw
-
-    def as_list(self, raw: Any, path: str) -> list[Any]:
-        if not isinstance(raw, list):
-            raise self.error(path, f"must be a list, got {_type(raw)}")
-        return raw
-
-    def document(self, raw: Any) -> list[DagDefinition]:
-        if isinstance(raw, list):
-            return [self.dag(item, f"[{i}]") for i, item in enumerate(raw)]
-        if isinstance(raw, dict):
-            return [self.dag(raw, "")]
-        raise self.error("", f"the file must hold a Dag object or a list of them, got {_type(raw)}")
-
-    def dag(self, raw: Any, path: str) -> DagDefinition:
-        obj = self.object(raw, path, DAG_KEYS, "a Dag")
-        if "dag_id" not in obj:
-            raise self.error(path, "a Dag needs a dag_id")
-        dag_id = self.identifier(obj["dag_id"], _join(path, "dag_id"))
-        schedule = None
-        if obj.get("schedule") is not None:
-            try:
-                schedule = conditions.parse(obj["schedule"], path=_join(path, "schedule"))
-            except conditions.ConditionError as exc:
-                raise self.error(exc.path, exc.message) from exc
-        max_active_runs = DEFAULT_MAX_ACTIVE_RUNS
-        if "max_active_runs" in obj:
-            max_active_runs = self.integer(
-                obj["max_active_runs"], _join(path, "max_active_runs"), minimum=1
-            )
-        is_paused = obj.get("is_paused", False)
-        if not isinstance(is_paused, bool):
-            raise self.error(
-                _join(path, "is_paused"), f"must be true or false, got {_type(is_paused)}"
-            )
-        description = ""
-        if "description" in obj:
-            description = self.string(
-                obj["description"], _join(path, "description"), max_length=100_000, allow_empty=True
-            )
-        tasks: list[TaskDefinition] = []
-        seen: dict[str, str] = {}
-        tasks_path = _join(path, "tasks")
-        for i, raw_task in enumerate(self.as_list(obj.get("tasks", []), tasks_path)):
-            task = self.task(raw_task, f"{tasks_path}[{i}]")
-            if task.task_id in seen:
-                raise self.error(
-                    _join(task.path, "task_id"),
-                    f"duplicate task_id {task.task_id!r} in dag {dag_id!r} "
-                    f"(first at {seen[task.task_id]})",
-                )
-            seen[task.task_id] = task.path
-            tasks.append(task)
-        self.check_upstream(tasks, dag_id)
-        return DagDefinition(
-            dag_id=dag_id,
-            schedule=schedule,
-            max_active_runs=max_active_runs,
-            is_paused=is_paused,
-            description=description,
-            tasks=tuple(tasks),
-            file=self.file,
-            fileloc=self.fileloc,
-            path=path,
+def parse_document(raw: Any, *, file: str, fileloc: str = "") -> list[DagDefinition]:
+    """The Dags of one decoded file: its shape by the schema (`dag_schema`), then the checks
+    between its tasks. Raises DefinitionError naming `file`, the JSON path and the Dag."""
+    try:
+        models = dag_schema.validate_file(raw)
+    except ValidationError as exc:
+        path, message = dag_schema.problem(exc)
+        raise DefinitionError(file, path, message + _naming_dag(raw, path)) from None
+    dags = [
+        _definition(
+            model, file=file, fileloc=fileloc, path=f"[{i}]" if isinstance(raw, list) else ""
         )
+        for i, model in enumerate(models)
+    ]
+    for dag in dags:
+        _check_tasks(dag)
+    return dags
 
-    def task(self, raw: Any, path: str) -> TaskDefinition:
-        obj = self.object(raw, path, TASK_KEYS, "a task")
-        if "task_id" not in obj:
-            raise self.error(path, "a task needs a task_id")
-        task_id = self.identifier(obj["task_id"], _join(path, "task_id"))
-        retries = 0
-        if "retries" in obj:
-            retries = self.integer(obj["retries"], _join(path, "retries"), minimum=0)
-        outlets: list[AssetRef] = []
-        outlets_path = _join(path, "outlets")
-        for i, raw_ref in enumerate(self.as_list(obj.get("outlets", []), outlets_path)):
-            item_path = f"{outlets_path}[{i}]"
-            try:
-                ref = conditions.parse_asset_ref(raw_ref, path=item_path)
-            except conditions.ConditionError as exc:
-                raise self.error(exc.path, exc.message) from exc
-            if ref in outlets:
-                raise self.error(item_path, f"duplicate outlet asset {ref.name!r}")
-            outlets.append(ref)
-        aliases: list[str] = []
-        aliases_path = _join(path, "outlet_aliases")
-        for i, raw_name in enumerate(self.as_list(obj.get("outlet_aliases", []), aliases_path)):
-            item_path = f"{aliases_path}[{i}]"
-            name = self.string(raw_name, item_path, max_length=ASSET_KEY_MAX_LENGTH)
-            if name in aliases:
-                raise self.error(item_path, f"duplicate outlet alias {name!r}")
-            aliases.append(name)
-        upstream: list[str] = []
-        upstream_path = _join(path, "upstream")
-        for i, raw_id in enumerate(self.as_list(obj.get("upstream", []), upstream_path)):
-            item_path = f"{upstream_path}[{i}]"
-            upstream_id = self.identifier(raw_id, item_path)
-            if upstream_id in upstream:
-                raise self.error(item_path, f"duplicate upstream task {upstream_id!r}")
-            if upstream_id == task_id:
-                raise self.error(item_path, f"task {task_id!r} cannot be its own upstream")
-            upstream.append(upstream_id)
-        trigger_rule = obj.get("trigger_rule", TriggerRule.ALL_SUCCESS)
-        if not isinstance(trigger_rule, str) or trigger_rule not in TriggerRule.values:
-            raise self.error(
-                _join(path, "trigger_rule"),
-                f"unknown trigger rule {trigger_rule!r} (allowed: {', '.join(TriggerRule.values)})",
-            )
-        delay = DEFAULT_RETRY_DELAY_SECONDS
-        if "retry_delay_seconds" in obj:
-            delay = self.number(obj["retry_delay_seconds"], _join(path, "retry_delay_seconds"))
-        backoff = 0.0
-        if "retry_exponential_backoff" in obj:
-            raw = obj["retry_exponential_backoff"]
-            key = _join(path, "retry_exponential_backoff")
+
+def _naming_dag(raw: Any, path: str) -> str:
+    """` (dag 'x')` for a problem inside the Dag object `x` of the file, when it has an id."""
+    match = re.match(r"\[(\d+)\]", path)
+    dag = raw[int(match[1])] if isinstance(raw, list) and match else raw
+    dag_id = dag.get("dag_id") if isinstance(dag, dict) else None
+    if not isinstance(dag_id, str) or path.endswith("dag_id"):
+        return ""
+    return f" (dag {dag_id!r})"
+
+
+def _definition(model: dag_schema.DagModel, *, file: str, fileloc: str, path: str) -> DagDefinition:
+    tasks = tuple(
+        TaskDefinition(
+            task_id=task.task_id,
+            retries=task.retries,
+            outlets=tuple(conditions.asset_ref(ref) for ref in task.outlets),
+            outlet_aliases=tuple(task.outlet_aliases),
+            upstream=tuple(task.upstream),
+            trigger_rule=task.trigger_rule.value,
+            retry_delay_seconds=task.retry_delay_seconds,
             # Airflow's multiplier; true is its "standard" exponential backoff (2.0).
-            backoff = (2.0 if raw else 0.0) if isinstance(raw, bool) else self.number(raw, key)
-        max_delay = None
-        if obj.get("max_retry_delay_seconds") is not None:
-            max_delay = self.number(
-                obj["max_retry_delay_seconds"], _join(path, "max_retry_delay_seconds")
-            )
-        return TaskDefinition(
-            task_id=task_id,
-            retries=retries,
-            outlets=tuple(outlets),
-            outlet_aliases=tuple(aliases),
-            upstream=tuple(upstream),
-            trigger_rule=trigger_rule,
-            retry_delay_seconds=delay,
-            retry_exponential_backoff=backoff,
-            max_retry_delay_seconds=max_delay,
-            path=path,
+            retry_exponential_backoff=(
+                (2.0 if backoff else 0.0)
+                if isinstance(backoff := task.retry_exponential_backoff, bool)
+                else backoff
+            ),
+            max_retry_delay_seconds=task.max_retry_delay_seconds,
+            path=f"{join(path, 'tasks')}[{i}]",
         )
+        for i, task in enumerate(model.tasks)
+    )
+    return DagDefinition(
+        dag_id=model.dag_id,
+        schedule=conditions.from_model(model.schedule) if model.schedule is not None else None,
+        max_active_runs=model.max_active_runs,
+        is_paused=model.is_paused,
+        description=model.description,
+        tasks=tasks,
+        file=file,
+        fileloc=fileloc,
+        path=path,
+    )
 
-    def number(self, raw: Any, path: str) -> float:
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
-            raise self.error(path, f"must be a number, got {_type(raw)}")
-        if raw < 0 or raw != raw or raw == float("inf"):
-            raise self.error(path, f"must be a finite number of at least 0, got {raw}")
-        return float(raw)
 
-    def check_upstream(self, tasks: Sequence[TaskDefinition], dag_id: str) -> None:
-        """Every upstream id names a task of the Dag, and the tasks have no cycle (named)."""
-        by_id = {task.task_id: task for task in tasks}
-        for task in tasks:
-            for i, upstream_id in enumerate(task.upstream):
-                if upstream_id not in by_id:
-                    raise self.error(
-                        f"{_join(task.path, 'upstream')}[{i}]",
-                        f"unknown upstream task {upstream_id!r} (dag {dag_id!r} has no such task)",
-                    )
-        order = {task.task_id: i for i, task in enumerate(tasks)}
-        cycle = _cycle({task.task_id: task.upstream for task in tasks}, order)
-        if cycle:
-            raise self.error(
-                _join(by_id[cycle[0]].path, "upstream"),
-                f"the tasks of dag {dag_id!r} form a cycle: "
-                + " -> ".join([*cycle, cycle[0]])
-                + " (each runs after the one before it)",
+def _check_tasks(dag: DagDefinition) -> None:
+    """What the schema cannot say about a Dag's tasks: no duplicate task ids, outlets, aliases
+    or upstream ids; every upstream id names another task of the Dag; no cycle (named)."""
+
+    def error(path: str, message: str) -> DefinitionError:
+        return DefinitionError(dag.file, path, message)
+
+    first: dict[str, str] = {}
+    for task in dag.tasks:
+        if task.task_id in first:
+            raise error(
+                join(task.path, "task_id"),
+                f"duplicate task_id {task.task_id!r} in dag {dag.dag_id!r} "
+                f"(first at {first[task.task_id]})",
             )
+        first[task.task_id] = task.path
+        for key, what, items in (
+            ("outlets", "outlet asset", [(ref, ref.name) for ref in task.outlets]),
+            ("outlet_aliases", "outlet alias", [(name, name) for name in task.outlet_aliases]),
+            ("upstream", "upstream task", [(id_, id_) for id_ in task.upstream]),
+        ):
+            seen: set[object] = set()
+            for i, (item, name) in enumerate(items):
+                if item in seen:
+                    raise error(f"{join(task.path, key)}[{i}]", f"duplicate {what} {name!r}")
+                seen.add(item)
+        if task.task_id in task.upstream:
+            raise error(
+                f"{join(task.path, 'upstream')}[{task.upstream.index(task.task_id)}]",
+                f"task {task.task_id!r} cannot be its own upstream",
+            )
+    for task in dag.tasks:
+        for i, upstream_id in enumerate(task.upstream):
+            if upstream_id not in first:
+                raise error(
+                    f"{join(task.path, 'upstream')}[{i}]",
+                    f"unknown upstream task {upstream_id!r} (dag {dag.dag_id!r} has no such task)",
+                )
+    order = {task.task_id: i for i, task in enumerate(dag.tasks)}
+    cycle = _cycle({task.task_id: task.upstream for task in dag.tasks}, order)
+    if cycle:
+        raise error(
+            join(first[cycle[0]], "upstream"),
+            f"the tasks of dag {dag.dag_id!r} form a cycle: "
+            + " -> ".join([*cycle, cycle[0]])
+            + " (each runs after the one before it)",
+        )
 
 
 def _cycle(predecessors: Mapping[str, Iterable[str]], order: Mapping[str, int]) -> list[str]:
@@ -406,18 +299,6 @@ def _cycle(predecessors: Mapping[str, Iterable[str]], order: Mapping[str, int]) 
         first = min(range(len(found)), key=lambda i: order[found[i]])
         return found[first:] + found[:first]
     return []
-
-
-def _type(value: Any) -> str:
-    return {
-        dict: "an object",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
 
 
 def _reject_constant(name: str) -> Any:
@@ -443,7 +324,7 @@ def parse_text(text: str, *, file: str, fileloc: str = "") -> list[DagDefinition
         ) from exc
     except ValueError as exc:
         raise DefinitionError(file, "", f"invalid JSON: {exc}") from exc
-    return _Parser(file=file, fileloc=fileloc).document(raw)
+    return parse_document(raw, file=file, fileloc=fileloc)
 
 
 def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
@@ -491,12 +372,12 @@ def _condition_refs(condition: Condition, path: str) -> Iterator[tuple[AssetRef 
 
 def _asset_refs(dag: DagDefinition) -> Iterator[tuple[AssetRef, str]]:
     if dag.schedule is not None:
-        for ref, path in _condition_refs(dag.schedule, _join(dag.path, "schedule")):
+        for ref, path in _condition_refs(dag.schedule, join(dag.path, "schedule")):
             if isinstance(ref, AssetRef):
                 yield ref, path
     for task in dag.tasks:
         for i, ref in enumerate(task.outlets):
-            yield ref, f"{_join(task.path, 'outlets')}[{i}]"
+            yield ref, f"{join(task.path, 'outlets')}[{i}]"
 
 
 def check_definitions(dags: Sequence[DagDefinition]) -> None:
@@ -507,9 +388,9 @@ def check_definitions(dags: Sequence[DagDefinition]) -> None:
             other = first[dag.dag_id]
             raise DefinitionError(
                 dag.file,
-                _join(dag.path, "dag_id"),
+                join(dag.path, "dag_id"),
                 f"duplicate dag_id {dag.dag_id!r} (also at {other.file}: "
-                f"{_join(other.path, 'dag_id')})",
+                f"{join(other.path, 'dag_id')})",
             )
         first[dag.dag_id] = dag
     uri_of: dict[str, tuple[str, str, str]] = {}
@@ -577,7 +458,7 @@ def _check_trigger_cycles(dags: Sequence[DagDefinition], alias_assets: dict[str,
         dag = next(dag for dag in dags if dag.dag_id == cycle[0])
         raise DefinitionError(
             dag.file,
-            _join(dag.path, "schedule"),
+            join(dag.path, "schedule"),
             f"dag {cycle[0]!r} would trigger itself: " + "; ".join(whys),
         )
 
@@ -616,7 +497,7 @@ def sync_documents(
     InvalidInput (`invalid_definition`, naming the file and the path in it) and writes nothing."""
     try:
         dags = [
-            dag for file, raw in documents for dag in _Parser(file=file, fileloc=file).document(raw)
+            dag for file, raw in documents for dag in parse_document(raw, file=file, fileloc=file)
         ]
         return sync_definitions(dags=dags, apply_pause=apply_pause)
     except DefinitionError as exc:

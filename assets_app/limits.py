@@ -6,7 +6,8 @@
   and the DAG definitions alike (`check_json_depth`).
 - `MAX_CONDITION_DEPTH` (32): how deep a schedule condition may nest, counting each condition
   (asset, alias, `all`, `any`) as one level: `{"all": ["a", "b"]}` is 2 levels. Checked by
-  `conditions.parse`, so every door that parses a schedule (definitions, `sync_dags`, the
+  `condition_too_deep` in the schedule's schema (`dag_schema.Schedule`, which `conditions.parse`
+  uses too), so every door that parses a schedule (definitions, `sync_dags`, the
   scheduler reading a stored one) refuses the same trees.
 - `MAX_DOCUMENT_DEPTH` (512): a request body or definition file too deep for Python's JSON
   parser (a RecursionError around 1,000 levels) is refused with the JSON path where it passes
@@ -57,6 +58,25 @@ def too_deep_path(value: Any, *, limit: int = MAX_JSON_DEPTH) -> str | None:
         for key, child in items:
             if isinstance(child, dict | list):
                 stack.append((child, depth + 1, path + _segment(key)))
+    return None
+
+
+def condition_too_deep(condition: Any, *, limit: int = MAX_CONDITION_DEPTH) -> str | None:
+    """The JSON path (relative, e.g. `.all[0].any[1]`) of the first schedule condition nested
+    deeper than `limit` levels in `condition` (each condition one level), or None."""
+    stack: list[tuple[Any, int, str]] = [(condition, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > limit:
+            return path
+        if isinstance(node, dict):
+            for operator in ("any", "all"):  # popped in document order: all, then any
+                items = node.get(operator)
+                if isinstance(items, list):
+                    stack.extend(
+                        (item, depth + 1, f"{path}.{operator}[{i}]")
+                        for i, item in reversed(list(enumerate(items)))
+                    )
     return None
 
 

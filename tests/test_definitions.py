@@ -317,7 +317,7 @@ BAD_CASES = {
     "unknown_asset_ref_key": (
         [{"dag_id": "d", "tasks": [{"task_id": "t", "outlets": [{"name": "a", "url": "b"}]}]}],
         "[0].tasks[0].outlets[0].url",
-        "unknown key in asset reference",
+        "unknown key 'url' in an asset reference (allowed: name, uri)",
     ),
     "outlet_name_wrong_type": (
         [{"dag_id": "d", "tasks": [{"task_id": "t"}, {"task_id": "u", "outlets": [{"name": 5}]}]}],
@@ -539,6 +539,18 @@ def test_bad_file_names_file_and_path_and_writes_nothing(tmp_path, stored_state,
     assert message in error.message
     assert str(error) == f"{bad}: {path}: {error.message}"
     assert snapshot() == stored_state
+
+
+def test_a_schema_problem_names_the_file_the_path_and_the_dag(tmp_path):
+    bad = write(
+        tmp_path / "d.json",
+        [{"dag_id": "ok"}, {"dag_id": "report", "tasks": [{"task_id": "t", "retries": -1}]}],
+    )
+    with pytest.raises(DefinitionError) as info:
+        sync(bad)
+    assert str(info.value) == (
+        f"{bad}: [1].tasks[0].retries: must be at least 0, got -1 (dag 'report')"
+    )
 
 
 def test_duplicate_dag_id_across_files_names_both(tmp_path):

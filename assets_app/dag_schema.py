@@ -1,0 +1,373 @@
+"""The DAG definition document as pydantic models: its structural validation and the JSON Schema
+published for DAG authors (`docs/dag-definition.schema.json`, `python manage.py dag_schema`).
+
+The models say what a document may hold: the keys of each object (`extra="forbid"`), their types
+(strict: a boolean is not an integer, `"3"` not a number), lengths, patterns and bounds. Where a
+value has kinds (a Dag file, an asset reference, a schedule condition, the backoff) the union is
+tagged by a function of the value, so a bad value gets one error from the member it meant to be,
+not one from every member. `problem` turns pydantic's first error into the JSON path users see
+(`[0].tasks[1].outlets[0].name`: tags dropped, indexes in brackets) and a short message.
+
+What a schema cannot say stays in plain functions after this validation: references between
+tasks and Dags, duplicates, cycles (`definitions`), the condition depth limit (`limits`, checked
+before pydantic walks the tree, so a deep condition never reaches its recursion).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, ClassVar, Union, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from . import limits
+from .models.assets import ASSET_KEY_MAX_LENGTH
+from .models.dags import DAG_ID_MAX_LENGTH, DEFAULT_RETRY_DELAY_SECONDS, TriggerRule
+
+ID_PATTERN = r"^[A-Za-z0-9_.-]+$"
+NOT_BLANK = r"\S"
+DEFAULT_MAX_ACTIVE_RUNS = 16
+SCHEMA_ID = "https://github.com/asset-event-service/docs/dag-definition.schema.json"
+
+Identifier = Annotated[
+    str, Field(min_length=1, max_length=DAG_ID_MAX_LENGTH, pattern=ID_PATTERN)
+]  # it appears in URLs
+AssetKey = Annotated[str, Field(min_length=1, max_length=ASSET_KEY_MAX_LENGTH, pattern=NOT_BLANK)]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _Object(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # How a message names this object, and what an unknown key in it is called.
+    what: ClassVar[str] = "an object"
+    unknown_key: ClassVar[str] = "unknown key {key!r} in {what} (allowed: {allowed})"
+
+
+class AssetObject(_Object):
+    """An asset as `{"name", "uri"}`; one of them given: the other equals it."""
+
+    what: ClassVar[str] = "an asset reference"
+    empty: ClassVar[str] = "asset reference needs a name or a uri"
+    name: AssetKey | None = None
+    uri: AssetKey | None = None
+
+    @model_validator(mode="after")
+    def _name_or_uri(self) -> AssetObject:
+        if self.name is None and self.uri is None:
+            raise PydanticCustomError("asset_ref_empty", self.empty)
+        return self
+
+
+def _tagger(kinds: dict[type, str], error: str, message: str) -> Discriminator:
+    """A union tagged by the value's Python type (`kinds`); any other type is `error`."""
+
+    def tag(value: Any) -> str | None:
+        return next((t for kind, t in kinds.items() if type(value) is kind), None)
+
+    return Discriminator(tag, custom_error_type=error, custom_error_message=message)
+
+
+AssetRef = Annotated[
+    Annotated[AssetKey, Tag("~asset_name")] | Annotated[AssetObject, Tag("~asset_ref")],
+    _tagger(
+        {str: "~asset_name", dict: "~asset_ref"},
+        "asset_ref_type",
+        "asset reference must be a string or an object",
+    ),
+    Field(description='An asset: its name (the uri equals it) or {"name", "uri"}.'),
+]
+
+
+# --- schedule conditions -------------------------------------------------------------------
+
+CONDITION_OPERATORS = ("all", "any", "alias", "asset")
+
+
+class ConditionAsset(AssetObject):
+    what: ClassVar[str] = "a condition"
+    empty: ClassVar[str] = "condition must not be empty"
+    unknown_key: ClassVar[str] = (
+        "unknown condition operator {key!r} (expected all, any, alias, asset, name, uri)"
+    )
+
+
+class _Operator(_Object):
+    unknown_key: ClassVar[str] = "{allowed!r} must be the only key of its condition, got {key!r}"
+
+
+class AllCondition(_Operator):
+    """Met when every condition of the list is."""
+
+    what: ClassVar[str] = "an 'all' condition"
+    all: list[Condition] = Field(min_length=1)
+
+
+class AnyCondition(_Operator):
+    """Met when any condition of the list is."""
+
+    what: ClassVar[str] = "an 'any' condition"
+    any: list[Condition] = Field(min_length=1)
+
+
+class AliasCondition(_Operator):
+    """Met when any asset the alias resolves to has new events."""
+
+    what: ClassVar[str] = "an 'alias' condition"
+    alias: AssetKey
+
+
+class AssetCondition(_Operator):
+    """An asset reference, the normalized form stored on a Dag's schedule."""
+
+    what: ClassVar[str] = "an 'asset' condition"
+    asset: AssetRef
+
+
+def _condition_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "~asset_name"
+    if isinstance(value, dict):
+        operator = next((key for key in CONDITION_OPERATORS if key in value), "condition_ref")
+        return f"~{operator}"
+    return None
+
+
+Condition = Annotated[
+    Union[  # noqa: UP007 (a forward reference inside: `|` would evaluate it)
+        Annotated[AssetKey, Tag("~asset_name")],
+        Annotated[ConditionAsset, Tag("~condition_ref")],
+        Annotated[AllCondition, Tag("~all")],
+        Annotated[AnyCondition, Tag("~any")],
+        Annotated[AliasCondition, Tag("~alias")],
+        Annotated[AssetCondition, Tag("~asset")],
+    ],
+    Discriminator(
+        _condition_kind,
+        custom_error_type="condition_type",
+        custom_error_message="condition must be a string or an object",
+    ),
+]
+AllCondition.model_rebuild()
+AnyCondition.model_rebuild()
+
+
+def _shallow_condition(value: Any) -> Any:
+    path = limits.condition_too_deep(value)
+    if path is not None:
+        raise PydanticCustomError(
+            "condition_too_deep",
+            f"conditions nest deeper than the {limits.MAX_CONDITION_DEPTH} levels allowed",
+            {"subpath": path},
+        )
+    return value
+
+
+# A whole schedule: the depth limit first, so pydantic never recurses into a deeper tree.
+Schedule = Annotated[
+    Condition,
+    BeforeValidator(_shallow_condition),
+    Field(
+        description='An asset name, {"name", "uri"}, {"asset": {...}}, {"alias": name}, '
+        f'or {{"all": [...]}} / {{"any": [...]}}, nested at most {limits.MAX_CONDITION_DEPTH} '
+        "levels."
+    ),
+]
+SCHEDULE = TypeAdapter(Schedule)
+
+
+# --- Dags ----------------------------------------------------------------------------------
+
+Backoff = Annotated[
+    Annotated[bool, Tag("~bool")] | Annotated[Seconds, Tag("~number")],
+    Discriminator(lambda value: "~bool" if isinstance(value, bool) else "~number"),
+    Field(description="Airflow's retry delay multiplier; true means 2.0, false 0."),
+]
+
+
+class TaskModel(_Object):
+    """A task of a Dag."""
+
+    what: ClassVar[str] = "a task"
+    model_config = ConfigDict(title="Task")
+    task_id: Identifier
+    retries: int = Field(0, ge=0)
+    outlets: list[AssetRef] = Field(default_factory=list, description="Assets it produces.")
+    outlet_aliases: list[AssetKey] = Field(
+        default_factory=list, description="Aliases it emits events through."
+    )
+    upstream: list[Identifier] = Field(
+        default_factory=list, description="task_ids of this Dag it runs after."
+    )
+    trigger_rule: TriggerRule = Field(TriggerRule.ALL_SUCCESS, strict=False)
+    retry_delay_seconds: Seconds = DEFAULT_RETRY_DELAY_SECONDS
+    retry_exponential_backoff: Backoff = 0.0
+    max_retry_delay_seconds: Seconds | None = None
+
+
+class DagModel(_Object):
+    """A Dag: its schedule (assets it waits for) and its tasks."""
+
+    what: ClassVar[str] = "a Dag"
+    model_config = ConfigDict(title="Dag")
+    dag_id: Identifier
+    schedule: Schedule | None = None
+    max_active_runs: int = Field(DEFAULT_MAX_ACTIVE_RUNS, ge=1)
+    is_paused: bool = Field(False, description="Paused when first synced.")
+    description: str = Field("", max_length=100_000)
+    tasks: list[TaskModel] = Field(default_factory=list)
+
+
+DagFile = Annotated[
+    Annotated[DagModel, Tag("~dag")] | Annotated[list[DagModel], Tag("~dags")],
+    _tagger(
+        {dict: "~dag", list: "~dags"},
+        "dag_file_type",
+        "the file must hold a Dag object or a list of them",
+    ),
+]
+DAG_FILE = TypeAdapter(DagFile)
+
+
+def validate_file(document: Any) -> list[DagModel]:
+    """The Dags of a decoded definition file. Raises ValidationError (see `problem`)."""
+    dags = DAG_FILE.validate_python(document)
+    return dags if isinstance(dags, list) else [dags]
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a definition file, for DAG authors (and their editors)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "Dag definition file",
+        "description": "One Dag object or a list of them, synced by `manage.py sync_dags`.",
+        **DAG_FILE.json_schema(),
+    }
+
+
+def json_schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+# --- errors --------------------------------------------------------------------------------
+
+_TAGS: dict[str, type[_Object]] = {
+    "~dag": DagModel,
+    "~asset_ref": AssetObject,
+    "~condition_ref": ConditionAsset,
+    "~all": AllCondition,
+    "~any": AnyCondition,
+    "~alias": AliasCondition,
+    "~asset": AssetCondition,
+}
+_TYPE_ERRORS = {
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be true or false",
+    "list_type": "must be a list",
+}
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[_Object] | None:
+    """The model of the object at `loc` (pydantic's, tags included): from the last tag, or the
+    Dag of a list of Dags, down through the models' fields."""
+    start = max((i for i, part in enumerate(loc) if str(part).startswith("~")), default=-1)
+    if start < 0:
+        return None
+    current: Any = list[DagModel] if loc[start] == "~dags" else _TAGS.get(str(loc[start]))
+    for part in loc[start + 1 :]:
+        while get_origin(current) in (Union, type(int | None)):  # Optional[X]: X
+            current = next(arg for arg in get_args(current) if arg is not type(None))
+        if get_origin(current) is Annotated:
+            current = get_args(current)[0]
+        if isinstance(part, int) and get_origin(current) is list:
+            current = get_args(current)[0]
+        elif isinstance(current, type) and issubclass(current, _Object) and isinstance(part, str):
+            current = current.model_fields[part].annotation
+        else:
+            return None
+    return current if isinstance(current, type) and issubclass(current, _Object) else None
+
+
+def join(path: str, subpath: str) -> str:
+    """`path` then `subpath` (`tasks[0]` + `retries`, `[0]` + `[1]`); either may be ""."""
+    if not path or not subpath or subpath.startswith("["):
+        return path + subpath
+    return f"{path}.{subpath}"
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not part.startswith("~"):
+            path = join(path, part)
+    return path
+
+
+def _type(value: Any) -> str:
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def problem(exc: ValidationError) -> tuple[str, str]:
+    """The first error of `exc` as (JSON path, message), e.g. (`[0].tasks[1].retries`,
+    `must be at least 0, got -1`); "" is the document itself."""
+    error = exc.errors(include_url=False)[0]
+    kind, loc, value = error["type"], error["loc"], error.get("input")
+    ctx = error.get("ctx") or {}
+    path = _path(loc)
+    if kind == "missing":
+        model = _model_at(loc[:-1])
+        return _path(loc[:-1]), f"{model.what if model else 'it'} needs a {loc[-1]}"
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1]) or _Object
+        allowed = ", ".join(model.model_fields)
+        return path, model.unknown_key.format(key=loc[-1], what=model.what, allowed=allowed)
+    if kind == "model_type":
+        model = _model_at(loc)
+        return path, f"{model.what if model else 'it'} must be an object, got {_type(value)}"
+    if kind in _TYPE_ERRORS:
+        return path, f"{_TYPE_ERRORS[kind]}, got {_type(value)}"
+    if kind in ("asset_ref_type", "condition_type"):
+        return path, f"{error['msg']}, got {_type(value)}"
+    if kind in ("string_too_short", "too_short") or (
+        kind == "string_pattern_mismatch" and not str(value).strip()
+    ):
+        return path, "must not be empty"
+    if kind == "string_pattern_mismatch":
+        return path, f"{value!r} may contain only letters, digits, '_', '.' and '-'"
+    if kind == "string_too_long":
+        return path, f"is longer than {ctx['max_length']} characters"
+    if kind == "greater_than_equal":
+        number = "a finite number of " if isinstance(ctx["ge"], float) else ""
+        return path, f"must be {number}at least {ctx['ge']:g}, got {value}"
+    if kind == "finite_number":
+        return path, f"must be a finite number, got {value}"
+    if kind == "enum":
+        allowed = ", ".join(re.findall(r"'([^']*)'", ctx["expected"]))
+        return path, f"unknown {str(loc[-1]).replace('_', ' ')} {value!r} (allowed: {allowed})"
+    if kind == "condition_too_deep":
+        return path + ctx["subpath"], error["msg"]
+    return path, error["msg"]

@@ -39,7 +39,6 @@ from .models.dags import DAG_ID_MAX_LENGTH, DEFAULT_RETRY_DELAY_SECONDS, Trigger
 ID_PATTERN = r"^[A-Za-z0-9_.-]+$"
 NOT_BLANK = r"\S"
 DEFAULT_MAX_ACTIVE_RUNS = 16
-SCHEMA_ID = "https://github.com/asset-event-service/docs/dag-definition.schema.json"
 
 Identifier = Annotated[
     str, Field(min_length=1, max_length=DAG_ID_MAX_LENGTH, pattern=ID_PATTERN)
@@ -57,6 +56,10 @@ class _Object(BaseModel):
 
 class AssetObject(_Object):
     """An asset as `{"name", "uri"}`; one of them given: the other equals it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"required": ["name"]}, {"required": ["uri"]}]}
+    )
 
     what: ClassVar[str] = "an asset reference"
     empty: ClassVar[str] = "asset reference needs a name or a uri"
@@ -96,6 +99,8 @@ CONDITION_OPERATORS = ("all", "any", "alias", "asset")
 
 
 class ConditionAsset(AssetObject):
+    """Met when the asset `{"name", "uri"}` has new events."""
+
     what: ClassVar[str] = "a condition"
     empty: ClassVar[str] = "condition must not be empty"
     unknown_key: ClassVar[str] = (
@@ -196,11 +201,10 @@ Backoff = Annotated[
 ]
 
 
-class TaskModel(_Object):
+class Task(_Object):
     """A task of a Dag."""
 
     what: ClassVar[str] = "a task"
-    model_config = ConfigDict(title="Task")
     task_id: Identifier
     retries: int = Field(0, ge=0)
     outlets: list[AssetRef] = Field(default_factory=list, description="Assets it produces.")
@@ -210,27 +214,32 @@ class TaskModel(_Object):
     upstream: list[Identifier] = Field(
         default_factory=list, description="task_ids of this Dag it runs after."
     )
-    trigger_rule: TriggerRule = Field(TriggerRule.ALL_SUCCESS, strict=False)
-    retry_delay_seconds: Seconds = DEFAULT_RETRY_DELAY_SECONDS
+    trigger_rule: TriggerRule = Field(
+        TriggerRule.ALL_SUCCESS,
+        strict=False,  # the enum's values, as in JSON
+        description="Airflow's rule for when the task runs, given its upstream tasks' states.",
+    )
+    retry_delay_seconds: Seconds = Field(
+        DEFAULT_RETRY_DELAY_SECONDS, description="Airflow's retry_delay, in seconds."
+    )
     retry_exponential_backoff: Backoff = 0.0
     max_retry_delay_seconds: Seconds | None = None
 
 
-class DagModel(_Object):
-    """A Dag: its schedule (assets it waits for) and its tasks."""
+class Dag(_Object):
+    """A Dag: its schedule (the assets it waits for) and its tasks."""
 
     what: ClassVar[str] = "a Dag"
-    model_config = ConfigDict(title="Dag")
     dag_id: Identifier
     schedule: Schedule | None = None
     max_active_runs: int = Field(DEFAULT_MAX_ACTIVE_RUNS, ge=1)
     is_paused: bool = Field(False, description="Paused when first synced.")
     description: str = Field("", max_length=100_000)
-    tasks: list[TaskModel] = Field(default_factory=list)
+    tasks: list[Task] = Field(default_factory=list)
 
 
 DagFile = Annotated[
-    Annotated[DagModel, Tag("~dag")] | Annotated[list[DagModel], Tag("~dags")],
+    Annotated[Dag, Tag("~dag")] | Annotated[list[Dag], Tag("~dags")],
     _tagger(
         {dict: "~dag", list: "~dags"},
         "dag_file_type",
@@ -240,7 +249,7 @@ DagFile = Annotated[
 DAG_FILE = TypeAdapter(DagFile)
 
 
-def validate_file(document: Any) -> list[DagModel]:
+def validate_file(document: Any) -> list[Dag]:
     """The Dags of a decoded definition file. Raises ValidationError (see `problem`)."""
     dags = DAG_FILE.validate_python(document)
     return dags if isinstance(dags, list) else [dags]
@@ -250,7 +259,6 @@ def json_schema() -> dict[str, Any]:
     """The JSON Schema of a definition file, for DAG authors (and their editors)."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_ID,
         "title": "Dag definition file",
         "description": "One Dag object or a list of them, synced by `manage.py sync_dags`.",
         **DAG_FILE.json_schema(),
@@ -264,7 +272,7 @@ def json_schema_text() -> str:
 # --- errors --------------------------------------------------------------------------------
 
 _TAGS: dict[str, type[_Object]] = {
-    "~dag": DagModel,
+    "~dag": Dag,
     "~asset_ref": AssetObject,
     "~condition_ref": ConditionAsset,
     "~all": AllCondition,
@@ -287,7 +295,7 @@ def _model_at(loc: tuple[int | str, ...]) -> type[_Object] | None:
     start = max((i for i, part in enumerate(loc) if str(part).startswith("~")), default=-1)
     if start < 0:
         return None
-    current: Any = list[DagModel] if loc[start] == "~dags" else _TAGS.get(str(loc[start]))
+    current: Any = list[Dag] if loc[start] == "~dags" else _TAGS.get(str(loc[start]))
     for part in loc[start + 1 :]:
         while get_origin(current) in (Union, type(int | None)):  # Optional[X]: X
             current = next(arg for arg in get_args(current) if arg is not type(None))

@@ -205,7 +205,7 @@ def _naming_dag(raw: Any, path: str) -> str:
     return f" (dag {dag_id!r})"
 
 
-def _definition(model: dag_schema.DagModel, *, file: str, fileloc: str, path: str) -> DagDefinition:
+def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) -> DagDefinition:
     tasks = tuple(
         TaskDefinition(
             task_id=task.task_id,

@@ -358,7 +358,7 @@ def problem(exc: ValidationError) -> tuple[str, str]:
         return path, f"{model.what if model else 'it'} must be an object, got {_type(value)}"
     if kind in _TYPE_ERRORS:
         return path, f"{_TYPE_ERRORS[kind]}, got {_type(value)}"
-    if kind in ("asset_ref_type", "condition_type"):
+    if kind in ("asset_ref_type", "condition_type", "dag_file_type"):
         return path, f"{error['msg']}, got {_type(value)}"
     if kind in ("string_too_short", "too_short") or (
         kind == "string_pattern_mismatch" and not str(value).strip()

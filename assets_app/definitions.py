@@ -244,7 +244,10 @@ def _check_tasks(dag: DagDefinition) -> None:
     or upstream ids; every upstream id names another task of the Dag; no cycle (named)."""
 
     def error(path: str, message: str) -> DefinitionError:
-        return DefinitionError(dag.file, path, message)
+        named = f"dag {dag.dag_id!r}"
+        return DefinitionError(
+            dag.file, path, message if named in message else f"{message} ({named})"
+        )
 
     first: dict[str, str] = {}
     for task in dag.tasks:

@@ -551,6 +551,13 @@ def test_a_schema_problem_names_the_file_the_path_and_the_dag(tmp_path):
     assert str(info.value) == (
         f"{bad}: [1].tasks[0].retries: must be at least 0, got -1 (dag 'report')"
     )
+    # The checks after the schema name it too.
+    write(bad, {"dag_id": "report", "tasks": [{"task_id": "t", "outlet_aliases": ["x", "x"]}]})
+    with pytest.raises(DefinitionError) as info:
+        sync(bad)
+    assert str(info.value) == (
+        f"{bad}: tasks[0].outlet_aliases[1]: duplicate outlet alias 'x' (dag 'report')"
+    )
 
 
 def test_duplicate_dag_id_across_files_names_both(tmp_path):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, ClassVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Union
 
 from pydantic import (
     BaseModel,
@@ -280,6 +280,7 @@ _TAGS: dict[str, type[_Object]] = {
     "~alias": AliasCondition,
     "~asset": AssetCondition,
 }
+_LISTED: dict[str, type[_Object]] = {"tasks": Task, "~dags": Dag}
 _TYPE_ERRORS = {
     "string_type": "must be a string",
     "int_type": "must be an integer",
@@ -290,24 +291,13 @@ _TYPE_ERRORS = {
 
 
 def _model_at(loc: tuple[int | str, ...]) -> type[_Object] | None:
-    """The model of the object at `loc` (pydantic's, tags included): from the last tag, or the
-    Dag of a list of Dags, down through the models' fields."""
-    start = max((i for i, part in enumerate(loc) if str(part).startswith("~")), default=-1)
-    if start < 0:
-        return None
-    current: Any = list[Dag] if loc[start] == "~dags" else _TAGS.get(str(loc[start]))
-    for part in loc[start + 1 :]:
-        while get_origin(current) in (Union, type(int | None)):  # Optional[X]: X
-            current = next(arg for arg in get_args(current) if arg is not type(None))
-        if get_origin(current) is Annotated:
-            current = get_args(current)[0]
-        if isinstance(part, int) and get_origin(current) is list:
-            current = get_args(current)[0]
-        elif isinstance(current, type) and issubclass(current, _Object) and isinstance(part, str):
-            current = current.model_fields[part].annotation
-        else:
-            return None
-    return current if isinstance(current, type) and issubclass(current, _Object) else None
+    """The model of the object at `loc` (pydantic's, tags included): every model but a task or
+    a Dag of a list sits right after its tag."""
+    if loc and str(loc[-1]) in _TAGS:
+        return _TAGS[str(loc[-1])]
+    if len(loc) >= 2 and isinstance(loc[-1], int):
+        return _LISTED.get(str(loc[-2]))
+    return None
 
 
 def join(path: str, subpath: str) -> str:

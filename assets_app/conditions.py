@@ -65,7 +65,7 @@ def asset_ref(model: str | dag_schema.AssetObject) -> AssetRef:
     """The asset a `dag_schema.AssetRef` validated (one key given: the other equals it)."""
     if isinstance(model, str):
         return AssetRef(name=model, uri=model)
-    name, uri = model.name or model.uri or "", model.uri or model.name or ""
+    name, uri = model.name or model.uri, model.uri or model.name
     return AssetRef(name=name, uri=uri)
 
 

@@ -54,6 +54,10 @@ class _Object(BaseModel):
     unknown_key: ClassVar[str] = "unknown key {key!r} in {what} (allowed: {allowed})"
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    del schema["default"]
+
+
 class AssetObject(_Object):
     """An asset as `{"name", "uri"}`; one of them given: the other equals it."""
 
@@ -63,12 +67,13 @@ class AssetObject(_Object):
 
     what: ClassVar[str] = "an asset reference"
     empty: ClassVar[str] = "asset reference needs a name or a uri"
-    name: AssetKey | None = None
-    uri: AssetKey | None = None
+    # "" is only "not given": the keys' values must not be empty (nor null).
+    name: AssetKey = Field("", json_schema_extra=_no_default)
+    uri: AssetKey = Field("", json_schema_extra=_no_default)
 
     @model_validator(mode="after")
     def _name_or_uri(self) -> AssetObject:
-        if self.name is None and self.uri is None:
+        if not self.name and not self.uri:
             raise PydanticCustomError("asset_ref_empty", self.empty)
         return self
 
@@ -332,7 +337,14 @@ def _type(value: Any) -> str:
 def problem(exc: ValidationError) -> tuple[str, str]:
     """The first error of `exc` as (JSON path, message), e.g. (`[0].tasks[1].retries`,
     `must be at least 0, got -1`); "" is the document itself."""
-    error = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    error = errors[0]
+    if error["type"] == "missing":  # a misspelt key explains a missing one: name it instead
+        parent = error["loc"][:-1]
+        error = next(
+            (e for e in errors if e["type"] == "extra_forbidden" and e["loc"][:-1] == parent),
+            error,
+        )
     kind, loc, value = error["type"], error["loc"], error.get("input")
     ctx = error.get("ctx") or {}
     path = _path(loc)

@@ -71,6 +71,7 @@ def test_normal_form_round_trips():
         ({"asset": {"name": "a", "url": "u"}}, "schedule.asset.url", "unknown key"),
         ({"asset": 7}, "schedule.asset", "asset reference must be a string or an object"),
         ("a" * 1501, "schedule", "longer than 1500 characters"),
+        ({"name": "a", "uri": None}, "schedule.uri", "must be a string, got null"),
     ],
 )
 def test_parse_errors_name_the_path(raw, path, message):

@@ -325,6 +325,11 @@ BAD_CASES = {
         "must be a string",
     ),
     "missing_dag_id": ({"tasks": []}, "$", "a Dag needs a dag_id"),
+    "misspelt_dag_id": (
+        [{"dag_id": "d"}, {"dagid": "e"}],
+        "[1].dagid",
+        "unknown key 'dagid' in a Dag (allowed: dag_id, schedule",
+    ),
     "missing_task_id": (
         {"dag_id": "d", "tasks": [{"retries": 1}]},
         "tasks[0]",

@@ -5,8 +5,9 @@ The models say what a document may hold: the keys of each object (`extra="forbid
 (strict: a boolean is not an integer, `"3"` not a number), lengths, patterns and bounds. Where a
 value has kinds (a Dag file, an asset reference, a schedule condition, the backoff) the union is
 tagged by a function of the value, so a bad value gets one error from the member it meant to be,
-not one from every member. `problem` turns pydantic's first error into the JSON path users see
-(`[0].tasks[1].outlets[0].name`: tags dropped, indexes in brackets) and a short message.
+not one from every member. `problem` turns pydantic's first error (a misspelt key before the key
+it leaves missing) into the JSON path users see (`[0].tasks[1].outlets[0].name`: tags dropped,
+indexes in brackets) and a short message.
 
 What a schema cannot say stays in plain functions after this validation: references between
 tasks and Dags, duplicates, cycles (`definitions`), the condition depth limit (`limits`, checked
@@ -40,9 +41,8 @@ ID_PATTERN = r"^[A-Za-z0-9_.-]+$"
 NOT_BLANK = r"\S"
 DEFAULT_MAX_ACTIVE_RUNS = 16
 
-Identifier = Annotated[
-    str, Field(min_length=1, max_length=DAG_ID_MAX_LENGTH, pattern=ID_PATTERN)
-]  # it appears in URLs
+# A dag_id, task_id or upstream id: it appears in URLs.
+Identifier = Annotated[str, Field(min_length=1, max_length=DAG_ID_MAX_LENGTH, pattern=ID_PATTERN)]
 AssetKey = Annotated[str, Field(min_length=1, max_length=ASSET_KEY_MAX_LENGTH, pattern=NOT_BLANK)]
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 

@@ -260,15 +260,18 @@ def raw_floor(url: str, *, tis, outlets, warmup: int) -> dict:
             started = time.monotonic()
             conn.execute(
                 "INSERT INTO assets_app_asseteventqueue (ti_id, try_number, source_dag_id, "
-                "source_run_id, source_task_id, source_map_index, payload, attempts, "
-                "next_attempt_at, last_error, last_error_type, created_at, updated_at) VALUES "
-                "(%s, 1, %s, %s, %s, -1, %s, 0, now(), '', '', now(), now())",
+                "source_run_id, source_task_id, source_map_index, payload, outlet_count, "
+                "registered_count, attempts, next_attempt_at, last_error, last_error_type, "
+                "last_error_kind, park_reason, error_detail, attempt_history, created_at, "
+                "updated_at) VALUES (%s, 1, %s, %s, %s, -1, %s, %s, 0, 0, now(), '', '', '', '', "
+                "'{}', '[]', now(), now())",
                 [
                     ti.id,
                     ti.dag_id,
                     ti.run_id,
                     ti.task_id,
                     Jsonb({"outlets": outlets, "outlet_events": [], "source": {}}),
+                    len(outlets),
                 ],
             )
             inserted = time.monotonic()

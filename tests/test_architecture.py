@@ -64,6 +64,7 @@ SHARED = frozenset(
         "payloads",
         "sql",
         "conditions",
+        "dag_schema",
         "definitions",
         "dags",
         "run_reads",

@@ -115,13 +115,14 @@ def _settle(
     return len(finished)
 
 
-def drain_batch(*, batch_size: int | None = None) -> BatchResult:
+def drain_batch(*, batch_size: int | None = None, outlet_budget: int | None = None) -> BatchResult:
     """Register one batch: claim it (`outbox.claim_batch`, its own transaction), then register
     it in one durable transaction and run the scheduler for the Dags it queued events for.
 
     Work per transaction is bounded by outlets, not rows: a batch holds at most
-    `ASSET_QUEUE_BATCH_OUTLETS` outlets (and at most `batch_size` rows), and a row with more is
-    registered in chunks of that many events, one batch each, keeping its place in
+    `outlet_budget` (default `ASSET_QUEUE_BATCH_OUTLETS`) outlets and at most `batch_size`
+    rows, and a row with more is registered in chunks of that many events, one batch each,
+    keeping its place in
     `registered_count` (committed with each chunk's events; the events' idempotency keys make a
     repeated chunk write nothing). Between chunks the row is unlocked, so an operator can park it.
 
@@ -133,7 +134,7 @@ def drain_batch(*, batch_size: int | None = None) -> BatchResult:
     everything rolls back, the claims staying behind for the next drain to count.
     """
     batch_size = batch_size or int(settings.ASSET_QUEUE_BATCH_SIZE)
-    budget = int(settings.ASSET_QUEUE_BATCH_OUTLETS)
+    budget = outlet_budget or int(settings.ASSET_QUEUE_BATCH_OUTLETS)
     claim = outbox.claim_batch(limit=batch_size, outlet_budget=budget)
     if not claim.row_ids:
         return BatchResult(
@@ -243,6 +244,31 @@ class _Pacer:
         return yielded
 
 
+class _Ramp:
+    """Outlets per batch: a drain's first batch takes 1/RAMP_START_DIVISOR of
+    ASSET_QUEUE_BATCH_OUTLETS, and each batch after it twice the one before, up to the whole.
+
+    Why: the first success of a burst nudges a drain before the burst shows in the arrival rate
+    (`_Pacer` counts the last YIELD_WINDOW_SECONDS), and a full batch (10,000 outlets, over a
+    second of the drain and its PostgreSQL backend on a loaded machine) would then run beside
+    the answers before the pacer looks again. A short first batch lets the pacer see the burst
+    within a fraction of a second; a backlog with no arrivals reaches full batches by the fourth.
+    After a yield the drain starts small again, since the burst may not be over."""
+
+    def __init__(self) -> None:
+        self.full = int(settings.ASSET_QUEUE_BATCH_OUTLETS)
+        self.current = 0
+
+    def next(self, *, yielded: bool) -> int:
+        start = max(1, self.full // RAMP_START_DIVISOR)
+        if yielded or self.current == 0:
+            self.current = start
+        else:
+            self.current = min(self.full, self.current * 2)
+        return self.current
+
+
+RAMP_START_DIVISOR = 8
 YIELD_WINDOW_SECONDS = 0.5
 YIELD_STEP_SECONDS = 0.05
 
@@ -272,10 +298,12 @@ def drain(*, batch_size: int | None = None, time_budget: float | None = None) ->
     yielded = 0.0
     ok = False
     pacer = _Pacer(started=started)
+    ramp = _Ramp()
     try:
         while True:
-            yielded += pacer.wait_while_busy(deadline=started + time_budget)
-            batch = drain_batch(batch_size=batch_size)
+            waited = pacer.wait_while_busy(deadline=started + time_budget)
+            yielded += waited
+            batch = drain_batch(batch_size=batch_size, outlet_budget=ramp.next(yielded=waited > 0))
             totals["batches"] += 1
             totals["claimed"] += batch.claimed
             totals["registered"] += batch.registered

@@ -174,22 +174,18 @@ def lock_asset_queue_rows(asset_id: int) -> list[AssetDagRunQueue]:
     )
 
 
-def lock_dags_queue_entries(dag_ids: Sequence[str]) -> list[tuple[int, str, int, datetime, str]]:
+QueuedGroup = sql.QueuedGroup
+
+
+def lock_dags_queue_entries(dag_ids: Sequence[str]) -> list[QueuedGroup]:
     """Lock the ADRQ rows of these Dags (whose rows the caller locked with
     `claim_dags_for_scheduling`) in the global ADRQ order (target_dag_id, asset_event_id),
-    skipping locked ones, and only them (`of=("self",)`), in one statement: step 4 for a batch
-    of Dags. Returns (id, target_dag_id, asset_event_id, event timestamp, asset name) tuples,
-    which is all the scheduler reads of them."""
+    skipping locked ones, and only them, in one statement: step 4 for a batch of Dags
+    (`sql.lock_queue_groups`). Returns them grouped by Dag and asset: the asset's name, its
+    newest event's timestamp, the row ids and event ids, which is all the scheduler reads."""
     if not dag_ids:
         return []
-    return list(
-        AssetDagRunQueue.objects.select_for_update(skip_locked=True, of=("self",))
-        .filter(target_dag_id__in=list(dag_ids))
-        .order_by("target_dag_id", "asset_event_id")
-        .values_list(
-            "id", "target_dag_id", "asset_event_id", "asset_event__timestamp", "asset__name"
-        )
-    )
+    return sql.lock_queue_groups(dag_ids)
 
 
 # Any fixed 64-bit number; it names "the DAG definition sync" among advisory locks.

@@ -23,11 +23,10 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from . import audit, dependencies, exceptions, limits, locks
+from . import audit, dependencies, exceptions, limits, locks, sql
 from .models import (
     Dag,
     DagRun,
-    DagRunAssetEvent,
     DagRunState,
     DagRunTriggeredBy,
     DagRunType,
@@ -196,19 +195,14 @@ def _insert_runs(
 ) -> None:
     """INSERT unsaved runs (reading back their ids), then the consumed-event links and TIs of
     all of them: (run, distinct event ids, tasks as `dag_tasks` reads them). Inside the
-    caller's transaction; one `bulk_create` statement each for runs, links and TIs (links and
-    TIs only when there are any). No signals are connected to these models, which
-    `bulk_create` would not send."""
+    caller's transaction; one statement each for runs (`bulk_create`), links
+    (`sql.insert_consumed_links`: no model instance per link) and TIs (`bulk_create`; links and
+    TIs only when there are any). No signals are connected to these models, which neither
+    would send."""
     if not items:
         return
     DagRun.objects.bulk_create([run for run, _, _ in items])
-    links = [
-        DagRunAssetEvent(dag_run_id=run.pk, dag_id=run.dag_id, asset_event_id=event_id)
-        for run, event_ids, _ in items
-        for event_id in event_ids
-    ]
-    if links:
-        DagRunAssetEvent.objects.bulk_create(links)
+    sql.insert_consumed_links([(run.pk, event_ids) for run, event_ids, _ in items if event_ids])
     now = timezone.now()
     tis = []
     for run, _, tasks in items:

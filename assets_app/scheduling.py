@@ -27,7 +27,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -35,7 +34,7 @@ from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from . import conditions, heartbeats, limits, locks, metrics, runs
+from . import conditions, heartbeats, limits, locks, metrics, runs, sql
 from .models import (
     AssetAliasAsset,
     AssetDagRunQueue,
@@ -244,9 +243,9 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
             return outcome
         active = _active_runs(list(ready))
         below = [dag_id for dag_id, (_, most, _) in ready.items() if active.get(dag_id, 0) < most]
-        rows_by_dag: dict[str, list[tuple[int, int, datetime, str]]] = defaultdict(list)
-        for row_id, dag_id, event_id, timestamp, asset_name in locks.lock_dags_queue_entries(below):
-            rows_by_dag[dag_id].append((row_id, event_id, timestamp, asset_name))
+        rows_by_dag: dict[str, list[locks.QueuedGroup]] = defaultdict(list)
+        for group in locks.lock_dags_queue_entries(below):
+            rows_by_dag[group.dag_id].append(group)
         if not rows_by_dag:
             return outcome
         met = _evaluate(rows_by_dag, ready, parsed, outcome)
@@ -257,9 +256,10 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
             planned = [
                 runs.PlannedRun(
                     dag_id=dag_id,
-                    run_after=max(timestamp for _, _, timestamp, _ in rows_by_dag[dag_id]),
+                    run_after=max(group.latest for group in rows_by_dag[dag_id]),
+                    # Distinct already: ADRQ holds an event once per Dag.
                     consumed_event_ids=sorted(
-                        {event_id for _, event_id, _, _ in rows_by_dag[dag_id]}
+                        event_id for group in rows_by_dag[dag_id] for event_id in group.event_ids
                     ),
                     tasks=tasks[dag_id],
                 )
@@ -267,8 +267,8 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
             ]
             created = runs.create_asset_triggered_runs(planned=planned)
             # Exactly the locked rows of the Dags that got a run (invariant 8).
-            ids = [row[0] for dag_id in met for row in rows_by_dag[dag_id]]
-            _delete_queue_rows(ids)
+            ids = [i for dag_id in met for group in rows_by_dag[dag_id] for i in group.row_ids]
+            sql.delete_queue_rows(ids)
             outcome.triggered = {
                 item.dag_id: TriggeredRun(run=run, event_count=len(item.consumed_event_ids))
                 for item, run in zip(planned, created, strict=True)
@@ -277,7 +277,7 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
 
 
 def _evaluate(
-    rows_by_dag: dict[str, list[tuple[int, int, datetime, str]]],
+    rows_by_dag: dict[str, list[locks.QueuedGroup]],
     ready: dict[str, tuple[Any, int, str]],
     parsed: _Conditions,
     outcome: _Outcome,
@@ -303,7 +303,7 @@ def _evaluate(
             alias_assets[alias_name].add(asset_name)
     met, cleared = [], []
     for dag_id, (condition, _) in conditions_by_dag.items():
-        present = {name for _, _, _, name in rows_by_dag[dag_id]}
+        present = {group.asset_name for group in rows_by_dag[dag_id]}
         result = _isolated(
             dag_id,
             functools.partial(
@@ -325,13 +325,6 @@ def _evaluate(
 def _parse(parsed: _Conditions, schedule: Any) -> tuple[conditions.Condition, set[str]]:
     condition = parsed.parse(schedule)
     return condition, set(conditions.referenced_aliases(condition))
-
-
-def _delete_queue_rows(ids: Sequence[int]) -> None:
-    """DELETE these ADRQ rows, in the caller's transaction: one statement (the ORM's fast
-    delete: nothing cascades from ADRQ and no signals are connected to it)."""
-    if ids:
-        AssetDagRunQueue.objects.filter(id__in=list(ids)).delete()
 
 
 def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:

@@ -8,6 +8,14 @@ Here the first three are invalid JSON (400 `invalid_json`, like any parse error)
 surrogate is a 422 `invalid_characters`, like a NUL (see `middleware.py`). Still one parse per
 request; the surrogate check re-encodes the parsed body only when it holds a `\\ud...` escape.
 
+First orjson tries the body (a 300-outlet success: 0.14 -> ~0.04 ms of CPU). It refuses all of
+the above (NaN, infinities, lone surrogates, a BOM, more than 1,024 levels) and anything else
+invalid, and then the strict parse below decides, so every refusal keeps its status, reason
+and message. What orjson reads differently is kept from it: an integer beyond 64 bits becomes
+a float there, so a body with a run of 19 or more digits goes to the strict parse. Between
+~1,000 levels (Python's RecursionError) and orjson's 1,024 a body parses where it did not, and
+is then refused by the depth rule (`limits`, 422 `too_deep`) with the field's path.
+
 `FullPrecisionRenderer` renders the public API's responses: datetimes with their microseconds
 (Django's encoder keeps milliseconds only), so a timestamp read from one answer and passed back as
 a `timestamp_lte` filter still matches the row it came from, as with Airflow's pydantic output.
@@ -15,9 +23,11 @@ a `timestamp_lte` filter still matches the row it came from, as with Airflow's p
 
 import json
 import math
+import re
 from datetime import datetime
 from typing import Any
 
+import orjson
 from django.http import HttpRequest
 from ninja.parser import Parser
 from ninja.renderers import JSONRenderer
@@ -45,10 +55,23 @@ def _has_lone_surrogate(data: Any) -> bool:
     return False
 
 
+# A run of digits that may be an integer beyond 64 bits (orjson would read it as a float).
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
 class JsonParser(Parser):
     def parse_body(self, request: HttpRequest) -> Any:
+        body = request.body
+        if not _LONG_DIGITS.search(body):
+            try:
+                return orjson.loads(body)
+            except orjson.JSONDecodeError:
+                pass  # the strict parse names the problem, or reads what orjson does not
+        return self.parse_strictly(body)
+
+    def parse_strictly(self, body: bytes) -> Any:
         # Strict UTF-8 (a leading BOM tolerated, as json.loads does): no raw surrogate bytes.
-        text = request.body.decode("utf-8-sig")
+        text = body.decode("utf-8-sig")
         try:
             data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
         except RecursionError:

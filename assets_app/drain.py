@@ -249,7 +249,7 @@ class _Ramp:
     ASSET_QUEUE_BATCH_OUTLETS, and each batch after it twice the one before, up to the whole.
 
     Why: the first success of a burst nudges a drain before the burst shows in the arrival rate
-    (`_Pacer` counts the last YIELD_WINDOW_SECONDS), and a full batch (10,000 outlets, over a
+    (`_Pacer` counts the last YIELD_WINDOW_SECONDS), and a full batch (5,000 outlets, about a
     second of the drain and its PostgreSQL backend on a loaded machine) would then run beside
     the answers before the pacer looks again. A short first batch lets the pacer see the burst
     within a fraction of a second; a backlog with no arrivals reaches full batches by the fourth.

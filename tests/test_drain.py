@@ -555,3 +555,27 @@ def test_the_drain_yields_to_a_burst_for_a_bounded_time_then_works(settings):
     outbox_row(payload(outlets=[asset_outlet(orders)], task_id="trickle"))
     assert drain.drain().registered == 1
     assert ComponentHeartbeat.objects.get(component="drain").detail["yielded_seconds"] == 0
+
+
+def test_a_drain_starts_with_a_short_batch_and_doubles_it_up_to_the_whole(settings, monkeypatch):
+    """`_Ramp`: the first batch of a drain takes 1/8 of ASSET_QUEUE_BATCH_OUTLETS, each next
+    one twice the last up to the whole, and after a yield the drain starts small again."""
+    settings.ASSET_QUEUE_BATCH_OUTLETS = 16
+    settings.ASSET_DRAIN_YIELD_ABOVE_PER_SECOND = 0  # no yield: the ramp alone
+    _rows_with_outlets(*[1] * 40)
+    sizes = []
+    real = drain.drain_batch
+
+    def batch(**kwargs):
+        result = real(**kwargs)
+        sizes.append((kwargs["outlet_budget"], result.events_written))
+        return result
+
+    monkeypatch.setattr(drain, "drain_batch", batch)
+    assert drain.drain().registered == 40
+    assert sizes == [(2, 2), (4, 4), (8, 8), (16, 16), (16, 10)]
+
+    ramp = drain._Ramp()
+    assert [ramp.next(yielded=False) for _ in range(5)] == [2, 4, 8, 16, 16]
+    assert ramp.next(yielded=True) == 2
+    assert ramp.next(yielded=False) == 4

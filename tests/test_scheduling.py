@@ -1,7 +1,19 @@
-import pytest
+from datetime import timedelta
 
-from assets_app import metrics, registration, scheduling
-from assets_app.models import AssetDagRunQueue, AssetEvent, Dag, DagRun, DagRunState, DagRunType
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from assets_app import metrics, registration, scheduling, sql
+from assets_app.models import (
+    Asset,
+    AssetDagRunQueue,
+    AssetEvent,
+    Dag,
+    DagRun,
+    DagRunState,
+    DagRunType,
+)
 from tests.asset_flow import alias_event, alias_outlet, asset_outlet, payload, scheduled_dag
 from tests.factories import AssetFactory, DagRunFactory, TaskFactory
 
@@ -277,3 +289,37 @@ def test_a_batch_whose_writes_fail_is_scheduled_dag_by_dag_and_only_the_faulty_d
     assert AssetDagRunQueue.objects.filter(target_dag_id="bad").count() == 1
     bad = Dag.objects.get(dag_id="bad")
     assert "ValueError: a bug writing this Dag's run" in bad.schedule_error
+
+
+def test_the_queue_rows_a_pass_locks_come_back_grouped_by_dag_and_asset():
+    """`sql.lock_queue_groups`: one group per (Dag, asset name), sorted by both, with the
+    newest event's timestamp and exactly the ids of the rows it locked."""
+    early, late = timezone.now() - timedelta(minutes=5), timezone.now()
+    dags = [scheduled_dag(f"d{i}", schedule={"any": ["a", "b"]}) for i in (2, 1)]
+    events = {
+        (asset.name, when): AssetEvent.objects.create(asset=asset, timestamp=when)
+        for asset in Asset.objects.filter(name__in=["a", "b"])
+        for when in (early, late)
+    }
+    rows = {}
+    for dag in dags:
+        for (name, when), event in events.items():
+            if dag.dag_id == "d1" and name == "b" and when == late:
+                continue
+            rows[(dag.dag_id, name, event.id)] = AssetDagRunQueue.objects.create(
+                target_dag=dag, asset_event=event, asset=event.asset
+            ).id
+    with transaction.atomic():
+        groups = sql.lock_queue_groups(["d1", "d2", "elsewhere"])
+    assert [(g.dag_id, g.asset_name) for g in groups] == [
+        ("d1", "a"),
+        ("d1", "b"),
+        ("d2", "a"),
+        ("d2", "b"),
+    ]
+    latest = {(g.dag_id, g.asset_name): g.latest for g in groups}
+    assert latest == {("d1", "a"): late, ("d1", "b"): early, ("d2", "a"): late, ("d2", "b"): late}
+    for g in groups:
+        mine = (g.dag_id, g.asset_name)
+        expected = {(eid, rid) for (d, n, eid), rid in rows.items() if (d, n) == mine}
+        assert set(zip(g.event_ids, g.row_ids, strict=True)) == expected

@@ -174,8 +174,13 @@ def rows(directory: Path) -> list[tuple[str, str, str, str]]:
             )
         out.append(
             (
-                f"burst {n:,}: peak RSS MB, web workers / cluster",
-                f"{burst['gunicorn_peak_rss_mb']:.0f} / {burst['qcluster_peak_rss_mb']:.0f}",
+                f"burst {n:,}: peak RSS MB, web workers / cluster (PSS)",
+                f"{burst['gunicorn_peak_rss_mb']:.0f} / {burst['qcluster_peak_rss_mb']:.0f}"
+                + (
+                    f" ({burst['gunicorn_peak_pss_mb']:.0f} / {burst['qcluster_peak_pss_mb']:.0f})"
+                    if "qcluster_peak_pss_mb" in burst
+                    else ""
+                ),
                 "< 512 / < 300",
                 ok(m["rss"] and m.get("qcluster_rss", False)),
             )
@@ -189,7 +194,7 @@ def rows(directory: Path) -> list[tuple[str, str, str, str]]:
                 f"{registered - last:.1f}"
                 if registered is not None and last is not None
                 else f"not all ({burst['events_registered']:,})",
-                "<= 30",
+                f"<= {burst['target'].get('registered_after_last_answer_s', 30):g}",
                 ok(m["registered"]),
             )
         )

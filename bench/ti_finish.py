@@ -28,7 +28,7 @@ POSITIONS = ("middle", "last")
 
 
 def _prepare(dag_id: str, k: int, count: int) -> list:
-    """`count` runs with t0..t(k-1) succeeded and t(k) running; their t(k) ids."""
+    """`count` runs with t0..t(k-1) succeeded and t(k) running; their t(k) (id, try number)."""
     from django.utils import timezone
 
     from assets_app import runs
@@ -45,11 +45,11 @@ def _prepare(dag_id: str, k: int, count: int) -> list:
         TaskInstance.objects.filter(id=ti.id).update(
             state=TIState.RUNNING, hostname="bench", pid=1, start_date=timezone.now()
         )
-        prepared.append(ti.id)
+        prepared.append((ti.id, ti.try_number))
     return prepared
 
 
-def _finish(ti_id) -> dict:
+def _finish(ti: tuple) -> dict:
     """One `task_state.succeed`, timed, with its statements logged."""
     from django.db import connection
     from django.utils import timezone
@@ -64,7 +64,14 @@ def _finish(ti_id) -> dict:
 
     with connection.execute_wrapper(wrapper):
         started = time.perf_counter()
-        task_state.succeed(ti_id=ti_id, end_date=timezone.now(), task_outlets=[], outlet_events=[])
+        ti_id, try_number = ti
+        task_state.succeed(
+            ti_id=ti_id,
+            try_number=try_number,
+            end_date=timezone.now(),
+            task_outlets=[],
+            outlet_events=[],
+        )
         seconds = time.perf_counter() - started
     last_in_txn = max(i for i, (_, in_txn) in enumerate(log) if in_txn)
     after = [sql for sql, _ in log[last_in_txn + 1 :]]

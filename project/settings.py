@@ -59,8 +59,10 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "django_q",
+    # Before django_q: its `qcluster` command is replaced by assets_app's (fewer checks, a
+    # lighter cluster: assets_app/management/commands/qcluster.py).
     "assets_app",
+    "django_q",
 ]
 
 MIDDLEWARE = [

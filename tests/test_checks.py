@@ -91,6 +91,30 @@ def test_a_registration_mode_typo_stops_manage_py_check(settings):
         call_command("check")
 
 
+def test_the_cluster_command_still_runs_the_service_checks_but_not_the_url_checks():
+    """`manage.py qcluster` is assets_app's (it comes before django_q in INSTALLED_APPS): a bad
+    setting stops the cluster before it forks, while the URL checks, which would import the web
+    tier into every cluster process, are not run."""
+    from django.core.management import get_commands, load_command_class
+
+    command = load_command_class(get_commands()["qcluster"], "qcluster")
+    assert type(command).__module__ == "assets_app.management.commands.qcluster"
+    assert "assets_app" in command.requires_system_checks
+    assert checks.Tags.security in command.requires_system_checks
+    assert checks.Tags.urls not in command.requires_system_checks
+    env = {**os.environ, "ASSET_QUEUE_BATCH_OUTLETS": "-5"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "qcluster", "--run-once"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "assets_app.E003" in result.stderr, result.stderr[-2000:]
+
+
 @pytest.mark.parametrize("setting", ["SECRET_KEY", "WORKER_API_KEY"])
 def test_a_published_key_is_an_error(settings, setting):
     setattr(settings, setting, "dev-worker-api-key")

@@ -42,7 +42,7 @@ class MemorySampler(threading.Thread):
 
     The two differ for a tree of forked processes: each process's RSS counts the pages it shares
     with its parent (Django, the libraries) again, PSS divides a shared page among the processes
-    that map it. An idle 6-process django-q2 cluster has an RSS sum of ~450 MB and a PSS sum of
+    that map it. An idle 6-process django-q2 cluster has an RSS sum of ~350 MB and a PSS sum of
     ~90 MB. The tree's process list is refreshed every second (psutil's children() reads every
     process on the machine).
     """

@@ -122,9 +122,9 @@ def drain_batch(*, batch_size: int | None = None, outlet_budget: int | None = No
     Work per transaction is bounded by outlets, not rows: a batch holds at most
     `outlet_budget` (default `ASSET_QUEUE_BATCH_OUTLETS`) outlets and at most `batch_size`
     rows, and a row with more is registered in chunks of that many events, one batch each,
-    keeping its place in
-    `registered_count` (committed with each chunk's events; the events' idempotency keys make a
-    repeated chunk write nothing). Between chunks the row is unlocked, so an operator can park it.
+    keeping its place in `registered_count` (committed with each chunk's events; the events'
+    idempotency keys make a repeated chunk write nothing). Between chunks the row is unlocked,
+    so an operator can park it.
 
     Locks: the batch's outbox rows again (FOR UPDATE, only those this claim stamped; claiming
     itself never waits), so concurrent drains never double-register. The whole batch is registered

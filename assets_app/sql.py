@@ -570,8 +570,8 @@ def insert_consumed_links(runs: Sequence[tuple[int, Sequence[int]]]) -> None:
     `DagRunAssetEvent` instance per link held ~1 kB each until the statement was sent: the
     cluster worker that ran such a pass peaked at 670 MB (PSS). SQLite: `bulk_create`."""
     if connection.vendor != "postgresql":
-        events_of = dict(runs)
-        dag_of = dict(DagRun.objects.filter(pk__in=list(events_of)).values_list("pk", "dag_id"))
+        run_ids = [run_id for run_id, _ in runs]
+        dag_of = dict(DagRun.objects.filter(pk__in=run_ids).values_list("pk", "dag_id"))
         DagRunAssetEvent.objects.bulk_create(
             [
                 DagRunAssetEvent(dag_run_id=run_id, dag_id=dag_of[run_id], asset_event_id=event)
@@ -580,21 +580,21 @@ def insert_consumed_links(runs: Sequence[tuple[int, Sequence[int]]]) -> None:
             ]
         )
         return
-    run_ids: list[int] = []
+    link_runs: list[int] = []
     event_ids: list[int] = []
     for run_id, events in runs:
-        run_ids += [run_id] * len(events)
+        link_runs += [run_id] * len(events)
         event_ids += events
     if not event_ids:
         return
     text = (
         f"INSERT INTO {DagRunAssetEvent._meta.db_table} (dag_run_id, dag_id, asset_event_id) "
-        f"SELECT u.run_id, r.dag_id, u.event_id FROM unnest(%s::bigint[], %s::bigint[]) "
+        "SELECT u.run_id, r.dag_id, u.event_id FROM unnest(%s::bigint[], %s::bigint[]) "
         f"WITH ORDINALITY AS u(run_id, event_id, n) JOIN {DagRun._meta.db_table} r "
         "ON r.id = u.run_id ORDER BY u.n"
     )
     with connection.cursor() as cursor:
-        cursor.execute(text, [run_ids, event_ids])
+        cursor.execute(text, [link_runs, event_ids])
 
 
 def insert_external_event(

@@ -102,14 +102,8 @@ def test_the_cluster_command_still_runs_the_service_checks_but_not_the_url_check
     assert "assets_app" in command.requires_system_checks
     assert checks.Tags.security in command.requires_system_checks
     assert checks.Tags.urls not in command.requires_system_checks
-    env = {**os.environ, "ASSET_QUEUE_BATCH_OUTLETS": "-5"}
-    result = subprocess.run(
-        [sys.executable, "manage.py", "qcluster", "--run-once"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = _manage(
+        "qcluster", "--run-once", env={**os.environ, "ASSET_QUEUE_BATCH_OUTLETS": "-5"}
     )
     assert result.returncode != 0
     assert "assets_app.E003" in result.stderr, result.stderr[-2000:]
@@ -160,17 +154,21 @@ def _production_settings() -> dict[str, str]:
     return {name: value for name, value in lines.items() if not value.startswith("<")}
 
 
-def _check_deploy(env: dict[str, str]) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "WORKER_"))}
-    clean.update(DJANGO_SETTINGS_MODULE="project.settings", **env)
+def _manage(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        [sys.executable, "manage.py", *argv],
         cwd=ROOT,
-        env=clean,
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def _check_deploy(env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "WORKER_"))}
+    clean.update(DJANGO_SETTINGS_MODULE="project.settings", **env)
+    return _manage("check", "--deploy", "--fail-level", "WARNING", env=clean)
 
 
 def test_check_deploy_is_clean_for_the_documented_production_settings(tmp_path):

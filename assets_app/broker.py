@@ -34,7 +34,7 @@ from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from . import sql
+from .sql import connection as connection_sql
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def channel_for(list_key: str) -> str:
 def listen(list_key: str) -> Any:
     """A new psycopg connection (autocommit, Django's settings for the broker's database) that
     LISTENs on `list_key`'s channel."""
-    return sql.open_listener(channel_for(list_key), using=Conf.ORM)
+    return connection_sql.open_listener(channel_for(list_key), using=Conf.ORM)
 
 
 class ListeningORM(ORM):
@@ -62,12 +62,12 @@ class ListeningORM(ORM):
 
     @staticmethod
     def _postgresql() -> bool:
-        return sql.supports_listen(Conf.ORM)
+        return connection_sql.supports_listen(Conf.ORM)
 
     def enqueue(self, task: str) -> int:
         task_id = super().enqueue(task)
         if self._postgresql():
-            sql.notify(channel_for(self.list_key), using=Conf.ORM)
+            connection_sql.notify(channel_for(self.list_key), using=Conf.ORM)
         return task_id
 
     def dequeue(self) -> list[tuple[int, str]] | None:
@@ -143,5 +143,7 @@ def waiting_task_funcs(*, lookahead: int) -> list[str]:
 
 def still_waiting(row_id: int) -> bool:
     """Is that broker row still waiting for a cluster to pick it up? One primary-key read
-    (`sql.broker_row_waiting`)."""
-    return sql.broker_row_waiting(table=OrmQ._meta.db_table, row_id=row_id, now=timezone.now())
+    (`connection_sql.broker_row_waiting`)."""
+    return connection_sql.broker_row_waiting(
+        table=OrmQ._meta.db_table, row_id=row_id, now=timezone.now()
+    )

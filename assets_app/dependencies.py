@@ -4,13 +4,13 @@ invariant 11).
 A TI whose task has upstream tasks starts `scheduled` (waiting, not claimable); roots start
 `queued` (`runs.initial_ti_states`). When a TI finishes, after its own commit and never under its
 row lock, `after_ti_finished` evaluates its run's waiting TIs downstream of it in one statement
-(`sql.evaluate_waiting_task_instances`): per waiting TI the counts of its upstream TIs' states
-(success, skipped, failed, upstream_failed, removed, done), Airflow's trigger rule on those
-counts (the facts of `airflow/ti_deps/deps/trigger_rule_dep.py`, with `flag_upstream_failed`
-on, as the scheduler runs it), and one conditional UPDATE: `queued` when the rule is met,
-`upstream_failed` or `skipped` when it can no longer be met, else nothing. Only the direct
-downstream of the finished task are looked at, through the upstream link table's index, so the
-statement does not grow with the run's size.
+(`dependencies_sql.evaluate_waiting_task_instances`): per waiting TI the counts of its upstream
+TIs' states (success, skipped, failed, upstream_failed, removed, done), Airflow's trigger rule
+on those counts (the facts of `airflow/ti_deps/deps/trigger_rule_dep.py`, with
+`flag_upstream_failed` on, as the scheduler runs it), and one conditional UPDATE: `queued` when
+the rule is met, `upstream_failed` or `skipped` when it can no longer be met, else nothing. Only
+the direct downstream of the finished task are looked at, through the upstream link table's
+index, so the statement does not grow with the run's size.
 
 No double queueing: the UPDATE keeps `state = 'scheduled'` in its WHERE, which PostgreSQL
 re-checks on the row's latest version after waiting for a concurrent writer; of two evaluations
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from . import sql
 from .models import TIState
+from .sql import dependencies as dependencies_sql
 
 # Upper bound on cascade rounds: a cascade is at most as deep as the longest path in the Dag;
 # this only stops a runaway loop (the sweep finishes whatever is left).
@@ -54,8 +54,9 @@ class Evaluation:
 def evaluate_round(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) -> list[tuple]:
     """One statement (autocommit, or inside the caller's transaction): decide the waiting TIs of
     the run downstream of `finished_task_ids` (None: every waiting TI of the run). Returns the
-    (task_id, new state) of the TIs it changed (`sql.evaluate_waiting_task_instances`)."""
-    return sql.evaluate_waiting_task_instances(
+    (task_id, new state) of the TIs it changed
+    (`dependencies_sql.evaluate_waiting_task_instances`)."""
+    return dependencies_sql.evaluate_waiting_task_instances(
         dag_run_id=dag_run_id, finished_task_ids=finished_task_ids, now=timezone.now()
     )
 

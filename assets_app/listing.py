@@ -33,7 +33,8 @@ from uuid import UUID
 from django.db.models import Expression, F, Lookup, Q, QuerySet
 from django.db.models.fields import Field
 
-from . import exceptions, sql
+from . import exceptions
+from .sql import connection as connection_sql
 
 MAXIMUM_PAGE_LIMIT = 100
 DEFAULT_PAGE_LIMIT = 50
@@ -68,7 +69,7 @@ class AirflowLike(Lookup):
     def as_sql(self, compiler, connection):
         lhs, lhs_params = self.process_lhs(compiler, connection)
         rhs, rhs_params = self.process_rhs(compiler, connection)
-        operator = sql.ilike_operator(connection)
+        operator = connection_sql.ilike_operator(connection)
         return f"{lhs} {operator} {rhs}", [*lhs_params, *rhs_params]
 
 

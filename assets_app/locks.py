@@ -35,7 +35,6 @@ from uuid import UUID
 
 from django.db.models import Q, QuerySet
 
-from . import sql
 from .models import (
     Asset,
     AssetDagRunQueue,
@@ -44,6 +43,8 @@ from .models import (
     TaskInstance,
     TIState,
 )
+from .sql import connection as connection_sql
+from .sql import scheduling as scheduling_sql
 
 
 def lock_task_instance(ti_id: UUID) -> TaskInstance | None:
@@ -174,18 +175,19 @@ def lock_asset_queue_rows(asset_id: int) -> list[AssetDagRunQueue]:
     )
 
 
-QueuedGroup = sql.QueuedGroup
+QueuedGroup = scheduling_sql.QueuedGroup
 
 
 def lock_dags_queue_entries(dag_ids: Sequence[str]) -> list[QueuedGroup]:
     """Lock the ADRQ rows of these Dags (whose rows the caller locked with
     `claim_dags_for_scheduling`) in the global ADRQ order (target_dag_id, asset_event_id),
     skipping locked ones, and only them, in one statement: step 4 for a batch of Dags
-    (`sql.lock_queue_groups`). Returns them grouped by Dag and asset: the asset's name, its
-    newest event's timestamp, the row ids and event ids, which is all the scheduler reads."""
+    (`scheduling_sql.lock_queue_groups`). Returns them grouped by Dag and asset: the asset's
+    name, its newest event's timestamp, the row ids and event ids, which is all the scheduler
+    reads."""
     if not dag_ids:
         return []
-    return sql.lock_queue_groups(dag_ids)
+    return scheduling_sql.lock_queue_groups(dag_ids)
 
 
 # Any fixed 64-bit number; it names "the DAG definition sync" among advisory locks.
@@ -196,8 +198,8 @@ def lock_dag_sync() -> None:
     """Take the transaction-scoped advisory lock that serializes DAG definition syncs, waiting
     for a concurrent sync to commit. Two syncs of the same new Dags would otherwise both insert
     them and the second would fail on the primary key. PostgreSQL only: SQLite serializes writers
-    itself (IMMEDIATE transactions): `sql.advisory_xact_lock`."""
-    sql.advisory_xact_lock(DAG_SYNC_ADVISORY_LOCK_KEY)
+    itself (IMMEDIATE transactions): `connection_sql.advisory_xact_lock`."""
+    connection_sql.advisory_xact_lock(DAG_SYNC_ADVISORY_LOCK_KEY)
 
 
 def lock_asset(asset_id: int) -> Asset | None:

@@ -10,8 +10,8 @@ import os
 from django.db import transaction
 from django.db.models import Sum
 
-from . import sql
 from .models import MetricCounter
+from .sql import connection as connection_sql
 
 SHARDS = 16
 
@@ -37,7 +37,7 @@ COUNTERS = (
 
 
 def _add(name: str, amount: int) -> None:
-    sql.add_to_counter(name=name, shard=os.getpid() % SHARDS, amount=amount)
+    connection_sql.add_to_counter(name=name, shard=os.getpid() % SHARDS, amount=amount)
 
 
 def incr(name: str, amount: int = 1) -> None:

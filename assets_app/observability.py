@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest, mul
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import metrics, sql
+from . import metrics
 from .models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -34,6 +34,7 @@ from .models import (
     DagRun,
     DagRunType,
 )
+from .sql import connection as connection_sql
 
 PREFIX = "asset_service_"
 COMPONENTS = ("drain", "scheduler")
@@ -218,7 +219,7 @@ def newest_errors(*, limit: int = 5) -> list[RecentError]:
 
 def database_reachable() -> bool:
     try:
-        return sql.select_one()
+        return connection_sql.select_one()
     except Exception:
         return False
 

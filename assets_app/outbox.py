@@ -33,9 +33,10 @@ from django.db import DataError, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from . import audit, exceptions, locks, metrics, nudges, observability, payloads, sql
+from . import audit, exceptions, locks, metrics, nudges, observability, payloads
 from .models import AssetDagRunQueue, AssetEventQueue, FailureKind, TaskInstance
 from .payloads import AssetProfile, JsonDict
+from .sql import outbox as outbox_sql
 
 logger = logging.getLogger(__name__)
 ATTEMPT_HISTORY_KEPT = 50
@@ -72,7 +73,9 @@ def enqueue(
         payload=payload,
         outlet_count=len(outlets) + len(outlet_events),
     )
-    if not sql.insert_outbox_row(row, counter=metrics.ENQUEUED, shard=ti.id.int % metrics.SHARDS):
+    if not outbox_sql.insert_outbox_row(
+        row, counter=metrics.ENQUEUED, shard=ti.id.int % metrics.SHARDS
+    ):
         metrics.incr(metrics.ENQUEUED)
     return row.id
 

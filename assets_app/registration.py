@@ -39,7 +39,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import audit, exceptions, limits, metrics, nudges, sql
+from . import audit, exceptions, limits, metrics, nudges
 from .models import (
     Asset,
     AssetAlias,
@@ -51,6 +51,7 @@ from .models import (
 )
 from .models.assets import ASSET_KEY_MAX_LENGTH
 from .payloads import OutboxPayload
+from .sql import registration as registration_sql
 
 AssetKey = tuple[str, str]  # (name, uri)
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
 
 K = TypeVar("K", bound="SupportsRichComparison")
-EventKey = sql.EventKey
+EventKey = registration_sql.EventKey
 
 
 def in_lock_order(keys: Iterable[K]) -> list[K]:
@@ -81,7 +82,7 @@ def check_constraints_immediately() -> None:
     insert runs: the drain so that a failing row fails inside its own savepoint (not the whole
     batch at COMMIT), inline success so that checking thousands of event and ADRQ keys does not
     happen at COMMIT while the TI lock is held. Call it first in the caller's transaction."""
-    sql.set_constraints_immediate()
+    registration_sql.set_constraints_immediate()
 
 
 class RegistrationError(exceptions.InvalidInput):
@@ -316,15 +317,16 @@ def _insert_events(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventK
     """Insert events from (asset_id, extra JSON text, dag_id, run_id, task_id, map_index, ti_id,
     try_number, ordinal) rows, skipping those whose idempotency key exists; returns
     {idempotency key: id} for the rows actually inserted. One statement whatever the row count
-    (`sql.insert_events`)."""
-    return sql.insert_events(rows, now=now)
+    (`registration_sql.insert_events`)."""
+    return registration_sql.insert_events(rows, now=now)
 
 
 def _insert_queue_rows(rows: list[tuple[str, int, int]], *, now: datetime) -> int:
     """Insert ADRQ rows (target_dag_id, asset_event_id, asset_id) in the given (sorted) order,
-    conflicts ignored; returns the number inserted. 1 statement (`sql.insert_queue_rows`): the
-    one writer of ADRQ rows, called with `in_lock_order` rows."""
-    return sql.insert_queue_rows(rows, now=now)
+    conflicts ignored; returns the number inserted. 1 statement
+    (`registration_sql.insert_queue_rows`): the one writer of ADRQ rows, called with
+    `in_lock_order` rows."""
+    return registration_sql.insert_queue_rows(rows, now=now)
 
 
 def _resolve_references(payloads: Sequence[OutboxPayload]) -> Sequence[OutboxPayload]:
@@ -544,7 +546,7 @@ def _insert_external_event(
         if idempotency
         else (None, "", "")
     )
-    return sql.insert_external_event(
+    return registration_sql.insert_external_event(
         asset_id=asset_id, extra=extra, key=key, scope=scope, body_hash=body_hash, now=now
     )
 

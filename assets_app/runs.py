@@ -23,7 +23,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from . import audit, dependencies, exceptions, limits, locks, sql
+from . import audit, dependencies, exceptions, limits, locks
 from .models import (
     Dag,
     DagRun,
@@ -37,6 +37,7 @@ from .models import (
     TIState,
 )
 from .models.runs import TI_FINISHED_STATES
+from .sql import scheduling as scheduling_sql
 
 RUN_ID_SUFFIX_LENGTH = 8
 RUN_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -196,13 +197,15 @@ def _insert_runs(
     """INSERT unsaved runs (reading back their ids), then the consumed-event links and TIs of
     all of them: (run, distinct event ids, tasks as `dag_tasks` reads them). Inside the
     caller's transaction; one statement each for runs (`bulk_create`), links
-    (`sql.insert_consumed_links`: no model instance per link) and TIs (`bulk_create`; links and
-    TIs only when there are any). No signals are connected to these models, which neither
-    would send."""
+    (`scheduling_sql.insert_consumed_links`: no model instance per link) and TIs
+    (`bulk_create`; links and TIs only when there are any). No signals are connected to these
+    models, which neither would send."""
     if not items:
         return
     DagRun.objects.bulk_create([run for run, _, _ in items])
-    sql.insert_consumed_links([(run.pk, event_ids) for run, event_ids, _ in items if event_ids])
+    scheduling_sql.insert_consumed_links(
+        [(run.pk, event_ids) for run, event_ids, _ in items if event_ids]
+    )
     now = timezone.now()
     tis = []
     for run, _, tasks in items:

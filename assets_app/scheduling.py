@@ -34,7 +34,7 @@ from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from . import conditions, heartbeats, limits, locks, metrics, runs, sql
+from . import conditions, heartbeats, limits, locks, metrics, runs
 from .models import (
     AssetAliasAsset,
     AssetDagRunQueue,
@@ -42,6 +42,7 @@ from .models import (
     DagRun,
     DagRunState,
 )
+from .sql import scheduling as scheduling_sql
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
             created = runs.create_asset_triggered_runs(planned=planned)
             # Exactly the locked rows of the Dags that got a run (invariant 8).
             ids = [i for dag_id in met for group in rows_by_dag[dag_id] for i in group.row_ids]
-            sql.delete_queue_rows(ids)
+            scheduling_sql.delete_queue_rows(ids)
             outcome.triggered = {
                 item.dag_id: TriggeredRun(run=run, event_count=len(item.consumed_event_ids))
                 for item, run in zip(planned, created, strict=True)

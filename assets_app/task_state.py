@@ -55,7 +55,6 @@ from . import (
     outbox,
     payloads,
     registration,
-    sql,
     xcoms,
 )
 from .models import (
@@ -74,6 +73,8 @@ from .models import (
 from .models.dags import DEFAULT_RETRY_DELAY_SECONDS
 from .models.runs import TI_UNFINISHED_STATES
 from .payloads import AssetProfile, JsonDict
+from .sql import dependencies as dependencies_sql
+from .sql import task_instances as task_instances_sql
 
 # Airflow's `[core] max_task_retry_delay` default: the cap of an exponential backoff.
 MAX_RETRY_DELAY_SECONDS = 24 * 60 * 60
@@ -195,9 +196,10 @@ def _finish_run_update(dag_run_id: int, now: datetime) -> tuple[QuerySet[DagRun]
 
 
 def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> int:
-    """Run `_finish_run_update`, compiled once per process (`sql.run_update_compiled_once`:
-    building its two `Exists` and the `Case` cost ~3.5 ms of CPU on every finish)."""
-    return sql.run_update_compiled_once(_finish_run_update, pk=dag_run_id, now=now)
+    """Run `_finish_run_update`, compiled once per process
+    (`dependencies_sql.run_update_compiled_once`: building its two `Exists` and the `Case` cost
+    ~3.5 ms of CPU on every finish)."""
+    return dependencies_sql.run_update_compiled_once(_finish_run_update, pk=dag_run_id, now=now)
 
 
 def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
@@ -434,8 +436,9 @@ class _ChangedUnderUs(Exception):
 
 
 def _read_task_instance(ti_id: UUID) -> TaskInstance | None:
-    """The TI, unlocked (`sql.read_task_instance`: the SELECT built once on PostgreSQL)."""
-    return sql.read_task_instance(ti_id)
+    """The TI, unlocked (`task_instances_sql.read_task_instance`: the SELECT built once on
+    PostgreSQL)."""
+    return task_instances_sql.read_task_instance(ti_id)
 
 
 def _set_success_if_running(*, ti: TaskInstance, end_date: datetime) -> bool:
@@ -443,7 +446,7 @@ def _set_success_if_running(*, ti: TaskInstance, end_date: datetime) -> bool:
     the lock covers this statement and COMMIT). Updates `ti` and returns True when it matched;
     False when the TI is no longer running that try. Runs inside the caller's transaction."""
     now = timezone.now()
-    matched = sql.set_success_if_running(
+    matched = task_instances_sql.set_success_if_running(
         ti_id=ti.id, try_number=ti.try_number, end_date=end_date, now=now
     )
     if matched:

@@ -1,4 +1,5 @@
-"""The success path's fixed statements are prepared on their connection (`sql.prepared_cursor`).
+"""The success path's fixed statements are prepared on their connection
+(`connection_sql.prepared_cursor`).
 
 PostgreSQL lists a connection's prepared statements in `pg_prepared_statements`; psycopg names
 its own `_pg3_N`. After a few successes on one connection the statements are there, and a
@@ -10,8 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import sql, task_state
+from assets_app import task_state
 from assets_app.models import AssetEventQueue, TIState
+from assets_app.sql import connection as connection_sql
 
 from .factories import AssetFactory, TaskInstanceFactory
 
@@ -27,7 +29,7 @@ def _prepared_statements() -> list[str]:
 def test_a_statement_run_twice_through_prepared_cursor_is_prepared(settings):
     settings.DATABASE_PREPARED_STATEMENTS = True
     for _ in range(3):
-        with sql.prepared_cursor() as cursor:
+        with connection_sql.prepared_cursor() as cursor:
             cursor.execute("SELECT %s::int + 1", [41])
             assert cursor.fetchone() == (42,)
     assert any("+ 1" in text for text in _prepared_statements())
@@ -36,7 +38,7 @@ def test_a_statement_run_twice_through_prepared_cursor_is_prepared(settings):
 def test_switched_off_nothing_is_prepared(settings):
     settings.DATABASE_PREPARED_STATEMENTS = False
     for _ in range(3):
-        with sql.prepared_cursor() as cursor:
+        with connection_sql.prepared_cursor() as cursor:
             cursor.execute("SELECT %s::int + 2", [40])
             assert cursor.fetchone() == (42,)
     assert not any("+ 2" in text for text in _prepared_statements())

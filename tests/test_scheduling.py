@@ -4,7 +4,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from assets_app import metrics, registration, scheduling, sql
+from assets_app import metrics, registration, scheduling
 from assets_app.models import (
     Asset,
     AssetDagRunQueue,
@@ -14,6 +14,7 @@ from assets_app.models import (
     DagRunState,
     DagRunType,
 )
+from assets_app.sql import scheduling as scheduling_sql
 from tests.asset_flow import alias_event, alias_outlet, asset_outlet, payload, scheduled_dag
 from tests.factories import AssetFactory, DagRunFactory, TaskFactory
 
@@ -292,7 +293,7 @@ def test_a_batch_whose_writes_fail_is_scheduled_dag_by_dag_and_only_the_faulty_d
 
 
 def test_the_queue_rows_a_pass_locks_come_back_grouped_by_dag_and_asset():
-    """`sql.lock_queue_groups`: one group per (Dag, asset name), sorted by both, with the
+    """`scheduling_sql.lock_queue_groups`: one group per (Dag, asset name), sorted by both, with the
     newest event's timestamp and exactly the ids of the rows it locked."""
     early, late = timezone.now() - timedelta(minutes=5), timezone.now()
     dags = [scheduled_dag(f"d{i}", schedule={"any": ["a", "b"]}) for i in (2, 1)]
@@ -310,7 +311,7 @@ def test_the_queue_rows_a_pass_locks_come_back_grouped_by_dag_and_asset():
                 target_dag=dag, asset_event=event, asset=event.asset
             ).id
     with transaction.atomic():
-        groups = sql.lock_queue_groups(["d1", "d2", "elsewhere"])
+        groups = scheduling_sql.lock_queue_groups(["d1", "d2", "elsewhere"])
     assert [(g.dag_id, g.asset_name) for g in groups] == [
         ("d1", "a"),
         ("d1", "b"),

@@ -145,10 +145,10 @@ def _calls_in(tree: ast.AST, name: str) -> list[str]:
 
 def test_every_adrq_writer_is_covered_here():
     """ADRQ rows are inserted only by `registration._insert_queue_rows` (its statement is
-    `sql.insert_queue_rows`, which nothing else calls), called only by the two functions whose
-    paths the tests above drive (register_payloads: drain, inline success and direct
-    registration; register_external_event: the public API), each with `in_lock_order`. A new
-    writer fails here until this file tests its order."""
+    `sql.registration.insert_queue_rows`, which nothing else calls), called only by the two
+    functions whose paths the tests above drive (register_payloads: drain, inline success and
+    direct registration; register_external_event: the public API), each with `in_lock_order`.
+    A new writer fails here until this file tests its order."""
     writers: dict[str, list[str]] = {}
     statement_callers: dict[str, list[str]] = {}
     for path in sorted(APP.rglob("*.py")):

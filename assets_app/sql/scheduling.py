@@ -1,0 +1,116 @@
+"""The scheduler's statements (`scheduling`, `runs`): the ADRQ rows of a pass locked and
+grouped, deleted by one array, and the consumed-event links of the new runs."""
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import NamedTuple
+
+from django.db import connection
+
+from ..models import Asset, AssetDagRunQueue, AssetEvent, DagRun, DagRunAssetEvent
+
+
+class QueuedGroup(NamedTuple):
+    """The ADRQ rows of one Dag and one asset that a scheduler pass locked."""
+
+    dag_id: str
+    asset_name: str
+    latest: datetime  # the newest of their events' timestamps
+    row_ids: list[int]
+    event_ids: list[int]
+
+
+def lock_queue_groups(dag_ids: Sequence[str]) -> list[QueuedGroup]:
+    """Lock the ADRQ rows of these Dags FOR UPDATE SKIP LOCKED, in the global ADRQ order
+    (target_dag_id, asset_event_id), and return them grouped by Dag and asset name (sorted by
+    both). 1 statement, in the caller's transaction.
+
+    PostgreSQL: raw, the locking SELECT in a MATERIALIZED CTE (locking only ADRQ rows) and the
+    grouping around it, the ids coming back as two integer arrays per group. A Dag that waited
+    through a backlog has a row per queued event: 118,500 per Dag in `bench/burst.py --calls
+    2000`, where a (row id, dag id, event id, timestamp, asset name) tuple per row, the ORM's
+    `values_list`, held ~300 bytes each and made its cluster worker the largest process of the
+    run. SQLite: the ORM's `values_list`, grouped here."""
+    if connection.vendor != "postgresql":
+        groups: dict[tuple[str, str], QueuedGroup] = {}
+        for row_id, dag_id, event_id, timestamp, name in (
+            AssetDagRunQueue.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(target_dag_id__in=list(dag_ids))
+            .order_by("target_dag_id", "asset_event_id")
+            .values_list(
+                "id", "target_dag_id", "asset_event_id", "asset_event__timestamp", "asset__name"
+            )
+        ):
+            group = groups.setdefault((dag_id, name), QueuedGroup(dag_id, name, timestamp, [], []))
+            if timestamp > group.latest:
+                group = groups[(dag_id, name)] = group._replace(latest=timestamp)
+            group.row_ids.append(row_id)
+            group.event_ids.append(event_id)
+        return [groups[key] for key in sorted(groups)]
+    text = (
+        "WITH locked AS MATERIALIZED (SELECT q.id, q.target_dag_id, q.asset_event_id, "
+        f"q.asset_id FROM {AssetDagRunQueue._meta.db_table} q WHERE q.target_dag_id = ANY(%s) "
+        "ORDER BY q.target_dag_id, q.asset_event_id FOR UPDATE SKIP LOCKED) "
+        "SELECT l.target_dag_id, a.name, max(e.timestamp), array_agg(l.id), "
+        f"array_agg(l.asset_event_id) FROM locked l JOIN {Asset._meta.db_table} a "
+        f"ON a.id = l.asset_id JOIN {AssetEvent._meta.db_table} e ON e.id = l.asset_event_id "
+        "GROUP BY l.target_dag_id, a.name ORDER BY l.target_dag_id, a.name"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(text, [list(dag_ids)])
+        return [QueuedGroup(*row) for row in cursor.fetchall()]
+
+
+def delete_queue_rows(ids: Sequence[int]) -> None:
+    """DELETE these ADRQ rows, in the caller's transaction: 1 statement. PostgreSQL: one
+    array parameter (a pass may consume hundreds of thousands of rows; the ORM's `id__in`
+    sends a placeholder each). SQLite: the ORM's fast delete (nothing cascades from ADRQ and
+    no signals are connected to it)."""
+    if not ids:
+        return
+    if connection.vendor != "postgresql":
+        AssetDagRunQueue.objects.filter(id__in=list(ids)).delete()
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {AssetDagRunQueue._meta.db_table} WHERE id = ANY(%s::bigint[])",
+            [list(ids)],
+        )
+
+
+def insert_consumed_links(runs: Sequence[tuple[int, Sequence[int]]]) -> None:
+    """Insert the consumed-event links of new runs, from (run id, event ids) pairs, the dag of
+    each link copied from its run (the unique (dag, event) constraint is invariant 8's guard).
+    1 statement whatever the number of runs and events, in the caller's transaction.
+
+    PostgreSQL: raw, INSERT ... SELECT FROM unnest(...) joined to the runs: two array
+    parameters, no Python object per link. A run of a Dag that waited through a backlog consumes
+    every event queued for it (150,000 in `bench/burst.py --calls 2000`), and one
+    `DagRunAssetEvent` instance per link held ~1 kB each until the statement was sent: the
+    cluster worker that ran such a pass peaked at 670 MB (PSS). SQLite: `bulk_create`."""
+    if connection.vendor != "postgresql":
+        run_ids = [run_id for run_id, _ in runs]
+        dag_of = dict(DagRun.objects.filter(pk__in=run_ids).values_list("pk", "dag_id"))
+        DagRunAssetEvent.objects.bulk_create(
+            [
+                DagRunAssetEvent(dag_run_id=run_id, dag_id=dag_of[run_id], asset_event_id=event)
+                for run_id, events in runs
+                for event in events
+            ]
+        )
+        return
+    link_runs: list[int] = []
+    event_ids: list[int] = []
+    for run_id, events in runs:
+        link_runs += [run_id] * len(events)
+        event_ids += events
+    if not event_ids:
+        return
+    text = (
+        f"INSERT INTO {DagRunAssetEvent._meta.db_table} (dag_run_id, dag_id, asset_event_id) "
+        "SELECT u.run_id, r.dag_id, u.event_id FROM unnest(%s::bigint[], %s::bigint[]) "
+        f"WITH ORDINALITY AS u(run_id, event_id, n) JOIN {DagRun._meta.db_table} r "
+        "ON r.id = u.run_id ORDER BY u.n"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(text, [link_runs, event_ids])

@@ -94,7 +94,7 @@ def sweep_waiting_runs(*, limit: int = 1000) -> SweepResult:
     )
     runs_finished = 0
     for run_id, dag_id in stranded:
-        runs_finished += task_state.finish_run_if_done(run_id, dag_id=dag_id, now=timezone.now())
+        runs_finished += dependencies.finish_run_if_done(run_id, dag_id=dag_id, now=timezone.now())
     return SweepResult(
         runs_evaluated=len(waiting_runs),
         tis_queued=queued,

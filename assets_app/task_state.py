@@ -11,7 +11,8 @@ the lock:
 - the DagRun follows its TIs in its own short statement (conditional UPDATE, no lock): `running`
   when a TI starts, `success` / `failed` once every TI is finished (failed if any TI is `failed`
   or `upstream_failed`). Because each finishing TI checks after its own commit, the last one to
-  commit always sees all the others finished.
+  commit always sees all the others finished. That follow-up (downstream evaluation, then the
+  run's finish) is `dependencies.after_ti_finished`, imported here under its name.
 - the run context of `start` is loaded with a fixed number of queries (invariant 9).
 
 One try per token (invariant 12): every function takes the `try_number` the worker's token was
@@ -43,7 +44,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, Exists, OuterRef, Q, QuerySet, Subquery, TextField, Value, When
+from django.db.models import OuterRef, Q, Subquery, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -57,9 +58,9 @@ from . import (
     registration,
     xcoms,
 )
+from .dependencies import after_ti_finished  # one home; `task_state.after_ti_finished` for callers
 from .models import (
     AssetAliasEvent,
-    AssetDagRunQueue,
     AssetEvent,
     Dag,
     DagRun,
@@ -67,13 +68,10 @@ from .models import (
     Task,
     TaskInstance,
     TaskReschedule,
-    TaskUpstream,
     TIState,
 )
 from .models.dags import DEFAULT_RETRY_DELAY_SECONDS
-from .models.runs import TI_UNFINISHED_STATES
 from .payloads import AssetProfile, JsonDict
-from .sql import dependencies as dependencies_sql
 from .sql import task_instances as task_instances_sql
 
 # Airflow's `[core] max_task_retry_delay` default: the cap of an exponential backoff.
@@ -82,7 +80,6 @@ MAX_RETRY_DELAY_SECONDS = 24 * 60 * 60
 TERMINAL_NON_SUCCESS = frozenset(
     {TIState.FAILED, TIState.SKIPPED, TIState.REMOVED, TIState.UPSTREAM_FAILED}
 )
-_RUN_FAILING_STATES = (TIState.FAILED, TIState.UPSTREAM_FAILED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,58 +169,6 @@ def _mark_run_running(dag_run_id: int, *, now: datetime) -> None:
     DagRun.objects.filter(id=dag_run_id, state=DagRunState.QUEUED).update(
         state=DagRunState.RUNNING, start_date=now
     )
-
-
-def _finish_run_update(dag_run_id: int, now: datetime) -> tuple[QuerySet[DagRun], dict[str, Any]]:
-    """The conditional UPDATE of `finish_run_if_done`: the runs it matches and the values it
-    sets (`runs.update(**values)`), built (not run) through the ORM."""
-    tis = TaskInstance.objects.filter(dag_run_id=OuterRef("pk"))
-    has_downstream = TaskUpstream.objects.filter(
-        upstream__dag_id=OuterRef("dag_id"), upstream__task_id=OuterRef("task_id")
-    )
-    failing_leaf = tis.filter(state__in=_RUN_FAILING_STATES).filter(~Exists(has_downstream))
-    runs = DagRun.objects.filter(
-        id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING)
-    ).filter(~Exists(tis.filter(state__in=TI_UNFINISHED_STATES)))
-    values = {
-        "state": Case(
-            When(Exists(failing_leaf), then=Value(DagRunState.FAILED)),
-            default=Value(DagRunState.SUCCESS),
-        ),
-        "end_date": now,
-    }
-    return runs, values
-
-
-def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> int:
-    """Run `_finish_run_update`, compiled once per process
-    (`dependencies_sql.run_update_compiled_once`: building its two `Exists` and the `Case` cost
-    ~3.5 ms of CPU on every finish)."""
-    return dependencies_sql.run_update_compiled_once(_finish_run_update, pk=dag_run_id, now=now)
-
-
-def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
-    """One conditional UPDATE: success/failed once no TI of the run is unfinished. Failed when a
-    leaf TI (its task has no downstream task; Airflow's `DagRun.update_state` looks at leaves)
-    is failed or upstream_failed, else success. Returns whether it finished the run.
-
-    A run that finishes frees a `max_active_runs` slot, so if its Dag has queued events waiting
-    the scheduler is nudged (after commit) instead of leaving them to the one-minute sweep.
-    """
-    finished = _execute_finish_run_update(dag_run_id, now=now)
-    if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():
-        nudges.scheduler_on_commit(dag_ids=[dag_id])
-    return bool(finished)
-
-
-def after_ti_finished(ti: TaskInstance) -> None:
-    """What follows a TI's finish (success, failed, skipped, upstream_failed), after its commit
-    and without its lock: its run's downstream TIs are evaluated (`dependencies.evaluate`, one
-    statement per round), then the run may finish. When the evaluation queued a TI the run
-    cannot be finished, so that statement is not run."""
-    evaluation = dependencies.evaluate(dag_run_id=ti.dag_run_id, finished_task_ids=[ti.task_id])
-    if not evaluation.queued:
-        finish_run_if_done(ti.dag_run_id, dag_id=ti.dag_id, now=timezone.now())
 
 
 # --- start ------------------------------------------------------------------------------------
@@ -738,11 +683,11 @@ def skip_downstream(*, ti_id: UUID, try_number: int, tasks: list[tuple[str, int]
     )
     if not count:
         return 0
-    evaluation = dependencies.evaluate(
-        dag_run_id=source["dag_run_id"], finished_task_ids=sorted({t for t, _ in wanted})
+    dependencies.follow_finishes(
+        dag_run_id=source["dag_run_id"],
+        dag_id=source["dag_id"],
+        finished_task_ids=sorted({t for t, _ in wanted}),
     )
-    if not evaluation.queued:
-        finish_run_if_done(source["dag_run_id"], dag_id=source["dag_id"], now=timezone.now())
     return count
 
 

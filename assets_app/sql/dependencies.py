@@ -1,5 +1,7 @@
 """The statements of what follows a TI's finish (`dependencies`): the downstream evaluation,
-with the trigger-rule table as one SQL CASE, and the run-finish UPDATE compiled once per process.
+with the trigger-rule table as one SQL CASE (`_decision_sql`), and the run-finish UPDATE
+compiled once per process (`run_update_compiled_once`, which calls back
+`dependencies._finish_run_update` once to build it: the path's one return climb).
 """
 
 import functools
@@ -160,7 +162,7 @@ def evaluate_waiting_task_instances(
         return list(cursor.fetchall())
 
 
-# --- an ORM UPDATE compiled once per process (task_state.finish_run_if_done) ---------------------
+# --- an ORM UPDATE compiled once per process (dependencies.finish_run_if_done) ------------------
 #
 # `build(pk, now)` returns (queryset, values) of an UPDATE the ORM expresses (`queryset.update(
 # **values)`). Building its `Exists` and `Case` expressions cost ~3.5 ms of CPU on every TI

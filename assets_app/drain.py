@@ -10,7 +10,8 @@ them in the same transaction, so a crash anywhere rolls both back and the row is
 After each batch commits, the drain runs the scheduler for the Dags that batch queued events for
 (DESIGN 7: one django-q2 pickup fewer than nudging a scheduler task).
 
-The outbox rows themselves (enqueue, claim, retry, park, requeue, reads) are `outbox.py`'s.
+The outbox rows themselves (enqueue, claim, settle after registration, release claims, retry,
+park, requeue, reads) are `outbox.py`'s: the drain writes none itself.
 """
 
 import logging
@@ -97,22 +98,12 @@ def _connection_unusable(exc: BaseException) -> bool:
     return not connection.is_usable()
 
 
-def _settle(
-    rows: list[AssetEventQueue],
-    results: list[registration.RegistrationResult],
-    windows: list[tuple[int, int]],
-) -> int:
-    """Delete the rows registered to their end; keep the place of the others (a chunk of a big
-    row) and release their claim. Inside the batch transaction. Returns the rows deleted."""
-    finished = []
-    for row, result, (_, stop) in zip(rows, results, windows, strict=True):
-        if result.emissions <= stop:
-            finished.append(row.id)
-        else:
-            AssetEventQueue.objects.filter(id=row.id).update(registered_count=stop, claimed_at=None)
-    if finished:
-        AssetEventQueue.objects.filter(id__in=finished).delete()
-    return len(finished)
+def _ends(
+    results: list[registration.RegistrationResult], windows: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """(emissions of the row's payload, end of the window registered) per row, for
+    `outbox.settle`."""
+    return [(result.emissions, stop) for result, (_, stop) in zip(results, windows, strict=True)]
 
 
 def drain_batch(*, batch_size: int | None = None, outlet_budget: int | None = None) -> BatchResult:
@@ -154,7 +145,7 @@ def drain_batch(*, batch_size: int | None = None, outlet_budget: int | None = No
                 results = registration.register_payloads(
                     payloads=[row.payload for row in rows], windows=windows
                 )
-                done = _settle(rows, results, windows)
+                done = outbox.settle(rows, ends=_ends(results, windows))
         except Exception as exc:
             if _connection_unusable(exc):
                 raise
@@ -166,7 +157,7 @@ def drain_batch(*, batch_size: int | None = None, outlet_budget: int | None = No
                         (result,) = registration.register_payloads(
                             payloads=[row.payload], windows=[window]
                         )
-                        finished = _settle([row], [result], [window])
+                        finished = outbox.settle([row], ends=_ends([result], [window]))
                     results.append(result)
                     done += finished
                 except Exception as row_exc:
@@ -176,9 +167,7 @@ def drain_batch(*, batch_size: int | None = None, outlet_budget: int | None = No
                     failures.append((row, row_exc))
         parked = sum(outbox.record_failure(row, exc, now=now) for row, exc in failures)
         if failures:
-            AssetEventQueue.objects.filter(id__in=[row.id for row, _ in failures]).update(
-                claimed_at=None
-            )
+            outbox.release_claims([row.id for row, _ in failures])
         chunked = len(results) - done
         metrics.incr(metrics.REGISTERED, done)
         metrics.incr(metrics.FAILED_ATTEMPTS, len(failures))
@@ -277,10 +266,7 @@ def _undrained_arrival_rate() -> float:
     """Successes per second over the last YIELD_WINDOW_SECONDS that are still waiting: outbox
     rows enqueued since then that no drain has tried (a new row is due when it is enqueued)."""
     since = timezone.now() - timedelta(seconds=YIELD_WINDOW_SECONDS)
-    count = AssetEventQueue.objects.filter(
-        parked_at__isnull=True, next_attempt_at__gt=since, attempts=0, claimed_at__isnull=True
-    ).count()
-    return count / YIELD_WINDOW_SECONDS
+    return outbox.count_untried_since(since) / YIELD_WINDOW_SECONDS
 
 
 def drain(*, batch_size: int | None = None, time_budget: float | None = None) -> DrainResult:

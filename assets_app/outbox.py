@@ -23,7 +23,7 @@ registered).
 
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -288,6 +288,39 @@ def claim_batch(*, limit: int, outlet_budget: int) -> Claim:
         if ids:
             AssetEventQueue.objects.filter(id__in=ids).update(claimed_at=now)
     return Claim(stamp=now, row_ids=ids, more=more, died=len(abandoned), parked=parked)
+
+
+# --- a claimed batch's rows (drain.drain_batch, inside its batch transaction) ------------------
+
+
+def settle(rows: Sequence[AssetEventQueue], *, ends: Sequence[tuple[int, int]]) -> int:
+    """After `rows` were registered, per row up to (emissions of its payload, end of the window
+    registered) in `ends`: delete the rows registered to their end; keep the place of the
+    others (a chunk of a big row) and release their claim. Inside the batch transaction, so
+    the deletes commit with the events (invariant 3). Returns the rows deleted."""
+    finished = []
+    for row, (emissions, stop) in zip(rows, ends, strict=True):
+        if emissions <= stop:
+            finished.append(row.id)
+        else:
+            AssetEventQueue.objects.filter(id=row.id).update(registered_count=stop, claimed_at=None)
+    if finished:
+        AssetEventQueue.objects.filter(id__in=finished).delete()
+    return len(finished)
+
+
+def release_claims(row_ids: Sequence[int]) -> None:
+    """Clear the claim of these rows (their failure recorded by `record_failure`), so the next
+    drain takes them when they are due: one UPDATE, in the caller's transaction."""
+    AssetEventQueue.objects.filter(id__in=list(row_ids)).update(claimed_at=None)
+
+
+def count_untried_since(since: datetime) -> int:
+    """Outbox rows enqueued after `since` that no drain has tried (a new row is due when it is
+    enqueued): one count on the `outbox_due` index, for the drain's pacer."""
+    return AssetEventQueue.objects.filter(
+        parked_at__isnull=True, next_attempt_at__gt=since, attempts=0, claimed_at__isnull=True
+    ).count()
 
 
 def select_rows(

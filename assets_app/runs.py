@@ -36,7 +36,7 @@ from .models import (
     TaskUpstream,
     TIState,
 )
-from .models.runs import TI_FINISHED_STATES
+from .models.runs import TI_FINISHED_STATES, fresh_try_values
 from .sql import scheduling as scheduling_sql
 
 RUN_ID_SUFFIX_LENGTH = 8
@@ -375,44 +375,20 @@ def clear_task_instances(
             ).values_list("task_id", "retries")
         )
         now = timezone.now()
+        fresh = fresh_try_values(queued_at=now, retry_at=None)
         for ti in locked:
             ti.max_tries = ti.try_number + retries.get(
                 ti.task_id, max(ti.max_tries - ti.try_number, 0)
             )
             ti.try_number += 1
             ti.state = states[ti.task_id]
-            ti.queued_at = now
-            ti.hostname = ti.unixname = ti.claimed_by = ""
-            ti.pid = ti.start_date = ti.end_date = ti.last_heartbeat_at = None
-            ti.claimed_at = ti.retry_at = None
+            for name, value in fresh.items():
+                setattr(ti, name, value)
         if locked:
             TaskInstance.objects.bulk_update(
-                locked,
-                [
-                    "max_tries",
-                    "try_number",
-                    "state",
-                    "queued_at",
-                    "hostname",
-                    "unixname",
-                    "claimed_by",
-                    "pid",
-                    "start_date",
-                    "end_date",
-                    "last_heartbeat_at",
-                    "claimed_at",
-                    "retry_at",
-                    "updated_at",
-                ],
+                locked, ["max_tries", "try_number", "state", *fresh, "updated_at"]
             )
-            # Airflow: queued again now, started afresh (start and end cleared).
-            DagRun.objects.filter(pk=run.pk).update(
-                state=DagRunState.QUEUED,
-                start_date=None,
-                end_date=None,
-                queued_at=now,
-                clear_number=models.F("clear_number") + 1,
-            )
+            _queue_run_again(run.pk, now=now)
             audit.record(
                 actor=actor,
                 action="dag_run.clear",
@@ -500,6 +476,18 @@ def clear_dag_run(
     return RunClearResult(run=run, task_instances=cleared, new_task_ids=new_task_ids)
 
 
+def _queue_run_again(run_pk: int, *, now: datetime) -> None:
+    """The run reset of a clear, one UPDATE in the caller's transaction. Airflow: queued again
+    now, started afresh (start and end cleared), its `clear_number` + 1."""
+    DagRun.objects.filter(pk=run_pk).update(
+        state=DagRunState.QUEUED,
+        start_date=None,
+        end_date=None,
+        queued_at=now,
+        clear_number=models.F("clear_number") + 1,
+    )
+
+
 def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> None:
     """TIs for tasks the Dag gained after `run` was created, and the run queued again. Own
     durable transaction; a task whose TI appeared meanwhile is left alone (the unique
@@ -525,13 +513,7 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
             ],
             ignore_conflicts=True,
         )
-        DagRun.objects.filter(pk=run.pk).update(
-            state=DagRunState.QUEUED,
-            start_date=None,
-            end_date=None,
-            queued_at=now,
-            clear_number=models.F("clear_number") + 1,
-        )
+        _queue_run_again(run.pk, now=now)
         audit.record(
             actor=actor,
             action="dag_run.clear",

@@ -71,6 +71,7 @@ from .models import (
     TIState,
 )
 from .models.dags import DEFAULT_RETRY_DELAY_SECONDS
+from .models.runs import fresh_try_values
 from .payloads import AssetProfile, JsonDict
 from .sql import task_instances as task_instances_sql
 
@@ -502,8 +503,10 @@ def retry(
         _check_try(ti, try_number)
         if ti.state != TIState.RUNNING:
             raise _not_running(ti, "marked up_for_retry")
-        _requeue_or_fail(ti, now=now, end_date=end_date, delay=retry_delay_seconds, policy=policy)
-        ti.save()
+        changed = _requeue_or_fail(
+            ti, now=now, end_date=end_date, delay=retry_delay_seconds, policy=policy
+        )
+        ti.save(update_fields=changed)
     if ti.state == TIState.FAILED:
         after_ti_finished(ti)
     return StateChange(ti_id=ti.id, state=ti.state, replayed=False, try_number=ti.try_number)
@@ -568,9 +571,10 @@ def _requeue_or_fail(
     end_date: datetime,
     delay: float | None,
     policy: RetryPolicy | None,
-) -> None:
+) -> list[str]:
     """Set a running TI's failed try to queued again (next try, claimable after the delay) when
-    it has tries left, else failed. No query; the caller saves it under the TI lock."""
+    it has tries left, else failed. No query; the caller saves it under the TI lock, with the
+    fields returned (`update_fields`: a hot row's save writes only what changed)."""
     if _is_eligible_to_retry(try_number=ti.try_number, max_tries=ti.max_tries):
         if delay is None:
             delay = retry_delay_for(
@@ -581,19 +585,13 @@ def _requeue_or_fail(
             )
         ti.state = TIState.QUEUED
         ti.try_number += 1
-        ti.queued_at = now
-        ti.retry_at = now + timedelta(seconds=delay)
-        ti.claimed_by = ""
-        ti.claimed_at = None
-        ti.hostname = ""
-        ti.unixname = ""
-        ti.pid = None
-        ti.start_date = None
-        ti.end_date = None
-        ti.last_heartbeat_at = None
-    else:
-        ti.state = TIState.FAILED
-        ti.end_date = end_date
+        fresh = fresh_try_values(queued_at=now, retry_at=now + timedelta(seconds=delay))
+        for name, value in fresh.items():
+            setattr(ti, name, value)
+        return ["state", "try_number", *fresh, "updated_at"]
+    ti.state = TIState.FAILED
+    ti.end_date = end_date
+    return ["state", "end_date", "updated_at"]
 
 
 # --- workers that died ------------------------------------------------------------------------
@@ -635,8 +633,8 @@ def fail_dead_task_instances(*, limit: int = 500) -> HeartbeatSweep:
                 or ti.last_heartbeat_at >= cutoff
             ):
                 continue
-            _requeue_or_fail(ti, now=now, end_date=now, delay=None, policy=policy)
-            ti.save()
+            changed = _requeue_or_fail(ti, now=now, end_date=now, delay=None, policy=policy)
+            ti.save(update_fields=changed)
         if ti.state == TIState.FAILED:
             failed.append(ti.id)
             after_ti_finished(ti)
@@ -722,16 +720,7 @@ def reschedule(
             id=ti_id, state=TIState.RUNNING, try_number=seen.try_number
         ).update(
             state=TIState.QUEUED,
-            queued_at=now,
-            retry_at=reschedule_date,
-            claimed_by="",
-            claimed_at=None,
-            hostname="",
-            unixname="",
-            pid=None,
-            start_date=None,
-            end_date=None,
-            last_heartbeat_at=None,
+            **fresh_try_values(queued_at=now, retry_at=reschedule_date),
             updated_at=now,
         )
         if not matched:

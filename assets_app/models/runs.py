@@ -1,4 +1,6 @@
 import uuid
+from datetime import datetime
+from typing import Any
 
 from django.db import models
 from django.utils import timezone
@@ -53,6 +55,25 @@ TI_FINISHED_STATES = frozenset(
 )
 # The others, listed (not "not finished") so that a query can use the `ti_unfinished` index.
 TI_UNFINISHED_STATES = tuple(sorted(set(TIState.values) - TI_FINISHED_STATES))
+
+
+def fresh_try_values(*, queued_at: datetime, retry_at: datetime | None) -> dict[str, Any]:
+    """The columns a TI's reset for a fresh try sets (a retry, a reschedule's next poke, a
+    clear), written once: queued at `queued_at`, claimable from `retry_at` (None: at once), and
+    no claim, host, process, start, end or heartbeat left from the try before. The state and
+    the try number are the caller's."""
+    return {
+        "queued_at": queued_at,
+        "retry_at": retry_at,
+        "claimed_by": "",
+        "claimed_at": None,
+        "hostname": "",
+        "unixname": "",
+        "pid": None,
+        "start_date": None,
+        "end_date": None,
+        "last_heartbeat_at": None,
+    }
 
 
 class DagRun(models.Model):

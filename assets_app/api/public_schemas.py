@@ -22,7 +22,7 @@ from assets_app.models import Asset, AssetAlias, AssetEvent, Dag, DagRun, TaskIn
 from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
 from assets_app.models.dags import DAG_ID_MAX_LENGTH
 
-from .schemas import INT32_MAX, UtcDatetime
+from .schemas import INT32_MAX, UtcDatetime, run_reference_fields
 
 # Airflow's `[api] maximum_page_limit` default, as the batch bodies' page_limit default.
 BATCH_PAGE_LIMIT = 100
@@ -200,8 +200,7 @@ class CreateAssetEventBody(StrictSchema):
 
 
 class DagRunAssetReference(Schema):
-    """A run that consumed an event. Airflow's model requires `start_date`: a run that has not
-    started yet shows the time it was queued."""
+    """A run that consumed an event (`run_reference_fields`, shared with the execution API)."""
 
     run_id: str
     dag_id: str
@@ -247,15 +246,7 @@ class AssetEventResponse(Schema):
             source_map_index=event.source_map_index,
             created_dagruns=[
                 DagRunAssetReference(
-                    run_id=run.run_id,
-                    dag_id=run.dag_id,
-                    logical_date=run.logical_date,
-                    start_date=run.start_date or run.queued_at,
-                    end_date=run.end_date,
-                    state=run.state,
-                    data_interval_start=run.data_interval_start,
-                    data_interval_end=run.data_interval_end,
-                    partition_key=None,
+                    **run_reference_fields(run),
                     triggering=getattr(run, "triggering_event_id", None) == event.id,
                 )
                 for run in event.consuming_runs.all()

@@ -17,7 +17,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from assets_app import asset_events, task_state
-from assets_app.models import Asset, AssetEvent, TaskInstance
+from assets_app.models import Asset, AssetEvent, DagRun, TaskInstance
 from assets_app.payloads import AssetProfile, OutletEvent
 
 JsonDict = dict[str, Any]
@@ -289,11 +289,30 @@ class AssetResponse(ResponseBody):
         return cls(name=asset.name, uri=asset.uri, group=asset.group, extra=asset.extra)
 
 
+def run_reference_fields(run: DagRun) -> dict[str, Any]:
+    """The fields of Airflow's `DagRunAssetReference` (execution and public API alike) for a run
+    that consumed an event, built here once. Airflow's models require `start_date`, which its
+    `DagRun.set_state` clears while a run is queued (it sets `queued_at`, and `start_date` only
+    when the run starts running): a run not started yet reports the time it was queued, a moment
+    that has happened (its `run_after` may lie ahead)."""
+    return {
+        "run_id": run.run_id,
+        "dag_id": run.dag_id,
+        "logical_date": run.logical_date,
+        "start_date": run.start_date or run.queued_at,
+        "end_date": run.end_date,
+        "state": run.state,
+        "data_interval_start": run.data_interval_start,
+        "data_interval_end": run.data_interval_end,
+        "partition_key": None,
+    }
+
+
 class DagRunAssetReference(ResponseBody):
     run_id: str
     dag_id: str
     logical_date: datetime | None
-    # Required (not nullable) in Airflow's model; a run not started yet reports its run_after.
+    # Required (not nullable) in Airflow's model: `run_reference_fields`.
     start_date: datetime
     end_date: datetime | None
     state: str
@@ -322,17 +341,7 @@ class AssetEventResponse(ResponseBody):
             extra=event.extra,
             asset=AssetResponse.from_asset(event.asset),
             created_dagruns=[
-                DagRunAssetReference(
-                    run_id=run.run_id,
-                    dag_id=run.dag_id,
-                    logical_date=run.logical_date,
-                    start_date=run.start_date or run.run_after,
-                    end_date=run.end_date,
-                    state=run.state,
-                    data_interval_start=run.data_interval_start,
-                    data_interval_end=run.data_interval_end,
-                    partition_key=None,
-                )
+                DagRunAssetReference(**run_reference_fields(run))
                 for run in event.consuming_runs.all()
             ],
             source_task_id=event.source_task_id,

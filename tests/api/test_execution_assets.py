@@ -1,12 +1,15 @@
 """GET /execution/assets/... and /execution/asset-events/...: Airflow's response shapes."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from assets_app.api.public_auth import create_api_token
 from tests.factories import (
     AssetAliasFactory,
     AssetEventFactory,
@@ -62,6 +65,32 @@ def test_assets_by_alias(worker_api, token_ti):
     assert [a["name"] for a in response.json()] == ["a", "b"]
 
 
+def test_a_consuming_run_not_started_reports_when_it_was_queued_as_its_start_date(
+    worker_api, token_ti
+):
+    """Airflow's `DagRunAssetReference.start_date` is required; its `DagRun.set_state` clears
+    `start_date` while a run is queued and sets `queued_at`. Both APIs build the reference in
+    one place (`run_reference_fields`) and give a run not started its `queued_at`, never its
+    `run_after` (which may lie ahead)."""
+    asset = AssetFactory(name="orders", uri="s3://bucket/orders")
+    event = AssetEventFactory(asset=asset)
+    now = timezone.now().replace(microsecond=0)  # the wire carries milliseconds
+    queued_at, run_after = now - timedelta(minutes=5), now + timedelta(hours=1)
+    run = DagRunFactory(state="queued", start_date=None, queued_at=queued_at, run_after=run_after)
+    run.consumed_links.create(dag=run.dag, asset_event=event)
+
+    execution = get(worker_api, token_ti, "/asset-events/by-asset", name="orders").json()
+    get_user_model().objects.create_user("ops", password="pw", is_superuser=True)
+    _, key = create_api_token(username="ops", name="test")
+    public_api = Client(headers={"Authorization": f"Bearer {key}"})
+    public = public_api.get("/api/v2/assets/events", {"asset_id": asset.id}).json()
+
+    (from_worker_api,) = execution["asset_events"][0]["created_dagruns"]
+    (from_public_api,) = public["asset_events"][0]["created_dagruns"]
+    for reference in (from_worker_api, from_public_api):
+        assert datetime.fromisoformat(reference["start_date"]) == queued_at
+
+
 def test_asset_events_by_asset_with_consuming_runs(worker_api, token_ti):
     asset = AssetFactory(name="orders", uri="s3://bucket/orders")
     now = timezone.now()
@@ -103,7 +132,7 @@ def test_asset_events_by_asset_with_consuming_runs(worker_api, token_ti):
     }
     (created,) = events[1]["created_dagruns"]
     assert created["run_id"] == run.run_id and created["dag_id"] == run.dag_id
-    assert created["start_date"] is not None  # required by Airflow's model: run_after if unstarted
+    assert created["start_date"] is not None  # required by Airflow's model: queued_at if unstarted
     assert events[0]["created_dagruns"] == []
 
     newest_first = get(

@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DatabaseError, transaction
 from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Value
@@ -222,6 +222,14 @@ def _active_runs(dag_ids: Sequence[str]) -> dict[str, int]:
     )
 
 
+class _ReadyDag(NamedTuple):
+    """A Dag a pass claimed that is neither paused nor without a schedule."""
+
+    schedule: Any  # its condition, as stored
+    max_active_runs: int
+    schedule_error: str  # the error recorded by an earlier pass ("" when none)
+
+
 def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
     """One durable transaction for these Dags, a fixed number of statements whatever their
     number: lock the Dag rows no other scheduler holds (SKIP LOCKED), count their active runs,
@@ -236,14 +244,16 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
         claimed = locks.claim_dags_for_scheduling(dag_ids)
         outcome.locked = [dag_id for dag_id in dag_ids if dag_id not in claimed]
         ready = {
-            dag_id: (schedule, max_active_runs, schedule_error)
+            dag_id: _ReadyDag(schedule, max_active_runs, schedule_error)
             for dag_id, (is_paused, schedule, max_active_runs, schedule_error) in claimed.items()
             if not is_paused and schedule is not None
         }
         if not ready:
             return outcome
         active = _active_runs(list(ready))
-        below = [dag_id for dag_id, (_, most, _) in ready.items() if active.get(dag_id, 0) < most]
+        below = [
+            dag_id for dag_id, dag in ready.items() if active.get(dag_id, 0) < dag.max_active_runs
+        ]
         rows_by_dag: dict[str, list[locks.QueuedGroup]] = defaultdict(list)
         for group in locks.lock_dags_queue_entries(below):
             rows_by_dag[group.dag_id].append(group)
@@ -279,7 +289,7 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
 
 def _evaluate(
     rows_by_dag: dict[str, list[locks.QueuedGroup]],
-    ready: dict[str, tuple[Any, int, str]],
+    ready: dict[str, _ReadyDag],
     parsed: _Conditions,
     outcome: _Outcome,
 ) -> list[str]:
@@ -290,7 +300,7 @@ def _evaluate(
     a Dag that evaluates clears its recorded error."""
     conditions_by_dag: dict[str, tuple[conditions.Condition, set[str]]] = {}
     for dag_id in rows_by_dag:
-        step = _isolated(dag_id, functools.partial(_parse, parsed, ready[dag_id][0]))
+        step = _isolated(dag_id, functools.partial(_parse, parsed, ready[dag_id].schedule))
         if step is _FAILED:
             outcome.failed.append(dag_id)
         else:
@@ -314,7 +324,7 @@ def _evaluate(
         if result is _FAILED:
             outcome.failed.append(dag_id)
             continue
-        if ready[dag_id][2]:
+        if ready[dag_id].schedule_error:
             cleared.append(dag_id)
         if result:
             met.append(dag_id)

@@ -8,7 +8,7 @@ checked against two rules:
 1. Layers. Each module belongs to one layer of the flow (`LAYERS`, leftmost first) or to the
    shared lower modules (`SHARED`). A module may import its own layer, the layers to its right
    and shared modules; never a layer to its left. A shared module imports only shared modules.
-2. django-q2. Only `tasks`, `nudges`, `broker` and `schedules` (and the `qcluster` command)
+2. django-q2. Only `tasks`, `nudges`, `broker` and `sweeps` (and the `qcluster` command)
    import `django_q`, and no module but those imports `tasks` (the entry points: the domain
    sends nudges through `nudges`).
 
@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "middleware",
                 "apps",
                 "tasks",
-                "schedules",
+                "sweeps",
             }
         ),
     ),
@@ -84,7 +84,7 @@ SHARED = frozenset(
 )
 # ... and the `qcluster` command, which subclasses django-q2's to run fewer system checks.
 DJANGO_Q_MODULES = frozenset(
-    {"tasks", "nudges", "broker", "schedules", "management.commands.qcluster"}
+    {"tasks", "nudges", "broker", "sweeps", "management.commands.qcluster"}
 )
 
 
@@ -173,7 +173,7 @@ def check(imports: list[Import], *, known: set[str]) -> list[Violation]:
             if top == "django_q" and imp.importer not in DJANGO_Q_MODULES:
                 violations.append(
                     Violation(imp.path, imp.line, imp.importer, imp.target, "only tasks, nudges, "
-                              "broker and schedules import django_q")
+                              "broker and sweeps import django_q")
                 )  # fmt: skip
             continue
         target = imp.target

@@ -6,7 +6,7 @@ import pytest
 from django.db import OperationalError
 from django.utils.module_loading import import_string
 
-from assets_app import nudges, registration, schedules, scheduling, tasks
+from assets_app import nudges, registration, scheduling, sweeps, tasks
 from assets_app.models import Asset, AssetDagRunQueue, DagRun
 from tests.asset_flow import scheduled_dag
 
@@ -16,7 +16,7 @@ def test_the_enqueued_names_are_the_django_q2_entry_points():
     resolving to the entry points."""
     assert import_string(nudges.DRAIN_FUNC) is tasks.drain
     assert import_string(nudges.SCHEDULE_FUNC) is tasks.schedule
-    assert {import_string(func) for func in schedules.SWEEPS.values()} <= {
+    assert {import_string(func) for func in sweeps.SWEEPS.values()} <= {
         tasks.drain,
         tasks.schedule,
         tasks.repair,

@@ -1,4 +1,6 @@
-"""The django-q2 schedules of the service: the periodic sweeps behind the on-commit nudges.
+"""The django-q2 periodic sweeps behind the on-commit nudges (named `sweeps`, not schedules:
+Dag time schedules do not belong here). The stored django-q2 Schedule rows name
+`assets_app.tasks.*` functions, so renaming this module changes none of them.
 
 A nudge gives low latency; the sweep catches what a nudge missed (a lost task, a Dag unpaused,
 a run finished under max_active_runs, a row whose backoff expired, a run whose ready TIs a crash

@@ -64,6 +64,23 @@ def caller_scope(request: HttpRequest) -> str:
     return f"user:{user_of(request).pk}"
 
 
+def find_token(key: str) -> ApiToken | None:
+    """The ApiToken of `key` when its user is active (one indexed lookup; last_used_at at most
+    once a minute), else None."""
+    key = key.strip()
+    api_token = (
+        ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash_key(key)).first()
+        if key
+        else None
+    )
+    if api_token is None or not api_token.user.is_active:
+        return None
+    now = timezone.now()
+    if api_token.last_used_at is None or now - api_token.last_used_at >= LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=api_token.pk).update(last_used_at=now)
+    return api_token
+
+
 class ApiTokenAuth(HttpBearer):
     """`Authorization: Bearer <ApiToken key>`: one indexed lookup, at most one update a minute;
     then the route's permission for the token's user."""
@@ -73,17 +90,9 @@ class ApiTokenAuth(HttpBearer):
         super().__init__()
 
     def authenticate(self, request: HttpRequest, token: str) -> AbstractBaseUser:
-        key = token.strip()
-        api_token = (
-            ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash_key(key)).first()
-            if key
-            else None
-        )
-        if api_token is None or not api_token.user.is_active:
+        api_token = find_token(token)
+        if api_token is None:
             raise AuthenticationError()
-        now = timezone.now()
-        if api_token.last_used_at is None or now - api_token.last_used_at >= LAST_USED_RESOLUTION:
-            ApiToken.objects.filter(pk=api_token.pk).update(last_used_at=now)
         authorize(api_token.user, self.permission)
         request.api_token = api_token  # type: ignore[attr-defined]
         return api_token.user

@@ -23,13 +23,14 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AbstractUser
+from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja.errors import AuthenticationError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
-from assets_app import exceptions
+from assets_app import audit, exceptions
 from assets_app.models import ApiToken
 
 # last_used_at is a hint for operators, not an audit log: write it at most once a minute per token
@@ -150,10 +151,20 @@ def public_api_auth(permission: str | None = None) -> list[Any]:
     return [ApiTokenAuth(permission), StaffSessionAuth(permission)]
 
 
-def create_api_token(*, username: str, name: str) -> tuple[ApiToken, str]:
+def create_api_token(
+    *, username: str, name: str, actor: audit.Actor | None = None
+) -> tuple[ApiToken, str]:
     """Create a token acting as `username`; returns it and its key (the only time the key exists
-    in clear: only its hash is stored). Raises the user model's DoesNotExist. One insert."""
+    in clear: only its hash is stored). Raises the user model's DoesNotExist. One insert and
+    its audit entry (`api_token.create`, never the key), in one transaction."""
     user = get_user_model().objects.get_by_natural_key(username)
     key = ApiToken.generate_key()
-    token = ApiToken.objects.create(user=user, name=name, key_hash=ApiToken.hash_key(key))
+    with transaction.atomic():
+        token = ApiToken.objects.create(user=user, name=name, key_hash=ApiToken.hash_key(key))
+        audit.record(
+            actor=actor,
+            action="api_token.create",
+            summary=f"created API token {token.pk} ({name}) acting as {username}",
+            targets=[audit.Target(kind="api_token", object_id=token.pk)],
+        )
     return token, key

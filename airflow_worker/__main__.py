@@ -3,8 +3,8 @@ through the stock Task SDK (`airflow.sdk.execution_time.execute_workload`, one s
 process per TI, as Airflow's executors do), `--concurrency` at a time.
 
     bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
-        [--api-key KEY] [--concurrency 8] [--max-tis N] [--max-seconds S] [--idle-exit S] \\
-        [--logs var/airflow-logs] [--manual-only] [--sync-only | --no-sync]
+        [--api-key KEY] [--sync-key KEY] [--concurrency 8] [--max-tis N] [--max-seconds S] \\
+        [--idle-exit S] [--logs var/airflow-logs] [--manual-only] [--sync-only | --no-sync]
 
 Task code runs here, with this machine's environment. Airflow's settings for the supervisor
 come from the environment it is started with (`AIRFLOW__CORE__DAGS_FOLDER`,
@@ -34,7 +34,13 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--api-key",
         default=os.environ.get("WORKER_API_KEY", "dev-worker-api-key"),
-        help="worker API key for sync and claim (default: $WORKER_API_KEY)",
+        help="worker API key for claiming work (default: $WORKER_API_KEY)",
+    )
+    parser.add_argument(
+        "--sync-key",
+        default=None,
+        help="deploy key (or an API token with add_dag and change_dag) for the sync (default: "
+        "$DAG_SYNC_KEY, else the service's generated KEY_DIR/dag_sync_key on this host)",
     )
     parser.add_argument("--concurrency", type=int, default=4, help="TIs run at once")
     parser.add_argument("--max-tis", type=int, default=0, help="stop after claiming this many")
@@ -87,10 +93,36 @@ def sync(options: argparse.Namespace, client: httpx.Client) -> None:
         "files": [{"file": f.rel_path, "definitions": f.definitions} for f in files],
         "apply_pause": options.apply_pause,
     }
-    response = client.post("/execution/dags/sync", json=body)
+    response = client.post(
+        "/execution/dags/sync",
+        json=body,
+        headers={"Authorization": f"Bearer {_sync_key(options)}"},
+    )
     if response.status_code != 200:
         raise SystemExit(f"[airflow-worker] sync refused ({response.status_code}): {response.text}")
     _say(response.json()["summary"].replace("\n", "\n  "))
+
+
+# ---- issue 26: the sync's own credential ----
+def _sync_key(options: argparse.Namespace) -> str:
+    """The deploy key: --sync-key, $DAG_SYNC_KEY, or the key the service generated under its
+    KEY_DIR (default var/keys of this checkout) when this worker runs on its host."""
+    if options.sync_key:
+        return options.sync_key
+    if os.environ.get("DAG_SYNC_KEY"):
+        return os.environ["DAG_SYNC_KEY"]
+    key_dir = Path(os.environ.get("KEY_DIR") or "var/keys")
+    key_file = (key_dir if key_dir.is_absolute() else ROOT / key_dir) / "dag_sync_key"
+    try:
+        return key_file.read_text().strip()
+    except OSError:
+        raise SystemExit(
+            "[airflow-worker] no deploy key for the sync: pass --sync-key or set DAG_SYNC_KEY "
+            f"(the service's key; {key_file} is not readable here)"
+        ) from None
+
+
+# ---- end issue 26 ----
 
 
 @dataclass

@@ -8,6 +8,8 @@ faces a network. Ids:
 - E001-E099: value rules of the asset service's settings (`SETTING_RULES`).
 - E101-E104: keys and exposure (published keys, generated keys or DEBUG beyond loopback).
 - W105: (deploy) a worker key too short to resist guessing.
+- E106: beyond loopback, a key (SECRET_KEY, WORKER_API_KEY, DAG_SYNC_KEY) shorter than
+  MIN_KEY_LENGTH, refused as a published one is (issue 26).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from . import exposure, keys
 
 REGISTRATION_MODES = ("queue", "inline")
 MIN_WORKER_API_KEY_LENGTH = 32
+# Beyond loopback every key must have at least this many characters (a generated one has 64).
+MIN_KEY_LENGTH = 32
+EXPOSED_KEYS = ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY")
 
 
 @dataclass(frozen=True)
@@ -254,6 +259,18 @@ def _key_errors() -> Iterator[checks.CheckMessage]:
     host = settings.BIND_HOST
     if exposure.is_loopback(host):
         return
+    for setting in EXPOSED_KEYS:
+        length = len(getattr(settings, setting, "") or "")
+        if length < MIN_KEY_LENGTH:
+            yield checks.Error(
+                f"{setting} has {length} characters and HOST is {host!r} (not loopback); a "
+                f"service facing a network needs keys of at least {MIN_KEY_LENGTH} random "
+                "characters.",
+                hint=f"Unset {setting} (a 64-character key is generated under KEY_DIR) or set "
+                "a longer random one (`python -c 'import secrets; "
+                "print(secrets.token_urlsafe(48))'`).",
+                id="assets_app.E106",
+            )
     generated = list(settings.GENERATED_KEYS)
     if generated:
         yield checks.Error(

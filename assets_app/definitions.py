@@ -59,7 +59,7 @@ from django.db import models, transaction
 from django.db.models import Count, Exists, OuterRef
 from pydantic import ValidationError
 
-from . import conditions, dag_schema, exceptions, limits, locks
+from . import audit, conditions, dag_schema, exceptions, limits, locks
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
 from .dag_schema import join
 from .models import (
@@ -469,44 +469,92 @@ def _check_trigger_cycles(dags: Sequence[DagDefinition], alias_assets: dict[str,
 # --- sync ----------------------------------------------------------------------------------
 
 
-def sync_dags(*, paths: Sequence[str | Path], apply_pause: bool = False) -> SyncResult:
+def sync_dags(
+    *, paths: Sequence[str | Path], apply_pause: bool = False, actor: audit.Actor | None = None
+) -> SyncResult:
     """Validate every file, then write all their Dags in one durable transaction.
 
     Nothing is written unless every file is valid (DefinitionError otherwise). Idempotent: a second
     run over the same files writes nothing. Concurrent syncs serialize on `locks.lock_dag_sync`.
     A definition's `is_paused` is Airflow's `is_paused_upon_creation`: it sets a new Dag's pause
     and leaves a stored Dag's pause (an operator's choice) alone, unless `apply_pause`.
+    A sync that changed anything is audited (`sync_dags`, by `actor`).
     """
-    return sync_definitions(dags=load_paths(paths), apply_pause=apply_pause)
+    return sync_definitions(dags=load_paths(paths), apply_pause=apply_pause, actor=actor)
 
 
-def sync_definitions(*, dags: Sequence[DagDefinition], apply_pause: bool = False) -> SyncResult:
+def sync_definitions(
+    *,
+    dags: Sequence[DagDefinition],
+    apply_pause: bool = False,
+    actor: audit.Actor | None = None,
+) -> SyncResult:
     """Write already-parsed definitions (see `sync_dags`); one durable transaction."""
     check_definitions(dags)
     with transaction.atomic(durable=True):
         # Concurrent syncs (several hosts at start-up) run one after the other; every read below
         # happens after the lock, so it sees what an earlier sync committed.
         locks.lock_dag_sync()
-        return _Sync(dags, apply_pause=apply_pause).run()
+        result = _Sync(dags, apply_pause=apply_pause).run()
+        if result.changed:
+            audit.record(
+                actor=actor,
+                action="sync_dags",
+                summary=result.summary().split("\n")[0],
+                targets=[audit.Target(kind="dag", object_id=d) for d in result.dag_ids],
+                detail={"apply_pause": apply_pause},
+            )
+        return result
 
 
 def sync_documents(
-    *, documents: Sequence[tuple[str, Any]], apply_pause: bool = False
+    *,
+    documents: Sequence[tuple[str, Any]],
+    apply_pause: bool = False,
+    actor: audit.Actor | None = None,
 ) -> SyncResult:
     """Sync definition documents that arrive decoded, as (file, document) pairs: the Dags of an
     Airflow DAG file, converted by `bin/airflow-worker` (`file` is its path relative to the Dag
     folder, stored as the Dag's fileloc: the worker finds the file there again). The same
     parsing, cross-checks and single transaction as `sync_dags`; an invalid document is
-    InvalidInput (`invalid_definition`, naming the file and the path in it) and writes nothing."""
+    InvalidInput (`invalid_definition`, naming the file and the path in it) and writes nothing.
+    Each `file` must be a relative path inside the bundle (`check_fileloc`): workers hand it to
+    the Task SDK as `dag_rel_path`, which loads the file it names."""
+    for file, _ in documents:
+        check_fileloc(file)
     try:
         dags = [
             dag for file, raw in documents for dag in parse_document(raw, file=file, fileloc=file)
         ]
-        return sync_definitions(dags=dags, apply_pause=apply_pause)
+        return sync_definitions(dags=dags, apply_pause=apply_pause, actor=actor)
     except DefinitionError as exc:
         raise exceptions.InvalidInput(
             str(exc), reason="invalid_definition", file=exc.file, json_path=exc.path
         ) from exc
+
+
+# A Dag file's place in its bundle: relative, forward slashes, no empty, `.` or `..` part.
+_FILELOC_PART = re.compile(r"[^/\\\x00-\x1f:]+")
+FILELOC_MAX_LENGTH = 2000  # Dag.fileloc's column
+
+
+def check_fileloc(fileloc: Any) -> None:
+    """Refuse (InvalidInput `invalid_fileloc`) a fileloc that is not a plain relative path inside
+    the bundle: empty, absolute (`/x`, `//host/x`, `C:x`), with `..` or `.` or empty parts, a
+    backslash, a colon or a control character, or longer than the column."""
+    parts = fileloc.split("/") if isinstance(fileloc, str) else []
+    if (
+        not parts
+        or len(fileloc) > FILELOC_MAX_LENGTH
+        or any(p in ("", ".", "..") or not _FILELOC_PART.fullmatch(p) for p in parts)
+    ):
+        raise exceptions.InvalidInput(
+            f"file {str(fileloc)[:200]!r} is not a relative path inside the Dag bundle (no "
+            "leading '/', no '..' or '.' parts, no backslash, colon or control character, at "
+            f"most {FILELOC_MAX_LENGTH} characters)",
+            reason="invalid_fileloc",
+            file=str(fileloc)[:200],
+        )
 
 
 class _Sync:

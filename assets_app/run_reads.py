@@ -287,8 +287,10 @@ def _run_queryset(dag_id: str, f: RunFilters) -> QuerySet[DagRun]:
         & listing.prefix_q("run_id", f.run_id_prefix_pattern)
         & listing.pattern_q("triggering_user_name", f.triggering_user_name_pattern)
         & listing.prefix_q("triggering_user_name", f.triggering_user_name_prefix_pattern)
-        & listing.pattern_q("dag_id", f.dag_id_pattern)
-        & listing.prefix_q("dag_id", f.dag_id_prefix_pattern)
+        # The Dag's own column (issue 26): `dag_id` is the foreign key's, which has no ilike
+        # or startswith lookup (every request with one was a 500 `Unsupported lookup`).
+        & listing.pattern_q("dag__dag_id", f.dag_id_pattern)
+        & listing.prefix_q("dag__dag_id", f.dag_id_prefix_pattern)
     )
     if f.conf_contains:
         runs = runs.annotate(conf_text=Cast("conf", TextField()))

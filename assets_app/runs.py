@@ -23,7 +23,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from . import audit, dependencies, exceptions, limits, locks
+from . import audit, dependencies, exceptions, limits, locks, run_ids
 from .models import (
     Dag,
     DagRun,
@@ -263,8 +263,8 @@ def trigger_dag(
             f"conf must be a JSON object, got {type(conf).__name__}", reason="invalid_conf"
         )
     limits.check_json_depth(conf, field="conf", loc=("body", "conf"))
-    if run_id is not None and not run_id.strip():
-        raise exceptions.InvalidInput("dag_run_id must not be empty", reason="invalid_run_id")
+    if run_id is not None:  # issue 26: Airflow's allowed pattern, on every door
+        run_ids.check_run_id(run_id)
     with transaction.atomic(durable=True):
         dag = Dag.objects.filter(dag_id=dag_id).first()
         if dag is None:

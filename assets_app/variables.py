@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from . import encryption, exceptions, listing
 from .models import Connection, Variable
@@ -115,6 +116,8 @@ def save_connection(
     }
     try:
         with transaction.atomic(durable=True):
+            if password is not None or extra is not None:
+                _check_key_reads_stored()
             if create:
                 return Connection.objects.create(conn_id=conn_id, **values)
             connection = Connection.objects.filter(conn_id=conn_id).first()
@@ -131,6 +134,21 @@ def save_connection(
             f"The connection with connection_id: `{conn_id}` already exists",
             reason="already_exists",
         ) from None
+
+
+def _check_key_reads_stored() -> None:
+    """Before a secret is written (issue 26): the current FERNET_KEY must decrypt a stored one
+    (the newest), or SecretsUnreadable (503) and the caller's transaction writes nothing; a
+    secret encrypted under a wrong key would be unreadable for good once the right key is back.
+    One indexed read; nothing stored yet: any valid key will do."""
+    stored = (
+        Connection.objects.filter(Q(password__isnull=False) | Q(extra__isnull=False))
+        .order_by("-pk")
+        .values_list("password", "extra")
+        .first()
+    )
+    if stored is not None:
+        encryption.decrypt(stored[0] if stored[0] is not None else stored[1])
 
 
 def delete_connection(*, conn_id: str) -> None:
@@ -236,6 +254,8 @@ def update_connection(
             raise exceptions.NotFound(
                 f"The Connection with connection_id: `{conn_id}` was not found"
             )
+        if fields.get("password") is not None or fields.get("extra") is not None:
+            _check_key_reads_stored()
         for name, value in fields.items():
             if name in ("password", "extra"):
                 value = encryption.encrypt(value)

@@ -204,6 +204,13 @@ ASSET_HEALTH_MAX_AGE_SECONDS = env.int("ASSET_HEALTH_MAX_AGE_SECONDS", default=1
 # before the start) is "starting", not a failure: the cluster's first sweep comes within a minute.
 ASSET_HEALTH_STARTUP_GRACE_SECONDS = env.int("ASSET_HEALTH_STARTUP_GRACE_SECONDS", default=90)
 WORKER_API_KEY = _key("WORKER_API_KEY")
+# The deploy key: the bearer key of `POST /execution/dags/sync` (bin/airflow-worker sends it),
+# beside API tokens whose user holds add_dag and change_dag. The worker key above only claims
+# work. Unset: generated once under KEY_DIR like the others (not listed in GENERATED_KEYS: an
+# exposed service may keep a generated one, only the hosts that read KEY_DIR know it).
+DAG_SYNC_KEY = env.str("DAG_SYNC_KEY", default="") or keys.generated_key(
+    "dag_sync_key", directory=KEY_DIR
+)
 WORKER_TOKEN_LIFETIME_SECONDS = env.int("WORKER_TOKEN_LIFETIME_SECONDS", default=3600)
 # Fernet key (urlsafe base64, 32 bytes) Connection passwords and extras are encrypted with; a
 # comma-separated list decrypts with every key and encrypts with the first (key rotation). Unset:

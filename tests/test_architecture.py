@@ -67,6 +67,7 @@ SHARED = frozenset(
         "conditions",
         "dag_schema",
         "definitions",
+        "run_ids",
         "dags",
         "run_reads",
         "listing",

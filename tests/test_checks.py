@@ -136,6 +136,22 @@ def test_exposed_with_generated_keys_or_debug_is_an_error(settings):
     assert rules.check_keys() == []  # loopback: generated keys are fine
 
 
+@pytest.mark.parametrize("setting", ["SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY"])
+def test_exposed_with_a_short_key_is_an_error(settings, setting):
+    """Issue 26: HOST=0.0.0.0 with SECRET_KEY=x and WORKER_API_KEY=y started and served."""
+    for name in ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY"):
+        setattr(settings, name, name.lower() + "-" + "r" * 40)
+    settings.GENERATED_KEYS = []
+    settings.BIND_HOST = "0.0.0.0"
+    assert rules.check_keys() == []
+    setattr(settings, setting, "x" * (rules.MIN_KEY_LENGTH - 1))
+    (error,) = rules.check_keys()
+    assert error.id == "assets_app.E106" and error.msg.startswith(setting)
+    assert f"at least {rules.MIN_KEY_LENGTH}" in error.msg
+    settings.BIND_HOST = "127.0.0.1"
+    assert rules.check_keys() == []  # loopback: a short key is the operator's business
+
+
 def test_deploy_warns_about_a_short_worker_key(settings):
     settings.WORKER_API_KEY = "short"
     (warning,) = rules.check_deploy()
@@ -166,7 +182,11 @@ def _manage(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def _check_deploy(env: dict[str, str]) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "WORKER_"))}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SECRET_KEY", "WORKER_", "DAG_SYNC_KEY"))
+    }
     clean.update(DJANGO_SETTINGS_MODULE="project.settings", **env)
     return _manage("check", "--deploy", "--fail-level", "WARNING", env=clean)
 
@@ -176,6 +196,7 @@ def test_check_deploy_is_clean_for_the_documented_production_settings(tmp_path):
     production.update(
         SECRET_KEY="a-random-secret-key-" + "x7Q2" * 10,
         WORKER_API_KEY="a-random-worker-key-" + "p9Z3" * 5,
+        DAG_SYNC_KEY="a-random-deploy-key-" + "k4W8" * 5,
         KEY_DIR=str(tmp_path / "keys"),
     )
     result = _check_deploy(production)

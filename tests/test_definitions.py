@@ -714,5 +714,7 @@ def test_sync_says_which_queued_events_a_schedule_change_strands_and_clears_them
     call_command("sync_dags", str(path), "--clear-unscheduled", stdout=out)
     assert "dag d: cleared 2 unscheduled queued events" in out.getvalue()
     assert list(dag.queued_events.values_list("asset_id", flat=True)) == [b.pk]
-    entry = AuditEntry.objects.get()
+    entry = AuditEntry.objects.get(action="queued_events.clear")
     assert (entry.action, entry.via, entry.row_count) == ("queued_events.clear", "command", 2)
+    # The syncs that changed the Dag are audited too (issue 26).
+    assert AuditEntry.objects.filter(action="sync_dags").count() == 2

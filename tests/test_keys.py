@@ -29,7 +29,11 @@ PRINT_KEYS = (
 def _settings_keys(key_dir: Path, **env: str) -> tuple[str, str, list[str]]:
     """SECRET_KEY, WORKER_API_KEY and GENERATED_KEYS as a fresh process with no key configured
     (nothing in the environment; no .env in a checkout) sees them."""
-    clean = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "WORKER_API_KEY")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY")
+    }
     clean.update(DJANGO_SETTINGS_MODULE="project.settings", KEY_DIR=str(key_dir), **env)
     result = subprocess.run(
         [sys.executable, "-c", PRINT_KEYS],
@@ -63,7 +67,7 @@ def test_without_configured_keys_the_service_generates_its_own_and_keeps_them(tm
 
 def test_configured_keys_win_and_are_not_generated(tmp_path):
     secret, worker, generated = _settings_keys(
-        tmp_path, SECRET_KEY="s" * 60, WORKER_API_KEY="w" * 40
+        tmp_path, SECRET_KEY="s" * 60, WORKER_API_KEY="w" * 40, DAG_SYNC_KEY="d" * 40
     )
     assert (secret, worker, generated) == ("s" * 60, "w" * 40, [])
     assert not list(tmp_path.iterdir())

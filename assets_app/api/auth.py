@@ -15,6 +15,9 @@ A fresh token is returned in the `Refreshed-API-Token` response header of `run` 
 (the Airflow Task SDK client switches to it), so a task that heartbeats never outlives its token.
 
 Work claiming uses the shared WORKER_API_KEY as a bearer token (401 without, 403 if wrong).
+Syncing Dag definitions (`POST /execution/dags/sync`) does not: it takes the deploy key
+(DAG_SYNC_KEY) or an API token whose user holds `add_dag` and `change_dag` (`DagSyncAuth`; any
+other key, the worker key included, is 403 `invalid_sync_credential`).
 """
 
 import hmac
@@ -27,8 +30,10 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja.security import HttpBearer
 
-from assets_app import exceptions
-from assets_app.models import TaskInstance
+from assets_app import audit, exceptions
+from assets_app.models import AuditVia, TaskInstance
+
+from . import public_auth
 
 ALGORITHM = "HS256"
 SCOPE = "execution"
@@ -135,5 +140,32 @@ class WorkerApiKeyAuth(HttpBearer):
         return token
 
 
+# What an API token's user needs to sync Dags: the sync creates Dags and rewrites them (and, with
+# apply_pause, sets their pause, which PATCH /api/v2/dags/{id} allows with change_dag).
+SYNC_PERMISSIONS = ("assets_app.add_dag", "assets_app.change_dag")
+DEPLOY_KEY_ACTOR = "deploy key"
+
+
+class DagSyncAuth(HttpBearer):
+    """`Authorization: Bearer <DAG_SYNC_KEY or an ApiToken key>` for `dags/sync`; returns the
+    audit actor of the sync."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> audit.Actor:
+        deploy_key = settings.DAG_SYNC_KEY
+        if deploy_key and hmac.compare_digest(token.encode(), deploy_key.encode()):
+            return audit.Actor(name=DEPLOY_KEY_ACTOR, via=AuditVia.API)
+        api_token = public_auth.find_token(token)
+        if api_token is None:
+            raise exceptions.PermissionDenied(
+                "syncing Dags needs the deploy key (DAG_SYNC_KEY) or an API token whose user "
+                "holds add_dag and change_dag; the worker API key only claims work",
+                reason="invalid_sync_credential",
+            )
+        for permission in SYNC_PERMISSIONS:
+            public_auth.authorize(api_token.user, permission)
+        return audit.Actor.from_user(api_token.user, via=AuditVia.API)
+
+
 task_token = TaskTokenAuth()
 worker_api_key = WorkerApiKeyAuth()
+dag_sync = DagSyncAuth()

@@ -120,13 +120,14 @@ def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
     )
 
 
-@router.post("/dags/sync", auth=auth.worker_api_key, response=schemas.DagSyncResponse)
+@router.post("/dags/sync", auth=auth.dag_sync, response=schemas.DagSyncResponse)
 def sync_dag_files(request: HttpRequest, payload: schemas.DagSyncRequest):
-    """Definitions a worker converted from Airflow DAG files (`bin/airflow-worker`), synced
-    with `sync_dags`' validation and idempotency."""
+    """Definitions converted from Airflow DAG files (`bin/airflow-worker`), synced with
+    `sync_dags`' validation and idempotency; the deploy key or a token with add/change_dag."""
     result = definitions.sync_documents(
         documents=[(f.file, f.definitions) for f in payload.files],
         apply_pause=payload.apply_pause,
+        actor=request.auth,  # type: ignore[attr-defined]
     )
     return {
         **{k: getattr(result, k) for k in schemas.DagSyncResponse.model_fields if k != "summary"},

@@ -23,13 +23,14 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AbstractUser
+from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja.errors import AuthenticationError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
-from assets_app import exceptions
+from assets_app import audit, exceptions
 from assets_app.models import ApiToken
 
 # last_used_at is a hint for operators, not an audit log: write it at most once a minute per token
@@ -64,6 +65,23 @@ def caller_scope(request: HttpRequest) -> str:
     return f"user:{user_of(request).pk}"
 
 
+def find_token(key: str) -> ApiToken | None:
+    """The ApiToken of `key` when its user is active (one indexed lookup; last_used_at at most
+    once a minute), else None."""
+    key = key.strip()
+    api_token = (
+        ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash_key(key)).first()
+        if key
+        else None
+    )
+    if api_token is None or not api_token.user.is_active:
+        return None
+    now = timezone.now()
+    if api_token.last_used_at is None or now - api_token.last_used_at >= LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=api_token.pk).update(last_used_at=now)
+    return api_token
+
+
 class ApiTokenAuth(HttpBearer):
     """`Authorization: Bearer <ApiToken key>`: one indexed lookup, at most one update a minute;
     then the route's permission for the token's user."""
@@ -73,17 +91,9 @@ class ApiTokenAuth(HttpBearer):
         super().__init__()
 
     def authenticate(self, request: HttpRequest, token: str) -> AbstractBaseUser:
-        key = token.strip()
-        api_token = (
-            ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash_key(key)).first()
-            if key
-            else None
-        )
-        if api_token is None or not api_token.user.is_active:
+        api_token = find_token(token)
+        if api_token is None:
             raise AuthenticationError()
-        now = timezone.now()
-        if api_token.last_used_at is None or now - api_token.last_used_at >= LAST_USED_RESOLUTION:
-            ApiToken.objects.filter(pk=api_token.pk).update(last_used_at=now)
         authorize(api_token.user, self.permission)
         request.api_token = api_token  # type: ignore[attr-defined]
         return api_token.user
@@ -141,10 +151,20 @@ def public_api_auth(permission: str | None = None) -> list[Any]:
     return [ApiTokenAuth(permission), StaffSessionAuth(permission)]
 
 
-def create_api_token(*, username: str, name: str) -> tuple[ApiToken, str]:
+def create_api_token(
+    *, username: str, name: str, actor: audit.Actor | None = None
+) -> tuple[ApiToken, str]:
     """Create a token acting as `username`; returns it and its key (the only time the key exists
-    in clear: only its hash is stored). Raises the user model's DoesNotExist. One insert."""
+    in clear: only its hash is stored). Raises the user model's DoesNotExist. One insert and
+    its audit entry (`api_token.create`, never the key), in one transaction."""
     user = get_user_model().objects.get_by_natural_key(username)
     key = ApiToken.generate_key()
-    token = ApiToken.objects.create(user=user, name=name, key_hash=ApiToken.hash_key(key))
+    with transaction.atomic():
+        token = ApiToken.objects.create(user=user, name=name, key_hash=ApiToken.hash_key(key))
+        audit.record(
+            actor=actor,
+            action="api_token.create",
+            summary=f"created API token {token.pk} ({name}) acting as {username}",
+            targets=[audit.Target(kind="api_token", object_id=token.pk)],
+        )
     return token, key

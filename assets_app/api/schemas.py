@@ -16,7 +16,7 @@ import orjson
 from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
-from assets_app import asset_events, task_state
+from assets_app import asset_events, run_ids, task_state
 from assets_app.models import Asset, AssetEvent, DagRun, TaskInstance
 from assets_app.payloads import AssetProfile, OutletEvent
 
@@ -414,11 +414,13 @@ class Workload(ResponseBody):
 
 
 def log_path_of(ti: Any) -> str:
-    """Airflow's default `[logging] log_filename_template`, rendered for the TI."""
-    mapped = f"map_index={ti.map_index}/" if ti.map_index >= 0 else ""
+    """Airflow's default `[logging] log_filename_template`, rendered for the TI, each part one
+    safe path segment (`run_ids.path_segment`: a stored id cannot name another folder)."""
+    segment = run_ids.path_segment
+    mapped = f"map_index={int(ti.map_index)}/" if ti.map_index >= 0 else ""
     return (
-        f"dag_id={ti.dag_id}/run_id={ti.run_id}/task_id={ti.task_id}/{mapped}"
-        f"attempt={ti.try_number}.log"
+        f"dag_id={segment(ti.dag_id)}/run_id={segment(ti.run_id)}/"
+        f"task_id={segment(ti.task_id)}/{mapped}attempt={int(ti.try_number)}.log"
     )
 
 

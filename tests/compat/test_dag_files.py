@@ -101,7 +101,7 @@ def test_cron_schedule_is_refused_naming_the_dag_unless_manual_only(tmp_path):
 
 @pytest.mark.django_db
 def test_sync_endpoint_is_sync_dags_idempotent_and_all_or_nothing(client, examples, settings):
-    settings.WORKER_API_KEY = "k"
+    settings.DAG_SYNC_KEY = "k"
     headers = {"Authorization": "Bearer k"}
     body = {"files": [{"file": f, "definitions": d} for f, d in examples.items()]}
 

@@ -158,6 +158,10 @@ def test_every_worker_endpoint_refuses_bad_credentials(world):
                 "task token": (f"Bearer {issue_token(ti, try_number=1)}", {403}),
             }
             good = f"Bearer {settings.WORKER_API_KEY}"
+            if path.endswith("/dags/sync"):
+                # The deploy door: the worker key is refused there too (issue 26).
+                cases["worker API key"] = (f"Bearer {settings.WORKER_API_KEY}", {403})
+                good = f"Bearer {settings.DAG_SYNC_KEY}"
         else:
             cases = dict(bad_task_credentials)
             if "{task_instance_id}" in path:

@@ -148,7 +148,12 @@ def test_fuzz_worker_api(world):
         if operation.path.endswith(("/workloads/claim", "/dags/sync")):
             from django.conf import settings as django_settings
 
-            return {"Authorization": f"Bearer {django_settings.WORKER_API_KEY}"}
+            key = (
+                django_settings.DAG_SYNC_KEY
+                if operation.path.endswith("/dags/sync")
+                else django_settings.WORKER_API_KEY
+            )
+            return {"Authorization": f"Bearer {key}"}
         raw = params.get("task_instance_id")
         try:
             ti_id = uuid.UUID(str(raw))

@@ -3,6 +3,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from assets_app import audit
 from assets_app.api import public_auth
 
 
@@ -15,7 +16,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, username: str, name: str, **options):
         try:
-            token, key = public_auth.create_api_token(username=username, name=name)
+            token, key = public_auth.create_api_token(
+                username=username, name=name, actor=audit.Actor.os_user()
+            )
         except get_user_model().DoesNotExist as exc:
             raise CommandError(f"no user named {username!r}") from exc
         self.stdout.write(f"created token {token.pk} ({token.name}) for {token.user}; key:")

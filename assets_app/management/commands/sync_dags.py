@@ -28,7 +28,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, paths: list[str], apply_pause: bool, clear_unscheduled: bool, **_):
         try:
-            result = definitions.sync_dags(paths=paths, apply_pause=apply_pause)
+            result = definitions.sync_dags(
+                paths=paths, apply_pause=apply_pause, actor=audit.Actor.os_user()
+            )
         except definitions.DefinitionError as exc:
             raise CommandError(f"{exc}\nnothing was written") from exc
         self.stdout.write(result.summary())

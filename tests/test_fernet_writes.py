@@ -1,0 +1,72 @@
+"""Issue 26, point 4: a Connection write under a FERNET_KEY that cannot read what is stored is
+refused before it writes (503 `fernet_key_invalid`), so nothing is left encrypted under the wrong
+key: once the right key is back, every Connection reads as before."""
+
+import pytest
+from cryptography.fernet import Fernet
+
+from assets_app import encryption, variables
+from assets_app.models import Connection
+
+RIGHT = Fernet.generate_key().decode()
+WRONG = Fernet.generate_key().decode()
+
+
+@pytest.fixture
+def stored(settings):
+    settings.FERNET_KEY = RIGHT
+    variables.save_connection(conn_id="db", create=True, password="s3cret", extra='{"a": 1}')
+    settings.FERNET_KEY = WRONG
+    return settings
+
+
+def _still_readable(settings):
+    settings.FERNET_KEY = RIGHT
+    for connection in Connection.objects.all():
+        variables.reveal(connection)
+    assert variables.get_connection(conn_id="db").password == "s3cret"
+
+
+@pytest.mark.django_db
+def test_update_under_the_wrong_key_writes_nothing(stored):
+    with pytest.raises(encryption.SecretsUnreadable):
+        variables.save_connection(conn_id="db", create=False, password="new")
+    with pytest.raises(encryption.SecretsUnreadable):
+        variables.update_connection(conn_id="db", changes={"password": "new"}, update_mask=None)
+    _still_readable(stored)
+
+
+@pytest.mark.django_db
+def test_create_under_the_wrong_key_writes_nothing(stored):
+    with pytest.raises(encryption.SecretsUnreadable):
+        variables.save_connection(conn_id="other", create=True, password="p")
+    assert not Connection.objects.filter(conn_id="other").exists()
+    _still_readable(stored)
+
+
+@pytest.mark.django_db
+def test_public_api_answers_503_and_writes_nothing(client, stored):
+    from django.contrib.auth import get_user_model
+
+    from assets_app.api.public_auth import create_api_token
+
+    get_user_model().objects.create_user("ops", password="pw", is_staff=True, is_superuser=True)
+    key = create_api_token(username="ops", name="t")[1]
+    response = client.post(
+        "/api/v2/connections",
+        {"connection_id": "other", "conn_type": "http", "password": "p"},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert response.status_code == 503, response.content
+    assert response.json()["detail"]["reason"] == "fernet_key_invalid"
+    assert not Connection.objects.filter(conn_id="other").exists()
+    _still_readable(stored)
+
+
+@pytest.mark.django_db
+def test_first_secret_and_the_right_key_write(settings):
+    settings.FERNET_KEY = RIGHT
+    variables.save_connection(conn_id="db", create=True, password="a")
+    variables.update_connection(conn_id="db", changes={"password": "b"}, update_mask=None)
+    assert variables.get_connection(conn_id="db").password == "b"

@@ -3,8 +3,8 @@ through the stock Task SDK (`airflow.sdk.execution_time.execute_workload`, one s
 process per TI, as Airflow's executors do), `--concurrency` at a time.
 
     bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
-        [--api-key KEY] [--concurrency 8] [--max-tis N] [--max-seconds S] [--idle-exit S] \\
-        [--logs var/airflow-logs] [--manual-only] [--sync-only | --no-sync]
+        [--api-key KEY] [--wait S] [--concurrency 8] [--max-tis N] [--max-seconds S] \\
+        [--idle-exit S] [--logs var/airflow-logs] [--manual-only] [--sync-only | --no-sync]
 
 Task code runs here, with this machine's environment. Airflow's settings for the supervisor
 come from the environment it is started with (`AIRFLOW__CORE__DAGS_FOLDER`,
@@ -24,17 +24,31 @@ from pathlib import Path
 
 import httpx
 
+from airflow_worker import service_key
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _options(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bin/airflow-worker", description=__doc__.split("\n")[0])
     parser.add_argument("--dags", required=True, type=Path, help="folder of Airflow DAG files")
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the service's base URL")
+    parser.add_argument(
+        "--url",
+        default=_default_url(),
+        help="the service's base URL (default: http://$HOST:$PORT as bin/serve binds, "
+        "127.0.0.1:8000)",
+    )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("WORKER_API_KEY", "dev-worker-api-key"),
-        help="worker API key for sync and claim (default: $WORKER_API_KEY)",
+        default=None,
+        help="worker API key for sync and claim (default: the service's own, as it finds it: "
+        "$WORKER_API_KEY, .env, else the key it generated under KEY_DIR)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=120,
+        help="seconds to wait for the service to answer at start (bin/serve & starting)",
     )
     parser.add_argument("--concurrency", type=int, default=4, help="TIs run at once")
     parser.add_argument("--max-tis", type=int, default=0, help="stop after claiming this many")
@@ -59,6 +73,30 @@ def _options(argv: list[str]) -> argparse.Namespace:
     if not options.dags.is_dir():
         parser.error(f"--dags {options.dags}: no such folder")
     return options
+
+
+def _default_url() -> str:
+    host = os.environ.get("HOST") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):  # bound to every address: reach it on loopback
+        host = "127.0.0.1"
+    return f"http://{host}:{os.environ.get('PORT') or 8000}"
+
+
+def _wait_for_service(client: httpx.Client, seconds: float) -> None:
+    """Until the service answers (any status: bin/serve migrates, so its keys exist, before it
+    serves); SystemExit after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            client.get("/api/v2/version", timeout=5)
+            return
+        except httpx.TransportError as exc:
+            if time.monotonic() >= deadline:
+                raise SystemExit(
+                    f"[airflow-worker] the service at {client.base_url} did not answer within "
+                    f"{seconds:g}s ({exc!r})"
+                ) from None
+            time.sleep(0.5)
 
 
 def _airflow_environment(options: argparse.Namespace) -> None:
@@ -89,7 +127,10 @@ def sync(options: argparse.Namespace, client: httpx.Client) -> None:
     }
     response = client.post("/execution/dags/sync", json=body)
     if response.status_code != 200:
-        raise SystemExit(f"[airflow-worker] sync refused ({response.status_code}): {response.text}")
+        raise SystemExit(
+            f"[airflow-worker] sync refused ({response.status_code}): {response.text}"
+            + _key_hint(options, response)
+        )
     _say(response.json()["summary"].replace("\n", "\n  "))
 
 
@@ -124,12 +165,18 @@ def _spawn(workload: dict, logs: Path) -> _Running:
     return _Running(process=process, ti=ti, log=log)
 
 
-def _claim(client: httpx.Client, *, hostname: str, limit: int) -> list[dict]:
+def _key_hint(options: argparse.Namespace, response: httpx.Response) -> str:
+    if response.status_code in (401, 403):
+        return f" (the key sent came from {options.key_source}: is it this service's key?)"
+    return ""
+
+
+def _claim(client: httpx.Client, options: argparse.Namespace, *, limit: int) -> list[dict]:
     """Claimed workloads; none (after a pause) when the service is unreachable or answers 5xx,
     so a restart of the service does not stop the worker. A 4xx (a wrong key) stops it."""
     try:
         response = client.post(
-            "/execution/workloads/claim", json={"hostname": hostname, "limit": limit}
+            "/execution/workloads/claim", json={"hostname": options.hostname, "limit": limit}
         )
     except httpx.TransportError as exc:
         _say(f"claim failed ({exc!r}); retrying in 2 s")
@@ -142,6 +189,7 @@ def _claim(client: httpx.Client, *, hostname: str, limit: int) -> list[dict]:
     if response.status_code != 200:
         raise SystemExit(
             f"[airflow-worker] claim refused ({response.status_code}): {response.text}"
+            + _key_hint(options, response)
         )
     return response.json()["workloads"]
 
@@ -170,7 +218,7 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
             free = min(free, options.max_tis - claimed)
         got = []
         if free > 0 and not out_of_time and not out_of_tis:
-            got = _claim(client, hostname=options.hostname, limit=free)
+            got = _claim(client, options, limit=free)
             for workload in got:
                 running.append(_spawn(workload, options.logs))
             claimed += len(got)
@@ -193,8 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     options = _options(sys.argv[1:] if argv is None else argv)
     options.logs.mkdir(parents=True, exist_ok=True)
     _airflow_environment(options)
-    headers = {"Authorization": f"Bearer {options.api_key}"}
-    with httpx.Client(base_url=options.url.rstrip("/"), headers=headers, timeout=60) as client:
+    with httpx.Client(base_url=options.url.rstrip("/"), timeout=60) as client:
+        _wait_for_service(client, options.wait)
+        try:
+            key = service_key.find(options.api_key)
+        except service_key.KeyNotFound as exc:
+            raise SystemExit(f"[airflow-worker] {exc}") from None
+        options.key_source = key.source
+        _say(f"worker API key from {key.source}")
+        client.headers["Authorization"] = f"Bearer {key.value}"
         if not options.no_sync:
             sync(options, client)
         if options.sync_only:

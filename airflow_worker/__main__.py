@@ -1,6 +1,8 @@
 """bin/airflow-worker: sync Airflow DAG files into the service, then claim TIs and run each
-through the stock Task SDK (`airflow.sdk.execution_time.execute_workload`, one supervisor
-process per TI, as Airflow's executors do), `--concurrency` at a time.
+through the stock Task SDK's `supervise_task`, `--concurrency` at a time, in a pool of processes
+that imported Airflow once (airflow_worker/pool.py, as Airflow's LocalExecutor does; the
+supervisor forks each task's process). `--interpreter-per-task` starts `python -m
+airflow.sdk.execution_time.execute_workload` per TI instead.
 
     bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
         [--api-key KEY] [--wait S] [--concurrency 8] [--max-tis N] [--max-seconds S] \\
@@ -19,7 +21,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -62,6 +63,11 @@ def _options(argv: list[str]) -> argparse.Namespace:
         "--manual-only",
         action="store_true",
         help="sync Dags with a schedule the service cannot run (cron, ...) as manual-only",
+    )
+    parser.add_argument(
+        "--interpreter-per-task",
+        action="store_true",
+        help="start a new interpreter per TI (execute_workload) instead of the forked pool",
     )
     parser.add_argument("--apply-pause", action="store_true", help="as sync_dags --apply-pause")
     mode = parser.add_mutually_exclusive_group()
@@ -134,35 +140,51 @@ def sync(options: argparse.Namespace, client: httpx.Client) -> None:
     _say(response.json()["summary"].replace("\n", "\n  "))
 
 
-@dataclass
-class _Running:
-    process: subprocess.Popen
-    ti: dict
-    log: object
-    started: float = field(default_factory=time.monotonic)
+class _InterpreterPerTask:
+    """`--interpreter-per-task`: the old way, one `python -m ...execute_workload` per TI (a new
+    interpreter importing Airflow each time); the same interface as pool.Pool."""
 
+    def __init__(self, size: int, *, logs: Path) -> None:
+        self._size = size
+        self._logs = logs
+        self._running: list[tuple[subprocess.Popen, dict, object, float]] = []
 
-def _spawn(workload: dict, logs: Path) -> _Running:
-    """One supervisor process for one workload, the stock entry point with the workload JSON as
-    it was claimed (Airflow's ExecuteTask model ignores our extra `task_outlets`)."""
-    ti = workload["ti"]
-    folder = logs / "supervisor"
-    folder.mkdir(parents=True, exist_ok=True)
-    log = open(  # noqa: SIM115  (closed when the supervisor exits, in run())
-        folder / f"{ti['dag_id']}.{ti['task_id']}.{ti['id']}.try{ti['try_number']}.log", "ab"
-    )
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "airflow.sdk.execution_time.execute_workload",
-            "--json-string",
-            json.dumps(workload),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    return _Running(process=process, ti=ti, log=log)
+    def idle(self) -> int:
+        return self._size - len(self._running)
+
+    def busy(self) -> int:
+        return len(self._running)
+
+    def submit(self, workload: dict) -> None:
+        ti = workload["ti"]
+        folder = self._logs / "supervisor"
+        folder.mkdir(parents=True, exist_ok=True)
+        log = open(  # noqa: SIM115  (closed when the supervisor exits, in finished())
+            folder / f"{ti['dag_id']}.{ti['task_id']}.{ti['id']}.try{ti['try_number']}.log", "ab"
+        )
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "airflow.sdk.execution_time.execute_workload",
+                "--json-string",
+                json.dumps(workload),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self._running.append((process, ti, log, time.monotonic()))
+
+    def finished(self):
+        for item in [r for r in self._running if r[0].poll() is not None]:
+            self._running.remove(item)
+            process, ti, log, started = item
+            log.close()
+            yield ti, process.returncode, time.monotonic() - started
+
+    def close(self) -> None:
+        for process, *_ in self._running:
+            process.wait()
 
 
 def _key_hint(options: argparse.Namespace, response: httpx.Response) -> str:
@@ -194,41 +216,54 @@ def _claim(client: httpx.Client, options: argparse.Namespace, *, limit: int) -> 
     return response.json()["workloads"]
 
 
+def _runner(options: argparse.Namespace):
+    if options.interpreter_per_task:
+        return _InterpreterPerTask(options.concurrency, logs=options.logs)
+    from airflow_worker import pool
+
+    pool.preload()
+    return pool.Pool(
+        options.concurrency,
+        logs=options.logs,
+        server=os.environ["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"],
+    )
+
+
 def run(options: argparse.Namespace, client: httpx.Client) -> int:
     started = time.monotonic()
-    running: list[_Running] = []
+    runner = _runner(options)
     claimed = finished = failed = 0
     idle_since = time.monotonic()
-    while True:
-        for item in [r for r in running if r.process.poll() is not None]:
-            running.remove(item)
-            item.log.close()
-            finished += 1
-            code = item.process.returncode
-            failed += code != 0
-            ti = item.ti
-            _say(
-                f"{ti['dag_id']}.{ti['task_id']} try {ti['try_number']} exited {code} after "
-                f"{time.monotonic() - item.started:.1f}s"
-            )
-        out_of_time = options.max_seconds and time.monotonic() - started >= options.max_seconds
-        out_of_tis = options.max_tis and claimed >= options.max_tis
-        free = options.concurrency - len(running)
-        if options.max_tis:
-            free = min(free, options.max_tis - claimed)
-        got = []
-        if free > 0 and not out_of_time and not out_of_tis:
-            got = _claim(client, options, limit=free)
-            for workload in got:
-                running.append(_spawn(workload, options.logs))
-            claimed += len(got)
-        if running or got:
-            idle_since = time.monotonic()
-        elif (out_of_time or out_of_tis) or (
-            options.idle_exit and time.monotonic() - idle_since >= options.idle_exit
-        ):
-            break
-        time.sleep(0.05 if got or running else 0.25)
+    try:
+        while True:
+            for ti, code, seconds in runner.finished():
+                finished += 1
+                failed += code != 0
+                _say(
+                    f"{ti['dag_id']}.{ti['task_id']} try {ti['try_number']} exited {code} "
+                    f"after {seconds:.1f}s"
+                )
+            out_of_time = options.max_seconds and time.monotonic() - started >= options.max_seconds
+            out_of_tis = options.max_tis and claimed >= options.max_tis
+            free = runner.idle()
+            if options.max_tis:
+                free = min(free, options.max_tis - claimed)
+            got = []
+            if free > 0 and not out_of_time and not out_of_tis:
+                got = _claim(client, options, limit=free)
+                for workload in got:
+                    runner.submit(workload)
+                claimed += len(got)
+            busy = runner.busy()
+            if busy or got:
+                idle_since = time.monotonic()
+            elif (out_of_time or out_of_tis) or (
+                options.idle_exit and time.monotonic() - idle_since >= options.idle_exit
+            ):
+                break
+            time.sleep(0.02 if got or busy else 0.1)
+    finally:
+        runner.close()
     elapsed = time.monotonic() - started
     _say(
         f"{claimed} TIs claimed, {finished} finished ({failed} supervisors exited non-zero) in "

@@ -216,6 +216,76 @@ def _claim(client: httpx.Client, options: argparse.Namespace, *, limit: int) -> 
     return response.json()["workloads"]
 
 
+class _LogShipper:
+    """Ships each try's log file (`--logs`/tasks/<the workload's log_path>, where the supervisor
+    writes it) to the service in chunks (PUT /execution/task-instances/{id}/logs/{try}): what
+    was appended, every `every` seconds while the task runs and once more when it ends. A chunk
+    is idempotent by its offset, so a retry after a lost answer changes nothing."""
+
+    CHUNK = 128 * 1024
+
+    def __init__(self, client: httpx.Client, logs: Path, every: float = 0.5) -> None:
+        self._client = client
+        self._folder = logs / "tasks"
+        self._every = every
+        self._tries: dict[str, dict] = {}  # ti id -> {path, try_number, offset, off}
+        self._last = 0.0
+
+    def track(self, workload: dict) -> None:
+        ti = workload["ti"]
+        if workload.get("log_path"):
+            self._tries[ti["id"]] = {
+                "path": self._folder / workload["log_path"],
+                "try_number": ti["try_number"],
+                "offset": 0,
+                "off": False,
+            }
+
+    def tick(self) -> None:
+        if time.monotonic() - self._last >= self._every:
+            self._last = time.monotonic()
+            for ti_id in list(self._tries):
+                self._ship(ti_id)
+
+    def finish(self, ti_id: str) -> None:
+        self._ship(ti_id)
+        self._tries.pop(ti_id, None)
+
+    def _ship(self, ti_id: str) -> None:
+        state = self._tries.get(ti_id)
+        if state is None or state["off"]:
+            return
+        try:
+            with open(state["path"], "rb") as file:
+                file.seek(state["offset"])
+                data = file.read()
+        except FileNotFoundError:
+            return
+        # Whole lines only (the supervisor may be mid-line), cut at CHUNK bytes.
+        data = data[: data.rfind(b"\n") + 1]
+        while data:
+            piece = data[: self.CHUNK]
+            if len(piece) == self.CHUNK and b"\n" in piece:
+                piece = piece[: piece.rfind(b"\n") + 1]
+            body = {"offset": state["offset"], "content": piece.decode(errors="replace")}
+            url = f"/execution/task-instances/{ti_id}/logs/{state['try_number']}"
+            try:
+                response = self._client.put(url, json=body)
+            except httpx.TransportError as exc:
+                _say(f"log of {ti_id} not shipped ({exc!r}); next time")
+                return
+            if response.status_code == 409 and "stored_bytes" in response.text:
+                # The service has more or less than we think: continue from what it stored.
+                state["offset"] = response.json()["detail"].get("stored_bytes", state["offset"])
+                return
+            if response.status_code != 200:
+                _say(f"log of {ti_id} refused ({response.status_code}): {response.text[:300]}")
+                state["off"] = response.status_code in (404, 413, 422)
+                return
+            state["offset"] += len(piece)
+            data = data[len(piece) :]
+
+
 def _runner(options: argparse.Namespace):
     if options.interpreter_per_task:
         return _InterpreterPerTask(options.concurrency, logs=options.logs)
@@ -232,11 +302,13 @@ def _runner(options: argparse.Namespace):
 def run(options: argparse.Namespace, client: httpx.Client) -> int:
     started = time.monotonic()
     runner = _runner(options)
+    shipper = _LogShipper(client, options.logs)
     claimed = finished = failed = 0
     idle_since = time.monotonic()
     try:
         while True:
             for ti, code, seconds in runner.finished():
+                shipper.finish(ti["id"])
                 finished += 1
                 failed += code != 0
                 _say(
@@ -252,8 +324,10 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
             if free > 0 and not out_of_time and not out_of_tis:
                 got = _claim(client, options, limit=free)
                 for workload in got:
+                    shipper.track(workload)
                     runner.submit(workload)
                 claimed += len(got)
+            shipper.tick()
             busy = runner.busy()
             if busy or got:
                 idle_since = time.monotonic()

@@ -76,6 +76,8 @@ def test_a_failed_tasks_log_is_readable_within_2_s_of_its_end(servers, tmp_path)
         ti = TaskInstance.objects.get(task_id="fails")
         url = f"{web.url}/api/v2/dags/log_shipping/dagRuns/{ti.run_id}/taskInstances/fails/logs/1"
         api_text = page = ""
+        # Reads are made only within 2 s of the end: found later, the asserts below fail (on a
+        # loaded machine the admin page can take seconds to render; that is not the log's delay).
         while time.monotonic() - ended < 2:
             api_text = requests.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=2)
             api_text = api_text.text
@@ -87,6 +89,5 @@ def test_a_failed_tasks_log_is_readable_within_2_s_of_its_end(servers, tmp_path)
         assert "boom-27" in api_text, api_text[-2000:]
         assert "about to fail, issue 27" in api_text
         assert "boom-27" in page
-        assert time.monotonic() - ended < 2.5  # the last try above started within 2 s
     finally:
         worker.wait(120)

@@ -1,10 +1,13 @@
 """bin/airflow-worker: sync Airflow DAG files into the service, then claim TIs and run each
-through the stock Task SDK (`airflow.sdk.execution_time.execute_workload`, one supervisor
-process per TI, as Airflow's executors do), `--concurrency` at a time.
+through the stock Task SDK's `supervise_task`, `--concurrency` at a time, in a pool of processes
+that imported Airflow once (airflow_worker/pool.py, as Airflow's LocalExecutor does; the
+supervisor forks each task's process). `--interpreter-per-task` starts `python -m
+airflow.sdk.execution_time.execute_workload` per TI instead.
 
     bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
-        [--api-key KEY] [--sync-key KEY] [--concurrency 8] [--max-tis N] [--max-seconds S] \\
-        [--idle-exit S] [--logs var/airflow-logs] [--manual-only] [--sync-only | --no-sync]
+        [--api-key KEY] [--sync-key KEY] [--wait S] [--concurrency 8] [--max-tis N] \\
+        [--max-seconds S] [--idle-exit S] [--logs var/airflow-logs] [--manual-only] \\
+        [--sync-only | --no-sync]
 
 Task code runs here, with this machine's environment. Airflow's settings for the supervisor
 come from the environment it is started with (`AIRFLOW__CORE__DAGS_FOLDER`,
@@ -19,10 +22,11 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from airflow_worker import service_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,17 +34,29 @@ ROOT = Path(__file__).resolve().parents[1]
 def _options(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bin/airflow-worker", description=__doc__.split("\n")[0])
     parser.add_argument("--dags", required=True, type=Path, help="folder of Airflow DAG files")
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the service's base URL")
+    parser.add_argument(
+        "--url",
+        default=_default_url(),
+        help="the service's base URL (default: http://$HOST:$PORT as bin/serve binds, "
+        "127.0.0.1:8000)",
+    )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("WORKER_API_KEY", "dev-worker-api-key"),
-        help="worker API key for claiming work (default: $WORKER_API_KEY)",
+        default=None,
+        help="worker API key for claiming work (default: the service's own, as it finds it: "
+        "$WORKER_API_KEY, .env, else the key it generated under KEY_DIR)",
     )
     parser.add_argument(
         "--sync-key",
         default=None,
         help="deploy key (or an API token with add_dag and change_dag) for the sync (default: "
         "$DAG_SYNC_KEY, else the service's generated KEY_DIR/dag_sync_key on this host)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=120,
+        help="seconds to wait for the service to answer at start (bin/serve & starting)",
     )
     parser.add_argument("--concurrency", type=int, default=4, help="TIs run at once")
     parser.add_argument("--max-tis", type=int, default=0, help="stop after claiming this many")
@@ -55,6 +71,11 @@ def _options(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="sync Dags with a schedule the service cannot run (cron, ...) as manual-only",
     )
+    parser.add_argument(
+        "--interpreter-per-task",
+        action="store_true",
+        help="start a new interpreter per TI (execute_workload) instead of the forked pool",
+    )
     parser.add_argument("--apply-pause", action="store_true", help="as sync_dags --apply-pause")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--sync-only", action="store_true", help="sync the DAG files and exit")
@@ -65,6 +86,30 @@ def _options(argv: list[str]) -> argparse.Namespace:
     if not options.dags.is_dir():
         parser.error(f"--dags {options.dags}: no such folder")
     return options
+
+
+def _default_url() -> str:
+    host = os.environ.get("HOST") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):  # bound to every address: reach it on loopback
+        host = "127.0.0.1"
+    return f"http://{host}:{os.environ.get('PORT') or 8000}"
+
+
+def _wait_for_service(client: httpx.Client, seconds: float) -> None:
+    """Until the service answers (any status: bin/serve migrates, so its keys exist, before it
+    serves); SystemExit after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            client.get("/api/v2/version", timeout=5)
+            return
+        except httpx.TransportError as exc:
+            if time.monotonic() >= deadline:
+                raise SystemExit(
+                    f"[airflow-worker] the service at {client.base_url} did not answer within "
+                    f"{seconds:g}s ({exc!r})"
+                ) from None
+            time.sleep(0.5)
 
 
 def _airflow_environment(options: argparse.Namespace) -> None:
@@ -99,7 +144,10 @@ def sync(options: argparse.Namespace, client: httpx.Client) -> None:
         headers={"Authorization": f"Bearer {_sync_key(options)}"},
     )
     if response.status_code != 200:
-        raise SystemExit(f"[airflow-worker] sync refused ({response.status_code}): {response.text}")
+        raise SystemExit(
+            f"[airflow-worker] sync refused ({response.status_code}): {response.text}"
+            + _key_hint(options, response)
+        )
     _say(response.json()["summary"].replace("\n", "\n  "))
 
 
@@ -125,43 +173,65 @@ def _sync_key(options: argparse.Namespace) -> str:
 # ---- end issue 26 ----
 
 
-@dataclass
-class _Running:
-    process: subprocess.Popen
-    ti: dict
-    log: object
-    started: float = field(default_factory=time.monotonic)
+class _InterpreterPerTask:
+    """`--interpreter-per-task`: the old way, one `python -m ...execute_workload` per TI (a new
+    interpreter importing Airflow each time); the same interface as pool.Pool."""
+
+    def __init__(self, size: int, *, logs: Path) -> None:
+        self._size = size
+        self._logs = logs
+        self._running: list[tuple[subprocess.Popen, dict, object, float]] = []
+
+    def idle(self) -> int:
+        return self._size - len(self._running)
+
+    def busy(self) -> int:
+        return len(self._running)
+
+    def submit(self, workload: dict) -> None:
+        ti = workload["ti"]
+        folder = self._logs / "supervisor"
+        folder.mkdir(parents=True, exist_ok=True)
+        log = open(  # noqa: SIM115  (closed when the supervisor exits, in finished())
+            folder / f"{ti['dag_id']}.{ti['task_id']}.{ti['id']}.try{ti['try_number']}.log", "ab"
+        )
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "airflow.sdk.execution_time.execute_workload",
+                "--json-string",
+                json.dumps(workload),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self._running.append((process, ti, log, time.monotonic()))
+
+    def finished(self):
+        for item in [r for r in self._running if r[0].poll() is not None]:
+            self._running.remove(item)
+            process, ti, log, started = item
+            log.close()
+            yield ti, process.returncode, time.monotonic() - started
+
+    def close(self) -> None:
+        for process, *_ in self._running:
+            process.wait()
 
 
-def _spawn(workload: dict, logs: Path) -> _Running:
-    """One supervisor process for one workload, the stock entry point with the workload JSON as
-    it was claimed (Airflow's ExecuteTask model ignores our extra `task_outlets`)."""
-    ti = workload["ti"]
-    folder = logs / "supervisor"
-    folder.mkdir(parents=True, exist_ok=True)
-    log = open(  # noqa: SIM115  (closed when the supervisor exits, in run())
-        folder / f"{ti['dag_id']}.{ti['task_id']}.{ti['id']}.try{ti['try_number']}.log", "ab"
-    )
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "airflow.sdk.execution_time.execute_workload",
-            "--json-string",
-            json.dumps(workload),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    return _Running(process=process, ti=ti, log=log)
+def _key_hint(options: argparse.Namespace, response: httpx.Response) -> str:
+    if response.status_code in (401, 403):
+        return f" (the key sent came from {options.key_source}: is it this service's key?)"
+    return ""
 
 
-def _claim(client: httpx.Client, *, hostname: str, limit: int) -> list[dict]:
+def _claim(client: httpx.Client, options: argparse.Namespace, *, limit: int) -> list[dict]:
     """Claimed workloads; none (after a pause) when the service is unreachable or answers 5xx,
     so a restart of the service does not stop the worker. A 4xx (a wrong key) stops it."""
     try:
         response = client.post(
-            "/execution/workloads/claim", json={"hostname": hostname, "limit": limit}
+            "/execution/workloads/claim", json={"hostname": options.hostname, "limit": limit}
         )
     except httpx.TransportError as exc:
         _say(f"claim failed ({exc!r}); retrying in 2 s")
@@ -174,45 +244,133 @@ def _claim(client: httpx.Client, *, hostname: str, limit: int) -> list[dict]:
     if response.status_code != 200:
         raise SystemExit(
             f"[airflow-worker] claim refused ({response.status_code}): {response.text}"
+            + _key_hint(options, response)
         )
     return response.json()["workloads"]
 
 
+class _LogShipper:
+    """Ships each try's log file (`--logs`/tasks/<the workload's log_path>, where the supervisor
+    writes it) to the service in chunks (PUT /execution/task-instances/{id}/logs/{try}): what
+    was appended, every `every` seconds while the task runs and once more when it ends. A chunk
+    is idempotent by its offset, so a retry after a lost answer changes nothing."""
+
+    CHUNK = 128 * 1024
+
+    def __init__(self, client: httpx.Client, logs: Path, every: float = 0.5) -> None:
+        self._client = client
+        self._folder = logs / "tasks"
+        self._every = every
+        self._tries: dict[str, dict] = {}  # ti id -> {path, try_number, offset, off}
+        self._last = 0.0
+
+    def track(self, workload: dict) -> None:
+        ti = workload["ti"]
+        if workload.get("log_path"):
+            self._tries[ti["id"]] = {
+                "path": self._folder / workload["log_path"],
+                "try_number": ti["try_number"],
+                "offset": 0,
+                "off": False,
+            }
+
+    def tick(self) -> None:
+        if time.monotonic() - self._last >= self._every:
+            self._last = time.monotonic()
+            for ti_id in list(self._tries):
+                self._ship(ti_id)
+
+    def finish(self, ti_id: str) -> None:
+        self._ship(ti_id)
+        self._tries.pop(ti_id, None)
+
+    def _ship(self, ti_id: str) -> None:
+        state = self._tries.get(ti_id)
+        if state is None or state["off"]:
+            return
+        try:
+            with open(state["path"], "rb") as file:
+                file.seek(state["offset"])
+                data = file.read()
+        except FileNotFoundError:
+            return
+        # Whole lines only (the supervisor may be mid-line), cut at CHUNK bytes.
+        data = data[: data.rfind(b"\n") + 1]
+        while data:
+            piece = data[: self.CHUNK]
+            if len(piece) == self.CHUNK and b"\n" in piece:
+                piece = piece[: piece.rfind(b"\n") + 1]
+            body = {"offset": state["offset"], "content": piece.decode(errors="replace")}
+            url = f"/execution/task-instances/{ti_id}/logs/{state['try_number']}"
+            try:
+                response = self._client.put(url, json=body)
+            except httpx.TransportError as exc:
+                _say(f"log of {ti_id} not shipped ({exc!r}); next time")
+                return
+            if response.status_code == 409 and "stored_bytes" in response.text:
+                # The service has more or less than we think: continue from what it stored.
+                state["offset"] = response.json()["detail"].get("stored_bytes", state["offset"])
+                return
+            if response.status_code != 200:
+                _say(f"log of {ti_id} refused ({response.status_code}): {response.text[:300]}")
+                state["off"] = response.status_code in (404, 413, 422)
+                return
+            state["offset"] += len(piece)
+            data = data[len(piece) :]
+
+
+def _runner(options: argparse.Namespace):
+    if options.interpreter_per_task:
+        return _InterpreterPerTask(options.concurrency, logs=options.logs)
+    from airflow_worker import pool
+
+    pool.preload()
+    return pool.Pool(
+        options.concurrency,
+        logs=options.logs,
+        server=os.environ["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"],
+    )
+
+
 def run(options: argparse.Namespace, client: httpx.Client) -> int:
     started = time.monotonic()
-    running: list[_Running] = []
+    runner = _runner(options)
+    shipper = _LogShipper(client, options.logs)
     claimed = finished = failed = 0
     idle_since = time.monotonic()
-    while True:
-        for item in [r for r in running if r.process.poll() is not None]:
-            running.remove(item)
-            item.log.close()
-            finished += 1
-            code = item.process.returncode
-            failed += code != 0
-            ti = item.ti
-            _say(
-                f"{ti['dag_id']}.{ti['task_id']} try {ti['try_number']} exited {code} after "
-                f"{time.monotonic() - item.started:.1f}s"
-            )
-        out_of_time = options.max_seconds and time.monotonic() - started >= options.max_seconds
-        out_of_tis = options.max_tis and claimed >= options.max_tis
-        free = options.concurrency - len(running)
-        if options.max_tis:
-            free = min(free, options.max_tis - claimed)
-        got = []
-        if free > 0 and not out_of_time and not out_of_tis:
-            got = _claim(client, hostname=options.hostname, limit=free)
-            for workload in got:
-                running.append(_spawn(workload, options.logs))
-            claimed += len(got)
-        if running or got:
-            idle_since = time.monotonic()
-        elif (out_of_time or out_of_tis) or (
-            options.idle_exit and time.monotonic() - idle_since >= options.idle_exit
-        ):
-            break
-        time.sleep(0.05 if got or running else 0.25)
+    try:
+        while True:
+            for ti, code, seconds in runner.finished():
+                shipper.finish(ti["id"])
+                finished += 1
+                failed += code != 0
+                _say(
+                    f"{ti['dag_id']}.{ti['task_id']} try {ti['try_number']} exited {code} "
+                    f"after {seconds:.1f}s"
+                )
+            out_of_time = options.max_seconds and time.monotonic() - started >= options.max_seconds
+            out_of_tis = options.max_tis and claimed >= options.max_tis
+            free = runner.idle()
+            if options.max_tis:
+                free = min(free, options.max_tis - claimed)
+            got = []
+            if free > 0 and not out_of_time and not out_of_tis:
+                got = _claim(client, options, limit=free)
+                for workload in got:
+                    shipper.track(workload)
+                    runner.submit(workload)
+                claimed += len(got)
+            shipper.tick()
+            busy = runner.busy()
+            if busy or got:
+                idle_since = time.monotonic()
+            elif (out_of_time or out_of_tis) or (
+                options.idle_exit and time.monotonic() - idle_since >= options.idle_exit
+            ):
+                break
+            time.sleep(0.02 if got or busy else 0.1)
+    finally:
+        runner.close()
     elapsed = time.monotonic() - started
     _say(
         f"{claimed} TIs claimed, {finished} finished ({failed} supervisors exited non-zero) in "
@@ -225,8 +383,15 @@ def main(argv: list[str] | None = None) -> int:
     options = _options(sys.argv[1:] if argv is None else argv)
     options.logs.mkdir(parents=True, exist_ok=True)
     _airflow_environment(options)
-    headers = {"Authorization": f"Bearer {options.api_key}"}
-    with httpx.Client(base_url=options.url.rstrip("/"), headers=headers, timeout=60) as client:
+    with httpx.Client(base_url=options.url.rstrip("/"), timeout=60) as client:
+        _wait_for_service(client, options.wait)
+        try:
+            key = service_key.find(options.api_key)
+        except service_key.KeyNotFound as exc:
+            raise SystemExit(f"[airflow-worker] {exc}") from None
+        options.key_source = key.source
+        _say(f"worker API key from {key.source}")
+        client.headers["Authorization"] = f"Bearer {key.value}"
         if not options.no_sync:
             sync(options, client)
         if options.sync_only:

@@ -110,8 +110,12 @@ def _task(task: Any) -> dict[str, Any]:
 
 
 def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
-    if any(getattr(task, "is_mapped", False) for task in dag.tasks):
-        raise DagFileError(f"{where}: Dag {dag.dag_id!r} has mapped tasks, not served yet")
+    mapped = [task.task_id for task in dag.tasks if getattr(task, "is_mapped", False)]
+    if mapped:
+        raise DagFileError(
+            f"{where}: Dag {dag.dag_id!r} has mapped task(s) {', '.join(map(repr, mapped))} "
+            "(.expand/.partial), which the service does not run yet"
+        )
     definition: dict[str, Any] = {
         "dag_id": dag.dag_id,
         "schedule": _schedule(dag, where=where, manual_only=manual_only),

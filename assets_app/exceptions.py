@@ -55,6 +55,12 @@ class InvalidInput(DomainError):
     reason = "invalid_input"
 
 
+class TooLarge(DomainError):
+    """A body or a total beyond a configured bound (HTTP 413)."""
+
+    reason = "too_large"
+
+
 class BadRequest(DomainError):
     """A request the API refuses as a whole, e.g. an unknown `order_by` attribute (HTTP 400)."""
 

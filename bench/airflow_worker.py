@@ -1,22 +1,34 @@
-"""Stock Airflow Task SDK workers against the service: tasks per second and claim -> running
-latency with `bin/airflow-worker --concurrency 1` and `8` (issue 11).
+"""Stock Airflow workers, this service against Airflow 3.3.2 itself (issue 27), in one run on one
+DAG file: `bench/airflow_dags/fifty.py`, 50 independent tasks that do nothing.
 
-Starts `bin/serve` on its own PostgreSQL database (`<BENCH_DB_PREFIX>_airflow_worker`), syncs
-`bench/airflow_dags/` (one Dag of 8 no-op tasks), and per concurrency triggers runs, runs the
-worker until it is idle, and reads from the database: tasks/s = TIs / (last end - first claim),
-latency = TI start_date (the SDK's `start` call) - claimed_at. Each TI costs two Python
-processes importing Airflow (the supervisor and the task it forks), so on a small machine the
-figures are the SDK's start-up cost, not the service's.
+- service: `bin/serve` on its own PostgreSQL database (`<BENCH_DB_PREFIX>_airflow_worker`) and
+  `bin/airflow-worker --concurrency C` (its pool of processes that imported the Task SDK once;
+  `--interpreter-per-task` too with `--old`), started before the trigger, as a scheduler is.
+- airflow: airflow-core 3.3.2 from `.venv-airflow-worker`, the lightest setup that runs
+  LocalExecutor: `airflow db migrate` on a SQLite file in a temporary AIRFLOW_HOME, then
+  `airflow api-server` (the execution API the supervisor talks to), `airflow scheduler`
+  (LocalExecutor, `[core] parallelism` = C) and `airflow dag-processor`; the run is triggered
+  with `airflow dags trigger` once the Dag is parsed and unpaused.
 
-    .venv/bin/python bench/airflow_worker.py [--runs 1] [--concurrency 1 8]
+Both read from their own database: latency = first TI start_date - the run's queued_at (trigger
+-> first task running), tasks/s = 50 / (last TI end_date - the run's queued_at). The machine's
+1-minute load is printed with each row (a shared 2-core machine: see the README's figures).
+
+    BENCH_DB_PREFIX=room_27_bench .venv/bin/python bench/airflow_worker.py [--concurrency 4]
+        [--old] [--skip-airflow]
 """
 
 import argparse
+import contextlib
 import json
 import os
-import statistics
+import signal
+import sqlite3
 import subprocess
 import sys
+import tempfile
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import _harness as h  # bench/ is sys.path[0]: puts the checkout on sys.path
@@ -26,93 +38,217 @@ from tests import servers
 
 ROOT = Path(__file__).resolve().parents[1]
 PG = os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432")
-DB = f"{os.environ.get('BENCH_DB_PREFIX', 'bench')}_airflow_worker"
-KEY = "bench-worker-key"
+DB = f"{h.DB_PREFIX}_airflow_worker"
+KEY = "bench-worker-key-" + "x" * 24
+DAGS = ROOT / "bench/airflow_dags"
+DAG_ID = "bench_fifty"
+TASKS = 50
+AIRFLOW_VENV = ROOT / ".venv-airflow-worker"
 
 
 def _sql(query: str, *args, db: str = DB):
     with psycopg.connect(f"{PG}/{db}", autocommit=True) as conn:
-        return (
-            conn.execute(query, args).fetchall()
-            if query.lstrip().upper().startswith("SELECT")
-            else conn.execute(query, args)
-        )
+        cursor = conn.execute(query, args)
+        return cursor.fetchall() if cursor.description else []
 
 
-def _worker(url: str, env: dict, *args: str) -> None:
-    subprocess.run(
-        [
-            str(ROOT / "bin/airflow-worker"),
-            "--dags",
-            str(ROOT / "bench/airflow_dags"),
-            "--url",
-            url,
-            "--logs",
-            str(ROOT / "var/bench-airflow-logs"),
-            *args,
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+def _wait(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"bench: {what} not done within {seconds:g}s")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=1, help="runs (8 TIs each) per concurrency")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    options = parser.parse_args()
+def _row(system: str, queued: datetime, starts: list, ends: list, load: float) -> dict:
+    span = (max(ends) - queued).total_seconds()
+    return {
+        "system": system,
+        "tis": len(starts),
+        "tasks_per_second": round(len(starts) / span, 3),
+        "trigger_to_first_running_s": round((min(starts) - queued).total_seconds(), 2),
+        "run_seconds": round(span, 1),
+        "load_1min": round(load, 1),
+    }
+
+
+def bench_service(concurrency: int, *, old: bool) -> list[dict]:
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{DB}"')
         conn.execute(f'CREATE DATABASE "{DB}"')
     port = h.free_port()
     env = {**os.environ, "DATABASE_URL": f"{PG}/{DB}", "PORT": str(port), "WORKER_API_KEY": KEY}
-    serve = servers.bin_serve(env, h.log_path("airflow_worker", "serve"), ready_timeout=120)
-    url = f"http://127.0.0.1:{port}"
+    serve = servers.bin_serve(env, h.log_path("airflow_worker", "serve"), ready_timeout=240)
     rows = []
+    worker_args = [str(ROOT / "bin/airflow-worker"), "--dags", str(DAGS), "--url", serve.url]
+    worker_args += ["--logs", str(ROOT / "var/bench-airflow-logs")]
     try:
-        _worker(url, env, "--sync-only")
-        load_before = os.getloadavg()[0]
-        for concurrency in options.concurrency:
+        subprocess.run([*worker_args, "--sync-only"], env=env, check=True, capture_output=True)
+        for label, extra in [("service, pool", [])] + (
+            [("service, interpreter per task", ["--interpreter-per-task"])] if old else []
+        ):
             _sql("TRUNCATE assets_app_dagrun CASCADE")
-            for _ in range(options.runs):
-                subprocess.run(
-                    [sys.executable, "manage.py", "trigger_dag", "bench_noop"],
-                    cwd=ROOT,
-                    env=env,
-                    check=True,
-                    capture_output=True,
-                )
-            _worker(url, env, "--no-sync", "--concurrency", str(concurrency), "--idle-exit", "5")
-            tis = _sql(
-                "SELECT claimed_at, start_date, end_date, state FROM assets_app_taskinstance"
+            log = h.log_path("airflow_worker", "worker").open("w")
+            worker = subprocess.Popen(
+                [*worker_args, "--no-sync", "--concurrency", str(concurrency), *extra],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
-            assert all(state == "success" for *_, state in tis), tis
-            latency = [(start - claimed).total_seconds() for claimed, start, _, _ in tis]
-            span = (max(t[2] for t in tis) - min(t[0] for t in tis)).total_seconds()
-            rows.append(
-                {
-                    "concurrency": concurrency,
-                    "tis": len(tis),
-                    "tasks_per_second": round(len(tis) / span, 3),
-                    "claim_to_running_median_s": round(statistics.median(latency), 2),
-                    "claim_to_running_max_s": round(max(latency), 2),
-                }
+            time.sleep(15)  # the pool forks and imports, as a scheduler is up before a trigger
+            subprocess.run(
+                [sys.executable, "manage.py", "trigger_dag", DAG_ID],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                capture_output=True,
             )
-        load_after = os.getloadavg()[0]
+            _wait(
+                lambda: (
+                    _sql("SELECT count(*) FROM assets_app_taskinstance WHERE state = 'success'")[0][
+                        0
+                    ]
+                    >= TASKS
+                ),
+                900,
+                label,
+            )
+            load = os.getloadavg()[0]
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(60)
+            log.close()
+            (queued,) = _sql("SELECT queued_at FROM assets_app_dagrun")[0]
+            tis = _sql("SELECT start_date, end_date FROM assets_app_taskinstance")
+            rows.append(_row(label, queued, [t[0] for t in tis], [t[1] for t in tis], load))
     finally:
         serve.stop(timeout=60)
-    print(f"{'concurrency':>11} {'TIs':>4} {'tasks/s':>8} {'claim->running median':>22} {'max':>6}")
+    return rows
+
+
+def _airflow_env(home: Path, port: int, concurrency: int) -> dict:
+    from cryptography.fernet import Fernet
+
+    return {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": str(concurrency),
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        # One secret for the scheduler (signs each task's token) and the API server (checks it).
+        "AIRFLOW__API_AUTH__JWT_SECRET": "bench-" + os.urandom(16).hex(),
+        "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+    }
+
+
+def _airflow_rows(db: Path, query: str) -> list:
+    try:
+        with sqlite3.connect(db, timeout=10) as conn:
+            return conn.execute(query).fetchall()
+    except sqlite3.OperationalError:
+        return []
+
+
+def _parse(value: str) -> datetime:
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def bench_airflow(concurrency: int) -> dict:
+    airflow = str(AIRFLOW_VENV / "bin/airflow")
+    with tempfile.TemporaryDirectory(prefix="bench-airflow-") as tmp:
+        home = Path(tmp)
+        db = home / "airflow.db"
+        env = _airflow_env(home, h.free_port(), concurrency)
+        subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True)
+        processes = []
+        try:
+            for command in (["api-server", "--workers", "1"], ["scheduler"], ["dag-processor"]):
+                log = h.log_path("airflow_worker", f"airflow-{command[0]}").open("w")
+                processes.append(
+                    subprocess.Popen(
+                        [airflow, *command],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            _wait(
+                lambda: _airflow_rows(
+                    db, f"SELECT 1 FROM dag WHERE dag_id = '{DAG_ID}' AND NOT is_paused"
+                ),
+                600,
+                "airflow: parse the Dag",
+            )
+            time.sleep(15)  # the scheduler's LocalExecutor workers are up
+            subprocess.run(
+                [airflow, "dags", "trigger", DAG_ID], env=env, check=True, capture_output=True
+            )
+            _wait(
+                lambda: (
+                    (
+                        _airflow_rows(
+                            db, "SELECT count(*) FROM task_instance WHERE state='success'"
+                        )
+                        or [(0,)]
+                    )[0][0]
+                    >= TASKS
+                ),
+                900,
+                "airflow: the run",
+            )
+            load = os.getloadavg()[0]
+            (queued,) = _airflow_rows(db, "SELECT queued_at FROM dag_run")[0]
+            tis = _airflow_rows(db, "SELECT start_date, end_date FROM task_instance")
+        finally:
+            for process in processes:  # each in its own group: the scheduler's workers too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+            for process in processes:
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+    return _row(
+        "Airflow 3.3.2 scheduler + LocalExecutor",
+        _parse(queued),
+        [_parse(t[0]) for t in tis],
+        [_parse(t[1]) for t in tis],
+        load,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concurrency", type=int, default=4, help="pool size and parallelism")
+    parser.add_argument("--old", action="store_true", help="also --interpreter-per-task")
+    parser.add_argument("--skip-airflow", action="store_true")
+    options = parser.parse_args()
+    load_before = os.getloadavg()
+    rows = bench_service(options.concurrency, old=options.old)
+    if not options.skip_airflow:
+        rows.append(bench_airflow(options.concurrency))
+    load_after = os.getloadavg()
+    print(f"{TASKS} independent no-op tasks, concurrency {options.concurrency}")
+    print(f"{'system':<42} {'tasks/s':>8} {'trigger->first running':>23} {'run':>7} {'load':>5}")
     for r in rows:
         print(
-            f"{r['concurrency']:>11} {r['tis']:>4} {r['tasks_per_second']:>8} "
-            f"{r['claim_to_running_median_s']:>21}s {r['claim_to_running_max_s']:>5}s"
+            f"{r['system']:<42} {r['tasks_per_second']:>8} "
+            f"{r['trigger_to_first_running_s']:>22}s {r['run_seconds']:>6}s {r['load_1min']:>5}"
         )
     out = ROOT / "bench/results/airflow_worker.json"
     out.write_text(
         json.dumps(
             {
+                "dag": "bench/airflow_dags/fifty.py",
+                "concurrency": options.concurrency,
                 "rows": rows,
                 "load_before": load_before,
                 "load_after": load_after,
@@ -122,7 +258,11 @@ def main() -> None:
         )
         + "\n"
     )
-    print(f"load {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} cores; wrote {out}")
+    print(
+        f"load (1/5/15 min) {load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f} -> "
+        f"{load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} on {os.cpu_count()} "
+        f"cores; wrote {out}"
+    )
 
 
 if __name__ == "__main__":

@@ -222,6 +222,10 @@ WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", defau
 # A running TI whose heartbeat stopped this long ago is failed (or retried) by the scheduler's
 # sweep (Airflow's `[scheduler] task_instance_heartbeat_timeout`).
 TASK_HEARTBEAT_TIMEOUT_SECONDS = env.float("TASK_HEARTBEAT_TIMEOUT_SECONDS", default=300)
+# Task logs workers ship (PUT /execution/task-instances/{id}/logs/{try}): bytes per chunk, and
+# bytes kept per try (a chunk beyond it is refused, 413 log_too_large).
+TASK_LOG_CHUNK_MAX_BYTES = env.int("TASK_LOG_CHUNK_MAX_BYTES", default=256 * 1024)
+TASK_LOG_MAX_BYTES = env.int("TASK_LOG_MAX_BYTES", default=10 * 1024 * 1024)
 
 # PostgreSQL: how long an idle cluster waits for a NOTIFY before it looks at the queue anyway
 # (a retried task whose lock expired sends none). Each look is 2 queries (Django's connection

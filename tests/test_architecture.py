@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
             }
         ),
     ),
-    ("task_state", frozenset({"task_state", "task_runtime", "repair"})),
+    ("task_state", frozenset({"task_state", "task_runtime", "task_logs", "repair"})),
     ("outbox", frozenset({"drain", "outbox"})),
     ("registration", frozenset({"registration", "asset_events", "queued_events"})),
     ("scheduling", frozenset({"scheduling", "runs", "dependencies"})),

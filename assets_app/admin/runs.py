@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from .. import runs
+from .. import runs, task_logs
 from ..models import (
     AssetAliasEvent,
     AssetEvent,
@@ -391,7 +391,23 @@ class TaskInstanceAdmin(admin.ModelAdmin):
     )
     list_filter = ("state", "dag_id")
     search_fields = ("=id", "dag_id", "task_id", "run_id", "hostname")
-    readonly_fields = ("dag_run_link", "outbox_rows")
+    readonly_fields = ("dag_run_link", "outbox_rows", "task_log")
+
+    @admin.display(description="log")
+    def task_log(self, obj):
+        """The current try's log as the worker shipped it (task_logs); while the TI runs the
+        page reloads itself every 2 s, so the log grows live."""
+        text, end = task_logs.read(ti_id=obj.id, try_number=obj.try_number)
+        lines = [task_logs.line_of(m) for m in task_logs.structured(text)]
+        live = mark_safe("<script>setTimeout(function () { location.reload(); }, 2000);</script>")
+        return format_html(
+            '<div class="aes-muted">try {}, {} bytes{}</div><pre class="aes-task-log">{}</pre>{}',
+            obj.try_number,
+            end,
+            ", live" if obj.state == "running" else "",
+            "\n".join(lines) or "(no log shipped for this try)",
+            live if obj.state == "running" else "",
+        )
 
     @admin.display(description="state", ordering="state")
     def state_view(self, obj):

@@ -44,6 +44,7 @@ STATUS_BY_EXCEPTION: list[tuple[type[exceptions.DomainError], int]] = [
     (exceptions.Conflict, 409),
     (exceptions.InvalidInput, 422),
     (exceptions.BadRequest, 400),
+    (exceptions.TooLarge, 413),
     (exceptions.Unavailable, 503),
 ]
 

@@ -10,7 +10,7 @@ from uuid import UUID
 from django.http import HttpRequest, HttpResponse
 from ninja import Body, Query, Router
 
-from assets_app import asset_events, definitions, task_state
+from assets_app import asset_events, definitions, task_logs, task_state
 from assets_app.models import TIState
 
 from . import auth, schemas
@@ -133,6 +133,25 @@ def sync_dag_files(request: HttpRequest, payload: schemas.DagSyncRequest):
         **{k: getattr(result, k) for k in schemas.DagSyncResponse.model_fields if k != "summary"},
         "summary": result.summary(),
     }
+
+
+@router.put(
+    f"{TI_PATH}/logs/{{try_number}}",
+    auth=auth.worker_api_key,
+    response=schemas.TaskLogChunkResponse,
+)
+def put_task_log_chunk(
+    request: HttpRequest, task_instance_id: UUID, try_number: int, payload: schemas.TaskLogChunk
+):
+    """A chunk of one try's log file (bin/airflow-worker ships it while the task runs and when
+    it ends); idempotent by (TI, try, offset)."""
+    appended = task_logs.append_chunk(
+        ti_id=task_instance_id,
+        try_number=try_number,
+        offset=payload.offset,
+        content=payload.content,
+    )
+    return {"stored_bytes": appended.stored_bytes, "duplicate": appended.duplicate}
 
 
 @router.get("/assets/by-name", auth=auth.task_token, response=schemas.AssetResponse)

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Field, Query, Router, Schema
 
-from assets_app import asset_events, dags, exceptions, run_reads, runs
+from assets_app import asset_events, dags, exceptions, run_reads, runs, task_logs
 from assets_app.models import Dag, DagRun, DagRunTriggeredBy, TaskInstance
+from assets_app.models.runs import TI_FINISHED_STATES
 
 from . import public_auth
 from .public import Page, actor_of
@@ -36,6 +37,7 @@ from .public_schemas import (
     TaskInstanceCollectionResponse,
     TaskInstanceResponse,
     TaskInstancesBatchBody,
+    TaskInstancesLogResponse,
     TriggerDagRunBody,
     responses,
 )
@@ -486,6 +488,39 @@ def get_task_instances(
         cursor=filters.cursor,
     )
     return _ti_collection(page)
+
+
+@router.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}/logs/{try_number}",
+    response=responses(TaskInstancesLogResponse, 400, 404),
+)
+@needs("view", TaskInstance)
+def get_task_instance_log(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    try_number: int,
+    full_content: bool = False,
+    map_index: int = -1,
+    token: str | None = None,
+):
+    """One try's log as the worker shipped it (Airflow: same path, params and shape)."""
+    ti = run_reads.get_task_instance(
+        dag_id=dag_id, run_id=dag_run_id, task_id=task_id, map_index=map_index
+    )
+    if not 1 <= try_number <= ti.try_number:
+        raise exceptions.NotFound(
+            f"TaskInstance {dag_id}.{task_id} of run {dag_run_id} has no try {try_number}",
+            reason="task_instance_not_found",
+        )
+    start = task_logs.position_of(token) if token and not full_content else 0
+    text, end = task_logs.read(ti_id=ti.id, try_number=try_number, from_byte=start)
+    finished = try_number < ti.try_number or ti.state in TI_FINISHED_STATES
+    return {
+        "content": task_logs.structured(text),
+        "continuation_token": task_logs.continuation_token(end, end_of_log=finished),
+    }
 
 
 @router.get(

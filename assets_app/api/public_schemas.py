@@ -770,3 +770,22 @@ def responses(ok: Any, *errors: int, status: int = 200) -> dict[int, Any]:
             codes[code] = HTTPExceptionResponse
     codes[422] = HTTPValidationError
     return codes
+
+
+class StructuredLogMessage(Schema):
+    """Airflow 3.3.2's `StructuredLogMessage`: `event`, an optional `timestamp`, and whatever
+    else the line carries (`level`, `logger`, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    timestamp: datetime | None = None
+    event: str
+
+
+class TaskInstancesLogResponse(Schema):
+    """Airflow 3.3.2's `TaskInstancesLogResponse` (`GET .../logs/{try_number}`)."""
+
+    # Each a StructuredLogMessage (above) with its extra fields kept: the messages are built by
+    # task_logs.structured (always an `event`), and a typed list would drop the extras.
+    content: list[dict[str, Any]]
+    continuation_token: str | None

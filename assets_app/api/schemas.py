@@ -475,3 +475,16 @@ class DagSyncResponse(ResponseBody):
     tasks_created: int
     tasks_deleted: int
     summary: str
+
+
+class TaskLogChunk(RequestBody):
+    """`PUT /execution/task-instances/{id}/logs/{try_number}`: bytes [offset, ...) of the
+    try's log file as text (our endpoint: Airflow's workers write logs to their own disk)."""
+
+    offset: int = Field(ge=0)
+    content: str
+
+
+class TaskLogChunkResponse(ResponseBody):
+    stored_bytes: int
+    duplicate: bool

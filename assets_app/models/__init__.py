@@ -14,6 +14,7 @@ from .dags import (
     TriggerRule,
 )
 from .events import AssetAliasEvent, AssetEvent
+from .logs import TaskLogChunk
 from .metrics import ComponentHeartbeat, MetricCounter
 from .queue import AssetDagRunQueue, AssetEventQueue, FailureKind
 from .runs import (
@@ -55,6 +56,7 @@ __all__ = [
     "TIState",
     "Task",
     "TaskInstance",
+    "TaskLogChunk",
     "TaskOutletAliasReference",
     "TaskOutletAssetReference",
     "TaskReschedule",

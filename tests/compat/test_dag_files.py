@@ -136,3 +136,26 @@ def test_sync_endpoint_is_sync_dags_idempotent_and_all_or_nothing(client, exampl
         client.post("/execution/dags/sync", body, content_type="application/json").status_code
         == 401
     )
+
+
+def test_a_mapped_task_is_refused_naming_the_task(tmp_path):
+    (tmp_path / "fanout.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import dag, task
+
+            @dag(dag_id="fanout", schedule=None)
+            def fanout():
+                @task(task_id="square")
+                def square(x):
+                    return x * x
+
+                square.expand(x=[1, 2, 3])
+
+            fanout()
+            """
+        )
+    )
+    refused = _convert(tmp_path)
+    assert "fanout.py" in refused["error"] and "'fanout'" in refused["error"]
+    assert "mapped task(s) 'square'" in refused["error"], refused

@@ -755,3 +755,16 @@ def broker_row_waiting(*, table: str, row_id: int, now: datetime) -> bool:
     with prepared_cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s AND lock <= %s", [row_id, now])
         return cursor.fetchone() is not None
+
+
+# ---- issue 30: retention ----
+
+
+def delete_rows(queryset: QuerySet) -> int:
+    """One `DELETE FROM <table> WHERE <the queryset's filter>`; the number of rows deleted.
+
+    Not `QuerySet.delete()`: its collector loads the rows and every dependent row to cascade
+    and send signals; retention deletes the dependent rows itself, children first, by key
+    lists it already holds, so each table costs one statement (Django's own fast-delete path,
+    `_raw_delete`, the same on PostgreSQL and SQLite)."""
+    return int(queryset._raw_delete(queryset.db) or 0)

@@ -64,6 +64,20 @@ COMPONENT = "retention"
 # consumed only by deleted runs is deletable in the same clean).
 TABLES = ("dag_run", "xcom", "asset_event", "audit_entry")
 FINISHED_RUN_STATES = (DagRunState.SUCCESS, DagRunState.FAILED)
+# Every table a clean deletes from (tests/test_retention_indexes.py: each foreign key into one
+# of them is indexed on its referencing column).
+DELETED_MODELS = (
+    DagRun,
+    TaskInstance,
+    RenderedTaskFields,
+    TaskReschedule,
+    DagRunAssetEvent,
+    XCom,
+    AssetEvent,
+    AssetAliasEvent,
+    AuditEntry,
+    AuditTarget,
+)
 
 
 class RetentionError(Exception):
@@ -255,7 +269,11 @@ def _time_keyset(queryset: QuerySet, column: str, after: tuple[Any, int] | None)
     """The next rows in (column, id) order: the age column's index is the key."""
     if after is not None:
         at, pk = after
-        queryset = queryset.filter(Q(**{f"{column}__gt": at}) | Q(**{column: at, "id__gt": pk}))
+        # The plain lower bound makes it an index range from the last key on: the OR alone
+        # is a filter, and each batch would walk again the index entries of the rows deleted.
+        queryset = queryset.filter(**{f"{column}__gte": at}).filter(
+            Q(**{f"{column}__gt": at}) | Q(**{column: at, "id__gt": pk})
+        )
     return queryset.order_by(column, "id")
 
 
@@ -556,8 +574,13 @@ def periodic_clean(*, now: datetime | None = None) -> CleanResult | None:
     interval = timedelta(minutes=float(settings.RETENTION_INTERVAL_MINUTES))
     if last is not None and now - last < interval:
         return None
+    # Never past the cluster's task timeout (which would kill the clean mid-batch): stop a
+    # batch's worth of time before it.
+    budget = min(
+        float(settings.RETENTION_TIME_BUDGET_SECONDS), float(settings.Q_CLUSTER["timeout"]) - 5
+    )
     return clean(
-        time_budget_seconds=float(settings.RETENTION_TIME_BUDGET_SECONDS),
+        time_budget_seconds=max(budget, 1.0),
         actor=audit.SYSTEM,
         now=now,
     )

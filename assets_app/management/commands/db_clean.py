@@ -15,6 +15,8 @@ from django.utils import dateparse, timezone
 
 from assets_app import audit, retention
 
+PROGRESS_EVERY = 20
+
 
 class Command(BaseCommand):
     help = "Delete history older than the retention policy, in small batches."
@@ -71,9 +73,15 @@ class Command(BaseCommand):
             raise CommandError("cancelled")
 
     def _progress(self, verbose: bool):
+        """Every batch with --verbose (its duration too), else every PROGRESS_EVERY batches."""
+        batches = [0]
+
         def report(table: str, rows: int, ms: float) -> None:
+            batches[0] += 1
             if verbose:
                 self.stderr.write(f"  {table}: {rows} rows so far (batch {ms:.0f} ms)")
+            elif batches[0] % PROGRESS_EVERY == 0:
+                self.stderr.write(f"  {table}: {rows} rows so far ({batches[0]} batches)")
 
         return report
 

@@ -21,6 +21,7 @@ targets. Deletes are single statements by key list (`sql.delete_rows`), children
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -368,7 +369,7 @@ class _Clean:
             if not ids:
                 return
             last = ids[-1]
-            self._batch("dag_run", lambda ids=ids: self._run_steps(candidates, ids))
+            self._batch("dag_run", functools.partial(self._run_steps, candidates, ids))
 
     def _run_steps(self, candidates: QuerySet, ids: list[int]) -> list[tuple[str, QuerySet]]:
         if self.dry_run:
@@ -420,7 +421,7 @@ class _Clean:
             if keep is not None:
                 ids = keep(ids)
             if ids:
-                self._batch(table, lambda ids=ids: steps(ids))
+                self._batch(table, functools.partial(steps, ids))
 
     def _clean_xcom(self) -> None:
         candidates = xcom_candidates(cutoff=self.cutoffs["xcom"], keep=self.policy.keep_last_runs)

@@ -25,6 +25,10 @@ advisory lock
 Dag rows with plain UPDATEs, which wait for a scheduler holding that Dag (step 3) but never make
 a scheduler wait, since schedulers skip locked Dags.
 
+Retention (`retention`, issue 30), alone in its own short transaction per batch: the batch's
+DagRun rows, then their TaskInstance rows, both FOR UPDATE SKIP LOCKED (`lock_runs_for_retention`):
+it never waits, and a run or TI anyone holds (a clear, a worker) is skipped, not deleted.
+
 Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All functions here must be
 called inside a transaction; they say which rows they lock and return model instances.
 """
@@ -33,7 +37,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from .models import (
     Asset,
@@ -43,6 +47,7 @@ from .models import (
     TaskInstance,
     TIState,
 )
+from .models.runs import TI_FINISHED_STATES
 from .sql import connection as connection_sql
 from .sql import scheduling as scheduling_sql
 
@@ -205,3 +210,34 @@ def lock_dag_sync() -> None:
 def lock_asset(asset_id: int) -> Asset | None:
     """Lock one Asset row (FOR UPDATE: its uri, a unique key, is about to change)."""
     return Asset.objects.select_for_update().filter(pk=asset_id).first()
+
+
+def lock_runs_for_retention(queryset: QuerySet) -> tuple[list[int], list[UUID]]:
+    """Lock the runs of `queryset` (retention's candidates, rechecked now) and all their task
+    instances, skipping locked rows; a run is kept out unless every TI of it is locked and
+    finished. Returns the run ids and TI ids to delete (ids: the caller deletes by key)."""
+    runs = list(
+        queryset.select_for_update(of=("self",), skip_locked=True)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    if not runs:
+        return [], []
+    totals = dict(
+        TaskInstance.objects.filter(dag_run_id__in=runs)
+        .values_list("dag_run_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    locked = list(
+        TaskInstance.objects.select_for_update(of=("self",), skip_locked=True)
+        .filter(dag_run_id__in=runs, state__in=sorted(TI_FINISHED_STATES))
+        .order_by("id")
+        .values_list("id", "dag_run_id")
+    )
+    per_run: dict[int, int] = {}
+    for _, run_id in locked:
+        per_run[run_id] = per_run.get(run_id, 0) + 1
+    ready = [r for r in runs if per_run.get(r, 0) == totals.get(r, 0)]
+    ready_set = set(ready)
+    return ready, [ti_id for ti_id, run_id in locked if run_id in ready_set]

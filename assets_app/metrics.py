@@ -24,6 +24,9 @@ REQUEUED = "outbox_requeued"
 EVENTS_WRITTEN = "asset_events_written"
 OUTLET_EVENTS_IGNORED = "outlet_events_ignored"
 RUNS_TRIGGERED = "dag_runs_triggered"
+# Retention (issue 30): rows its cleans deleted, and cleans that failed.
+RETENTION_ROWS_DELETED = "retention_rows_deleted"
+RETENTION_FAILURES = "retention_failures"
 COUNTERS = (
     ENQUEUED,
     REGISTERED,
@@ -33,6 +36,8 @@ COUNTERS = (
     EVENTS_WRITTEN,
     OUTLET_EVENTS_IGNORED,
     RUNS_TRIGGERED,
+    RETENTION_ROWS_DELETED,
+    RETENTION_FAILURES,
 )
 
 

@@ -178,6 +178,34 @@ def component_health(*, now: datetime | None = None) -> list[ComponentHealth]:
 
 
 @dataclass(frozen=True)
+class LastRetentionClean:
+    """The last clean of `retention` (its `retention` heartbeat): when, whether it worked, what
+    it deleted per table (or its error)."""
+
+    at: datetime | None
+    ok: bool
+    detail: dict
+
+    @property
+    def warning(self) -> str:
+        if self.at is None or self.ok:
+            return ""
+        return str(self.detail.get("error") or "the last clean failed")
+
+
+RETENTION_COMPONENT = "retention"
+
+
+def last_retention_clean() -> LastRetentionClean:
+    """One query. Never run: `at` None, ok."""
+    beat = ComponentHeartbeat.objects.filter(component=RETENTION_COMPONENT).first()
+    if beat is None:
+        return LastRetentionClean(at=None, ok=True, detail={})
+    ok = beat.last_ok_at is not None and beat.last_ok_at >= beat.last_run_at
+    return LastRetentionClean(at=beat.last_run_at, ok=ok, detail=beat.detail or {})
+
+
+@dataclass(frozen=True)
 class RecentError:
     row_id: int
     dag_id: str
@@ -356,7 +384,8 @@ _COMPONENT_TIMES = (
 
 class DatabaseCollector(Collector):
     """The gauges and counters every process can answer from the database: queue gauges (two
-    queries), the sharded counters (one) and component health (one), read once per `collect()`."""
+    queries), the sharded counters (one), component health (one) and the last retention clean
+    (one), read once per `collect()`."""
 
     def __init__(self, *, now: datetime | None = None) -> None:
         self.now = now
@@ -386,6 +415,19 @@ class DatabaseCollector(Collector):
         for h in health:
             healthy.add_metric([h.component], int(h.healthy))
         yield healthy
+
+        last = last_retention_clean()
+        yield GaugeMetricFamily(
+            f"{PREFIX}retention_last_clean_failed",
+            "1 when the last retention clean failed (its error is on the dashboard).",
+            value=int(not last.ok),
+        )
+        if last.at is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}retention_last_clean_timestamp_seconds",
+                "When the last retention clean ran.",
+                value=last.at.timestamp(),
+            )
 
 
 def metrics_registry(*, now: datetime | None = None) -> CollectorRegistry:

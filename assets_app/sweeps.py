@@ -19,6 +19,8 @@ SWEEPS = {
     "asset-scheduler-sweep": "assets_app.tasks.schedule",
     # Runs a crash left waiting, TIs whose worker stopped heartbeating (invariant 11).
     "task-instance-repair-sweep": "assets_app.tasks.repair",
+    # Issue 30: the periodic retention clean; a no-op unless RETENTION_PERIODIC (retention.py).
+    "retention-sweep": "assets_app.tasks.retention",
 }
 
 

@@ -12,6 +12,7 @@ from django.conf import settings
 
 from . import drain as outbox_drain
 from . import repair as ti_repair
+from . import retention as history_retention
 from . import scheduling
 
 _reniced: list[int] = []
@@ -44,3 +45,10 @@ def schedule(dag_ids: list[str] | None = None) -> None:
     """django-q2 task: one scheduler pass (over `dag_ids`, or every Dag with queued events)."""
     _background_priority()
     scheduling.schedule_dags(dag_ids=dag_ids)
+
+
+def retention() -> None:
+    """django-q2 task: the periodic retention clean (nothing unless RETENTION_PERIODIC is on and
+    its interval has passed; a failure raises, so the cluster records the task as failed)."""
+    _background_priority()
+    history_retention.periodic_clean()

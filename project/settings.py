@@ -203,6 +203,19 @@ ASSET_HEALTH_MAX_AGE_SECONDS = env.int("ASSET_HEALTH_MAX_AGE_SECONDS", default=1
 # For this long after a web process starts, a drain or scheduler not seen yet (or last seen
 # before the start) is "starting", not a failure: the cluster's first sweep comes within a minute.
 ASSET_HEALTH_STARTUP_GRACE_SECONDS = env.int("ASSET_HEALTH_STARTUP_GRACE_SECONDS", default=90)
+# Retention (issue 30, assets_app/retention.py; README "Retention"): how long each kind of
+# history row is kept, the runs always kept per Dag, and the periodic clean (off by default:
+# deleting history is irreversible, so an operator turns it on after choosing the policy).
+RETENTION_RUN_DAYS = env.float("RETENTION_RUN_DAYS", default=90.0)
+RETENTION_KEEP_LAST_RUNS = env.int("RETENTION_KEEP_LAST_RUNS", default=10)
+RETENTION_XCOM_DAYS = env.float("RETENTION_XCOM_DAYS", default=30.0)
+RETENTION_EVENT_DAYS = env.float("RETENTION_EVENT_DAYS", default=90.0)
+RETENTION_AUDIT_DAYS = env.float("RETENTION_AUDIT_DAYS", default=365.0)
+RETENTION_BATCH_SIZE = env.int("RETENTION_BATCH_SIZE", default=500)
+RETENTION_EXPORT_DIR = env.str("RETENTION_EXPORT_DIR", default="")
+RETENTION_PERIODIC = env.bool("RETENTION_PERIODIC", default=False)
+RETENTION_INTERVAL_MINUTES = env.float("RETENTION_INTERVAL_MINUTES", default=60.0)
+RETENTION_TIME_BUDGET_SECONDS = env.float("RETENTION_TIME_BUDGET_SECONDS", default=30.0)
 WORKER_API_KEY = _key("WORKER_API_KEY")
 # The deploy key: the bearer key of `POST /execution/dags/sync` (bin/airflow-worker sends it),
 # beside API tokens whose user holds add_dag and change_dag. The worker key above only claims

@@ -47,6 +47,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("outbox", frozenset({"drain", "outbox"})),
     ("registration", frozenset({"registration", "asset_events", "queued_events"})),
     ("scheduling", frozenset({"scheduling", "runs", "dependencies"})),
+    # Issue 30: the one writer that deletes history; it reads and deletes every history table
+    # through the models, and imports only shared modules.
+    ("retention", frozenset({"retention"})),
 )
 SHARED = frozenset(
     {

@@ -93,9 +93,11 @@ def test_setup_schedules_is_idempotent_with_a_timeout_below_retry(settings):
     assert sorted(schedules) == [
         "asset-drain-sweep",
         "asset-scheduler-sweep",
+        "retention-sweep",
         "task-instance-repair-sweep",
     ]
     assert schedules["task-instance-repair-sweep"].func == "assets_app.tasks.repair"
+    assert schedules["retention-sweep"].func == "assets_app.tasks.retention"
     drain = schedules["asset-drain-sweep"]
     assert (drain.func, drain.schedule_type, drain.minutes, drain.repeats) == (
         "assets_app.tasks.drain",
@@ -141,6 +143,7 @@ def test_sweep_schedules_enqueue_the_drain_repair_and_scheduler_tasks_with_their
     assert queued == [
         ("assets_app.tasks.drain", timeout, {}),
         ("assets_app.tasks.repair", timeout, {}),
+        ("assets_app.tasks.retention", timeout, {}),
         ("assets_app.tasks.schedule", timeout, {}),
     ]
     # catch_up is off: one task per schedule however many minutes were missed, next run ahead.

@@ -20,6 +20,7 @@ def test_the_enqueued_names_are_the_django_q2_entry_points():
         tasks.drain,
         tasks.schedule,
         tasks.repair,
+        tasks.retention,
     }
 
 

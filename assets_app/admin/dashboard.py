@@ -135,6 +135,7 @@ def dashboard_view(request):
         "api_p99": _bound(observability.latency_quantile(latency, 0.99)),
         "waiting": waiting,
         "errors": observability.newest_errors(),
+        "retention": _retention_line(now),
         "tz_name": timezone.get_current_timezone_name(),
         "links": {
             "parked": changelist_url(AssetEventQueue, status="parked"),
@@ -146,6 +147,23 @@ def dashboard_view(request):
         "health_max_age": duration(observability.health_max_age()),
     }
     return TemplateResponse(request, "admin/assets_app/dashboard.html", context)
+
+
+def _retention_line(now) -> dict[str, Any]:
+    """What the last retention clean deleted, per table, or its error (issue 30)."""
+    last = observability.last_retention_clean()
+    deleted = {
+        k: v
+        for k, v in last.detail.items()
+        if k not in ("deleted", "batches", "longest_transaction_ms", "complete", "error")
+    }
+    return {
+        "last": last,
+        "ago": relative(last.at, now=now) if last.at else "never",
+        "deleted": last.detail.get("deleted", 0),
+        "tables": sorted(deleted.items()),
+        "complete": last.detail.get("complete", True),
+    }
 
 
 @admin.register(MetricCounter)

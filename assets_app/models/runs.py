@@ -114,8 +114,12 @@ class DagRun(models.Model):
                 condition=models.Q(state__in=DagRunState.values), name="dag_run_state_valid"
             ),
         ]
-        # max_active_runs counts a Dag's queued/running runs.
-        indexes = [models.Index(fields=["dag", "state"], name="dag_run_by_dag_state")]
+        indexes = [
+            # max_active_runs counts a Dag's queued/running runs.
+            models.Index(fields=["dag", "state"], name="dag_run_by_dag_state"),
+            # A Dag's newest runs (retention keeps the last N: one probe per candidate run).
+            models.Index(fields=["dag", "id"], name="dag_run_by_dag_id"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.dag_id} / {self.run_id}"

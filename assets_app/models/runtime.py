@@ -33,6 +33,8 @@ class XCom(models.Model):
             ),
             models.CheckConstraint(condition=~models.Q(key=""), name="xcom_key_not_empty"),
         ]
+        # Retention selects old XComs in (timestamp, id) order.
+        indexes = [models.Index(fields=["timestamp"], name="xcom_by_time")]
 
     def __str__(self) -> str:
         return f"{self.dag_id}.{self.task_id}[{self.map_index}] {self.key} ({self.run_id})"

@@ -1,0 +1,278 @@
+"""Retention at scale (issue 30): a clean of a seeded year of history, and the success path
+during it.
+
+Seeds database bench_retention_r30b ($BENCH_DB_PREFIX_retention_r30b) with INSERT ... SELECT
+generate_series: at --scale 1 (the default) 5,000,000 asset events, 500,000 finished runs of 50
+Dags and 2,000,000 task instances (4 per run), spread evenly over the last 365 days, a quarter
+of the runs consuming an event, 1,000 recent events queued (ADRQ). Then, against one gunicorn
+(2 sync workers, queue mode), measures the success path (`PATCH .../state` success with 10
+outlets on running TIs, one client) twice: alone, and while `manage.py db_clean -y` deletes
+everything older than the default policy (runs and events older than 90 days, XComs 30, the last
+10 runs per Dag kept) with its per-batch lines (`--verbose`) giving every transaction's duration.
+
+Targets: every clean transaction under 500 ms; the success path's p99 during the clean within
+20 % of the p99 without it. `--scale 0.05` seeds 1/20 of the rows.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from datetime import UTC, datetime
+
+import _harness as h
+
+NAME = "retention_r30b"
+FULL = {"events": 5_000_000, "runs": 500_000, "tis_per_run": 4}
+DAGS = 50
+ASSETS = 200
+TARGET_TX_MS = 500.0
+TARGET_P99_RATIO = 1.2
+
+
+def seed(cursor, *, events: int, runs: int, tis_per_run: int) -> dict[str, float]:
+    timings = {}
+
+    def timed(label, statement, params=()):
+        started = time.monotonic()
+        cursor.execute(statement, params)
+        timings[label] = round(time.monotonic() - started, 1)
+
+    timed(
+        "dags",
+        "INSERT INTO assets_app_dag (dag_id, description, is_paused, max_active_runs, "
+        "fileloc, schedule_error, created_at, updated_at) SELECT 'seed_' || g, '', false, 16, "
+        "'', '', now(), now() FROM generate_series(0, %s) g",
+        (DAGS - 1,),
+    )
+    timed(
+        "assets",
+        'INSERT INTO assets_app_asset (name, uri, "group", extra, created_at, updated_at) '
+        "SELECT 'seed_' || g, 's3://seed/' || g, 'asset', '{}', now(), now() "
+        "FROM generate_series(0, %s) g",
+        (ASSETS - 1,),
+    )
+    timed(
+        "runs",
+        "INSERT INTO assets_app_dagrun (dag_id, run_id, run_type, state, run_after, "
+        "start_date, end_date, clear_number, queued_at, conf, created_at) "
+        "SELECT 'seed_' || (g %% %s), 'seed__' || g, 'manual', 'success', t, t, "
+        "t + interval '1 minute', 0, t, '{}', t FROM generate_series(0, %s) g, "
+        "LATERAL (SELECT now() - interval '365 days' * (1 - g::float / %s) AS t) x ORDER BY g",
+        (DAGS, runs - 1, runs),
+    )
+    timed(
+        "task_instances",
+        "INSERT INTO assets_app_taskinstance (id, dag_run_id, dag_id, run_id, task_id, "
+        "map_index, try_number, max_tries, state, hostname, unixname, queued_at, start_date, "
+        "end_date, claimed_by, updated_at) SELECT gen_random_uuid(), r.id, r.dag_id, r.run_id, "
+        "'t' || k, -1, 1, 0, 'success', 'seed', 'seed', r.run_after, r.run_after, r.end_date, "
+        "'', r.end_date FROM assets_app_dagrun r, generate_series(0, %s) k "
+        "WHERE r.run_id LIKE 'seed__%%' ORDER BY r.id, k",
+        (tis_per_run - 1,),
+    )
+    timed(
+        "events",
+        "INSERT INTO assets_app_assetevent (asset_id, extra, timestamp, source_map_index, "
+        "source_ordinal) SELECT (SELECT min(id) FROM assets_app_asset) + g %% %s, '{}', "
+        "now() - interval '365 days' * (1 - g::float / %s), -1, 0 "
+        "FROM generate_series(0, %s) g ORDER BY g",
+        (ASSETS, events, events - 1),
+    )
+    timed(
+        "consumed_links",
+        "INSERT INTO assets_app_dagrunassetevent (dag_run_id, dag_id, asset_event_id) "
+        "SELECT r.id, r.dag_id, e.id FROM (SELECT id, dag_id, row_number() OVER (ORDER BY id) n "
+        "FROM assets_app_dagrun WHERE run_id LIKE 'seed__%%') r "
+        "JOIN (SELECT id, row_number() OVER (ORDER BY id) n FROM assets_app_assetevent) e "
+        "ON e.n = r.n * 4 WHERE r.n %% 4 = 0",
+    )
+    timed(
+        "adrq",
+        "INSERT INTO assets_app_assetdagrunqueue (target_dag_id, asset_event_id, asset_id, "
+        "created_at) SELECT 'seed_0', id, asset_id, now() FROM assets_app_assetevent "
+        "ORDER BY id DESC LIMIT 1000",
+    )
+    timed("analyze", "ANALYZE")
+    return timings
+
+
+def success_latencies(http, base, tis, outlets, issue_token) -> list[float]:
+    latencies = []
+    for ti in tis:
+        body = {
+            "state": "success",
+            "end_date": datetime.now(UTC).isoformat(),
+            "task_outlets": outlets,
+            "outlet_events": [],
+        }
+        token = issue_token(ti.id, try_number=ti.try_number)
+        with h.Stopwatch() as watch:
+            response = http.patch(
+                f"{base}/execution/task-instances/{ti.id}/state",
+                json=body,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=120,
+            )
+        if response.status_code != 204:
+            raise SystemExit(f"HTTP {response.status_code} {response.text[:300]}")
+        latencies.append(watch.seconds * 1000.0)
+    return latencies
+
+
+def main() -> None:
+    def extra(parser):
+        parser.add_argument("--scale", type=float, default=1.0, help="fraction of full size")
+        parser.add_argument("--requests", type=int, default=1000, help="successes per phase")
+
+    args = h.parse_args(__doc__, extra)
+    scale = 0.01 if args.quick else args.scale
+    sizes = {
+        "events": int(FULL["events"] * scale),
+        "runs": int(FULL["runs"] * scale),
+        "tis_per_run": FULL["tis_per_run"],
+    }
+    h.record_machine_start()
+    url = h.fresh_database(NAME)
+    h.setup_django(url)
+    import _fixtures as fx
+    import requests
+    from django.db import connection
+
+    from assets_app.api.auth import issue_token
+    from assets_app.models import TIState
+
+    with connection.cursor() as cursor:
+        started = time.monotonic()
+        seed_timings = seed(cursor, **sizes)
+        seed_seconds = time.monotonic() - started
+        cursor.execute("SELECT pg_size_pretty(pg_database_size(current_database()))")
+        size_before = cursor.fetchone()[0]
+    assets = fx.make_assets(10, prefix="live")
+    fx.make_scheduled_dags(assets, count=4, prefix="consumer")
+    outlets = fx.outlets_of(assets)
+    producer = fx.make_producer(dag_id="producer", task_id="t", outlets=[])
+    n = args.requests
+    tis = fx.make_tis_in_runs(dag=producer.dag, count=2 * n + 20, state=TIState.RUNNING)
+    connection.close()
+
+    server, base = h.start_gunicorn(url, workers=2, log=h.log_path(NAME, "gunicorn"))
+    clean_lines: list[str] = []
+    try:
+        with requests.Session() as http:
+            success_latencies(http, base, tis[:20], outlets, issue_token)  # warm-up
+            alone = success_latencies(http, base, tis[20 : 20 + n], outlets, issue_token)
+            clean = subprocess.Popen(
+                [h.PYTHON, "manage.py", "db_clean", "-y", "--verbose"],
+                cwd=h.ROOT,
+                env=h.server_env(url, LOG_LEVEL="WARNING"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            reader = threading.Thread(
+                target=lambda: clean_lines.extend(line.rstrip() for line in clean.stdout),
+                daemon=True,
+            )
+            clean_started = time.monotonic()
+            reader.start()
+            during = []
+            rest = iter(tis[20 + n :])
+            # Successes while the clean runs (at most n of them; the clean usually outlasts them).
+            while clean.poll() is None and len(during) < n:
+                batch = [t for _, t in zip(range(10), rest, strict=False)]
+                if not batch:
+                    break
+                during += success_latencies(http, base, batch, outlets, issue_token)
+            clean.wait()
+            clean_seconds = time.monotonic() - clean_started
+            reader.join()
+    finally:
+        server.stop()
+    if clean.returncode:
+        raise SystemExit("db_clean failed:\n" + "\n".join(clean_lines[-20:]))
+    h.log_path(NAME, "db_clean").write_text("\n".join(clean_lines) + "\n")
+    per_table: dict[str, list[float]] = {}
+    for line in clean_lines:
+        if m := re.match(r"\s+(\w+): \d+ rows so far \(batch (\d+) ms\)", line):
+            per_table.setdefault(m.group(1), []).append(float(m.group(2)))
+    batch_ms = [ms for values in per_table.values() for ms in values]
+    deleted = {
+        m.group(1): int(m.group(2))
+        for line in clean_lines
+        if (m := re.match(r"\s+(\w+)\s+(\d+)$", line))
+    }
+    with h._admin_connect() as conn:
+        size_after = conn.execute(
+            f"SELECT pg_size_pretty(pg_database_size('{h.DB_PREFIX}_{NAME}'))"
+        ).fetchone()[0]
+    p99_alone = h.percentile(alone, 99)
+    p99_during = h.percentile(during, 99) if during else float("nan")
+    ratio = p99_during / p99_alone
+    longest = max(batch_ms) if batch_ms else 0.0
+    h.print_table(
+        f"retention clean at scale {scale:g} ({sizes['events']:,} events, {sizes['runs']:,} runs, "
+        f"{sizes['runs'] * sizes['tis_per_run']:,} TIs)",
+        ["what", "value"],
+        [
+            ["seed s", round(seed_seconds, 1)],
+            ["clean s", round(clean_seconds, 1)],
+            ["clean transactions", len(batch_ms)],
+            ["transaction median ms", h.percentile(batch_ms, 50) if batch_ms else 0],
+            ["transaction p99 ms", h.percentile(batch_ms, 99) if batch_ms else 0],
+            ["transaction max ms", longest],
+            ["success p50 alone ms", h.percentile(alone, 50)],
+            ["success p99 alone ms", p99_alone],
+            ["success p50 during ms", h.percentile(during, 50) if during else 0],
+            ["success p99 during ms", p99_during],
+            ["successes during the clean", len(during)],
+            ["p99 during / alone", round(ratio, 2)],
+            ["database before / after", f"{size_before} / {size_after}"],
+            *[
+                [
+                    f"{table}: batches, median, max ms",
+                    f"{len(v)}, {h.percentile(v, 50):.0f}, {max(v):.0f}",
+                ]
+                for table, v in sorted(per_table.items())
+            ],
+        ],
+    )
+    tx_ok = longest < TARGET_TX_MS
+    p99_ok = ratio <= TARGET_P99_RATIO
+    print(
+        f"target: every transaction < {TARGET_TX_MS:g} ms: max {longest:.0f} ms -> "
+        f"{'MET' if tx_ok else 'MISSED'}; p99 during <= {TARGET_P99_RATIO} x alone: {ratio:.2f} "
+        f"-> {'MET' if p99_ok else 'MISSED'}\n"
+    )
+    h.write_results(
+        NAME,
+        {
+            "scale": scale,
+            "sizes": sizes,
+            "seed_seconds": round(seed_seconds, 1),
+            "seed_timings_s": seed_timings,
+            "clean_seconds": round(clean_seconds, 1),
+            "deleted": deleted,
+            "transactions": len(batch_ms),
+            "transaction_ms_by_table": {t: h.stats(v) for t, v in sorted(per_table.items())},
+            "transaction_ms": h.stats(batch_ms) if batch_ms else {},
+            "success_ms_alone": h.stats(alone),
+            "success_ms_during": h.stats(during) if during else {},
+            "p99_ratio": ratio,
+            "database_size": {"before": size_before, "after": size_after},
+            "target": {
+                "transaction_ms_max": TARGET_TX_MS,
+                "p99_ratio_max": TARGET_P99_RATIO,
+                "met": tx_ok and p99_ok,
+            },
+        },
+        args,
+    )
+    if not args.keep_db:
+        h.drop_database(NAME)
+
+
+if __name__ == "__main__":
+    main()

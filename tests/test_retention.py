@@ -1,0 +1,362 @@
+"""Retention (issue 30): what a clean deletes, and every rule that keeps a row.
+
+Each "never deletes" rule has a test here that fails when its exclusion is taken out of
+`assets_app/retention.py` (or `locks.lock_runs_for_retention`)."""
+
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from assets_app import audit, metrics, observability, retention
+from assets_app.models import (
+    AssetAliasEvent,
+    AssetDagRunQueue,
+    AssetEvent,
+    AuditEntry,
+    AuditTarget,
+    ComponentHeartbeat,
+    DagRun,
+    DagRunAssetEvent,
+    DagRunState,
+    RenderedTaskFields,
+    TaskInstance,
+    TaskReschedule,
+    TIState,
+    XCom,
+)
+from tests.factories import (
+    AssetAliasFactory,
+    AssetEventFactory,
+    AssetEventQueueFactory,
+    AssetFactory,
+    DagFactory,
+    DagRunFactory,
+    TaskInstanceFactory,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OLD = timedelta(days=400)
+
+
+@pytest.fixture(autouse=True)
+def _policy(settings, tmp_path):
+    settings.RETENTION_RUN_DAYS = 90
+    settings.RETENTION_KEEP_LAST_RUNS = 1
+    settings.RETENTION_XCOM_DAYS = 30
+    settings.RETENTION_EVENT_DAYS = 90
+    settings.RETENTION_AUDIT_DAYS = 365
+    settings.RETENTION_BATCH_SIZE = 2
+    settings.RETENTION_EXPORT_DIR = ""
+    settings.RETENTION_PERIODIC = False
+
+
+def ago(delta=OLD):
+    return timezone.now() - delta
+
+
+def old_run(dag, *, state=DagRunState.SUCCESS, ti_state=TIState.SUCCESS, age=OLD, tis=1):
+    run = DagRunFactory(dag=dag, state=state, run_after=ago(age), end_date=ago(age))
+    made = [TaskInstanceFactory(dag_run=run, state=ti_state) for _ in range(tis)]
+    for ti in made:
+        XCom.objects.create(
+            dag_id=dag.dag_id, run_id=run.run_id, task_id=ti.task_id, key="k", timestamp=ago(age)
+        )
+    return run, made
+
+
+def old_event(asset=None, age=OLD):
+    return AssetEventFactory(asset=asset or AssetFactory(), timestamp=ago(age))
+
+
+def exists(model, pk):
+    return model.objects.filter(pk=pk).exists()
+
+
+def test_a_clean_deletes_old_history_with_its_dependent_rows_and_keeps_the_last_run():
+    dag = DagFactory()
+    gone, gone_tis = old_run(dag, tis=2)
+    RenderedTaskFields.objects.create(ti=gone_tis[0], fields={"a": 1})
+    now = timezone.now()
+    TaskReschedule.objects.create(
+        ti=gone_tis[0], try_number=1, start_date=now, end_date=now, reschedule_date=now
+    )
+    last, _ = old_run(dag)
+    event = old_event()
+    AssetAliasEvent.objects.create(alias=AssetAliasFactory(), asset_event=event)
+    DagRunAssetEvent.objects.create(dag_run=gone, dag=dag, asset_event=event)
+    entry = audit.record(actor=None, action="x", summary="old")
+    AuditEntry.objects.filter(pk=entry.pk).update(at=ago(timedelta(days=800)))
+
+    result = retention.clean()
+
+    assert not exists(DagRun, gone.pk)
+    assert not TaskInstance.objects.filter(dag_run_id=gone.pk).exists()
+    assert not XCom.objects.filter(run_id=gone.run_id).exists()
+    assert not exists(AssetEvent, event.pk)
+    assert not exists(AuditEntry, entry.pk)
+    assert exists(DagRun, last.pk)  # the last run of the Dag
+    assert XCom.objects.filter(run_id=last.run_id).exists()
+    assert result.counts == {
+        "dag_run": 1,
+        "task_instance": 2,
+        "rendered_task_fields": 1,
+        "task_reschedule": 1,
+        "dagrun_asset_event": 1,
+        "xcom": 2,  # the deleted run's; the kept last run keeps its XComs
+        "asset_event": 1,
+        "asset_alias_event": 1,
+        "audit_entry": 1,
+        "audit_target": 0,
+    }
+
+
+def test_dry_run_counts_equal_the_rows_then_deleted_and_a_second_clean_deletes_nothing():
+    dag = DagFactory()
+    runs = [old_run(dag, tis=2)[0] for _ in range(5)]
+    events = [old_event() for _ in range(5)]
+    # Events consumed only by runs the clean deletes go in the same clean.
+    for run, event in zip(runs[:3], events[:3], strict=True):
+        DagRunAssetEvent.objects.create(dag_run=run, dag=dag, asset_event=event)
+    # ...an event consumed by the kept last run stays.
+    DagRunAssetEvent.objects.create(dag_run=runs[-1], dag=dag, asset_event=events[-1])
+    for _ in range(3):
+        entry = audit.record(actor=None, action="x", summary="old")
+        AuditEntry.objects.filter(pk=entry.pk).update(at=ago(timedelta(days=800)))
+
+    dry = retention.clean(dry_run=True)
+    assert DagRun.objects.count() == 5  # nothing deleted
+    real = retention.clean()
+    assert dry.counts == real.counts
+    assert real.counts["dag_run"] == 4 and real.counts["asset_event"] == 4
+    assert real.total > 0
+    again = retention.clean()
+    assert again.total == 0
+    assert exists(AssetEvent, events[-1].pk)
+
+
+def test_events_queued_for_a_dag_are_kept():
+    dag = DagFactory()
+    queued = old_event()
+    AssetDagRunQueue.objects.create(target_dag=dag, asset_event=queued, asset=queued.asset)
+    plain = old_event()
+    retention.clean()
+    assert exists(AssetEvent, queued.pk)
+    assert not exists(AssetEvent, plain.pk)
+
+
+def test_events_not_yet_consumed_by_a_paused_dag_scheduled_on_them_are_kept():
+    asset = AssetFactory()
+    dag = DagFactory(is_paused=True, schedule={"asset": asset.name})
+    waiting = old_event(asset)
+    AssetDagRunQueue.objects.create(target_dag=dag, asset_event=waiting, asset=asset)
+    retention.clean(tables=["asset_event"])
+    assert exists(AssetEvent, waiting.pk)
+    assert AssetDagRunQueue.objects.filter(asset_event=waiting).exists()
+
+
+def test_events_consumed_by_a_kept_run_are_kept():
+    dag = DagFactory()
+    last, _ = old_run(dag)
+    event = old_event()
+    DagRunAssetEvent.objects.create(dag_run=last, dag=dag, asset_event=event)
+    retention.clean()
+    assert exists(AssetEvent, event.pk)
+    assert DagRunAssetEvent.objects.filter(dag_run=last).exists()
+
+
+def test_outbox_rows_are_never_deleted_and_keep_the_runs_of_their_task_instances():
+    dag = DagFactory()
+    run, tis = old_run(dag)
+    old_run(dag)  # the last run, kept anyway
+    pending = AssetEventQueueFactory(ti_id=tis[0].id, created_at=ago())
+    backing_off = AssetEventQueueFactory(attempts=3, next_attempt_at=ago(-timedelta(hours=1)))
+    parked = AssetEventQueueFactory(parked=True, created_at=ago())
+    retention.clean()
+    assert exists(DagRun, run.pk)
+    assert exists(TaskInstance, tis[0].pk)
+    for row in (pending, backing_off, parked):
+        assert type(row).objects.filter(pk=row.pk).exists()
+
+
+@pytest.mark.parametrize(
+    ("run_state", "ti_state"),
+    [
+        (DagRunState.RUNNING, TIState.SUCCESS),
+        (DagRunState.QUEUED, TIState.QUEUED),
+        (DagRunState.SUCCESS, TIState.UP_FOR_RETRY),
+        (DagRunState.FAILED, TIState.RUNNING),
+    ],
+)
+def test_running_or_queued_work_and_its_runs_are_kept(run_state, ti_state):
+    dag = DagFactory()
+    busy, tis = old_run(dag, state=run_state, ti_state=ti_state)
+    old_run(dag)  # the last run
+    retention.clean()
+    assert exists(DagRun, busy.pk)
+    assert exists(TaskInstance, tis[0].pk)
+    assert XCom.objects.filter(run_id=busy.run_id).exists()
+
+
+def test_the_last_runs_of_every_dag_are_kept(settings):
+    settings.RETENTION_KEEP_LAST_RUNS = 3
+    dag, other = DagFactory(), DagFactory()
+    runs = [old_run(dag)[0] for _ in range(5)]
+    only = old_run(other)[0]
+    retention.clean()
+    assert set(DagRun.objects.filter(dag=dag).values_list("pk", flat=True)) == {
+        r.pk for r in runs[-3:]
+    }
+    assert exists(DagRun, only.pk)
+
+
+def test_keeping_no_run_is_refused(settings):
+    settings.RETENTION_KEEP_LAST_RUNS = 0
+    run = old_run(DagFactory())[0]
+    with pytest.raises(retention.RetentionError, match="at least 1"):
+        retention.clean()
+    assert exists(DagRun, run.pk)
+
+
+def test_rows_a_kept_audit_entry_points_at_are_kept_until_the_entry_goes():
+    dag = DagFactory()
+    cleared, _ = old_run(dag)
+    ti_run, ti_tis = old_run(dag)
+    old_run(dag)  # the last run
+    event = old_event()
+    audit.record(
+        actor=None, action="clear", summary="s", targets=[audit.Target("dag_run", cleared.pk)]
+    )
+    audit.record(
+        actor=None,
+        action="clear",
+        summary="s",
+        targets=[audit.Target("task_instance", ti_tis[0].id, ti_id=ti_tis[0].id)],
+    )
+    audit.record(
+        actor=None, action="clear", summary="s", targets=[audit.Target("asset_event", event.pk)]
+    )
+
+    retention.clean()
+    assert exists(DagRun, cleared.pk)
+    assert exists(DagRun, ti_run.pk)
+    assert exists(AssetEvent, event.pk)
+
+    # A clean of audit entries alone keeps nothing a remaining entry points at; once the entries
+    # are past the audit age, the rows go with them in one clean.
+    AuditEntry.objects.update(at=ago(timedelta(days=800)))
+    retention.clean(tables=["dag_run", "asset_event"])
+    assert exists(DagRun, cleared.pk) and exists(AssetEvent, event.pk)
+    retention.clean()
+    assert not exists(DagRun, cleared.pk)
+    assert not exists(DagRun, ti_run.pk)
+    assert not exists(AssetEvent, event.pk)
+    assert not AuditTarget.objects.filter(kind="dag_run").exists()
+
+
+def test_young_rows_are_kept():
+    dag = DagFactory()
+    young, _ = old_run(dag, age=timedelta(days=10))
+    old_run(dag, age=timedelta(days=5))
+    event = old_event(age=timedelta(days=10))
+    retention.clean()
+    assert exists(DagRun, young.pk)
+    assert exists(AssetEvent, event.pk)
+    assert XCom.objects.filter(run_id=young.run_id).exists()  # 10 days < 30: kept
+
+
+def test_tables_and_timestamp_narrow_the_clean():
+    dag = DagFactory()
+    run, _ = old_run(dag)
+    old_run(dag)
+    event = old_event(age=timedelta(days=20))
+    result = retention.clean(tables=["asset_event"], before=timezone.now() - timedelta(days=10))
+    assert result.counts == {"asset_event": 1, "asset_alias_event": 0}
+    assert exists(DagRun, run.pk)
+    assert not exists(AssetEvent, event.pk)
+    with pytest.raises(retention.RetentionError, match="unknown table"):
+        retention.clean(tables=["log"])
+
+
+def test_export_writes_every_deleted_row_before_deleting(tmp_path):
+    dag = DagFactory()
+    run, tis = old_run(dag)
+    old_run(dag)
+    event = old_event()
+    result = retention.clean(export_dir=str(tmp_path))
+    exported = {
+        path.name.split(".")[0]: [json.loads(line) for line in path.read_text().splitlines()]
+        for path in tmp_path.iterdir()
+    }
+    assert [row["id"] for row in exported["dag_run"]] == [run.pk]
+    assert [row["id"] for row in exported["task_instance"]] == [str(tis[0].pk)]
+    assert [row["id"] for row in exported["asset_event"]] == [event.pk]
+    assert len(result.export_files) == len(exported)
+
+
+def test_a_clean_is_recorded_for_the_dashboard_and_audited():
+    dag = DagFactory()
+    old_run(dag)
+    old_run(dag)
+    retention.clean()
+    beat = ComponentHeartbeat.objects.get(component="retention")
+    assert beat.last_ok_at is not None and beat.detail["dag_run"] == 1
+    assert AuditEntry.objects.filter(action="retention.clean").count() == 1
+    last = observability.last_retention_clean()
+    assert last.ok and last.detail["deleted"] > 0
+    assert metrics.value(metrics.RETENTION_ROWS_DELETED) == last.detail["deleted"]
+
+
+def test_a_failure_is_loud(monkeypatch):
+    dag = DagFactory()
+    old_run(dag)
+    old_run(dag)
+
+    def broken(queryset):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(retention.sql, "delete_rows", broken)
+    with pytest.raises(CommandError, match="disk full"):
+        call_command("db_clean", "--yes", stdout=io.StringIO())
+    assert metrics.value(metrics.RETENTION_FAILURES) == 1
+    last = observability.last_retention_clean()
+    assert not last.ok and "disk full" in last.warning
+    body = observability.render_prometheus()
+    assert "asset_service_retention_failures_total 1.0" in body
+    assert "asset_service_retention_last_clean_failed 1.0" in body
+    assert DagRun.objects.count() == 2  # the failed batch rolled back whole
+
+
+def test_command_dry_run_and_yes(monkeypatch):
+    dag = DagFactory()
+    old_run(dag)
+    old_run(dag)
+    out = io.StringIO()
+    call_command("db_clean", "--dry-run", "--verbose", stdout=out, stderr=io.StringIO())
+    assert "dry run: would delete" in out.getvalue()
+    assert DagRun.objects.count() == 2
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # no terminal
+    with pytest.raises(CommandError, match="--yes"):
+        call_command("db_clean", stdout=io.StringIO())
+    assert DagRun.objects.count() == 2
+    out = io.StringIO()
+    call_command("db_clean", "-y", "--batch-size", "1", stdout=out)
+    assert "deleted" in out.getvalue() and DagRun.objects.count() == 1
+
+
+def test_periodic_clean_is_off_by_default_and_waits_for_its_interval(settings):
+    dag = DagFactory()
+    old_run(dag)
+    old_run(dag)
+    assert retention.periodic_clean() is None
+    assert DagRun.objects.count() == 2
+    settings.RETENTION_PERIODIC = True
+    assert retention.periodic_clean().counts["dag_run"] == 1
+    old_run(dag)
+    assert retention.periodic_clean() is None  # within RETENTION_INTERVAL_MINUTES
+    assert DagRun.objects.count() == 2

@@ -320,7 +320,7 @@ def test_a_failure_is_loud(monkeypatch):
     def broken(queryset):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(retention.sql, "delete_rows", broken)
+    monkeypatch.setattr(retention.retention_sql, "delete_rows", broken)
     with pytest.raises(CommandError, match="disk full"):
         call_command("db_clean", "--yes", stdout=io.StringIO())
     assert metrics.value(metrics.RETENTION_FAILURES) == 1

@@ -19,12 +19,18 @@ message rather than a RecursionError. What was stored before a limit existed is 
 re-validated: `display_json` renders JSON up to `MAX_DISPLAY_DEPTH` (128: twice the input limit,
 so whatever the rules accept shows in full, also inside an outbox payload around it) and a
 deeper value as a note, so the page still renders.
+
+Strings longer than their column (`check_lengths`) are a 422 `too_long` naming the field, checked
+by the domain function before it writes (XCom addresses, Variable keys, Connection fields), never
+a database error.
 """
 
 import json
 import re
 from collections.abc import Iterable
 from typing import Any
+
+from django.db.models import Model
 
 from . import exceptions
 
@@ -97,6 +103,25 @@ def check_json_depth(
             loc=list(loc or (field,)),
             max_depth=limit,
         )
+
+
+def check_lengths(
+    model: type[Model], values: dict[str, Any], *, loc: tuple[str | int, ...] = ()
+) -> None:
+    """Raise InvalidInput (`too_long`, HTTP 422) naming the first string of `values` (by field
+    name of `model`) longer than its column's `max_length`, before a write would fail in the
+    database; fields without a max length (text, JSON) and non-strings are not checked here."""
+    for name, value in values.items():
+        if not isinstance(value, str):
+            continue
+        max_length = getattr(model._meta.get_field(name), "max_length", None)
+        if max_length is not None and len(value) > max_length:
+            raise exceptions.InvalidInput(
+                f"{name} is {len(value)} characters long; at most {max_length} are stored",
+                reason="too_long",
+                loc=[*loc, name],
+                max_length=max_length,
+            )
 
 
 def document_too_deep(text: str, *, limit: int = MAX_DOCUMENT_DEPTH) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from . import encryption, exceptions, listing
+from . import encryption, exceptions, limits, listing
 from .models import Connection, Variable
 
 # --- variables ---------------------------------------------------------------------------------
@@ -38,6 +38,7 @@ def set_variable(*, key: str, value: str | None, description: str | None = None)
     """Create or replace the Variable `key` (own durable transaction)."""
     if not key:
         raise exceptions.InvalidInput("a variable key must not be empty", reason="invalid_key")
+    limits.check_lengths(Variable, {"key": key})
     with transaction.atomic(durable=True):
         variable, _ = Variable.objects.update_or_create(
             key=key, defaults={"val": value, "description": description}
@@ -47,6 +48,7 @@ def set_variable(*, key: str, value: str | None, description: str | None = None)
 
 def create_variable(*, key: str, value: str | None, description: str | None = None) -> Variable:
     """A new Variable; Conflict when `key` exists (the public API's POST)."""
+    limits.check_lengths(Variable, {"key": key})
     try:
         with transaction.atomic(durable=True):
             return Variable.objects.create(key=key, val=value, description=description)
@@ -109,6 +111,7 @@ def save_connection(
         raise exceptions.InvalidInput(f"unknown connection fields: {sorted(unknown)}")
     if not conn_id:
         raise exceptions.InvalidInput("a connection id must not be empty", reason="invalid_key")
+    limits.check_lengths(Connection, {"conn_id": conn_id, **fields})
     values = {
         **fields,
         "password": encryption.encrypt(password),
@@ -248,6 +251,7 @@ def update_connection(
     """Change an existing Connection (only the `update_mask` fields when given); a new password
     or extra is encrypted. NotFound when it does not exist; own durable transaction."""
     fields = _masked(changes, update_mask, allowed=(*CONNECTION_FIELDS, "password", "extra"))
+    limits.check_lengths(Connection, {k: v for k, v in fields.items() if k in CONNECTION_FIELDS})
     with transaction.atomic(durable=True):
         connection = Connection.objects.filter(conn_id=conn_id).first()
         if connection is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import exceptions
+from . import exceptions, limits
 from .models import DagRun, TaskInstance, XCom
 
 
@@ -24,6 +24,7 @@ def push(
     NotFound when the run does not exist (as Airflow: an XCom belongs to a run)."""
     if not key:
         raise exceptions.BadRequest("XCom key must be a non-empty string.", reason="invalid_key")
+    limits.check_lengths(XCom, _address(dag_id, run_id, task_id, key))
     if not DagRun.objects.filter(dag_id=dag_id, run_id=run_id).exists():
         raise exceptions.NotFound(
             f"DAG run not found on DAG {dag_id!r} with ID {run_id!r}", reason="dag_run_not_found"

@@ -539,3 +539,16 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
             detail={"run_id": run.run_id, "only_new": True},
         )
     dependencies.evaluate(dag_run_id=run.pk, finished_task_ids=None)
+
+
+# ---- issue 24: time schedules ----
+
+
+def create_scheduled_runs(
+    *, items: Sequence[tuple[DagRun, Sequence[tuple[str, int, bool]]]]
+) -> None:
+    """Insert unsaved runs of time schedules (built by `time_scheduling`) and their TIs, each
+    with its Dag's tasks as `dag_tasks` reads them, as every run is created (`_insert_runs`).
+    Inside the caller's transaction; 2 statements whatever the number of runs and tasks. A
+    (Dag, logical_date) already taken raises IntegrityError (`dag_run_logical_date_unique`)."""
+    _insert_runs([(run, (), tasks) for run, tasks in items])

@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("task_state", frozenset({"task_state", "task_runtime", "repair"})),
     ("outbox", frozenset({"drain", "outbox"})),
     ("registration", frozenset({"registration", "asset_events", "queued_events"})),
-    ("scheduling", frozenset({"scheduling", "runs", "dependencies"})),
+    ("scheduling", frozenset({"scheduling", "runs", "dependencies", "time_scheduling"})),
 )
 SHARED = frozenset(
     {
@@ -65,6 +65,7 @@ SHARED = frozenset(
         "payloads",
         "sql",
         "conditions",
+        "timetables",
         "dag_schema",
         "definitions",
         "dags",

@@ -8,11 +8,14 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import definitions, time_scheduling
+from assets_app import definitions, exceptions, runs, time_scheduling
+from assets_app.api.public_auth import create_api_token
 from assets_app.models import Dag, DagRun, DagRunState, TaskInstance, TIState
 from tests.factories import DagRunFactory
 
@@ -179,3 +182,31 @@ def test_statements_per_batch_are_constant(dags, settings):
     # claim, active counts, last runs, taken dates, tasks, runs, TIs, next-run update, plus
     # the transaction's savepoint/commit statements: the same for 1 Dag as for 40.
     assert len(queries) == 10, [q["sql"][:80] for q in queries]
+
+
+def test_a_manual_run_on_a_taken_logical_date_is_a_conflict_not_a_500():
+    dag = sync(timetable="@daily", start_date="2026-01-01", catchup=True)
+    time_scheduling.create_due_runs(now=at("2026-01-01T00:30:00"))
+    with pytest.raises(exceptions.Conflict) as caught:
+        runs.trigger_dag(dag_id=dag.dag_id, logical_date=at("2026-01-01T00:00:00"))
+    assert caught.value.reason == "dag_run_exists"
+    assert "logical_date 2026-01-01T00:00:00+00:00" in str(caught.value)
+    assert DagRun.objects.count() == 1
+
+
+def test_the_public_api_gives_airflows_schedule_fields():
+    get_user_model().objects.create_user("ops", password="pw", is_staff=True, is_superuser=True)
+    _, key = create_api_token(username="ops", name="test")
+    api = Client(headers={"Authorization": f"Bearer {key}"})
+    sync(timetable="@daily", timezone="Europe/Zurich", start_date="2099-01-01", catchup=True)
+    body = api.get("/api/v2/dags/timed").json()
+    assert body["timetable_summary"] == "0 0 * * *"
+    assert body["timetable_periodic"] is True
+    # Midnight in Zurich, 23:00 UTC the day before.
+    assert body["next_dagrun_logical_date"] == "2098-12-31T23:00:00Z"
+    assert body["next_dagrun_run_after"] == "2098-12-31T23:00:00Z"
+    details = api.get("/api/v2/dags/timed/details").json()
+    assert (details["catchup"], details["timezone"]) == (True, "Europe/Zurich")
+    assert details["start_date"] == "2098-12-31T23:00:00Z"
+    listed = api.get("/api/v2/dags").json()["dags"]
+    assert listed[0]["next_dagrun_data_interval_start"] == "2098-12-31T23:00:00Z"

@@ -5,11 +5,17 @@ definition document: its tasks with upstream, trigger rule, retries and retry de
 outlets (assets and aliases) and its asset schedule (`&`, `|`, aliases). The service validates
 and syncs them exactly as `sync_dags` does; nothing here writes anything.
 
-A schedule the service cannot run (cron, a time delta, any other timetable) is refused with a
-message naming the Dag and its file, unless `manual_only` asks for such Dags to be synced as
+Time schedules (issue 24) become the definition's `timetable` with the Dag's `timezone`,
+`start_date`, `end_date` and `catchup`: a cron string or preset and a `timedelta` (Airflow 3
+makes them CronTriggerTimetable / DeltaTriggerTimetable), CronTriggerTimetable,
+CronDataIntervalTimetable, DeltaTriggerTimetable, DeltaDataIntervalTimetable,
+MultipleCronTriggerTimetable, EventsTimetable and `@once`. A schedule the service cannot run
+(a relativedelta, `@continuous`, partitions, asset-or-time, a custom timetable) is refused with
+a message naming the Dag and its file, unless `manual_only` asks for such Dags to be synced as
 manual-only (schedule null).
 """
 
+import datetime
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +69,95 @@ def _condition(node: Any, *, where: str) -> Any:
     )
 
 
+def _zone(tz: Any) -> str:
+    return str(getattr(tz, "name", tz))
+
+
+def _delta(value: Any, *, where: str, dag_id: str) -> float:
+    if not isinstance(value, datetime.timedelta):
+        raise DagFileError(
+            f"{where}: Dag {dag_id!r} uses {value!r}; the service runs only fixed time deltas "
+            "(a timedelta), not calendar ones (relativedelta)"
+        )
+    return value.total_seconds()
+
+
+def _run_immediately(value: Any) -> bool | float | None:
+    return value.total_seconds() if isinstance(value, datetime.timedelta) else value
+
+
+def _get(timetable: Any, name: str) -> Any:
+    """A timetable's parameter: the Task SDK's classes name it, core's keep it private."""
+    return getattr(timetable, name) if hasattr(timetable, name) else getattr(timetable, "_" + name)
+
+
+def _timetable(dag: Any, *, where: str) -> dict[str, Any] | str | None:
+    """The definition's `timetable` for a time schedule, or None when the Dag has none. The
+    Task SDK's timetable classes and core's (`airflow.timetables`, which DAG files import too)
+    are read alike, by exact class (a subclass may change the semantics)."""
+    timetable, dag_id = dag.timetable, dag.dag_id
+    kind = type(timetable)
+    if not kind.__module__.startswith(
+        ("airflow.sdk.definitions.timetables.", "airflow.timetables.")
+    ):
+        return None
+    name = kind.__name__
+
+    def delta(value: Any) -> float:
+        return _delta(value, where=where, dag_id=dag_id)
+
+    if name == "OnceTimetable":
+        return "@once"
+    if name == "CronTriggerTimetable":
+        return {
+            "kind": "cron_trigger",
+            "cron": _get(timetable, "expression"),
+            "timezone": _zone(_get(timetable, "timezone")),
+            "interval": delta(_get(timetable, "interval")),
+            "run_immediately": _run_immediately(_get(timetable, "run_immediately")),
+        }
+    if name == "CronDataIntervalTimetable":
+        return {
+            "kind": "cron_data_interval",
+            "cron": _get(timetable, "expression"),
+            "timezone": _zone(_get(timetable, "timezone")),
+        }
+    if name == "DeltaTriggerTimetable":
+        return {
+            "kind": "delta_trigger",
+            "delta": delta(_get(timetable, "delta")),
+            "interval": delta(_get(timetable, "interval")),
+        }
+    if name == "DeltaDataIntervalTimetable":
+        return {"kind": "delta_data_interval", "delta": delta(_get(timetable, "delta"))}
+    if name == "MultipleCronTriggerTimetable":
+        crons = _get(timetable, "timetables")
+        return {
+            "kind": "multiple_cron_trigger",
+            "crons": [_get(t, "expression") for t in crons],
+            "timezone": _zone(_get(crons[0], "timezone")),
+            "interval": delta(_get(crons[0], "interval")),
+            "run_immediately": _run_immediately(_get(crons[0], "run_immediately")),
+        }
+    if name == "EventsTimetable":
+        return {
+            "kind": "events",
+            "event_dates": [d.isoformat() for d in timetable.event_dates],
+            "restrict_to_events": bool(timetable.restrict_to_events),
+            "description": timetable.description,
+        }
+    return None
+
+
+def _time_fields(dag: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {"timezone": _zone(dag.timezone), "catchup": bool(dag.catchup)}
+    for name in ("start_date", "end_date"):
+        value = getattr(dag, name)
+        if value is not None:
+            fields[name] = value.isoformat()
+    return fields
+
+
 def _schedule(dag: Any, *, where: str, manual_only: bool) -> Any:
     from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
     from airflow.sdk.definitions.timetables.simple import NullTimetable
@@ -76,8 +171,9 @@ def _schedule(dag: Any, *, where: str, manual_only: bool) -> Any:
         return None
     raise DagFileError(
         f"{where}: Dag {dag.dag_id!r} has schedule {timetable.__class__.__name__} "
-        f"({getattr(timetable, 'summary', '') or dag.schedule!r}); the service runs only "
-        "asset-triggered and manual Dags (--manual-only syncs it as manual-only)"
+        f"({getattr(timetable, 'summary', '') or dag.schedule!r}); the service runs "
+        "asset-triggered, manual and Airflow's cron, delta, events and once schedules "
+        "(--manual-only syncs it as manual-only)"
     )
 
 
@@ -116,15 +212,21 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
             f"{where}: Dag {dag.dag_id!r} has mapped task(s) {', '.join(map(repr, mapped))} "
             "(.expand/.partial), which the service does not run yet"
         )
+    timetable = _timetable(dag, where=where)
     definition: dict[str, Any] = {
         "dag_id": dag.dag_id,
-        "schedule": _schedule(dag, where=where, manual_only=manual_only),
+        "schedule": (
+            None if timetable is not None else _schedule(dag, where=where, manual_only=manual_only)
+        ),
         "is_paused": bool(dag.is_paused_upon_creation),
         "description": dag.description or "",
         "tasks": [_task(task) for task in sorted(dag.tasks, key=lambda t: t.task_id)],
     }
     if dag.max_active_runs:
         definition["max_active_runs"] = int(dag.max_active_runs)
+    if timetable is not None:
+        definition["timetable"] = timetable
+        definition.update(_time_fields(dag))
     return definition
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -33,7 +33,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from . import limits
+from . import limits, timetables
 from .models.assets import ASSET_KEY_MAX_LENGTH
 from .models.dags import DAG_ID_MAX_LENGTH, DEFAULT_RETRY_DELAY_SECONDS, TriggerRule
 
@@ -197,6 +197,161 @@ Schedule = Annotated[
 SCHEDULE = TypeAdapter(Schedule)
 
 
+# --- time schedules (issue 24) ------------------------------------------------------------
+# Airflow 3.3.2's timetables with their parameters and defaults; `timetables` computes them.
+
+CronText = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=NOT_BLANK,
+        description="A 5-field cron expression or a preset (@hourly, @daily, @weekly, @monthly, "
+        "@quarterly, @yearly).",
+    ),
+]
+ZoneName = Annotated[
+    str, Field(min_length=1, max_length=64, description="An IANA time zone, e.g. Europe/Zurich.")
+]
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# An ISO 8601 date-time; without an offset it is a wall time in the Dag's time zone.
+DateTimeText = Annotated[
+    str,
+    Field(
+        min_length=10,
+        max_length=40,
+        pattern=r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?$",
+        description="ISO 8601; without an offset, a wall time in the Dag's time zone.",
+    ),
+]
+RunImmediately = Annotated[
+    bool | Seconds | None,
+    Field(
+        description="CronTriggerTimetable's run_immediately: the first run of a Dag without a "
+        "start date is the latest past tick if true, or if that tick is at most this many "
+        "seconds old; false or null: 10% of the gap between ticks (at least 5 minutes), as "
+        "Airflow's code does."
+    ),
+]
+
+
+class _Timetable(_Object):
+    what: ClassVar[str] = "a timetable"
+
+
+class CronTrigger(_Timetable):
+    """CronTriggerTimetable: a run at each tick; logical date = tick - interval."""
+
+    kind: Literal["cron_trigger"]
+    cron: CronText
+    timezone: ZoneName | None = Field(None, description="Default: the Dag's.")
+    interval: Seconds = 0.0
+    run_immediately: RunImmediately = False
+
+
+class CronDataInterval(_Timetable):
+    """CronDataIntervalTimetable: a run at the end of each interval between ticks."""
+
+    kind: Literal["cron_data_interval"]
+    cron: CronText
+    timezone: ZoneName | None = Field(None, description="Default: the Dag's.")
+
+
+class DeltaTrigger(_Timetable):
+    """DeltaTriggerTimetable: a run every `delta` seconds; logical date = run - interval."""
+
+    kind: Literal["delta_trigger"]
+    delta: PositiveSeconds
+    interval: Seconds = 0.0
+
+
+class DeltaDataInterval(_Timetable):
+    """DeltaDataIntervalTimetable: intervals of `delta` seconds, a run at the end of each."""
+
+    kind: Literal["delta_data_interval"]
+    delta: PositiveSeconds
+
+
+class MultipleCronTrigger(_Timetable):
+    """MultipleCronTriggerTimetable: a run when any cron ticks, one per time."""
+
+    kind: Literal["multiple_cron_trigger"]
+    crons: list[CronText] = Field(min_length=1)
+    timezone: ZoneName | None = Field(None, description="Default: the Dag's.")
+    interval: Seconds = 0.0
+    run_immediately: RunImmediately = False
+
+
+class Events(_Timetable):
+    """EventsTimetable: a run at each listed date."""
+
+    kind: Literal["events"]
+    event_dates: list[DateTimeText] = Field(max_length=10_000)
+    restrict_to_events: bool = False
+    description: str | None = Field(None, max_length=1000)
+
+
+class Once(_Timetable):
+    """OnceTimetable (`@once`): one run, at the start date."""
+
+    kind: Literal["once"]
+
+
+TIMETABLE_KINDS = {
+    "cron_trigger": CronTrigger,
+    "cron_data_interval": CronDataInterval,
+    "delta_trigger": DeltaTrigger,
+    "delta_data_interval": DeltaDataInterval,
+    "multiple_cron_trigger": MultipleCronTrigger,
+    "events": Events,
+    "once": Once,
+}
+
+
+def _timetable_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "~cron_text"
+    if isinstance(value, dict):
+        kind = value.get("kind")
+        return f"~{kind}" if kind in TIMETABLE_KINDS else "~timetable_kind"
+    return None
+
+
+def _unknown_kind(value: Any) -> Any:
+    kind = value.get("kind")
+    if kind is None:
+        raise PydanticCustomError("timetable_kind", "a timetable object needs a kind")
+    allowed = ", ".join(TIMETABLE_KINDS)
+    raise PydanticCustomError(
+        "timetable_kind", f"unknown timetable kind {kind!r} (allowed: {allowed})"
+    )
+
+
+TimetableSpec = Annotated[
+    Union[  # noqa: UP007 (the tagged members read as a table)
+        Annotated[CronText, Tag("~cron_text")],
+        Annotated[CronTrigger, Tag("~cron_trigger")],
+        Annotated[CronDataInterval, Tag("~cron_data_interval")],
+        Annotated[DeltaTrigger, Tag("~delta_trigger")],
+        Annotated[DeltaDataInterval, Tag("~delta_data_interval")],
+        Annotated[MultipleCronTrigger, Tag("~multiple_cron_trigger")],
+        Annotated[Events, Tag("~events")],
+        Annotated[Once, Tag("~once")],
+        Annotated[dict, BeforeValidator(_unknown_kind), Tag("~timetable_kind")],
+    ],
+    Discriminator(
+        _timetable_kind,
+        custom_error_type="timetable_type",
+        custom_error_message="timetable must be a cron string, a preset or an object with a kind",
+    ),
+    Field(
+        description='A time schedule: a cron expression or preset ("@daily", "0 3 * * *", '
+        '"@once"; a CronTriggerTimetable, as in Airflow 3), or {"kind": ...} for the other '
+        "timetables."
+    ),
+]
+
+
 # --- Dags ----------------------------------------------------------------------------------
 
 Backoff = Annotated[
@@ -232,7 +387,7 @@ class Task(_Object):
 
 
 class Dag(_Object):
-    """A Dag: its schedule (the assets it waits for) and its tasks."""
+    """A Dag: its schedule (the assets it waits for) or its timetable, and its tasks."""
 
     what: ClassVar[str] = "a Dag"
     dag_id: Identifier
@@ -241,6 +396,46 @@ class Dag(_Object):
     is_paused: bool = Field(False, description="Paused when first synced.")
     description: str = Field("", max_length=100_000)
     tasks: list[Task] = Field(default_factory=list)
+    timetable: TimetableSpec | None = None
+    timezone: ZoneName = Field("UTC", description="The Dag's IANA time zone (cron ticks, dates).")
+    start_date: DateTimeText | None = None
+    end_date: DateTimeText | None = None
+    catchup: bool = Field(False, description="Create the runs missed since the start date.")
+
+    @model_validator(mode="after")
+    def _time_schedule(self) -> Dag:
+        """What the schema cannot say about a time schedule: a zone, crons and dates that parse,
+        the start date catchup needs (as Airflow's Dag refuses catchup without one)."""
+
+        def invalid(subpath: str, message: str) -> PydanticCustomError:
+            return PydanticCustomError("timetable_invalid", message, {"subpath": subpath})
+
+        try:
+            timetables.zone(self.timezone)
+        except timetables.TimetableError as exc:
+            raise invalid("timezone", str(exc)) from None
+        if self.timetable is not None:
+            spec = self.timetable
+            try:
+                timetables.Timetable.from_spec(
+                    spec if isinstance(spec, str) else spec.model_dump(), timezone=self.timezone
+                )
+            except timetables.TimetableError as exc:
+                raise invalid("timetable", str(exc)) from None
+        for name in ("start_date", "end_date"):
+            value = getattr(self, name)
+            try:
+                if value is not None:
+                    timetables.parse_date(value, timezone=self.timezone)
+            except timetables.TimetableError as exc:
+                raise invalid(name, str(exc)) from None
+        if self.timetable is not None and self.schedule is not None:
+            raise invalid(
+                "timetable", "a Dag has a schedule (assets) or a timetable (time), not both yet"
+            )
+        if self.catchup and self.timetable is not None and self.start_date is None:
+            raise invalid("catchup", "catchup needs a start_date (as Airflow requires)")
+        return self
 
 
 DagFile = Annotated[
@@ -284,6 +479,7 @@ _TAGS: dict[str, type[_Object]] = {
     "~any": AnyCondition,
     "~alias": AliasCondition,
     "~asset": AssetCondition,
+    **{f"~{kind}": model for kind, model in TIMETABLE_KINDS.items()},
 }
 _LISTED: dict[str, type[_Object]] = {"tasks": Task, "~dags": Dag}
 _TYPE_ERRORS = {
@@ -360,7 +556,7 @@ def problem(exc: ValidationError) -> tuple[str, str]:
         return path, f"{model.what if model else 'it'} must be an object, got {_type(value)}"
     if kind in _TYPE_ERRORS:
         return path, f"{_TYPE_ERRORS[kind]}, got {_type(value)}"
-    if kind in ("asset_ref_type", "condition_type", "dag_file_type"):
+    if kind in ("asset_ref_type", "condition_type", "dag_file_type", "timetable_type"):
         return path, f"{error['msg']}, got {_type(value)}"
     if kind in ("string_too_short", "too_short") or (
         kind == "string_pattern_mismatch" and not str(value).strip()
@@ -380,4 +576,8 @@ def problem(exc: ValidationError) -> tuple[str, str]:
         return path, f"unknown {str(loc[-1]).replace('_', ' ')} {value!r} (allowed: {allowed})"
     if kind == "condition_too_deep":
         return path + ctx["subpath"], error["msg"]
+    if kind == "timetable_invalid":
+        return join(path, ctx["subpath"]), error["msg"]
+    if kind == "greater_than":
+        return path, f"must be greater than {ctx['gt']:g}, got {value}"
     return path, error["msg"]

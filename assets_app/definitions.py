@@ -52,14 +52,16 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from django.db import models, transaction
 from django.db.models import Count, Exists, OuterRef
+from django.utils import timezone
 from pydantic import ValidationError
 
-from . import audit, conditions, dag_schema, exceptions, limits, locks
+from . import audit, conditions, dag_schema, exceptions, limits, locks, timetables
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
 from .dag_schema import join
 from .models import (
@@ -68,6 +70,8 @@ from .models import (
     AssetAliasAsset,
     AssetDagRunQueue,
     Dag,
+    DagRun,
+    DagRunType,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
     Task,
@@ -120,6 +124,13 @@ class DagDefinition:
     is_paused: bool = False
     description: str = ""
     tasks: tuple[TaskDefinition, ...] = ()
+    # A time schedule (issue 24): `Timetable.spec()` of the definition's timetable, the zone,
+    # the bounds (aware UTC) and catchup.
+    timetable: dict | None = None
+    timezone: str = "UTC"
+    start_date: datetime | None = None
+    end_date: datetime | None = None
+    catchup: bool = False
     # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
     # path of the object in the file ("" or "[i]").
     file: str = field(default="", compare=False)
@@ -233,10 +244,31 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         is_paused=model.is_paused,
         description=model.description,
         tasks=tasks,
+        **_time_schedule(model),
         file=file,
         fileloc=fileloc,
         path=path,
     )
+
+
+def _time_schedule(model: dag_schema.Dag) -> dict[str, Any]:
+    """The definition's time schedule, normalized (dag_schema has checked it parses)."""
+
+    def date(value: str | None) -> datetime | None:
+        return None if value is None else timetables.parse_date(value, timezone=model.timezone)
+
+    spec = model.timetable
+    timetable = None
+    if spec is not None:
+        raw = spec if isinstance(spec, str) else spec.model_dump()
+        timetable = timetables.Timetable.from_spec(raw, timezone=model.timezone).spec()
+    return {
+        "timetable": timetable,
+        "timezone": model.timezone,
+        "start_date": date(model.start_date),
+        "end_date": date(model.end_date),
+        "catchup": model.catchup,
+    }
 
 
 def _check_tasks(dag: DagDefinition) -> None:
@@ -557,6 +589,45 @@ def check_fileloc(fileloc: Any) -> None:
         )
 
 
+TIME_FIELDS = ("timetable", "timezone", "start_date", "end_date", "catchup")
+NEXT_RUN_FIELDS = (
+    "next_dagrun",
+    "next_dagrun_data_interval_start",
+    "next_dagrun_data_interval_end",
+    "next_dagrun_create_after",
+)
+
+
+def _last_scheduled_run(dag_id: str) -> timetables.RunInfo | None:
+    run = (
+        DagRun.objects.filter(dag_id=dag_id, run_type=DagRunType.SCHEDULED)
+        .order_by("-logical_date")
+        .values_list("run_after", "data_interval_start", "data_interval_end")
+        .first()
+    )
+    if run is None or run[1] is None:
+        return None
+    return timetables.RunInfo(
+        run_after=run[0], data_interval_start=run[1], data_interval_end=run[2]
+    )
+
+
+def _set_next_run(dag: Dag, *, last: timetables.RunInfo | None) -> None:
+    """Airflow's next_dagrun fields of `dag` from its timetable and `last` run, now (the time
+    scheduler recomputes them from the last run when it creates runs)."""
+    info = None
+    if dag.timetable is not None:
+        timetable = timetables.Timetable.from_spec(dag.timetable, timezone=dag.timezone)
+        restriction = timetables.Restriction(
+            earliest=dag.start_date, latest=dag.end_date, catchup=dag.catchup
+        )
+        info = timetable.next_run(last=last, restriction=restriction, now=timezone.now())
+    dag.next_dagrun = info.logical_date if info else None
+    dag.next_dagrun_data_interval_start = info.data_interval_start if info else None
+    dag.next_dagrun_data_interval_end = info.data_interval_end if info else None
+    dag.next_dagrun_create_after = info.run_after if info else None
+
+
 class _Sync:
     """One sync inside the transaction. A fixed number of queries per step, not per Dag."""
 
@@ -691,10 +762,13 @@ class _Sync:
                     else None
                 ),
                 "fileloc": definition.fileloc,
+                **{name: getattr(definition, name) for name in TIME_FIELDS},
             }
             dag = stored.get(definition.dag_id)
             if dag is None:
-                created.append(Dag(dag_id=definition.dag_id, **values))
+                dag = Dag(dag_id=definition.dag_id, **values)
+                _set_next_run(dag, last=None)
+                created.append(dag)
                 continue
             if not self.apply_pause:
                 # Airflow's is_paused_upon_creation: the stored pause is the operator's.
@@ -709,6 +783,10 @@ class _Sync:
             if changed:
                 for name in changed:
                     setattr(dag, name, values[name])
+                if set(changed) & set(TIME_FIELDS):
+                    # A new time schedule: its next run, from the Dag's last scheduled run.
+                    _set_next_run(dag, last=_last_scheduled_run(dag.dag_id))
+                    changed += list(NEXT_RUN_FIELDS)
                 dag.save(update_fields=[*changed, "updated_at"])
                 updated.append(dag.dag_id)
         Dag.objects.bulk_create(created)

@@ -12,7 +12,9 @@ transaction takes a lock from an earlier step after one from a later step):
      (invariant 7).
   3. Dag rows (scheduler): FOR NO KEY UPDATE SKIP LOCKED, a batch of Dags in one statement by
      dag_id, which serializes scheduling of one Dag without blocking the FOR KEY SHARE that
-     ADRQ/DagRun foreign-key inserts take on it.
+     ADRQ/DagRun foreign-key inserts take on it. The time scheduler (`time_scheduling`) takes
+     the same lock on its batch of due Dags (`claim_due_timetable_dags`) and, under it, only
+     inserts DagRuns and TIs and updates those Dag rows.
   4. Those Dags' ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, in one statement by
      (target_dag_id, asset_event_id); the scheduler then inserts the DagRuns, their
      consumed-event links and TIs, and deletes exactly those rows.
@@ -241,3 +243,29 @@ def lock_runs_for_retention(queryset: QuerySet) -> tuple[list[int], list[UUID]]:
     ready = [r for r in runs if per_run.get(r, 0) == totals.get(r, 0)]
     ready_set = set(ready)
     return ready, [ti_id for ti_id, run_id in locked if run_id in ready_set]
+
+
+def claim_due_timetable_dags(
+    *, now: datetime, limit: int, exclude: Sequence[str] = ()
+) -> list[Dag]:
+    """Lock up to `limit` unpaused Dags with a timetable whose next run may be created by `now`
+    (`next_dagrun_create_after <= now`, the `dag_next_run_due` index), earliest due first, not
+    in `exclude` (those a pass has seen), skipping Dags another scheduler holds (step 3, SKIP
+    LOCKED: claiming never waits). The rows are re-checked once locked, so a Dag another
+    scheduler just advanced past `now` is not returned."""
+    return list(
+        Dag.objects.select_for_update(no_key=True, skip_locked=True)
+        .filter(is_paused=False, timetable__isnull=False, next_dagrun_create_after__lte=now)
+        .exclude(dag_id__in=list(exclude))
+        .order_by("next_dagrun_create_after", "dag_id")
+        .only(
+            "dag_id",
+            "timetable",
+            "timezone",
+            "start_date",
+            "end_date",
+            "catchup",
+            "max_active_runs",
+            "next_dagrun_create_after",
+        )[:limit]
+    )

@@ -108,7 +108,8 @@ def create_dag_run(
     the run, 1 for the consumed-event links when there are any, 1 for the TIs when there are
     any. An explicit `run_id` adds a savepoint around the inserts (2 more queries): one already
     used by this Dag raises `exceptions.Conflict` (reason "dag_run_exists") and leaves the
-    caller's transaction usable. (The scheduler creates its runs, a batch of Dags at once, with
+    caller's transaction usable; so does a `logical_date` (a date another run of the Dag holds
+    is that Conflict too). (The scheduler creates its runs, a batch of Dags at once, with
     `create_asset_triggered_runs`.)
     """
     if run_type not in DagRunType.values:
@@ -130,7 +131,7 @@ def create_dag_run(
     )
     tasks = [row[1:] for row in dag_tasks([dag.dag_id])]
     event_ids = list(dict.fromkeys(consumed_event_ids))
-    if run_id is None:
+    if run_id is None and logical_date is None:
         # A generated run_id carries 8 random characters: a clash is not a case to prepare a
         # savepoint for on every run; it would be an IntegrityError.
         _insert_runs([(run, event_ids, tasks)])
@@ -142,6 +143,13 @@ def create_dag_run(
             if DagRun.objects.filter(dag=dag, run_id=run.run_id).exists():
                 raise exceptions.Conflict(
                     f"dag {dag.dag_id!r} already has a run with run_id {run.run_id!r}",
+                    reason="dag_run_exists",
+                ) from exc
+            # Issue 24: one run per (Dag, logical_date), as Airflow (dag_run_logical_date_unique).
+            if DagRun.objects.filter(dag=dag, logical_date=logical_date).exists():
+                raise exceptions.Conflict(
+                    f"dag {dag.dag_id!r} already has a run with logical_date "
+                    f"{logical_date.isoformat()}",  # type: ignore[union-attr]
                     reason="dag_run_exists",
                 ) from exc
             raise
@@ -524,3 +532,16 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
             detail={"run_id": run.run_id, "only_new": True},
         )
     dependencies.evaluate(dag_run_id=run.pk, finished_task_ids=None)
+
+
+# ---- issue 24: time schedules ----
+
+
+def create_scheduled_runs(
+    *, items: Sequence[tuple[DagRun, Sequence[tuple[str, int, bool]]]]
+) -> None:
+    """Insert unsaved runs of time schedules (built by `time_scheduling`) and their TIs, each
+    with its Dag's tasks as `dag_tasks` reads them, as every run is created (`_insert_runs`).
+    Inside the caller's transaction; 2 statements whatever the number of runs and tasks. A
+    (Dag, logical_date) already taken raises IntegrityError (`dag_run_logical_date_unique`)."""
+    _insert_runs([(run, (), tasks) for run, tasks in items])

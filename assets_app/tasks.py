@@ -13,7 +13,7 @@ from django.conf import settings
 from . import drain as outbox_drain
 from . import repair as ti_repair
 from . import retention as history_retention
-from . import scheduling
+from . import scheduling, time_scheduling
 
 _reniced: list[int] = []
 
@@ -45,6 +45,8 @@ def schedule(dag_ids: list[str] | None = None) -> None:
     """django-q2 task: one scheduler pass (over `dag_ids`, or every Dag with queued events)."""
     _background_priority()
     scheduling.schedule_dags(dag_ids=dag_ids)
+    if dag_ids is None:  # the sweep: also the time schedules' due runs (issue 24)
+        time_scheduling.create_due_runs()
 
 
 def retention() -> None:

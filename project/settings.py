@@ -188,6 +188,10 @@ ASSET_QUEUE_BATCH_OUTLETS = env.int("ASSET_QUEUE_BATCH_OUTLETS", default=5_000)
 ASSET_QUEUE_MAX_ATTEMPTS = env.int("ASSET_QUEUE_MAX_ATTEMPTS", default=10)
 ASSET_QUEUE_BACKOFF_BASE_SECONDS = env.float("ASSET_QUEUE_BACKOFF_BASE_SECONDS", default=2.0)
 ASSET_QUEUE_BACKOFF_CAP_SECONDS = env.float("ASSET_QUEUE_BACKOFF_CAP_SECONDS", default=600.0)
+# Time schedules (issue 24): Dags one time-scheduler transaction claims, and the runs it creates
+# for one Dag at most in a pass (a catchup of more goes on in the next passes).
+TIME_SCHEDULER_BATCH_SIZE = env.int("TIME_SCHEDULER_BATCH_SIZE", default=200)
+TIME_SCHEDULER_RUNS_PER_DAG = env.int("TIME_SCHEDULER_RUNS_PER_DAG", default=100)
 # One drain or scheduler invocation keeps working until its queue is empty or this budget is spent.
 ASSET_DRAIN_TIME_BUDGET_SECONDS = env.float("ASSET_DRAIN_TIME_BUDGET_SECONDS", default=20.0)
 # The drain yields to a burst of successes (drain._Pacer): while more than this many per second

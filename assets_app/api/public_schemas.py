@@ -17,7 +17,7 @@ from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from assets_app import dags as dag_reads
-from assets_app import run_reads
+from assets_app import run_reads, timetables
 from assets_app.models import Asset, AssetAlias, AssetEvent, Dag, DagRun, TaskInstance
 from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
 from assets_app.models.dags import DAG_ID_MAX_LENGTH
@@ -293,9 +293,31 @@ class DagVersionResponse(Schema):
     bundle_url: str | None
 
 
+# Airflow's `timetable.description` of the timetables whose text is fixed (a cron's comes from
+# cron_descriptor there, not used here: the summary stands in for it).
+_FIXED_DESCRIPTIONS = {"once": "Once, as soon as possible"}
+
+
+def _time_fields(dag: Dag) -> dict[str, Any]:
+    """The schedule fields of a Dag with a timetable (issue 24), as Airflow's DAG answers."""
+    timetable = timetables.Timetable.from_spec(dag.timetable, timezone=dag.timezone)
+    description = _FIXED_DESCRIPTIONS.get(timetable.kind)
+    if timetable.kind == "events":
+        description = timetable.description or timetable.summary
+    return {
+        "timetable_summary": timetable.summary,
+        "timetable_description": description or timetable.summary,
+        "timetable_periodic": timetable.kind not in ("once", "events"),
+        "next_dagrun_logical_date": dag.next_dagrun,
+        "next_dagrun_data_interval_start": dag.next_dagrun_data_interval_start,
+        "next_dagrun_data_interval_end": dag.next_dagrun_data_interval_end,
+        "next_dagrun_run_after": dag.next_dagrun_create_after,
+    }
+
+
 def _dag_fields(dag: Dag) -> dict[str, Any]:
     scheduled = dag.schedule is not None
-    return {
+    fields = {
         "dag_id": dag.dag_id,
         "dag_display_name": dag.dag_id,
         "is_paused": dag.is_paused,
@@ -329,6 +351,9 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         "is_backfillable": False,
         "file_token": "",
     }
+    if dag.timetable is not None:
+        fields.update(_time_fields(dag))
+    return fields
 
 
 # Airflow's `[core] max_active_tasks_per_dag` default; the service does not limit running TIs.
@@ -402,17 +427,17 @@ class DAGDetailsResponse(DAGResponse):
         """From a Dag loaded by `dags.get_dag(details=True)`."""
         return DAGDetailsResponse(
             **_dag_fields(dag),
-            catchup=False,
+            catchup=dag.catchup,
             dag_run_timeout=None,
             asset_expression=dag_reads.asset_expression(dag),
             doc_md=None,
-            start_date=None,
-            end_date=None,
+            start_date=dag.start_date,
+            end_date=dag.end_date,
             is_paused_upon_creation=None,
             params={},
             render_template_as_native_obj=False,
             template_search_path=None,
-            timezone="UTC",
+            timezone=dag.timezone,
             last_parsed=dag.updated_at,
             default_args={},
             rerun_with_latest_version=None,

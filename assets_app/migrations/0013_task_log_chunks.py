@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('assets_app', '0010_outbox_payload_lz4'),
+        ('assets_app', '0011_time_schedules'),
     ]
 
     operations = [

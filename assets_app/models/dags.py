@@ -21,6 +21,20 @@ class Dag(models.Model):
     # since when: it skips the Dag and goes on with the others (invariant 13).
     schedule_error = models.TextField(blank=True, db_default="")
     schedule_error_at = models.DateTimeField(null=True, blank=True)
+    # A time schedule (issue 24): `timetables.Timetable.spec()` of the definition's timetable
+    # (null: none), the Dag's IANA zone, its bounds and catchup (Airflow's names).
+    timetable = models.JSONField(decoder=StoredJsonDecoder, null=True, blank=True)
+    timezone = models.CharField(max_length=64, db_default="UTC", default="UTC")
+    start_date = models.DateTimeField(null=True, blank=True)
+    end_date = models.DateTimeField(null=True, blank=True)
+    catchup = models.BooleanField(db_default=False, default=False)
+    # The next run the timetable gives (Airflow's DagModel fields): its logical date, data
+    # interval and the time it may be created from. Null when there is none (no timetable,
+    # the end date passed). The scheduler reads only the Dags due by `next_dagrun_create_after`.
+    next_dagrun = models.DateTimeField(null=True, blank=True)
+    next_dagrun_data_interval_start = models.DateTimeField(null=True, blank=True)
+    next_dagrun_data_interval_end = models.DateTimeField(null=True, blank=True)
+    next_dagrun_create_after = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -30,6 +44,14 @@ class Dag(models.Model):
             models.CheckConstraint(condition=~models.Q(dag_id=""), name="dag_id_not_empty"),
             models.CheckConstraint(
                 condition=models.Q(max_active_runs__gte=1), name="dag_max_active_runs_positive"
+            ),
+        ]
+        indexes = [
+            # The time scheduler's "due" read: unpaused Dags with a next run, by its time.
+            models.Index(
+                fields=["next_dagrun_create_after"],
+                name="dag_next_run_due",
+                condition=models.Q(is_paused=False, next_dagrun_create_after__isnull=False),
             ),
         ]
 

@@ -11,6 +11,8 @@ from .dags import DAG_ID_MAX_LENGTH, Dag
 
 class DagRunType(models.TextChoices):
     MANUAL = "manual"
+    # A run of a time schedule, created by `time_scheduling` (issue 24).
+    SCHEDULED = "scheduled"
     ASSET_TRIGGERED = "asset_triggered"
     # A run of the Dag producing an asset, asked for by `POST /api/v2/assets/{id}/materialize`.
     ASSET_MATERIALIZATION = "asset_materialization"
@@ -26,6 +28,7 @@ class DagRunTriggeredBy(models.TextChoices):
     UI = "ui"
     ASSET = "asset"
     OPERATOR = "operator"
+    TIMETABLE = "timetable"
 
 
 class DagRunState(models.TextChoices):
@@ -107,6 +110,13 @@ class DagRun(models.Model):
         ordering = ["-id"]
         constraints = [
             models.UniqueConstraint(fields=["dag", "run_id"], name="dag_run_id_unique"),
+            # One run per (Dag, logical date), as Airflow; runs without one (asset-triggered,
+            # manual without a date) are not concerned (issue 24: exactly once per tick).
+            models.UniqueConstraint(
+                fields=["dag", "logical_date"],
+                name="dag_run_logical_date_unique",
+                condition=models.Q(logical_date__isnull=False),
+            ),
             models.CheckConstraint(
                 condition=models.Q(run_type__in=DagRunType.values), name="dag_run_type_valid"
             ),

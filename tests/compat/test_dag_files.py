@@ -78,25 +78,100 @@ def test_tasks_outlets_upstream_trigger_rules_retries(examples):
     assert (flaky["retries"], flaky["retry_delay_seconds"]) == (2, 2.0)
 
 
-def test_cron_schedule_is_refused_naming_the_dag_unless_manual_only(tmp_path):
-    (tmp_path / "nightly.py").write_text(
+TIME_DAGS = """
+import datetime
+from airflow.sdk import dag, task
+from airflow.timetables.events import EventsTimetable
+from airflow.timetables.interval import CronDataIntervalTimetable
+from airflow.timetables.trigger import (
+    CronTriggerTimetable, DeltaTriggerTimetable, MultipleCronTriggerTimetable,
+)
+import pendulum
+
+START = pendulum.datetime(2026, 1, 1, tz="Europe/Zurich")
+
+
+def make(dag_id, schedule, **kw):
+    @dag(dag_id=dag_id, schedule=schedule, start_date=START, **kw)
+    def d():
+        task(task_id="t")(lambda: None)()
+
+    d()
+
+
+make("t_daily", "@daily")
+make("t_cron", "0 3 * * *", catchup=True)
+make("t_delta", datetime.timedelta(hours=6))
+make("t_once", "@once")
+make("t_zurich", CronTriggerTimetable("0 3 * * *", timezone="Europe/Zurich",
+     interval=datetime.timedelta(hours=1), run_immediately=True))
+make("t_data", CronDataIntervalTimetable("30 2 * * *", timezone="America/New_York"))
+make("t_deltat", DeltaTriggerTimetable(datetime.timedelta(minutes=90)))
+make("t_multi", MultipleCronTriggerTimetable("0 3 * * *", "0 15 * * 1-5", timezone="UTC"))
+make("t_events", EventsTimetable([pendulum.datetime(2026, 3, 29, 2, 30, tz="Europe/Zurich")]))
+"""
+
+
+def test_time_schedules_become_timetables_the_service_accepts(tmp_path):
+    from assets_app import definitions
+
+    (tmp_path / "timed.py").write_text(TIME_DAGS)
+    converted = {d["dag_id"]: d for d in _convert(tmp_path)["timed.py"]}
+    # Airflow 3: a cron string or preset is a CronTriggerTimetable, a timedelta a DeltaTrigger.
+    assert converted["t_daily"]["timetable"] == {
+        "kind": "cron_trigger",
+        "cron": "0 0 * * *",  # Airflow spells the preset out
+        "timezone": "Europe/Zurich",
+        "interval": 0.0,
+        "run_immediately": False,
+    }
+    assert converted["t_daily"]["timezone"] == "Europe/Zurich"
+    assert converted["t_daily"]["start_date"] == "2025-12-31T23:00:00+00:00"
+    assert converted["t_daily"]["catchup"] is False
+    assert converted["t_cron"]["catchup"] is True
+    assert converted["t_delta"]["timetable"] == {
+        "kind": "delta_trigger",
+        "delta": 21600.0,
+        "interval": 0.0,
+    }
+    assert converted["t_once"]["timetable"] == "@once"
+    zurich = converted["t_zurich"]["timetable"]
+    assert (zurich["timezone"], zurich["interval"], zurich["run_immediately"]) == (
+        "Europe/Zurich",
+        3600.0,
+        True,
+    )
+    assert converted["t_data"]["timetable"]["kind"] == "cron_data_interval"
+    assert converted["t_multi"]["timetable"]["crons"] == ["0 3 * * *", "0 15 * * 1-5"]
+    assert converted["t_events"]["timetable"]["event_dates"] == ["2026-03-29T03:30:00+02:00"]
+    assert all(d["schedule"] is None for d in converted.values())
+    # Every one is a definition the service accepts (sync_dags' validation).
+    parsed = definitions.parse_document(list(converted.values()), file="timed.py")
+    assert len(parsed) == 9
+
+
+def test_a_schedule_the_service_cannot_run_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "always.py").write_text(
         textwrap.dedent(
             """
+            import pendulum
             from airflow.sdk import dag, task
 
-            @dag(dag_id="nightly", schedule="0 3 * * *")
-            def nightly():
+            @dag(dag_id="always", schedule="@continuous",
+                 start_date=pendulum.datetime(2026, 1, 1), max_active_runs=1)
+            def always():
                 task(task_id="t")(lambda: None)()
 
-            nightly()
+            always()
             """
         )
     )
     refused = _convert(tmp_path)
-    assert "nightly.py" in refused["error"] and "'nightly'" in refused["error"]
-    assert "--manual-only" in refused["error"]
+    assert "always.py" in refused["error"] and "'always'" in refused["error"]
+    assert "ContinuousTimetable" in refused["error"] and "--manual-only" in refused["error"]
     synced = _convert(tmp_path, manual_only=True)
-    assert synced["nightly.py"][0]["schedule"] is None
+    assert synced["always.py"][0]["schedule"] is None
+    assert "timetable" not in synced["always.py"][0]
 
 
 @pytest.mark.django_db

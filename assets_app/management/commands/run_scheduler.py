@@ -2,7 +2,7 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from assets_app import repair, scheduling
+from assets_app import repair, scheduling, time_scheduling
 
 
 class Command(BaseCommand):
@@ -23,6 +23,13 @@ class Command(BaseCommand):
                 if any(vars(repaired).values()):
                     self.stdout.write(f"repair: {repaired}")
             result = scheduling.schedule_dags(dag_ids=dag_ids)
+            if not dag_ids:
+                timed = time_scheduling.create_due_runs()
+                if once or timed.run_ids:
+                    self.stdout.write(
+                        f"time scheduler: {timed.dags_checked} dags due, "
+                        f"{len(timed.run_ids)} runs created, {timed.seconds:.2f}s"
+                    )
             if once or result.run_ids:
                 self.stdout.write(
                     f"scheduler: {result.dags_checked} dags checked, {len(result.run_ids)} runs "

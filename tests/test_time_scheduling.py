@@ -1,0 +1,212 @@
+"""The time scheduler (issue 24): definitions with a timetable sync their next run, a pass
+creates exactly the due runs (catchup in order, under max_active_runs; without catchup at most
+the latest), run ids and dates as Airflow's, a fixed number of statements per batch, and the
+database refuses a second run of one logical date."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, connection, transaction
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from assets_app import definitions, exceptions, runs, time_scheduling
+from assets_app.api.public_auth import create_api_token
+from assets_app.models import Dag, DagRun, DagRunState, TaskInstance, TIState
+from tests.factories import DagRunFactory
+
+pytestmark = pytest.mark.django_db
+
+UTC = dt.UTC
+
+
+def sync(**dag):
+    document = {"dag_id": "timed", "tasks": [{"task_id": "a"}, {"task_id": "b", "upstream": ["a"]}]}
+    document.update(dag)
+    definitions.sync_definitions(dags=definitions.parse_document(document, file="t.json"))
+    return Dag.objects.get(dag_id=document["dag_id"])
+
+
+def at(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def test_sync_stores_the_schedule_and_its_next_run():
+    dag = sync(
+        timetable="0 3 * * *",
+        timezone="Europe/Zurich",
+        start_date="2030-03-01T00:00:00",
+        catchup=True,
+    )
+    assert dag.timetable == {
+        "kind": "cron_trigger",
+        "timezone": "Europe/Zurich",
+        "cron": "0 3 * * *",
+        "interval": 0.0,
+        "run_immediately": False,
+    }
+    # 03:00 in Zurich (UTC+1 in March before the change) is 02:00 UTC.
+    assert dag.start_date == at("2030-02-28T23:00:00")
+    assert dag.next_dagrun == dag.next_dagrun_create_after == at("2030-03-01T02:00:00")
+    assert dag.next_dagrun_data_interval_start == dag.next_dagrun_data_interval_end
+
+
+def test_catchup_creates_every_missed_run_in_order_with_airflows_ids():
+    sync(timetable="@daily", start_date="2026-01-01", catchup=True, max_active_runs=50)
+    result = time_scheduling.create_due_runs(now=at("2026-01-05T12:00:00"))
+    runs = list(DagRun.objects.order_by("logical_date"))
+    assert [r.logical_date for r in runs] == [at(f"2026-01-0{d}T00:00:00") for d in (1, 2, 3, 4, 5)]
+    assert runs[0].run_id == "scheduled__2026-01-01T00:00:00+00:00"
+    assert {(r.run_type, r.triggered_by, r.state) for r in runs} == {
+        ("scheduled", "timetable", DagRunState.QUEUED)
+    }
+    assert all(r.data_interval_start == r.data_interval_end == r.run_after for r in runs)
+    assert len(result.run_ids) == 5
+    # TIs as every run gets them: the root queued, the other waiting.
+    states = sorted(TaskInstance.objects.filter(dag_run=runs[0]).values_list("task_id", "state"))
+    assert states == [("a", TIState.QUEUED), ("b", TIState.SCHEDULED)]
+    dag = Dag.objects.get(dag_id="timed")
+    assert dag.next_dagrun_create_after == at("2026-01-06T00:00:00")
+    # Nothing more is due: a second pass creates nothing.
+    assert time_scheduling.create_due_runs(now=at("2026-01-05T12:00:00")).run_ids == ()
+
+
+def test_catchup_respects_max_active_runs_and_resumes_when_runs_finish():
+    sync(timetable="@hourly", start_date="2026-01-01", catchup=True, max_active_runs=2)
+    now = at("2026-01-01T05:30:00")
+    time_scheduling.create_due_runs(now=now)
+    assert DagRun.objects.count() == 2
+    DagRun.objects.update(state=DagRunState.SUCCESS)
+    time_scheduling.create_due_runs(now=now)
+    dates = list(DagRun.objects.order_by("logical_date").values_list("logical_date", flat=True))
+    # No logical date skipped under max_active_runs (Airflow's max_active_runs=1 bug).
+    assert dates == [at(f"2026-01-01T0{h}:00:00") for h in range(4)]
+
+
+def test_data_interval_timetable_runs_at_the_end_of_each_interval():
+    sync(
+        timetable={"kind": "cron_data_interval", "cron": "@daily"},
+        start_date="2026-01-01",
+        catchup=True,
+    )
+    time_scheduling.create_due_runs(now=at("2026-01-03T00:00:00"))
+    runs = list(DagRun.objects.order_by("logical_date"))
+    assert [(r.logical_date, r.data_interval_end, r.run_after) for r in runs] == [
+        (at("2026-01-01T00:00:00"), at("2026-01-02T00:00:00"), at("2026-01-02T00:00:00")),
+        (at("2026-01-02T00:00:00"), at("2026-01-03T00:00:00"), at("2026-01-03T00:00:00")),
+    ]
+    # Airflow's run id carries run_after (the interval's end), not the logical date.
+    assert runs[0].run_id == "scheduled__2026-01-02T00:00:00+00:00"
+
+
+def test_unpause_without_catchup_creates_at_most_the_latest_due_run():
+    # The sync computes the next run at the real time: the pass runs at it too.
+    now = timezone.now()
+    start = (now - dt.timedelta(days=3)).replace(tzinfo=None).isoformat()
+    sync(timetable="@hourly", start_date=start, catchup=False, is_paused=True)
+    assert time_scheduling.create_due_runs(now=now).run_ids == ()
+    Dag.objects.filter(dag_id="timed").update(is_paused=False)
+    # Paused since its start three days ago: only the latest due tick gets a run.
+    time_scheduling.create_due_runs(now=now)
+    latest = now.replace(minute=0, second=0, microsecond=0)
+    assert list(DagRun.objects.values_list("logical_date", flat=True)) == [latest]
+    time_scheduling.create_due_runs(now=now + dt.timedelta(seconds=1))
+    assert DagRun.objects.count() == 1
+
+
+def test_unpause_with_catchup_creates_exactly_the_missed_runs():
+    sync(timetable="@hourly", start_date="2026-01-01", catchup=True, max_active_runs=100)
+    time_scheduling.create_due_runs(now=at("2026-01-01T02:10:00"))
+    assert DagRun.objects.count() == 3
+    Dag.objects.filter(dag_id="timed").update(is_paused=True)
+    assert time_scheduling.create_due_runs(now=at("2026-01-01T09:10:00")).run_ids == ()
+    Dag.objects.filter(dag_id="timed").update(is_paused=False)
+    time_scheduling.create_due_runs(now=at("2026-01-01T09:10:00"))
+    dates = list(DagRun.objects.order_by("logical_date").values_list("logical_date", flat=True))
+    assert dates == [at(f"2026-01-01T0{h}:00:00") for h in range(10)]
+
+
+def test_a_logical_date_taken_by_a_manual_run_is_skipped_not_doubled():
+    dag = sync(timetable="@daily", start_date="2026-01-01", catchup=True)
+    DagRunFactory(dag=dag, run_id="manual_one", logical_date=at("2026-01-02T00:00:00"))
+    time_scheduling.create_due_runs(now=at("2026-01-03T01:00:00"))
+    pairs = sorted(DagRun.objects.values_list("logical_date", "run_type"))
+    assert pairs == [
+        (at("2026-01-01T00:00:00"), "scheduled"),
+        (at("2026-01-02T00:00:00"), "manual"),
+        (at("2026-01-03T00:00:00"), "scheduled"),
+    ]
+
+
+def test_the_database_refuses_a_second_run_of_one_logical_date():
+    dag = sync(timetable="@daily", start_date="2026-01-01")
+    DagRunFactory(dag=dag, run_id="one", logical_date=at("2026-01-02T00:00:00"))
+    with pytest.raises(IntegrityError), transaction.atomic():
+        DagRunFactory(dag=dag, run_id="two", logical_date=at("2026-01-02T00:00:00"))
+    # Runs without a logical date (asset-triggered, manual) are not concerned.
+    DagRunFactory(dag=dag, run_id="three", logical_date=None)
+    DagRunFactory(dag=dag, run_id="four", logical_date=None)
+
+
+def test_end_date_stops_the_schedule():
+    sync(timetable="@daily", start_date="2026-01-01", end_date="2026-01-02", catchup=True)
+    time_scheduling.create_due_runs(now=at("2026-01-09T00:00:00"))
+    assert DagRun.objects.count() == 2
+    dag = Dag.objects.get(dag_id="timed")
+    assert dag.next_dagrun is None and dag.next_dagrun_create_after is None
+
+
+@pytest.mark.parametrize("dags", [1, 40])
+def test_statements_per_batch_are_constant(dags, settings):
+    settings.TIME_SCHEDULER_BATCH_SIZE = 100
+    documents = [
+        {
+            "dag_id": f"d{i}",
+            "timetable": "* * * * *",
+            "start_date": "2026-01-01",
+            "catchup": True,
+            "tasks": [{"task_id": "t"}],
+        }
+        for i in range(dags)
+    ]
+    definitions.sync_definitions(
+        dags=[d for doc in documents for d in definitions.parse_document(doc, file="x")]
+    )
+    with CaptureQueriesContext(connection) as queries:
+        result = time_scheduling.create_due_runs(now=at("2026-01-01T00:02:30"))
+    assert len(result.run_ids) == 3 * dags
+    # claim, active counts, last runs, taken dates, tasks, runs, TIs, next-run update, plus
+    # the transaction's savepoint/commit statements: the same for 1 Dag as for 40.
+    assert len(queries) == 10, [q["sql"][:80] for q in queries]
+
+
+def test_a_manual_run_on_a_taken_logical_date_is_a_conflict_not_a_500():
+    dag = sync(timetable="@daily", start_date="2026-01-01", catchup=True)
+    time_scheduling.create_due_runs(now=at("2026-01-01T00:30:00"))
+    with pytest.raises(exceptions.Conflict) as caught:
+        runs.trigger_dag(dag_id=dag.dag_id, logical_date=at("2026-01-01T00:00:00"))
+    assert caught.value.reason == "dag_run_exists"
+    assert "logical_date 2026-01-01T00:00:00+00:00" in str(caught.value)
+    assert DagRun.objects.count() == 1
+
+
+def test_the_public_api_gives_airflows_schedule_fields():
+    get_user_model().objects.create_user("ops", password="pw", is_staff=True, is_superuser=True)
+    _, key = create_api_token(username="ops", name="test")
+    api = Client(headers={"Authorization": f"Bearer {key}"})
+    sync(timetable="@daily", timezone="Europe/Zurich", start_date="2099-01-01", catchup=True)
+    body = api.get("/api/v2/dags/timed").json()
+    assert body["timetable_summary"] == "0 0 * * *"
+    assert body["timetable_periodic"] is True
+    # Midnight in Zurich, 23:00 UTC the day before.
+    assert body["next_dagrun_logical_date"] == "2098-12-31T23:00:00Z"
+    assert body["next_dagrun_run_after"] == "2098-12-31T23:00:00Z"
+    details = api.get("/api/v2/dags/timed/details").json()
+    assert (details["catchup"], details["timezone"]) == (True, "Europe/Zurich")
+    assert details["start_date"] == "2098-12-31T23:00:00Z"
+    listed = api.get("/api/v2/dags").json()["dags"]
+    assert listed[0]["next_dagrun_data_interval_start"] == "2098-12-31T23:00:00Z"

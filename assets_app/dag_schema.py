@@ -297,7 +297,7 @@ class Once(_Timetable):
     kind: Literal["once"]
 
 
-TIMETABLE_KINDS = {
+TIMETABLE_KINDS: dict[str, type[_Timetable]] = {
     "cron_trigger": CronTrigger,
     "cron_data_interval": CronDataInterval,
     "delta_trigger": DeltaTrigger,
@@ -418,7 +418,8 @@ class Dag(_Object):
             spec = self.timetable
             try:
                 timetables.Timetable.from_spec(
-                    spec if isinstance(spec, str) else spec.model_dump(), timezone=self.timezone
+                    spec.model_dump() if isinstance(spec, BaseModel) else spec,
+                    timezone=self.timezone,
                 )
             except timetables.TimetableError as exc:
                 raise invalid("timetable", str(exc)) from None

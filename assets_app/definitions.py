@@ -59,7 +59,7 @@ from typing import Any
 from django.db import models, transaction
 from django.db.models import Count, Exists, OuterRef
 from django.utils import timezone
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from . import audit, conditions, dag_schema, exceptions, limits, locks, timetables
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
@@ -260,7 +260,7 @@ def _time_schedule(model: dag_schema.Dag) -> dict[str, Any]:
     spec = model.timetable
     timetable = None
     if spec is not None:
-        raw = spec if isinstance(spec, str) else spec.model_dump()
+        raw = spec.model_dump() if isinstance(spec, BaseModel) else spec
         timetable = timetables.Timetable.from_spec(raw, timezone=model.timezone).spec()
     return {
         "timetable": timetable,

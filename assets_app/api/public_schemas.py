@@ -300,6 +300,7 @@ _FIXED_DESCRIPTIONS = {"once": "Once, as soon as possible"}
 
 def _time_fields(dag: Dag) -> dict[str, Any]:
     """The schedule fields of a Dag with a timetable (issue 24), as Airflow's DAG answers."""
+    assert dag.timetable is not None  # callers pass Dags with a timetable
     timetable = timetables.Timetable.from_spec(dag.timetable, timezone=dag.timezone)
     description = _FIXED_DESCRIPTIONS.get(timetable.kind)
     if timetable.kind == "events":

@@ -9,9 +9,10 @@ ones whose variable segment would also match them.
 import json
 import time
 from collections.abc import Iterator
+from typing import Literal
 
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Field, Query, Router, Schema
+from ninja import Field, Header, Query, Router, Schema
 
 from assets_app import asset_events, dags, exceptions, run_reads, runs, task_logs
 from assets_app.models import Dag, DagRun, DagRunTriggeredBy, TaskInstance
@@ -504,8 +505,10 @@ def get_task_instance_log(
     full_content: bool = False,
     map_index: int = -1,
     token: str | None = None,
+    accept: Header[Literal["application/json", "text/plain", "*/*"]] = "*/*",
 ):
-    """One try's log as the worker shipped it (Airflow: same path, params and shape)."""
+    """One try's log as the worker shipped it (Airflow: same path, params and shape; JSON
+    whatever `accept` asks, as the messages are structured)."""
     ti = run_reads.get_task_instance(
         dag_id=dag_id, run_id=dag_run_id, task_id=task_id, map_index=map_index
     )

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from ninja import Schema
-from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from assets_app import dags as dag_reads
 from assets_app import run_reads, timetables
@@ -798,20 +798,21 @@ def responses(ok: Any, *errors: int, status: int = 200) -> dict[int, Any]:
     return codes
 
 
-class StructuredLogMessage(Schema):
-    """Airflow 3.3.2's `StructuredLogMessage`: `event`, an optional `timestamp`, and whatever
-    else the line carries (`level`, `logger`, ...)."""
+class StructuredLogMessage(BaseModel):
+    """Airflow 3.3.2's `StructuredLogMessage`: `event`, an optional `timestamp` (absent, never
+    null), and whatever else the line carries (`level`, `logger`, ...). A plain pydantic model:
+    ninja's Schema would read the line through its getter and drop the extra fields."""
 
     model_config = ConfigDict(extra="allow")
 
-    timestamp: datetime | None = None
+    timestamp: datetime = None  # type: ignore[assignment]
     event: str
 
 
 class TaskInstancesLogResponse(Schema):
     """Airflow 3.3.2's `TaskInstancesLogResponse` (`GET .../logs/{try_number}`)."""
 
-    # Each a StructuredLogMessage (above) with its extra fields kept: the messages are built by
-    # task_logs.structured (always an `event`), and a typed list would drop the extras.
-    content: list[dict[str, Any]]
+    # StructuredLogMessage keeps a line's extra fields (extra="allow"); a plain string as
+    # Airflow allows is never sent (task_logs.structured always gives an `event`).
+    content: list[StructuredLogMessage | str]
     continuation_token: str | None

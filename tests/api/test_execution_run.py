@@ -365,6 +365,7 @@ def test_openapi_schema_lists_every_worker_endpoint(client):
         "/execution/task-instances/{task_instance_id}/heartbeat",
         "/execution/task-instances/{task_instance_id}/skip-downstream",
         "/execution/workloads/claim",
+        "/execution/task-instances/{task_instance_id}/logs/{try_number}",
         "/execution/assets/by-name",
         "/execution/assets/by-uri",
         "/execution/assets/by-alias",

@@ -151,7 +151,8 @@ def test_every_worker_endpoint_refuses_bad_credentials(world):
     for method, path, _ in operations:
         url = _url(path, world)
         before = app_table_counts()
-        if path.endswith(("/workloads/claim", "/dags/sync")):
+        # The worker-key doors: claiming, shipping a try's log (issue 27) and the deploy door.
+        if path.endswith(("/workloads/claim", "/dags/sync", "/logs/{try_number}")):
             cases = {
                 "missing": (None, {401}),
                 "wrong key": ("Bearer wrong-key", {403}),

@@ -28,6 +28,7 @@ from ..models import (
     DagRunAssetEvent,
     Task,
     TaskInstance,
+    TaskLogChunk,
     TIState,
 )
 from .base import (
@@ -467,3 +468,15 @@ class DagRunAssetEventAdmin(LinkTableAdmin):
     @admin.display(description="asset")
     def asset_name(self, obj):
         return obj.asset_event.asset.name
+
+
+@admin.register(TaskLogChunk)
+class TaskLogChunkAdmin(LinkTableAdmin):
+    """The shipped pieces of the workers' task logs: read on the TI's page (the log section), here
+    only by URL, for an operator checking what a worker sent."""
+
+    list_display = ("ti_id", "try_number", "offset", "size", "created_at")
+    list_filter = ("try_number",)
+    search_fields = ("=ti__id",)
+    date_hierarchy = "created_at"
+    show_full_result_count = False

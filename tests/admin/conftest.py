@@ -18,6 +18,7 @@ from assets_app.models import (
     DagScheduleAssetReference,
     MetricCounter,
     RenderedTaskFields,
+    TaskLogChunk,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
     TaskReschedule,
@@ -106,6 +107,7 @@ def populate(n: int) -> None:
             reschedule_date=timezone.now(),
         )
         RenderedTaskFields.objects.create(ti=ti, fields={"op_args": "[]"})
+        TaskLogChunk.objects.create(ti=ti, try_number=1, offset=0, size=4, content="log\n")
     for component in ("drain", "scheduler"):
         ComponentHeartbeat.objects.update_or_create(
             component=component,

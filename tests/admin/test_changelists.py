@@ -59,6 +59,7 @@ EXPECTED = {
     "metriccounter": 6,
     "task": 6,
     "taskinstance": 6,
+    "tasklogchunk": 7,
     "taskoutletaliasreference": 5,
     "taskoutletassetreference": 5,
     "taskupstream": 6,
@@ -73,6 +74,7 @@ APPEND_ONLY = (
     "componentheartbeat",
     "auditentry",
     "audittarget",
+    "tasklogchunk",
 )
 
 

@@ -1,5 +1,63 @@
+"""Suite-wide: PostgreSQL only, the proof figures of every worker, the serial group.
+
+`bin/test` runs the suite on pytest-xdist workers (`--dist loadgroup`). The scenarios of
+`tests/proof/` and `tests/concurrency/` (real servers, SIGKILLs, timing figures) form one group,
+run one after another on one worker, so two of them never compete for the machine's cores; the
+rest is spread over the workers beside them.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 from django.db import connection
+
+FIGURES_DIR_ENV = "TEST_FIGURES_DIR"
+SERIAL_FOLDERS = ("proof", "concurrency")
+
+
+def pytest_configure(config):
+    # The controller (or a plain run) makes the folder; xdist workers inherit it by environment.
+    if not hasattr(config, "workerinput") and FIGURES_DIR_ENV not in os.environ:
+        os.environ[FIGURES_DIR_ENV] = tempfile.mkdtemp(prefix="asset-events-figures-")
+
+
+def pytest_unconfigure(config):
+    folder = os.environ.get(FIGURES_DIR_ENV, "")
+    if not hasattr(config, "workerinput") and "asset-events-figures-" in folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        del os.environ[FIGURES_DIR_ENV]
+
+
+def record_figure(line: str) -> None:
+    """Append one figure (one JSON line) to this process's file of the run's figures folder."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(Path(os.environ[FIGURES_DIR_ENV]) / f"{worker}.jsonl", "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(item.fspath).parent.name in SERIAL_FOLDERS:
+            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput"):
+        return
+    folder = Path(os.environ[FIGURES_DIR_ENV])
+    lines = [
+        json.loads(raw)
+        for path in sorted(folder.glob("*.jsonl"))
+        for raw in path.read_text(encoding="utf-8").splitlines()
+    ]
+    if lines:
+        terminalreporter.section("proof suite figures")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True, scope="session")

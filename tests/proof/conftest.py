@@ -23,26 +23,20 @@ from django.apps import apps
 from django.conf import settings
 from django.db import connection, connections
 
+import tests.conftest
 from tests.servers import Server, gunicorn, qcluster
 
 ROOT = Path(__file__).resolve().parents[2]
-FIGURES: list[str] = []
 # The proof suites' gunicorn: a request may wait a minute on a loaded machine; stop quickly.
 GUNICORN_ARGS = ("--timeout", "60", "--graceful-timeout", "5")
 
 
 def figure(line: str) -> None:
-    """Record a scenario's figures: printed now (with -s) and again in pytest's terminal summary,
-    so a plain `bin/test` run (CI's log) shows them too."""
+    """Record a scenario's figures: printed now (with -s) and again in pytest's terminal summary
+    (tests/conftest.py), so a plain `bin/test` run (CI's log) shows them too, from every
+    pytest-xdist worker."""
     print(f"\n{line}")
-    FIGURES.append(line)
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    if FIGURES:
-        terminalreporter.section("proof suite figures")
-        for line in FIGURES:
-            terminalreporter.write_line(line)
+    tests.conftest.record_figure(line)
 
 
 def database_url() -> str:

@@ -533,13 +533,16 @@ def _retry_policy(ti_id: UUID) -> RetryPolicy:
             backoff=Subquery(task.values("retry_exponential_backoff")[:1]),
             max_delay=Subquery(task.values("max_retry_delay_seconds")[:1]),
         )
-        .values_list("delay", "backoff", "max_delay", "dag_run__logical_date")
+        .values_list("delay", "backoff", "max_delay", "dag_run__logical_date", named=True)
         .first()
     )
-    if row is None or row[0] is None:
-        return RetryPolicy(logical_date=row[3] if row else None)
+    if row is None or row.delay is None:
+        return RetryPolicy(logical_date=row.dag_run__logical_date if row else None)
     return RetryPolicy(
-        delay_seconds=row[0], backoff=row[1], max_delay_seconds=row[2], logical_date=row[3]
+        delay_seconds=row.delay,
+        backoff=row.backoff,
+        max_delay_seconds=row.max_delay,
+        logical_date=row.dag_run__logical_date,
     )
 
 

@@ -37,6 +37,7 @@ called inside a transaction; they say which rows they lock and return model inst
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.db.models import Count, Q, QuerySet
@@ -139,13 +140,22 @@ def claim_dag_for_scheduling(dag_id: str) -> Dag | None:
     return _dag_claim_queryset([dag_id]).first()
 
 
-def claim_dags_for_scheduling(dag_ids: Sequence[str]) -> dict[str, tuple[bool, object, int, str]]:
+class ClaimedDag(NamedTuple):
+    """What a scheduling pass reads of a Dag row it locked."""
+
+    is_paused: bool
+    schedule: Any  # its condition, as stored (None: manual only)
+    max_active_runs: int
+    schedule_error: str  # the error recorded by an earlier pass ("" when none)
+
+
+def claim_dags_for_scheduling(dag_ids: Sequence[str]) -> dict[str, ClaimedDag]:
     """Lock the rows of those of `dag_ids` no other scheduler holds, by dag_id, in one statement
-    (step 3 for a batch of Dags: SKIP LOCKED, so the order cannot make it wait). Returns
-    {dag_id: (is_paused, schedule, max_active_runs, schedule_error)} of the rows locked; a Dag
-    missing from it is held by another scheduler (or gone)."""
+    (step 3 for a batch of Dags: SKIP LOCKED, so the order cannot make it wait). Returns a
+    `ClaimedDag` per row locked, by dag_id; a Dag missing from it is held by another scheduler
+    (or gone)."""
     return {
-        dag_id: (is_paused, schedule, max_active_runs, schedule_error)
+        dag_id: ClaimedDag(is_paused, schedule, max_active_runs, schedule_error)
         for dag_id, is_paused, schedule, max_active_runs, schedule_error in _dag_claim_queryset(
             dag_ids
         )

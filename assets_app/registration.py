@@ -374,6 +374,142 @@ def _resolve_references(payloads: Sequence[OutboxPayload]) -> Sequence[OutboxPay
     return resolved
 
 
+@dataclass
+class _Tally:
+    """What registering one payload has done so far; it becomes the payload's result."""
+
+    event_ids: list[int] = field(default_factory=list)
+    written: int = 0
+    queued: int = 0
+    dag_ids: set[str] = field(default_factory=set)
+
+
+def _link_aliases(
+    emissions: Sequence[_Emission],
+    asset_ids: dict[AssetKey, int],
+    alias_ids: dict[str, int],
+    *,
+    now: datetime,
+) -> None:
+    """The alias -> asset links the emissions came through, in lock order (one query, none
+    without aliases); a link that exists already is left as it is."""
+    links = in_lock_order(
+        {(alias_ids[name], asset_ids[e.key]) for e in emissions for name in e.alias_names}
+    )
+    if links:
+        AssetAliasAsset.objects.bulk_create(
+            [AssetAliasAsset(alias_id=a, asset_id=s, created_at=now) for a, s in links],
+            ignore_conflicts=True,
+        )
+
+
+def _write_events(
+    plan: _Plan, asset_ids: dict[AssetKey, int], tallies: list[_Tally], *, now: datetime
+) -> list[tuple[_Emission, int]]:
+    """Insert the plan's events (one query; a second reads the ids of those registered before,
+    on a replay) and tally each payload's; the new ones, with their ids, in emission order."""
+
+    def key_of(e: _Emission) -> EventKey:
+        source = plan.sources[e.payload_index]
+        return (source["ti_id"], source["try_number"], asset_ids[e.key], e.ordinal)
+
+    rows = []
+    for e in plan.emissions:
+        s = plan.sources[e.payload_index]
+        rows.append(
+            (
+                asset_ids[e.key],
+                json.dumps(e.extra) if e.extra else "{}",
+                s["dag_id"],
+                s["run_id"],
+                s["task_id"],
+                s["map_index"],
+                s["ti_id"],
+                s["try_number"],
+                e.ordinal,
+            )
+        )
+    inserted = _insert_events(rows, now=now)
+    existing: dict[EventKey, int] = {}
+    if len(inserted) < len(plan.emissions):
+        # Some events were registered before (a replay): read their ids.
+        ti_ids = {s["ti_id"] for s in plan.sources}
+        existing = {
+            (ti, tn, asset, ordinal): pk
+            for pk, ti, tn, asset, ordinal in AssetEvent.objects.filter(
+                source_ti_id__in=ti_ids
+            ).values_list("id", "source_ti_id", "source_try_number", "asset_id", "source_ordinal")
+        }
+
+    new_emissions: list[tuple[_Emission, int]] = []
+    for e in plan.emissions:
+        key = key_of(e)
+        tally = tallies[e.payload_index]
+        if key in inserted:
+            new_emissions.append((e, inserted[key]))
+            tally.event_ids.append(inserted[key])
+            tally.written += 1
+        elif key in existing:
+            tally.event_ids.append(existing[key])
+        else:  # pragma: no cover - the unique constraint guarantees one or the other
+            raise RegistrationError(f"event {key} neither inserted nor found")
+    return new_emissions
+
+
+def _record_alias_events(
+    new_emissions: Sequence[tuple[_Emission, int]], alias_ids: dict[str, int]
+) -> None:
+    """Which aliases each new event came through (one query, none without aliases)."""
+    alias_events = [
+        AssetAliasEvent(alias_id=alias_ids[name], asset_event_id=event_id)
+        for e, event_id in new_emissions
+        for name in e.alias_names
+    ]
+    if alias_events:
+        AssetAliasEvent.objects.bulk_create(alias_events, ignore_conflicts=True)
+
+
+def _queue_for_dags(
+    new_emissions: Sequence[tuple[_Emission, int]],
+    asset_ids: dict[AssetKey, int],
+    alias_ids: dict[str, int],
+    tallies: list[_Tally],
+    *,
+    now: datetime,
+) -> None:
+    """One ADRQ row per (Dag scheduled on a new event's asset or on an alias it came through,
+    event), paused Dags included, inserted in lock order (invariant 7); tallied per payload.
+    Two reads (the asset and the alias references; none of the second without aliases) and
+    one insert."""
+    new_asset_ids = {asset_ids[e.key] for e, _ in new_emissions}
+    dags_by_asset: dict[int, set[str]] = defaultdict(set)
+    for asset_id, dag_id in DagScheduleAssetReference.objects.filter(
+        asset_id__in=new_asset_ids
+    ).values_list("asset_id", "dag_id"):
+        dags_by_asset[asset_id].add(dag_id)
+    dags_by_alias: dict[int, set[str]] = defaultdict(set)
+    new_alias_ids = {alias_ids[n] for e, _ in new_emissions for n in e.alias_names}
+    if new_alias_ids:
+        for alias_id, dag_id in DagScheduleAliasReference.objects.filter(
+            alias_id__in=new_alias_ids
+        ).values_list("alias_id", "dag_id"):
+            dags_by_alias[alias_id].add(dag_id)
+    queue_rows: set[tuple[str, int, int]] = set()
+    for e, event_id in new_emissions:
+        asset_id = asset_ids[e.key]
+        targets = set(dags_by_asset[asset_id])
+        for name in e.alias_names:
+            targets |= dags_by_alias[alias_ids[name]]
+        tally = tallies[e.payload_index]
+        for dag_id in targets:
+            queue_rows.add((dag_id, event_id, asset_id))
+            tally.dag_ids.add(dag_id)
+        tally.queued += len(targets)
+    if queue_rows:
+        # Events are new, so no row can conflict; ON CONFLICT is belt and braces.
+        _insert_queue_rows(in_lock_order(queue_rows), now=now)
+
+
 def register_payloads(
     *,
     payloads: Sequence[OutboxPayload],
@@ -398,119 +534,29 @@ def register_payloads(
     emission_counts = list(plan.emission_counts)
     if windows is not None:
         plan.keep_windows(windows)
-    results_events: list[list[int]] = [[] for _ in payloads]
-    results_new: list[int] = [0] * len(payloads)
-    results_queued: list[int] = [0] * len(payloads)
-    results_dags: list[set[str]] = [set() for _ in payloads]
-
+    tallies = [_Tally() for _ in payloads]
     if plan.emissions:
         asset_ids = _resolve_assets(plan.new_asset_extra)
         alias_names = {name for e in plan.emissions for name in e.alias_names}
         alias_ids = _resolve_aliases(alias_names) if alias_names else {}
-
-        links = in_lock_order(
-            {(alias_ids[name], asset_ids[e.key]) for e in plan.emissions for name in e.alias_names}
-        )
-        if links:
-            AssetAliasAsset.objects.bulk_create(
-                [AssetAliasAsset(alias_id=a, asset_id=s, created_at=now) for a, s in links],
-                ignore_conflicts=True,
-            )
-
-        def key_of(e: _Emission) -> EventKey:
-            source = plan.sources[e.payload_index]
-            return (source["ti_id"], source["try_number"], asset_ids[e.key], e.ordinal)
-
-        rows = []
-        for e in plan.emissions:
-            s = plan.sources[e.payload_index]
-            rows.append(
-                (
-                    asset_ids[e.key],
-                    json.dumps(e.extra) if e.extra else "{}",
-                    s["dag_id"],
-                    s["run_id"],
-                    s["task_id"],
-                    s["map_index"],
-                    s["ti_id"],
-                    s["try_number"],
-                    e.ordinal,
-                )
-            )
-        inserted = _insert_events(rows, now=now)
-        existing: dict[EventKey, int] = {}
-        if len(inserted) < len(plan.emissions):
-            # Some events were registered before (a replay): read their ids.
-            ti_ids = {s["ti_id"] for s in plan.sources}
-            existing = {
-                (ti, tn, asset, ordinal): pk
-                for pk, ti, tn, asset, ordinal in AssetEvent.objects.filter(
-                    source_ti_id__in=ti_ids
-                ).values_list(
-                    "id", "source_ti_id", "source_try_number", "asset_id", "source_ordinal"
-                )
-            }
-
-        new_emissions: list[tuple[_Emission, int]] = []
-        for e in plan.emissions:
-            key = key_of(e)
-            if key in inserted:
-                new_emissions.append((e, inserted[key]))
-                results_events[e.payload_index].append(inserted[key])
-                results_new[e.payload_index] += 1
-            elif key in existing:
-                results_events[e.payload_index].append(existing[key])
-            else:  # pragma: no cover - the unique constraint guarantees one or the other
-                raise RegistrationError(f"event {key} neither inserted nor found")
-
-        alias_events = [
-            AssetAliasEvent(alias_id=alias_ids[name], asset_event_id=event_id)
-            for e, event_id in new_emissions
-            for name in e.alias_names
-        ]
-        if alias_events:
-            AssetAliasEvent.objects.bulk_create(alias_events, ignore_conflicts=True)
-
+        _link_aliases(plan.emissions, asset_ids, alias_ids, now=now)
+        new_emissions = _write_events(plan, asset_ids, tallies, now=now)
+        _record_alias_events(new_emissions, alias_ids)
         if new_emissions:
-            new_asset_ids = {asset_ids[e.key] for e, _ in new_emissions}
-            dags_by_asset: dict[int, set[str]] = defaultdict(set)
-            for asset_id, dag_id in DagScheduleAssetReference.objects.filter(
-                asset_id__in=new_asset_ids
-            ).values_list("asset_id", "dag_id"):
-                dags_by_asset[asset_id].add(dag_id)
-            dags_by_alias: dict[int, set[str]] = defaultdict(set)
-            new_alias_ids = {alias_ids[n] for e, _ in new_emissions for n in e.alias_names}
-            if new_alias_ids:
-                for alias_id, dag_id in DagScheduleAliasReference.objects.filter(
-                    alias_id__in=new_alias_ids
-                ).values_list("alias_id", "dag_id"):
-                    dags_by_alias[alias_id].add(dag_id)
-            queue_rows: set[tuple[str, int, int]] = set()
-            for e, event_id in new_emissions:
-                asset_id = asset_ids[e.key]
-                targets = set(dags_by_asset[asset_id])
-                for name in e.alias_names:
-                    targets |= dags_by_alias[alias_ids[name]]
-                for dag_id in targets:
-                    queue_rows.add((dag_id, event_id, asset_id))
-                    results_dags[e.payload_index].add(dag_id)
-                results_queued[e.payload_index] += len(targets)
-            if queue_rows:
-                # Events are new, so no row can conflict; ON CONFLICT is belt and braces.
-                _insert_queue_rows(in_lock_order(queue_rows), now=now)
+            _queue_for_dags(new_emissions, asset_ids, alias_ids, tallies, now=now)
 
-    metrics.incr(metrics.EVENTS_WRITTEN, sum(results_new))
+    metrics.incr(metrics.EVENTS_WRITTEN, sum(t.written for t in tallies))
     metrics.incr(metrics.OUTLET_EVENTS_IGNORED, sum(plan.ignored))
     return [
         RegistrationResult(
-            event_ids=tuple(results_events[i]),
-            events_written=results_new[i],
+            event_ids=tuple(tally.event_ids),
+            events_written=tally.written,
             ignored_outlet_events=plan.ignored[i],
-            queued_rows=results_queued[i],
-            dag_ids=frozenset(results_dags[i]),
+            queued_rows=tally.queued,
+            dag_ids=frozenset(tally.dag_ids),
             emissions=emission_counts[i],
         )
-        for i in range(len(payloads))
+        for i, tally in enumerate(tallies)
     ]
 
 

@@ -11,9 +11,10 @@ from typing import Any
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from . import dependencies, heartbeats, task_state
+from . import dependencies, heartbeats
 from .models import DagRun, DagRunState, TaskInstance, TIState
 from .models.runs import TI_UNFINISHED_STATES
+from .task_state import liveness
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,14 @@ class RepairResult:
 def repair_task_instances() -> RepairResult:
     """The sweep behind task dependencies and heartbeats (invariant 11): running TIs whose
     heartbeat stopped for `TASK_HEARTBEAT_TIMEOUT_SECONDS` are failed or retried
-    (`task_state.fail_dead_task_instances`), then runs a crash left with ready TIs waiting, or
-    with every TI finished, are evaluated and finished (`sweep_waiting_runs`).
+    (`task_state.liveness.fail_dead_task_instances`), then runs a crash left with ready TIs
+    waiting, or with every TI finished, are evaluated and finished (`sweep_waiting_runs`).
     Every write is conditional: safe to run concurrently with workers, finishes and other
     sweeps. Records the "repair" heartbeat."""
     ok = False
     detail: dict[str, Any] = {}
     try:
-        dead = task_state.fail_dead_task_instances()
+        dead = liveness.fail_dead_task_instances()
         waiting = sweep_waiting_runs()
         ok = True
         detail = {

@@ -174,11 +174,11 @@ def _check_dag(dag_id: str) -> None:
         )
 
 
-@dataclass(frozen=True)
-class RunFilters:
-    """Airflow's `GET /dags/{dag_id}/dagRuns` filters (also `POST .../dagRuns/list`)."""
+@dataclass(frozen=True, kw_only=True)
+class Ranges:
+    """Airflow's range filters of runs and task instances, `<param>_gte/_gt/_lte/_lt`, declared
+    once; `RUN_RANGES` and `TI_RANGES` say which field of each queryset a param filters."""
 
-    dag_ids: Sequence[str] | None = None
     run_after_gte: datetime | None = None
     run_after_gt: datetime | None = None
     run_after_lte: datetime | None = None
@@ -203,6 +203,53 @@ class RunFilters:
     updated_at_gt: datetime | None = None
     updated_at_lte: datetime | None = None
     updated_at_lt: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Range:
+    """One range filter: the filters' `param` on the queryset's `field` (`param` by default);
+    `seconds`: a duration given in seconds."""
+
+    param: str
+    field: str | None = None
+    seconds: bool = False
+
+
+RUN_RANGES = (
+    Range("run_after"),
+    Range("logical_date"),
+    Range("start_date"),
+    Range("end_date"),
+    Range("duration", seconds=True),
+    Range("updated_at"),
+)
+TI_RANGES = (
+    Range("run_after", "dag_run__run_after"),
+    Range("logical_date", "dag_run__logical_date"),
+    Range("start_date"),
+    Range("end_date"),
+    Range("updated_at"),
+    Range("duration", seconds=True),
+)
+_BOUNDS = ("gte", "gt", "lte", "lt")
+
+
+def _ranges_q(f: Ranges, table: Sequence[Range]) -> Q:
+    """Every range of `table` that `f` asks for; a duration no run could have is a 422."""
+    q = Q()
+    for r in table:
+        bounds = {b: getattr(f, f"{r.param}_{b}") for b in _BOUNDS}
+        if r.seconds:
+            bounds = {b: _seconds(v, field=f"{r.param}_{b}") for b, v in bounds.items()}
+        q &= listing.range_q(r.field or r.param, **bounds, param=r.param)
+    return q
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunFilters(Ranges):
+    """Airflow's `GET /dags/{dag_id}/dagRuns` filters (also `POST .../dagRuns/list`)."""
+
+    dag_ids: Sequence[str] | None = None
     conf_contains: str | None = None
     run_type: Sequence[str] = ()
     state: Sequence[str] = ()
@@ -241,48 +288,7 @@ def _run_queryset(dag_id: str, f: RunFilters) -> QuerySet[DagRun]:
     if f.dag_ids is not None:
         runs = runs.filter(dag_id__in=list(f.dag_ids))
     q = (
-        listing.range_q(
-            "run_after",
-            gte=f.run_after_gte,
-            gt=f.run_after_gt,
-            lte=f.run_after_lte,
-            lt=f.run_after_lt,
-        )
-        & listing.range_q(
-            "logical_date",
-            gte=f.logical_date_gte,
-            gt=f.logical_date_gt,
-            lte=f.logical_date_lte,
-            lt=f.logical_date_lt,
-        )
-        & listing.range_q(
-            "start_date",
-            gte=f.start_date_gte,
-            gt=f.start_date_gt,
-            lte=f.start_date_lte,
-            lt=f.start_date_lt,
-        )
-        & listing.range_q(
-            "end_date",
-            gte=f.end_date_gte,
-            gt=f.end_date_gt,
-            lte=f.end_date_lte,
-            lt=f.end_date_lt,
-        )
-        & listing.range_q(
-            "duration",
-            gte=_seconds(f.duration_gte, field="duration_gte"),
-            gt=_seconds(f.duration_gt, field="duration_gt"),
-            lte=_seconds(f.duration_lte, field="duration_lte"),
-            lt=_seconds(f.duration_lt, field="duration_lt"),
-        )
-        & listing.range_q(
-            "updated_at",
-            gte=f.updated_at_gte,
-            gt=f.updated_at_gt,
-            lte=f.updated_at_lte,
-            lt=f.updated_at_lt,
-        )
+        _ranges_q(f, RUN_RANGES)
         & listing.pattern_q("run_id", f.run_id_pattern)
         & listing.prefix_q("run_id", f.run_id_prefix_pattern)
         & listing.pattern_q("triggering_user_name", f.triggering_user_name_pattern)
@@ -359,8 +365,8 @@ def run_state(*, dag_id: str, run_id: str) -> str | None:
 FINISHED_RUN_STATES = frozenset({DagRunState.SUCCESS, DagRunState.FAILED})
 
 
-@dataclass(frozen=True)
-class TIFilters:
+@dataclass(frozen=True, kw_only=True)
+class TIFilters(Ranges):
     """Airflow's `GET .../taskInstances` filters (also the batch body). Pools, queues,
     executors, operators and rendered map indexes have one value here (Airflow's defaults:
     pool `default_pool`, queue `default`, no executor / operator / rendered index)."""
@@ -369,30 +375,6 @@ class TIFilters:
     task_ids: Sequence[str] | None = None
     dag_ids: Sequence[str] | None = None
     dag_run_ids: Sequence[str] | None = None
-    run_after_gte: datetime | None = None
-    run_after_gt: datetime | None = None
-    run_after_lte: datetime | None = None
-    run_after_lt: datetime | None = None
-    logical_date_gte: datetime | None = None
-    logical_date_gt: datetime | None = None
-    logical_date_lte: datetime | None = None
-    logical_date_lt: datetime | None = None
-    start_date_gte: datetime | None = None
-    start_date_gt: datetime | None = None
-    start_date_lte: datetime | None = None
-    start_date_lt: datetime | None = None
-    end_date_gte: datetime | None = None
-    end_date_gt: datetime | None = None
-    end_date_lte: datetime | None = None
-    end_date_lt: datetime | None = None
-    updated_at_gte: datetime | None = None
-    updated_at_gt: datetime | None = None
-    updated_at_lte: datetime | None = None
-    updated_at_lt: datetime | None = None
-    duration_gte: float | None = None
-    duration_gt: float | None = None
-    duration_lte: float | None = None
-    duration_lt: float | None = None
     task_display_name_pattern: str | None = None
     task_display_name_prefix_pattern: str | None = None
     task_group_id: str | None = None
@@ -462,50 +444,7 @@ def _ti_queryset(dag_id: str, run_id: str, f: TIFilters) -> QuerySet[TaskInstanc
             f"Task group {f.task_group_id} not found", reason="task_group_not_found"
         )
     q = (
-        listing.range_q(
-            "dag_run__run_after",
-            gte=f.run_after_gte,
-            gt=f.run_after_gt,
-            lte=f.run_after_lte,
-            lt=f.run_after_lt,
-            param="run_after",
-        )
-        & listing.range_q(
-            "dag_run__logical_date",
-            gte=f.logical_date_gte,
-            gt=f.logical_date_gt,
-            lte=f.logical_date_lte,
-            lt=f.logical_date_lt,
-            param="logical_date",
-        )
-        & listing.range_q(
-            "start_date",
-            gte=f.start_date_gte,
-            gt=f.start_date_gt,
-            lte=f.start_date_lte,
-            lt=f.start_date_lt,
-        )
-        & listing.range_q(
-            "end_date",
-            gte=f.end_date_gte,
-            gt=f.end_date_gt,
-            lte=f.end_date_lte,
-            lt=f.end_date_lt,
-        )
-        & listing.range_q(
-            "updated_at",
-            gte=f.updated_at_gte,
-            gt=f.updated_at_gt,
-            lte=f.updated_at_lte,
-            lt=f.updated_at_lt,
-        )
-        & listing.range_q(
-            "duration",
-            gte=_seconds(f.duration_gte, field="duration_gte"),
-            gt=_seconds(f.duration_gt, field="duration_gt"),
-            lte=_seconds(f.duration_lte, field="duration_lte"),
-            lt=_seconds(f.duration_lt, field="duration_lt"),
-        )
+        _ranges_q(f, TI_RANGES)
         & listing.pattern_q("task_id", f.task_display_name_pattern)
         & listing.prefix_q("task_id", f.task_display_name_prefix_pattern)
         & listing.pattern_q("dag_id", f.dag_id_pattern)

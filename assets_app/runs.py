@@ -16,10 +16,10 @@ active runs before it creates one.
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, models, transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
@@ -75,15 +75,25 @@ def initial_ti_states(
     }
 
 
-def dag_tasks(dag_ids: Sequence[str]) -> QuerySet:
-    """(dag_id, task_id, retries, has upstream) of these Dags' tasks, by Dag and task id: what
-    `create_dag_run` needs of them, in one query."""
-    return (
+class NewTask(NamedTuple):
+    """What creating a run needs of one of its Dag's tasks."""
+
+    task_id: str
+    retries: int
+    has_upstream: bool
+
+
+def dag_tasks(dag_ids: Sequence[str]) -> dict[str, list[NewTask]]:
+    """Each of `dag_ids`' tasks by task id (a Dag without tasks: []), in one query."""
+    tasks: dict[str, list[NewTask]] = {dag_id: [] for dag_id in dag_ids}
+    for dag_id, task_id, retries, has_upstream in (
         Task.objects.filter(dag_id__in=list(dag_ids))
         .annotate(has_upstream=Exists(TaskUpstream.objects.filter(task_id=OuterRef("pk"))))
         .order_by("dag_id", "task_id")
         .values_list("dag_id", "task_id", "retries", "has_upstream")
-    )
+    ):
+        tasks[dag_id].append(NewTask(task_id, retries, has_upstream))
+    return tasks
 
 
 def create_dag_run(
@@ -129,7 +139,7 @@ def create_dag_run(
         or (DagRunTriggeredBy.ASSET if run_type == DagRunType.ASSET_TRIGGERED else None),
         note=note,
     )
-    tasks = [row[1:] for row in dag_tasks([dag.dag_id])]
+    tasks = dag_tasks([dag.dag_id])[dag.dag_id]
     event_ids = list(dict.fromkeys(consumed_event_ids))
     if run_id is None and logical_date is None:
         # A generated run_id carries 8 random characters: a clash is not a case to prepare a
@@ -159,13 +169,12 @@ def create_dag_run(
 @dataclass(frozen=True)
 class PlannedRun:
     """An asset-triggered run the scheduler decided to create: its Dag, `run_after`, the events
-    it consumes and the Dag's tasks as `dag_tasks` reads them ((task_id, retries, has upstream),
-    sorted by task_id)."""
+    it consumes and the Dag's tasks as `dag_tasks` reads them (sorted by task_id)."""
 
     dag_id: str
     run_after: datetime
     consumed_event_ids: Sequence[int]
-    tasks: Sequence[tuple[str, int, bool]]
+    tasks: Sequence[NewTask]
 
 
 def create_asset_triggered_runs(*, planned: Sequence[PlannedRun]) -> list[DagRun]:
@@ -200,7 +209,7 @@ def create_asset_triggered_runs(*, planned: Sequence[PlannedRun]) -> list[DagRun
 
 
 def _insert_runs(
-    items: Sequence[tuple[DagRun, Sequence[int], Sequence[tuple[str, int, bool]]]],
+    items: Sequence[tuple[DagRun, Sequence[int], Sequence[NewTask]]],
 ) -> None:
     """INSERT unsaved runs (reading back their ids), then the consumed-event links and TIs of
     all of them: (run, distinct event ids, tasks as `dag_tasks` reads them). Inside the
@@ -219,21 +228,21 @@ def _insert_runs(
     for run, _, tasks in items:
         states = initial_ti_states(
             dag_id=run.dag_id,
-            task_ids=[task_id for task_id, _, _ in tasks],
-            with_upstream={task_id for task_id, _, has_upstream in tasks if has_upstream},
+            task_ids=[task.task_id for task in tasks],
+            with_upstream={task.task_id for task in tasks if task.has_upstream},
         )
         tis += [
             TaskInstance(
                 dag_run_id=run.pk,
                 dag_id=run.dag_id,
                 run_id=run.run_id,
-                task_id=task_id,
+                task_id=task.task_id,
                 try_number=1,
-                max_tries=retries,
-                state=states[task_id],
+                max_tries=task.retries,
+                state=states[task.task_id],
                 queued_at=now,
             )
-            for task_id, retries, _ in tasks
+            for task in tasks
         ]
     if tis:
         TaskInstance.objects.bulk_create(tis)
@@ -537,9 +546,7 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
 # ---- issue 24: time schedules ----
 
 
-def create_scheduled_runs(
-    *, items: Sequence[tuple[DagRun, Sequence[tuple[str, int, bool]]]]
-) -> None:
+def create_scheduled_runs(*, items: Sequence[tuple[DagRun, Sequence[NewTask]]]) -> None:
     """Insert unsaved runs of time schedules (built by `time_scheduling`) and their TIs, each
     with its Dag's tasks as `dag_tasks` reads them, as every run is created (`_insert_runs`).
     Inside the caller's transaction; 2 statements whatever the number of runs and tasks. A

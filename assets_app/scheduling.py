@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Value
@@ -222,14 +222,6 @@ def _active_runs(dag_ids: Sequence[str]) -> dict[str, int]:
     )
 
 
-class _ReadyDag(NamedTuple):
-    """A Dag a pass claimed that is neither paused nor without a schedule."""
-
-    schedule: Any  # its condition, as stored
-    max_active_runs: int
-    schedule_error: str  # the error recorded by an earlier pass ("" when none)
-
-
 def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
     """One durable transaction for these Dags, a fixed number of statements whatever their
     number: lock the Dag rows no other scheduler holds (SKIP LOCKED), count their active runs,
@@ -243,10 +235,11 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
     with transaction.atomic(durable=True):
         claimed = locks.claim_dags_for_scheduling(dag_ids)
         outcome.locked = [dag_id for dag_id in dag_ids if dag_id not in claimed]
+        # The claimed Dags neither paused nor without a schedule.
         ready = {
-            dag_id: _ReadyDag(schedule, max_active_runs, schedule_error)
-            for dag_id, (is_paused, schedule, max_active_runs, schedule_error) in claimed.items()
-            if not is_paused and schedule is not None
+            dag_id: dag
+            for dag_id, dag in claimed.items()
+            if not dag.is_paused and dag.schedule is not None
         }
         if not ready:
             return outcome
@@ -261,9 +254,7 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
             return outcome
         met = _evaluate(rows_by_dag, ready, parsed, outcome)
         if met:
-            tasks: dict[str, list[tuple[str, int, bool]]] = {dag_id: [] for dag_id in met}
-            for dag_id, task_id, retries, has_upstream in runs.dag_tasks(met):
-                tasks[dag_id].append((task_id, retries, has_upstream))
+            tasks = runs.dag_tasks(met)
             planned = [
                 runs.PlannedRun(
                     dag_id=dag_id,
@@ -289,7 +280,7 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
 
 def _evaluate(
     rows_by_dag: dict[str, list[locks.QueuedGroup]],
-    ready: dict[str, _ReadyDag],
+    ready: dict[str, locks.ClaimedDag],
     parsed: _Conditions,
     outcome: _Outcome,
 ) -> list[str]:

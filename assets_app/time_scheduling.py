@@ -163,9 +163,7 @@ def _create_batch(*, now: datetime, limit: int, exclude: list[str]) -> _Batch:
                 "dag_id", "logical_date"
             )
         )
-        tasks: dict[str, list[tuple[str, int, bool]]] = {dag_id: [] for dag_id in ids}
-        for dag_id, task_id, retries, has_upstream in runs.dag_tasks(ids):
-            tasks[dag_id].append((task_id, retries, has_upstream))
+        tasks = runs.dag_tasks(ids)
         items = [
             (
                 DagRun(

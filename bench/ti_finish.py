@@ -3,7 +3,7 @@
 Each run is of a chain Dag of N tasks (t0 >> t1 >> ... ), its upstream already succeeded. Two
 finishes: the middle TI (its finish evaluates its one downstream TI and queues it, the run's N
 TIs in the table; not for N = 1) and the last one (nothing downstream: the run finishes).
-`task_state.succeed` is called in-process (queue mode, the worker API's code path) and
+`task_state.success.succeed` is called in-process (queue mode, the worker API's code path) and
 measured from the call to its return: latency, every statement it runs, and the statements
 after the TI's commit (the downstream evaluation and, when nothing was queued, the run-finish
 check).
@@ -50,11 +50,11 @@ def _prepare(dag_id: str, k: int, count: int) -> list:
 
 
 def _finish(ti: tuple) -> dict:
-    """One `task_state.succeed`, timed, with its statements logged."""
+    """One `task_state.success.succeed`, timed, with its statements logged."""
     from django.db import connection
     from django.utils import timezone
 
-    from assets_app import task_state
+    from assets_app.task_state import success
 
     log: list[tuple[str, bool]] = []
 
@@ -65,7 +65,7 @@ def _finish(ti: tuple) -> dict:
     with connection.execute_wrapper(wrapper):
         started = time.perf_counter()
         ti_id, try_number = ti
-        task_state.succeed(
+        success.succeed(
             ti_id=ti_id,
             try_number=try_number,
             end_date=timezone.now(),

@@ -43,6 +43,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
             }
         ),
     ),
+    # `task_state` is a package, one module per state change: starting, success, finishing,
+    # retries, liveness, claims (issue 23); its __init__ holds what they share.
     ("task_state", frozenset({"task_state", "task_runtime", "task_logs", "repair"})),
     ("outbox", frozenset({"drain", "outbox"})),
     ("registration", frozenset({"registration", "asset_events", "queued_events"})),

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import definitions, dependencies, repair, runs, task_state
+from assets_app import definitions, dependencies, repair, runs
 from assets_app.models import (
     DagRun,
     DagRunState,
@@ -20,6 +20,7 @@ from assets_app.models import (
     TIState,
     TriggerRule,
 )
+from assets_app.task_state import claims, finishing, starting, success
 
 pytestmark = pytest.mark.django_db
 
@@ -37,11 +38,11 @@ def states(run: DagRun) -> dict[str, str]:
 def run_and_finish(ti: TaskInstance, state: str) -> None:
     """Start a queued TI and finish it through the worker-facing domain functions."""
     tries = {"ti_id": ti.id, "try_number": ti.try_number}
-    task_state.start(**tries, hostname="h", unixname="u", pid=1, start_date=timezone.now())
+    starting.start(**tries, hostname="h", unixname="u", pid=1, start_date=timezone.now())
     if state == TIState.SUCCESS:
-        task_state.succeed(**tries, end_date=timezone.now(), task_outlets=[], outlet_events=[])
+        success.succeed(**tries, end_date=timezone.now(), task_outlets=[], outlet_events=[])
     else:
-        task_state.finish(**tries, state=state, end_date=timezone.now())
+        finishing.finish(**tries, state=state, end_date=timezone.now())
 
 
 def ti(run: DagRun, task_id: str) -> TaskInstance:
@@ -119,7 +120,7 @@ def test_a_new_run_queues_its_roots_and_the_rest_wait_unclaimable():
         "transform": TIState.SCHEDULED,
         "load": TIState.SCHEDULED,
     }
-    claimed = task_state.claim_workloads(hostname="w", limit=10)
+    claimed = claims.claim_workloads(hostname="w", limit=10)
     assert [w.ti.task_id for w in claimed] == ["extract"]
 
 
@@ -128,7 +129,7 @@ def test_the_run_follows_extract_transform_load_to_success():
     run = runs.trigger_dag(dag_id="etl")
     order = []
     for _ in range(3):
-        claimed = task_state.claim_workloads(hostname="w", limit=10)
+        claimed = claims.claim_workloads(hostname="w", limit=10)
         assert len(claimed) == 1
         order.append(claimed[0].ti.task_id)
         run_and_finish(claimed[0].ti, TIState.SUCCESS)
@@ -153,7 +154,7 @@ def test_a_finish_costs_a_fixed_number_of_statements(django_assert_num_queries):
         )
         run = runs.trigger_dag(dag_id=dag_id)
         root = ti(run, "root")
-        task_state.start(
+        starting.start(
             ti_id=root.id,
             try_number=root.try_number,
             hostname="h",
@@ -164,7 +165,7 @@ def test_a_finish_costs_a_fixed_number_of_statements(django_assert_num_queries):
         # read, outbox insert, conditional update (and the test's savepoint pair); then the
         # evaluation, which queued every t: no run-finish statement
         with django_assert_num_queries(6):
-            task_state.succeed(
+            success.succeed(
                 ti_id=root.id,
                 try_number=root.try_number,
                 end_date=timezone.now(),
@@ -399,7 +400,7 @@ def test_the_sweep_queues_what_a_crash_between_commit_and_evaluation_left_waitin
     sync(ETL)
     run = runs.trigger_dag(dag_id="etl")
     # The process dies right after extract's commit: no evaluation ran.
-    monkeypatch.setattr(task_state, "after_ti_finished", lambda ti: None)
+    monkeypatch.setattr(success, "after_ti_finished", lambda ti: None)
     run_and_finish(ti(run, "extract"), TIState.SUCCESS)
     assert states(run)["transform"] == WAITS
     result = repair.sweep_waiting_runs()
@@ -411,7 +412,7 @@ def test_the_sweep_queues_what_a_crash_between_commit_and_evaluation_left_waitin
 def test_the_sweep_finishes_a_run_a_crash_left_with_every_ti_finished(monkeypatch):
     sync({"dag_id": "one", "tasks": [{"task_id": "t"}]})
     run = runs.trigger_dag(dag_id="one")
-    monkeypatch.setattr(task_state, "after_ti_finished", lambda ti: None)
+    monkeypatch.setattr(success, "after_ti_finished", lambda ti: None)
     run_and_finish(ti(run, "t"), TIState.SUCCESS)
     run.refresh_from_db()
     assert run.state == DagRunState.RUNNING

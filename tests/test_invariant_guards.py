@@ -24,7 +24,7 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from assets_app import drain, registration, runs, scheduling, task_state
+from assets_app import drain, registration, runs, scheduling
 from assets_app.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -33,6 +33,7 @@ from assets_app.models import (
     DagRunState,
     TIState,
 )
+from assets_app.task_state import claims, starting
 from tests.asset_flow import asset_event, asset_outlet, outbox_row, payload, scheduled_dag
 from tests.factories import AssetFactory, DagRunFactory, TaskInstanceFactory
 
@@ -198,7 +199,7 @@ def test_a_worker_claim_skips_a_ti_another_claim_holds_and_never_waits():
             "SELECT id FROM assets_app_taskinstance WHERE id = %s FOR UPDATE", [tis[0].id]
         )
         with lock_timeout():
-            claimed = task_state.claim_workloads(hostname="worker-2", limit=10)
+            claimed = claims.claim_workloads(hostname="worker-2", limit=10)
     assert [w.ti.id for w in claimed] == [tis[1].id, tis[2].id]
 
 
@@ -213,7 +214,7 @@ def test_starting_a_ti_does_not_wait_on_its_run_row_another_session_holds():
     with other_connection() as other:
         other.execute("SELECT id FROM assets_app_dagrun WHERE id = %s FOR UPDATE", [run.id])
         with lock_timeout():
-            context = task_state.start(
+            context = starting.start(
                 ti_id=ti.id,
                 try_number=ti.try_number,
                 hostname="w",

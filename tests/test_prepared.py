@@ -11,9 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import task_state
 from assets_app.models import AssetEventQueue, TIState
 from assets_app.sql import connection as connection_sql
+from assets_app.task_state import success
 
 from .factories import AssetFactory, TaskInstanceFactory
 
@@ -51,7 +51,7 @@ def test_successes_prepare_their_statements_and_are_still_logged(settings):
     tis = [TaskInstanceFactory(state=TIState.RUNNING) for _ in range(4)]
     for ti in tis:
         with CaptureQueriesContext(connection) as queries:
-            task_state.succeed(
+            success.succeed(
                 ti_id=ti.id,
                 try_number=ti.try_number,
                 end_date=timezone.now(),

@@ -10,8 +10,9 @@ from uuid import UUID
 from django.http import HttpRequest, HttpResponse
 from ninja import Body, Query, Router
 
-from assets_app import asset_events, definitions, task_logs, task_state
+from assets_app import asset_events, definitions, task_logs
 from assets_app.models import TIState
+from assets_app.task_state import claims, finishing, liveness, retries, starting, success
 
 from . import auth, schemas
 
@@ -27,7 +28,7 @@ def ti_run(
     payload: schemas.TIEnterRunningPayload,
     response: HttpResponse,
 ):
-    context = task_state.start(
+    context = starting.start(
         ti_id=task_instance_id,
         try_number=auth.try_of(auth.claims_of(request)),
         hostname=payload.hostname,
@@ -52,7 +53,7 @@ def ti_update_state(
 ):
     try_number = auth.try_of(auth.claims_of(request))
     if isinstance(payload, schemas.TISuccessStatePayload):
-        change = task_state.succeed(
+        change = success.succeed(
             ti_id=task_instance_id,
             try_number=try_number,
             end_date=payload.end_date,
@@ -60,21 +61,21 @@ def ti_update_state(
             outlet_events=list(payload.outlet_events or ()),
         )
     elif isinstance(payload, schemas.TIReschedulePayload):
-        change = task_state.reschedule(
+        change = retries.reschedule(
             ti_id=task_instance_id,
             try_number=try_number,
             reschedule_date=payload.reschedule_date,
             end_date=payload.end_date,
         )
     elif isinstance(payload, schemas.TIRetryStatePayload):
-        change = task_state.retry(
+        change = retries.retry(
             ti_id=task_instance_id,
             try_number=try_number,
             end_date=payload.end_date,
             retry_delay_seconds=payload.retry_delay_seconds,
         )
     else:
-        change = task_state.finish(
+        change = finishing.finish(
             ti_id=task_instance_id,
             try_number=try_number,
             state=TIState(payload.state),
@@ -86,7 +87,7 @@ def ti_update_state(
 @router.put(f"{TI_PATH}/heartbeat", auth=auth.task_token)
 def ti_heartbeat(request: HttpRequest, task_instance_id: UUID, payload: schemas.TIHeartbeatInfo):
     try_number = auth.try_of(auth.claims_of(request))
-    task_state.heartbeat(
+    liveness.heartbeat(
         ti_id=task_instance_id, try_number=try_number, hostname=payload.hostname, pid=payload.pid
     )
     response = HttpResponse(status=204)
@@ -101,7 +102,7 @@ def ti_skip_downstream(
     payload: schemas.TISkippedDownstreamTasksStatePayload,
 ):
     tasks = [(t, -1) if isinstance(t, str) else (t[0], t[1]) for t in payload.tasks]
-    task_state.skip_downstream(
+    finishing.skip_downstream(
         ti_id=task_instance_id, try_number=auth.try_of(auth.claims_of(request)), tasks=tasks
     )
     return HttpResponse(status=204)
@@ -114,7 +115,7 @@ def ti_skip_downstream(
     exclude_none=True,
 )
 def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
-    workloads = task_state.claim_workloads(hostname=payload.hostname, limit=payload.limit)
+    workloads = claims.claim_workloads(hostname=payload.hostname, limit=payload.limit)
     return schemas.ClaimResponse.from_domain(
         workloads, token_for=lambda ti: auth.issue_token(ti.id, try_number=ti.try_number)
     )

@@ -35,6 +35,7 @@ from .public_schemas import (
     DAGRunResponse,
     DAGRunsBatchBody,
     NewTaskResponse,
+    RunRanges,
     TaskInstanceCollectionResponse,
     TaskInstanceResponse,
     TaskInstancesBatchBody,
@@ -108,27 +109,9 @@ class UpdateMask(Schema):
     update_mask: list[str] = Field(default_factory=list)
 
 
-class _Ranges(Schema):
-    run_after_gte: UtcDatetime | None = None
-    run_after_gt: UtcDatetime | None = None
-    run_after_lte: UtcDatetime | None = None
-    run_after_lt: UtcDatetime | None = None
-    logical_date_gte: UtcDatetime | None = None
-    logical_date_gt: UtcDatetime | None = None
-    logical_date_lte: UtcDatetime | None = None
-    logical_date_lt: UtcDatetime | None = None
-    start_date_gte: UtcDatetime | None = None
-    start_date_gt: UtcDatetime | None = None
-    start_date_lte: UtcDatetime | None = None
-    start_date_lt: UtcDatetime | None = None
-    end_date_gte: UtcDatetime | None = None
-    end_date_gt: UtcDatetime | None = None
-    end_date_lte: UtcDatetime | None = None
-    end_date_lt: UtcDatetime | None = None
-    duration_gte: float | None = None
-    duration_gt: float | None = None
-    duration_lte: float | None = None
-    duration_lt: float | None = None
+class _Ranges(RunRanges):
+    """The list query parameters' ranges: the batch bodies' and `updated_at`."""
+
     updated_at_gte: UtcDatetime | None = None
     updated_at_gt: UtcDatetime | None = None
     updated_at_lte: UtcDatetime | None = None

@@ -542,31 +542,12 @@ class DAGRunResponse(Schema):
         )
 
 
-class DAGRunCollectionResponse(Schema):
-    dag_runs: list[DAGRunResponse]
-    total_entries: int | None
-    total_entries_limit: int | None = None
-    next_cursor: str | None = None
-    previous_cursor: str | None = None
+class RunRanges(Schema):
+    """Airflow's range filters of runs and task instances, `<field>_gte/_gt/_lte/_lt` (a
+    duration in seconds), declared once: the batch bodies' fields here and the list query
+    parameters (`public_dags`). A body names it before `StrictSchema`, whose `extra="forbid"`
+    then wins."""
 
-
-class DAGRunClearBody(StrictSchema):
-    dry_run: bool = True
-    only_failed: bool = False
-    only_new: bool = False
-    # Every Dag here has one version, its latest.
-    run_on_latest_version: bool | None = None
-    note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
-
-
-class DAGRunsBatchBody(StrictSchema):
-    """Airflow's body of `POST /dags/{dag_id}/dagRuns/list`."""
-
-    order_by: str | None = None
-    page_offset: Offset = 0
-    page_limit: Limit = BATCH_PAGE_LIMIT
-    dag_ids: list[str] | None = None
-    states: list[str | None] | None = None
     run_after_gte: UtcDatetime | None = None
     run_after_gt: UtcDatetime | None = None
     run_after_lte: UtcDatetime | None = None
@@ -587,6 +568,33 @@ class DAGRunsBatchBody(StrictSchema):
     duration_gt: float | None = None
     duration_lte: float | None = None
     duration_lt: float | None = None
+
+
+class DAGRunCollectionResponse(Schema):
+    dag_runs: list[DAGRunResponse]
+    total_entries: int | None
+    total_entries_limit: int | None = None
+    next_cursor: str | None = None
+    previous_cursor: str | None = None
+
+
+class DAGRunClearBody(StrictSchema):
+    dry_run: bool = True
+    only_failed: bool = False
+    only_new: bool = False
+    # Every Dag here has one version, its latest.
+    run_on_latest_version: bool | None = None
+    note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
+
+
+class DAGRunsBatchBody(RunRanges, StrictSchema):
+    """Airflow's body of `POST /dags/{dag_id}/dagRuns/list`."""
+
+    order_by: str | None = None
+    page_offset: Offset = 0
+    page_limit: Limit = BATCH_PAGE_LIMIT
+    dag_ids: list[str] | None = None
+    states: list[str | None] | None = None
     conf_contains: str | None = None
 
 
@@ -718,33 +726,13 @@ class ClearTaskInstanceCollectionResponse(Schema):
     total_entries: int
 
 
-class TaskInstancesBatchBody(StrictSchema):
+class TaskInstancesBatchBody(RunRanges, StrictSchema):
     """Airflow's body of `POST .../taskInstances/list`."""
 
     dag_ids: list[str] | None = None
     dag_run_ids: list[str] | None = None
     task_ids: list[str] | None = None
     state: list[str | None] | None = None
-    run_after_gte: UtcDatetime | None = None
-    run_after_gt: UtcDatetime | None = None
-    run_after_lte: UtcDatetime | None = None
-    run_after_lt: UtcDatetime | None = None
-    logical_date_gte: UtcDatetime | None = None
-    logical_date_gt: UtcDatetime | None = None
-    logical_date_lte: UtcDatetime | None = None
-    logical_date_lt: UtcDatetime | None = None
-    start_date_gte: UtcDatetime | None = None
-    start_date_gt: UtcDatetime | None = None
-    start_date_lte: UtcDatetime | None = None
-    start_date_lt: UtcDatetime | None = None
-    end_date_gte: UtcDatetime | None = None
-    end_date_gt: UtcDatetime | None = None
-    end_date_lte: UtcDatetime | None = None
-    end_date_lt: UtcDatetime | None = None
-    duration_gte: float | None = None
-    duration_gt: float | None = None
-    duration_lte: float | None = None
-    duration_lt: float | None = None
     pool: list[str] | None = None
     queue: list[str] | None = None
     executor: list[str] | None = None

@@ -16,9 +16,10 @@ import orjson
 from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
-from assets_app import asset_events, run_ids, task_state
+from assets_app import asset_events, run_ids
 from assets_app.models import Asset, AssetEvent, DagRun, TaskInstance
 from assets_app.payloads import AssetProfile, OutletEvent
+from assets_app.task_state import claims, starting
 
 JsonDict = dict[str, Any]
 
@@ -205,7 +206,7 @@ class TIRunContext(ResponseBody):
     start_date: datetime | None = None
 
     @staticmethod
-    def render(context: task_state.RunContext) -> bytes:
+    def render(context: starting.RunContext) -> bytes:
         """The response body, encoded once: field for field what this model dumps (datetimes as
         the API's JSON encoder writes them), without a model per consumed event (tests check
         it validates against the model, extra fields forbidden, and pin the exact values).
@@ -429,7 +430,7 @@ class ClaimResponse(ResponseBody):
 
     @classmethod
     def from_domain(
-        cls, workloads: list[task_state.Workload], *, token_for: Callable[[TaskInstance], str]
+        cls, workloads: list[claims.Workload], *, token_for: Callable[[TaskInstance], str]
     ) -> "ClaimResponse":
         return cls(
             workloads=[

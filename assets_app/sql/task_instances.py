@@ -1,4 +1,4 @@
-"""The success path's TI statements (`task_state.succeed`): the unlocked TI read and the
+"""The success path's TI statements (`task_state.success.succeed`): the unlocked TI read and the
 running -> success UPDATE, each written once per process."""
 
 import functools
@@ -10,7 +10,7 @@ from django.db import connection
 from ..models import TaskInstance, TIState
 from .connection import prepared_cursor
 
-# --- the success path's TI statements (task_state.succeed) --------------------------------------
+# --- the success path's TI statements (task_state.success) ---------------------------------------
 
 
 @functools.cache

@@ -146,8 +146,9 @@ def _calls_in(tree: ast.AST, name: str) -> list[str]:
 def test_every_adrq_writer_is_covered_here():
     """ADRQ rows are inserted only by `registration._insert_queue_rows` (its statement is
     `sql.registration.insert_queue_rows`, which nothing else calls), called only by the two
-    functions whose paths the tests above drive (register_payloads: drain, inline success and
-    direct registration; register_external_event: the public API), each with `in_lock_order`.
+    functions whose paths the tests above drive (register_payloads, through its step
+    `_queue_for_dags`: drain, inline success and direct registration; register_external_event:
+    the public API), each with `in_lock_order`.
     A new writer fails here until this file tests its order."""
     writers: dict[str, list[str]] = {}
     statement_callers: dict[str, list[str]] = {}
@@ -167,7 +168,7 @@ def test_every_adrq_writer_is_covered_here():
             assert "assets_app_assetdagrunqueue" not in source.lower(), f"{path}: raw ADRQ SQL"
             for call in ("create", "bulk_create", "get_or_create", "update_or_create"):
                 assert f"AssetDagRunQueue.objects.{call}(" not in source, f"{path}: {call}"
-    assert writers == {"registration.py": ["register_external_event", "register_payloads"]}
+    assert writers == {"registration.py": ["_queue_for_dags", "register_external_event"]}
     assert statement_callers == {"registration.py": ["_insert_queue_rows"]}
     source = (APP / "registration.py").read_text()
     assert source.count("_insert_queue_rows(") == 3  # the definition and the two calls

@@ -13,8 +13,9 @@ from django.db import IntegrityError, InterfaceError, OperationalError
 from django.test import Client
 from psycopg_pool import PoolTimeout
 
-from assets_app import observability, task_state
+from assets_app import observability
 from assets_app.database_errors import database_unavailable_reason
+from assets_app.task_state import claims
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +57,7 @@ def _raise(error):
 
 def test_worker_api_answers_503_with_retry_after(monkeypatch, settings):
     settings.DATABASE_RETRY_AFTER_SECONDS = 7
-    monkeypatch.setattr(task_state, "claim_workloads", _raise(wrapped(PoolTimeout("timeout"))))
+    monkeypatch.setattr(claims, "claim_workloads", _raise(wrapped(PoolTimeout("timeout"))))
     response = Client().post(
         "/execution/workloads/claim",
         data={"hostname": "w", "limit": 1},
@@ -73,7 +74,7 @@ def test_worker_api_answers_503_with_retry_after(monkeypatch, settings):
 
 def test_another_database_error_is_still_a_500(monkeypatch, settings):
     error = wrapped(psycopg.errors.UniqueViolation("dup"), IntegrityError)
-    monkeypatch.setattr(task_state, "claim_workloads", _raise(error))
+    monkeypatch.setattr(claims, "claim_workloads", _raise(error))
     response = Client(raise_request_exception=False).post(
         "/execution/workloads/claim",
         data={"hostname": "w", "limit": 1},

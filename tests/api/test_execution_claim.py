@@ -9,9 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import task_state
 from assets_app.api import auth
 from assets_app.models import TaskInstance
+from assets_app.task_state import claims
 from tests.factories import (
     AssetAliasFactory,
     AssetFactory,
@@ -142,7 +142,7 @@ def test_invalid_claim_body_is_422(worker_api, body):
 
 def _claim_queries(limit: int) -> int:
     with CaptureQueriesContext(connection) as ctx:
-        workloads = task_state.claim_workloads(hostname="w", limit=limit)
+        workloads = claims.claim_workloads(hostname="w", limit=limit)
     assert len(workloads) == limit
     return len(ctx.captured_queries)
 
@@ -167,7 +167,7 @@ def test_concurrent_claims_never_hand_out_the_same_ti():
         try:
             barrier.wait()
             got = []
-            while batch := task_state.claim_workloads(hostname=name, limit=4):
+            while batch := claims.claim_workloads(hostname=name, limit=4):
                 got.extend(w.ti.id for w in batch)
             results.append(got)
         finally:
@@ -206,9 +206,9 @@ def test_a_claim_whose_reads_fail_leaves_its_tis_claimable(monkeypatch):
     def gone(keys):
         raise RuntimeError("database went away")
 
-    monkeypatch.setattr(task_state, "_declared_outlets", gone)
+    monkeypatch.setattr(claims, "_declared_outlets", gone)
     with pytest.raises(RuntimeError):
-        task_state.claim_workloads(hostname="w1", limit=1)
+        claims.claim_workloads(hostname="w1", limit=1)
     monkeypatch.undo()
     assert not TaskInstance.objects.get(id=ti.id).claimed_by
-    assert [w.ti.id for w in task_state.claim_workloads(hostname="w2", limit=1)] == [ti.id]
+    assert [w.ti.id for w in claims.claim_workloads(hostname="w2", limit=1)] == [ti.id]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from assets_app import definitions, repair, runs, task_state
+from assets_app import definitions, repair, runs
 from assets_app.models import DagRunState, TaskInstance, TIState
+from assets_app.task_state import claims, retries
 from tests.api.snapshots import db_snapshot
 
 pytestmark = pytest.mark.django_db
@@ -91,13 +92,13 @@ def test_retry_waits_the_tasks_delay_unless_the_worker_gives_one(worker_api):
     t.refresh_from_db()
     assert 4 < (t.retry_at - before).total_seconds() <= 6
     # Not claimable before the delay has passed.
-    assert [w.ti.task_id for w in task_state.claim_workloads(hostname="w", limit=10)] == []
+    assert [w.ti.task_id for w in claims.claim_workloads(hostname="w", limit=10)] == []
 
 
 def test_exponential_backoff_follows_airflows_formula_and_cap():
-    policy = task_state.RetryPolicy(delay_seconds=10, backoff=2.0, max_delay_seconds=None)
+    policy = retries.RetryPolicy(delay_seconds=10, backoff=2.0, max_delay_seconds=None)
     delays = [
-        task_state.retry_delay_for(policy=policy, dag_id="d", task_id="t", try_number=n)
+        retries.retry_delay_for(policy=policy, dag_id="d", task_id="t", try_number=n)
         for n in range(1, 6)
     ]
     # Between ceil(10 * 2 ** (try - 1)) and twice that (a deterministic hash of the TI).
@@ -105,17 +106,17 @@ def test_exponential_backoff_follows_airflows_formula_and_cap():
         low = 10 * 2 ** (n - 1)
         assert low <= delay < 2 * low
     assert delays == [
-        task_state.retry_delay_for(policy=policy, dag_id="d", task_id="t", try_number=n)
+        retries.retry_delay_for(policy=policy, dag_id="d", task_id="t", try_number=n)
         for n in range(1, 6)
     ]
-    capped = task_state.RetryPolicy(delay_seconds=10, backoff=2.0, max_delay_seconds=25)
-    assert task_state.retry_delay_for(policy=capped, dag_id="d", task_id="t", try_number=5) == 25
-    constant = task_state.RetryPolicy(delay_seconds=10, backoff=0)
-    assert task_state.retry_delay_for(policy=constant, dag_id="d", task_id="t", try_number=5) == 10
-    huge = task_state.RetryPolicy(delay_seconds=10**6, backoff=10)
+    capped = retries.RetryPolicy(delay_seconds=10, backoff=2.0, max_delay_seconds=25)
+    assert retries.retry_delay_for(policy=capped, dag_id="d", task_id="t", try_number=5) == 25
+    constant = retries.RetryPolicy(delay_seconds=10, backoff=0)
+    assert retries.retry_delay_for(policy=constant, dag_id="d", task_id="t", try_number=5) == 10
+    huge = retries.RetryPolicy(delay_seconds=10**6, backoff=10)
     assert (
-        task_state.retry_delay_for(policy=huge, dag_id="d", task_id="t", try_number=400)
-        == task_state.MAX_RETRY_DELAY_SECONDS
+        retries.retry_delay_for(policy=huge, dag_id="d", task_id="t", try_number=400)
+        == retries.MAX_RETRY_DELAY_SECONDS
     )
 
 

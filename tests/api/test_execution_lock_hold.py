@@ -16,7 +16,6 @@ from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import task_state
 from assets_app.models import (
     AssetAliasEvent,
     AssetEvent,
@@ -25,6 +24,7 @@ from assets_app.models import (
     TaskInstance,
     TIState,
 )
+from assets_app.task_state import retries, starting, success
 from tests.factories import AssetAliasFactory, AssetFactory, TaskInstanceFactory
 
 START = datetime.fromisoformat("2026-06-30T10:00:00+00:00")
@@ -83,7 +83,7 @@ def succeed_and_log(n_outlets: int) -> list[str]:
     ti = TaskInstanceFactory(running=True)
     profiles, events = outlets(n_outlets)
     with statement_log() as log:
-        change = task_state.succeed(
+        change = success.succeed(
             ti_id=ti.id,
             try_number=ti.try_number,
             end_date=timezone.now(),
@@ -138,11 +138,11 @@ def make_consumed_events(ti, n: int) -> None:
     )
 
 
-def start_and_log(n_events: int) -> tuple[list[str], int, task_state.RunContext]:
+def start_and_log(n_events: int) -> tuple[list[str], int, starting.RunContext]:
     ti = TaskInstanceFactory()
     make_consumed_events(ti, n_events)
     with statement_log() as log:
-        context = task_state.start(
+        context = starting.start(
             ti_id=ti.id,
             try_number=ti.try_number,
             hostname="h",
@@ -176,7 +176,7 @@ def test_ti_run_total_query_count_is_pinned(django_assert_num_queries, n_events)
     # transaction), then run -> running, DagRun, events joined with assets, source aliases,
     # the XCom keys of an earlier try and this try's reschedule count.
     with django_assert_num_queries(10):
-        context = task_state.start(
+        context = starting.start(
             ti_id=ti.id,
             try_number=ti.try_number,
             hostname="h",
@@ -236,7 +236,7 @@ def test_inline_mode_never_waits_on_foreign_key_checks_while_holding_the_ti_lock
     def succeed() -> None:
         try:
             profile = {"name": "held", "uri": "s3://b/held", "type": "Asset"}
-            change = task_state.succeed(
+            change = success.succeed(
                 ti_id=ti.id,
                 try_number=ti.try_number,
                 end_date=timezone.now(),
@@ -273,7 +273,7 @@ def test_reschedule_inserts_its_row_before_the_lock_and_holds_it_for_one_stateme
     ti = TaskInstanceFactory(running=True)
     when = timezone.now()
     with statement_log() as log:
-        change = task_state.reschedule(
+        change = retries.reschedule(
             ti_id=ti.id, try_number=ti.try_number, reschedule_date=when, end_date=when
         )
     assert change.state == TIState.QUEUED

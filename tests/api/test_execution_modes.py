@@ -15,6 +15,7 @@ from assets_app.models import (
     DagScheduleAssetReference,
     TIState,
 )
+from assets_app.task_state import success
 from tests.factories import AssetFactory, DagFactory, TaskInstanceFactory
 
 from .snapshots import db_snapshot
@@ -124,7 +125,7 @@ def _succeed_in_thread(ti_id, results: list) -> threading.Thread:
     def run():
         try:
             results.append(
-                task_state.succeed(
+                success.succeed(
                     ti_id=ti_id,
                     try_number=1,
                     end_date=timezone.now(),

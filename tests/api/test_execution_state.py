@@ -365,7 +365,7 @@ def test_concurrent_successes_of_one_try_write_one_outbox_row_and_one_is_a_repla
 
     from django.db import connection
 
-    from assets_app import task_state
+    from assets_app.task_state import success
 
     ti = TaskInstanceFactory(running=True)
     barrier = threading.Barrier(8)
@@ -375,7 +375,7 @@ def test_concurrent_successes_of_one_try_write_one_outbox_row_and_one_is_a_repla
         try:
             barrier.wait(5)
             results.append(
-                task_state.succeed(
+                success.succeed(
                     ti_id=ti.id,
                     try_number=ti.try_number,
                     end_date=timezone.now(),
@@ -400,18 +400,18 @@ def test_concurrent_successes_of_one_try_write_one_outbox_row_and_one_is_a_repla
 def test_success_rolls_back_its_outbox_row_when_the_ti_changed_before_the_lock(monkeypatch):
     """The TI is read, its outbox row inserted, then the locking UPDATE finds it no longer
     running: the row is rolled back with the transaction and the answer is a 409."""
-    from assets_app import task_state
+    from assets_app.task_state import success
 
     ti = TaskInstanceFactory(running=True)
-    real_lock = task_state._set_success_if_running
+    real_lock = success._set_success_if_running
 
     def lock_after_a_concurrent_failure(*, ti, end_date):
         TaskInstance.objects.filter(id=ti.id).update(state=TIState.FAILED)
         return real_lock(ti=ti, end_date=end_date)
 
-    monkeypatch.setattr(task_state, "_set_success_if_running", lock_after_a_concurrent_failure)
+    monkeypatch.setattr(success, "_set_success_if_running", lock_after_a_concurrent_failure)
     with pytest.raises(InvalidState) as raised:
-        task_state.succeed(
+        success.succeed(
             ti_id=ti.id,
             try_number=ti.try_number,
             end_date=timezone.now(),

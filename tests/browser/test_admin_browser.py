@@ -17,8 +17,9 @@ from django.contrib.admin.utils import quote
 from django.db import connections
 from django.utils import timezone
 
-from assets_app import definitions, drain, heartbeats, observability, runs, task_state
+from assets_app import definitions, drain, heartbeats, observability, runs
 from assets_app.models import Asset, AssetEvent, AssetEventQueue, DagRun, DagRunType, Task
+from assets_app.task_state import finishing, starting, success
 from tests.factories import AssetEventQueueFactory, AssetFactory, DagFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -166,7 +167,7 @@ def _run_ingest(*, orders_uri: str, fail: str | None = None) -> DagRun:
     run = runs.trigger_dag(dag_id="ingest")
     now = timezone.now()
     for ti in run.task_instances.order_by("task_id"):
-        task_state.start(
+        starting.start(
             ti_id=ti.id,
             try_number=ti.try_number,
             hostname="worker-1",
@@ -175,13 +176,13 @@ def _run_ingest(*, orders_uri: str, fail: str | None = None) -> DagRun:
             start_date=now,
         )
         if ti.task_id == fail:
-            task_state.finish(
+            finishing.finish(
                 ti_id=ti.id, try_number=ti.try_number, state="failed", end_date=timezone.now()
             )
             continue
         name = ti.task_id.removeprefix("fetch_")
         uri = orders_uri if name == "orders" else f"s3://lake/raw/{name}"
-        task_state.succeed(
+        success.succeed(
             ti_id=ti.id,
             try_number=ti.try_number,
             end_date=timezone.now() + timedelta(seconds=3),

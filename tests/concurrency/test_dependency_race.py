@@ -8,8 +8,9 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from assets_app import definitions, dependencies, runs, task_state
+from assets_app import definitions, dependencies, runs
 from assets_app.models import TaskInstance, TIState
+from assets_app.task_state import starting, success
 
 ROUNDS = 25
 WIDTH = 4  # upstream tasks finishing together
@@ -50,7 +51,7 @@ def test_upstream_finishing_together_queue_their_downstream_once(monkeypatch):
         run = runs.trigger_dag(dag_id="fan_in")
         run_ids.append(run.pk)
         for t in TaskInstance.objects.filter(dag_run=run, state=TIState.QUEUED):
-            task_state.start(
+            starting.start(
                 ti_id=t.id,
                 try_number=t.try_number,
                 hostname="h",
@@ -64,7 +65,7 @@ def test_upstream_finishing_together_queue_their_downstream_once(monkeypatch):
         try:
             ti_id = TaskInstance.objects.get(dag_run_id=run_pk, task_id=task_id).id
             barrier.wait()
-            task_state.succeed(
+            success.succeed(
                 ti_id=ti_id,
                 try_number=1,
                 end_date=timezone.now(),

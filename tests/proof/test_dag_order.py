@@ -22,8 +22,9 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from assets_app import definitions, repair, runs, task_state
+from assets_app import definitions, repair, runs
 from assets_app.models import DagRun, DagRunState, TaskInstance, TaskUpstream, TIState
+from assets_app.task_state import claims, liveness, starting, success
 from tests.servers import Server
 
 from .conftest import figure, run_in_threads, wait_until
@@ -100,7 +101,7 @@ def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, mo
     from django_q.tasks import async_task
 
     sync(diamond_and_fan_in())
-    real_after = task_state.after_ti_finished
+    real_after = success.after_ti_finished
     dropped = Counter()
     local = threading.local()
 
@@ -112,12 +113,12 @@ def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, mo
             return
         real_after(ti)
 
-    monkeypatch.setattr(task_state, "after_ti_finished", maybe_dying_after)
+    monkeypatch.setattr(success, "after_ti_finished", maybe_dying_after)
     run_pks = [runs.trigger_dag(dag_id="proof_diamond").pk for _ in range(RUNS)]
     total = TaskInstance.objects.filter(dag_run_id__in=run_pks).count()
     assert total == RUNS * 22
-    claims: Counter = Counter()
-    claims_lock = threading.Lock()
+    claim_counts: Counter = Counter()
+    claim_counts_lock = threading.Lock()
     done = threading.Event()
     cluster = servers("qcluster", env=CLUSTER_ENV)
     kills = 0
@@ -131,14 +132,14 @@ def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, mo
         rng = random.Random(n)
         deadline = time.monotonic() + 150
         while not done.is_set() and time.monotonic() < deadline:
-            claimed = task_state.claim_workloads(hostname=f"w{n}", limit=1)
+            claimed = claims.claim_workloads(hostname=f"w{n}", limit=1)
             if not claimed:
                 time.sleep(0.02)
                 continue
             ti = claimed[0].ti
-            with claims_lock:
-                claims[ti.id] += 1
-            task_state.start(
+            with claim_counts_lock:
+                claim_counts[ti.id] += 1
+            starting.start(
                 ti_id=ti.id,
                 try_number=ti.try_number,
                 hostname=f"w{n}",
@@ -147,7 +148,7 @@ def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, mo
                 start_date=timezone.now(),
             )
             time.sleep(rng.uniform(0, 0.01))
-            task_state.succeed(
+            success.succeed(
                 ti_id=ti.id,
                 try_number=ti.try_number,
                 end_date=timezone.now(),
@@ -188,7 +189,7 @@ def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, mo
     assert states == {DagRunState.SUCCESS: RUNS}, cluster.log_tail()
     assert Counter(tis.values_list("state", flat=True)) == {TIState.SUCCESS: total}
     assert set(tis.values_list("try_number", flat=True)) == {1}
-    assert len(claims) == total and set(claims.values()) == {1}
+    assert len(claim_counts) == total and set(claim_counts.values()) == {1}
     assert order_violations("proof_diamond") == []
 
 
@@ -234,7 +235,7 @@ def test_reference_worker_killed_mid_task_its_tis_are_retried_and_runs_finish(
 
     def sweeper() -> None:
         while not done.is_set():
-            result = task_state.fail_dead_task_instances()
+            result = liveness.fail_dead_task_instances()
             repaired.update(result.retried + result.failed)
             repair.sweep_waiting_runs()
             time.sleep(0.3)

@@ -7,8 +7,8 @@ from typing import Any
 
 import requests
 
-from assets_app import task_state
 from assets_app.api.auth import issue_token
+from assets_app.task_state import success
 
 
 def asset_outlets(names: list[str]) -> list[dict[str, str]]:
@@ -17,7 +17,7 @@ def asset_outlets(names: list[str]) -> list[dict[str, str]]:
 
 def succeed_ti(ti: Any, outlets: list[dict[str, str]]) -> Any:
     """running -> success with these outlets, through the domain function."""
-    return task_state.succeed(
+    return success.succeed(
         ti_id=ti.id,
         try_number=ti.try_number,
         end_date=datetime.now(UTC),

@@ -1,0 +1,85 @@
+"""Workers claiming queued TIs (`claim_workloads`, our own endpoint: Airflow has none), with the
+outlets each claimed TI's task declares and its Dag's file.
+"""
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from .. import locks
+from ..models import Dag, Task, TaskInstance
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A claimed TI and the outlets its Task declares (`{"name", "uri", "type": "Asset"}` or
+    `{"name", "type": "AssetAlias"}`)."""
+
+    ti: TaskInstance
+    task_outlets: list[dict[str, Any]] = field(default_factory=list)
+    # Where the Dag's file is, relative to its folder (Dag.fileloc; "" for JSON definitions).
+    dag_rel_path: str = ""
+
+
+def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
+    """Claim up to `limit` queued TIs for `hostname`, FIFO, never waiting on another claimer.
+
+    Transaction: one durable transaction: `locks.claim_queued_task_instances` (SKIP LOCKED) and one
+    UPDATE setting claimed_by/claimed_at. A claimed TI that is not started within
+    `WORKLOAD_CLAIM_TIMEOUT_SECONDS` becomes claimable again. The declared outlets of the claimed
+    TIs' Tasks and their Dags' files are read with 3 queries whatever `limit` is, inside the same
+    transaction: a read that fails (the database went away) rolls the claim back, so a claim whose
+    answer is an error never strands its TIs for the claim timeout. The claimed TI rows are
+    locked by nobody else (they were queued and SKIP LOCKED), so the longer hold costs no waiter.
+    """
+    now = timezone.now()
+    timeout = timedelta(seconds=settings.WORKLOAD_CLAIM_TIMEOUT_SECONDS)
+    with transaction.atomic(durable=True):
+        tis = locks.claim_queued_task_instances(limit=limit, now=now, claim_timeout=timeout)
+        if not tis:
+            return []
+        TaskInstance.objects.filter(id__in=[ti.id for ti in tis]).update(
+            claimed_by=hostname, claimed_at=now
+        )
+        outlets = _declared_outlets({(ti.dag_id, ti.task_id) for ti in tis})
+        files = dict(
+            Dag.objects.filter(dag_id__in={ti.dag_id for ti in tis}).values_list(
+                "dag_id", "fileloc"
+            )
+        )
+    for ti in tis:
+        ti.claimed_by = hostname
+        ti.claimed_at = now
+    return [
+        Workload(
+            ti=ti,
+            task_outlets=outlets.get((ti.dag_id, ti.task_id), []),
+            dag_rel_path=files.get(ti.dag_id, ""),
+        )
+        for ti in tis
+    ]
+
+
+def _declared_outlets(keys: set[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    dag_ids = {dag_id for dag_id, _ in keys}
+    task_ids = {task_id for _, task_id in keys}
+    tasks = Task.objects.filter(dag_id__in=dag_ids, task_id__in=task_ids).prefetch_related(
+        "outlet_assets", "outlet_aliases"
+    )
+    result: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for task in tasks:
+        key = (task.dag_id, task.task_id)
+        if key not in keys:
+            continue
+        result[key] = [
+            {"name": asset.name, "uri": asset.uri, "type": "Asset"}
+            for asset in sorted(task.outlet_assets.all(), key=lambda a: a.name)
+        ] + [
+            {"name": alias.name, "type": "AssetAlias"}
+            for alias in sorted(task.outlet_aliases.all(), key=lambda a: a.name)
+        ]
+    return result

@@ -267,3 +267,71 @@ def test_asset_and_time_a_row_another_session_holds_is_skipped_not_waited_for():
     assert len(result.run_ids) == 1
     assert consumed(DagRun.objects.get()) == {mine.id}
     assert list(AssetDagRunQueue.objects.values_list("asset_event_id", flat=True)) == [held.id]
+
+
+# --- the public API -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def api():
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from assets_app.api.public_auth import create_api_token
+
+    get_user_model().objects.create_user("ops", password="pw", is_staff=True, is_superuser=True)
+    _, key = create_api_token(username="ops", name="test")
+    return Client(headers={"Authorization": f"Bearer {key}"})
+
+
+def test_the_public_api_gives_airflows_asset_or_time_fields(api):
+    sync(timetable="0 3 * * *", timezone="Europe/Zurich", start_date="2099-01-01")
+    body = api.get("/api/v2/dags/both").json()
+    # What Airflow 3.3.2 answers for AssetOrTimeSchedule(CronTriggerTimetable("0 3 * * *")).
+    assert body["timetable_summary"] == "Asset or 0 3 * * *"
+    assert body["timetable_description"] == "Triggered by assets or At 03:00"
+    assert body["timetable_periodic"] is True
+    # 03:00 in Zurich on 2099-01-01 is 02:00 UTC: a tick, its logical date and interval.
+    assert body["next_dagrun_logical_date"] == "2099-01-01T02:00:00Z"
+    assert body["next_dagrun_data_interval_start"] == "2099-01-01T02:00:00Z"
+    assert body["next_dagrun_data_interval_end"] == "2099-01-01T02:00:00Z"
+    assert body["next_dagrun_run_after"] == "2099-01-01T02:00:00Z"
+    details = api.get("/api/v2/dags/both/details").json()
+    assert details["asset_expression"] is not None and details["timezone"] == "Europe/Zurich"
+
+
+def test_the_public_api_names_asset_and_time(api):
+    sync(schedule_mode="asset_and_time", timetable="@daily")
+    body = api.get("/api/v2/dags/both").json()
+    assert body["timetable_summary"] == "Asset and 0 0 * * *"
+    assert body["timetable_description"] == "At 00:00, when triggered by assets"
+
+
+def test_the_public_api_gives_a_cron_dags_description_as_airflow(api):
+    sync(schedule=None, timetable="*/15 9-17 * * 1-5")
+    body = api.get("/api/v2/dags/both").json()
+    assert body["timetable_summary"] == "*/15 9-17 * * 1-5"
+    assert body["timetable_description"] == (
+        "Every 15 minutes, between 09:00 and 17:59, Monday through Friday"
+    )
+
+
+def test_the_dag_list_filters_by_airflows_timetable_type_and_orders_by_next_run(api):
+    sync(dag_id="or_dag", timetable="0 3 * * *", start_date="2099-01-02")
+    sync(dag_id="and_dag", schedule_mode="asset_and_time", start_date="2099-01-03")
+    sync(dag_id="cron", schedule=None, timetable="@daily", start_date="2099-01-01")
+    sync(dag_id="assets", timetable=None, start_date=None)
+    sync(dag_id="manual", schedule=None, timetable=None, start_date=None)
+
+    def listed(**params):
+        return [d["dag_id"] for d in api.get("/api/v2/dags", params).json()["dags"]]
+
+    assert listed(timetable_type="CronTriggerTimetable") == ["cron"]
+    assert listed(timetable_type="AssetOrTimeSchedule") == ["or_dag"]
+    assert listed(timetable_type="AssetAndTimeSchedule") == ["and_dag"]
+    assert listed(timetable_type="AssetTriggeredTimetable") == ["assets"]
+    assert listed(timetable_type="NullTimetable") == ["manual"]
+    assert listed(
+        order_by="next_dagrun",
+        timetable_type=["CronTriggerTimetable", "AssetOrTimeSchedule", "AssetAndTimeSchedule"],
+    ) == ["cron", "or_dag", "and_dag"]

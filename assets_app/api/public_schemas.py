@@ -360,9 +360,11 @@ AIRFLOW_MAX_ACTIVE_TASKS = 16
 
 
 class DAGResponse(Schema):
-    """Airflow's DAGResponse. No tags, owners, bundles or timetables here: empty lists, nulls and
-    Airflow's defaults; `timetable_summary` is Airflow's ("Asset" for an asset schedule, "None"
-    for manual runs only); `last_parsed_time` is the last time `sync_dags` changed the Dag."""
+    """Airflow's DAGResponse. No tags, owners or bundles here: empty lists, nulls and Airflow's
+    defaults; the `timetable_*` fields are Airflow's ("Asset" for an asset schedule, "None" for
+    manual runs only, a timetable's own summary and description, AssetOrTimeSchedule's for
+    assets or time: `_time_fields`), the `next_dagrun_*` fields the stored next run;
+    `last_parsed_time` is the last time `sync_dags` changed the Dag."""
 
     dag_id: str
     dag_display_name: str

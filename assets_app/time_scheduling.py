@@ -302,12 +302,20 @@ def _consume_ticks(
     for row in sorted(rows, key=lambda r: (r.timestamp, r.event_id)):
         by_dag[row.dag_id].append(row)
     parsed: dict[str, conditions.Condition] = {}
+    failed: dict[str, str] = {}
     for dag in dags:
         if ticks.get(dag.dag_id):
             try:
                 parsed[dag.dag_id] = conditions.parse(dag.schedule)
-            except conditions.ConditionError:
+            except conditions.ConditionError as exc:
                 logger.exception("dag %s: its schedule cannot be evaluated", dag.dag_id)
+                failed[dag.dag_id] = f"schedule cannot be evaluated: {exc.path}: {exc.message}"
+    if failed:
+        # Shown as the asset scheduler's are (invariant 13): the Dag's ticks and events wait.
+        for dag_id, error in failed.items():
+            Dag.objects.filter(dag_id=dag_id).exclude(schedule_error=error).update(
+                schedule_error=error[:2000], schedule_error_at=timezone.now()
+            )
     alias_assets = _alias_assets(parsed.values())
     created: list[tuple[DagRun, list[int]]] = []
     done: dict[str, timetables.RunInfo] = {}

@@ -335,3 +335,34 @@ def test_the_dag_list_filters_by_airflows_timetable_type_and_orders_by_next_run(
         order_by="next_dagrun",
         timetable_type=["CronTriggerTimetable", "AssetOrTimeSchedule", "AssetAndTimeSchedule"],
     ) == ["cron", "or_dag", "and_dag"]
+
+
+@pytest.mark.parametrize("dags", [1, 30])
+def test_asset_and_time_statements_per_batch_are_constant(dags, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.TIME_SCHEDULER_BATCH_SIZE = 100
+    for i in range(dags):
+        sync(dag_id=f"d{i}", schedule_mode="asset_and_time", catchup=True, max_active_runs=10)
+        queue_event(f"d{i}", "a", at("2099-01-01T00:10:00"))
+        queue_event(f"d{i}", "b", at("2099-01-01T01:10:00"))
+    with CaptureQueriesContext(connection) as queries:
+        result = time_scheduling.create_due_runs(now=at("2099-01-01T02:30:00"))
+    # Ticks 00:00 (nothing), 01:00 (a only), 02:00 (a and b): one run per Dag.
+    assert len(result.run_ids) == dags
+    assert DagRunAssetEvent.objects.count() == 2 * dags
+    # claim, active counts, last runs, taken dates, tasks, ADRQ lock, runs, links, TIs, ADRQ
+    # delete, next-run update, savepoint/commit: the same for 1 Dag as for 30.
+    assert len(queries) == 13, [q["sql"][:80] for q in queries]
+
+
+def test_asset_and_time_a_schedule_that_cannot_evaluate_is_recorded_and_waits():
+    dag = sync(schedule_mode="asset_and_time")
+    queue_event("both", "a", at("2099-01-01T00:10:00"))
+    Dag.objects.filter(pk=dag.pk).update(schedule={"all": "not a list"})
+    assert time_scheduling.create_due_runs(now=at("2099-01-01T01:00:30")).run_ids == ()
+    dag.refresh_from_db()
+    assert dag.schedule_error.startswith("schedule cannot be evaluated")
+    assert dag.next_dagrun == at("2099-01-01T00:00:00")  # unchanged: its ticks wait
+    assert AssetDagRunQueue.objects.count() == 1

@@ -292,6 +292,7 @@ def claim_due_timetable_dags(
             "max_active_runs",
             "schedule",
             "schedule_mode",
+            "schedule_error",
             *TIMETABLE_NEXT_FIELDS,
         )[:limit]
     )

@@ -316,6 +316,9 @@ def _consume_ticks(
             Dag.objects.filter(dag_id=dag_id).exclude(schedule_error=error).update(
                 schedule_error=error[:2000], schedule_error_at=timezone.now()
             )
+    cleared = [dag.dag_id for dag in dags if dag.dag_id in parsed and dag.schedule_error]
+    if cleared:
+        Dag.objects.filter(dag_id__in=cleared).update(schedule_error="", schedule_error_at=None)
     alias_assets = _alias_assets(parsed.values())
     created: list[tuple[DagRun, list[int]]] = []
     done: dict[str, timetables.RunInfo] = {}

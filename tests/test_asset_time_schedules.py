@@ -366,3 +366,8 @@ def test_asset_and_time_a_schedule_that_cannot_evaluate_is_recorded_and_waits():
     assert dag.schedule_error.startswith("schedule cannot be evaluated")
     assert dag.next_dagrun == at("2099-01-01T00:00:00")  # unchanged: its ticks wait
     assert AssetDagRunQueue.objects.count() == 1
+    # Evaluable again (a stored schedule repaired): the error clears and the tick is examined.
+    Dag.objects.filter(pk=dag.pk).update(schedule={"any": [{"asset": {"name": "a", "uri": "a"}}]})
+    assert len(time_scheduling.create_due_runs(now=at("2099-01-01T01:00:30")).run_ids) == 1
+    dag.refresh_from_db()
+    assert dag.schedule_error == ""

@@ -9,9 +9,11 @@ Time schedules (issue 24) become the definition's `timetable` with the Dag's `ti
 `start_date`, `end_date` and `catchup`: a cron string or preset and a `timedelta` (Airflow 3
 makes them CronTriggerTimetable / DeltaTriggerTimetable), CronTriggerTimetable,
 CronDataIntervalTimetable, DeltaTriggerTimetable, DeltaDataIntervalTimetable,
-MultipleCronTriggerTimetable, EventsTimetable and `@once`. A schedule the service cannot run
-(a relativedelta, `@continuous`, partitions, asset-or-time, a custom timetable) is refused with
-a message naming the Dag and its file, unless `manual_only` asks for such Dags to be synced as
+MultipleCronTriggerTimetable, EventsTimetable and `@once`; an AssetOrTimeSchedule of one of
+them becomes the asset `schedule` and that `timetable` with `schedule_mode` `asset_or_time`. A
+schedule the service cannot run (a relativedelta, `@continuous`, partitions, a custom
+timetable, an AssetOrTimeSchedule of one of those) is refused with a message naming the Dag and
+its file, unless `manual_only` asks for such Dags to be synced as
 manual-only (schedule null).
 """
 
@@ -92,10 +94,32 @@ def _get(timetable: Any, name: str) -> Any:
 
 
 def _timetable(dag: Any, *, where: str) -> dict[str, Any] | str | None:
-    """The definition's `timetable` for a time schedule, or None when the Dag has none. The
-    Task SDK's timetable classes and core's (`airflow.timetables`, which DAG files import too)
-    are read alike, by exact class (a subclass may change the semantics)."""
-    timetable, dag_id = dag.timetable, dag.dag_id
+    """The definition's `timetable` for a time schedule (alone, or the time half of an
+    AssetOrTimeSchedule), or None when the Dag has none."""
+    timetable = dag.timetable
+    if _is_asset_or_time(timetable):
+        inner = _time_timetable(timetable.timetable, dag_id=dag.dag_id, where=where)
+        if inner is None:
+            raise DagFileError(
+                f"{where}: Dag {dag.dag_id!r} has schedule AssetOrTimeSchedule with timetable "
+                f"{type(timetable.timetable).__name__}, which the service cannot run"
+            )
+        return inner
+    return _time_timetable(timetable, dag_id=dag.dag_id, where=where)
+
+
+def _is_asset_or_time(timetable: Any) -> bool:
+    kind = type(timetable)
+    return kind.__name__ == "AssetOrTimeSchedule" and kind.__module__ in (
+        "airflow.sdk.definitions.timetables.assets",
+        "airflow.timetables.assets",
+    )
+
+
+def _time_timetable(timetable: Any, *, dag_id: str, where: str) -> dict[str, Any] | str | None:
+    """A time timetable in the definition format, or None when it is not one. The Task SDK's
+    timetable classes and core's (`airflow.timetables`, which DAG files import too) are read
+    alike, by exact class (a subclass may change the semantics)."""
     kind = type(timetable)
     if not kind.__module__.startswith(
         ("airflow.sdk.definitions.timetables.", "airflow.timetables.")
@@ -165,7 +189,7 @@ def _schedule(dag: Any, *, where: str, manual_only: bool) -> Any:
     timetable = dag.timetable
     if isinstance(timetable, NullTimetable):
         return None
-    if type(timetable) is AssetTriggeredTimetable:
+    if type(timetable) is AssetTriggeredTimetable or _is_asset_or_time(timetable):
         return _condition(timetable.asset_condition, where=where)
     if manual_only:
         return None
@@ -213,10 +237,13 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
             "(.expand/.partial), which the service does not run yet"
         )
     timetable = _timetable(dag, where=where)
+    with_assets = _is_asset_or_time(dag.timetable)
     definition: dict[str, Any] = {
         "dag_id": dag.dag_id,
         "schedule": (
-            None if timetable is not None else _schedule(dag, where=where, manual_only=manual_only)
+            _schedule(dag, where=where, manual_only=manual_only)
+            if timetable is None or with_assets
+            else None
         ),
         "is_paused": bool(dag.is_paused_upon_creation),
         "description": dag.description or "",
@@ -227,6 +254,8 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
     if timetable is not None:
         definition["timetable"] = timetable
         definition.update(_time_fields(dag))
+    if with_assets:
+        definition["schedule_mode"] = "asset_or_time"
     return definition
 
 

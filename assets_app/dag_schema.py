@@ -387,7 +387,8 @@ class Task(_Object):
 
 
 class Dag(_Object):
-    """A Dag: its schedule (the assets it waits for) or its timetable, and its tasks."""
+    """A Dag: its schedule (the assets it waits for), its timetable, or both (`schedule_mode`),
+    and its tasks."""
 
     what: ClassVar[str] = "a Dag"
     dag_id: Identifier
@@ -401,6 +402,13 @@ class Dag(_Object):
     start_date: DateTimeText | None = None
     end_date: DateTimeText | None = None
     catchup: bool = Field(False, description="Create the runs missed since the start date.")
+    schedule_mode: Literal["asset_or_time", "asset_and_time"] = Field(
+        "asset_or_time",
+        description="A Dag with both a schedule and a timetable: asset_or_time (Airflow's "
+        "AssetOrTimeSchedule) runs on each tick and whenever the assets' condition is met; "
+        "asset_and_time runs on a tick only when the condition was met by the events queued up "
+        "to that tick, and consumes them (a tick without it creates no run).",
+    )
 
     @model_validator(mode="after")
     def _time_schedule(self) -> Dag:
@@ -430,9 +438,12 @@ class Dag(_Object):
                     timetables.parse_date(value, timezone=self.timezone)
             except timetables.TimetableError as exc:
                 raise invalid(name, str(exc)) from None
-        if self.timetable is not None and self.schedule is not None:
+        if self.schedule_mode != "asset_or_time" and (
+            self.timetable is None or self.schedule is None
+        ):
             raise invalid(
-                "timetable", "a Dag has a schedule (assets) or a timetable (time), not both yet"
+                "schedule_mode",
+                f"schedule_mode {self.schedule_mode!r} needs both a schedule and a timetable",
             )
         if self.catchup and self.timetable is not None and self.start_date is None:
             raise invalid("catchup", "catchup needs a start_date (as Airflow requires)")

@@ -14,16 +14,14 @@ from typing import Any
 from django.db import transaction
 from django.db.models import (
     Count,
-    DateTimeField,
     Exists,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
-    Value,
 )
 
-from . import audit, exceptions, limits, listing
+from . import audit, exceptions, limits, listing, timetables
 from .models import (
     Asset,
     AssetAlias,
@@ -32,14 +30,15 @@ from .models import (
     DagRunState,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    ScheduleMode,
 )
 
 DAG_ORDERING = listing.Ordering(
     keys={
         "dag_id": "dag_id",
         "dag_display_name": "dag_id",
-        # No Dag here has a next run on a timetable: ordering by it orders by dag_id.
-        "next_dagrun": Value(None, output_field=DateTimeField()),
+        # A timetable's next run (issue 24; null for asset and manual Dags).
+        "next_dagrun": "next_dagrun",
         "last_run_state": "last_run_state",
         "last_run_start_date": "last_run_start_date",
     },
@@ -48,9 +47,32 @@ DAG_ORDERING = listing.Ordering(
 )
 ACTIVE_RUN_STATES = (DagRunState.QUEUED, DagRunState.RUNNING)
 
-# Airflow's timetable classes for the two kinds of Dag this service runs.
+# Airflow's timetable classes (its `timetable_type` filter: the class name) of the Dags this
+# service runs; a Dag with a timetable is its kind's class (`timetables.AIRFLOW_CLASSES`).
 ASSET_TIMETABLE = "AssetTriggeredTimetable"
 NULL_TIMETABLE = "NullTimetable"
+ASSET_OR_TIME_TIMETABLE = "AssetOrTimeSchedule"
+# Not Airflow's (it has no such class): the service's asset-and-time Dags.
+ASSET_AND_TIME_TIMETABLE = "AssetAndTimeSchedule"
+
+
+def _timetable_type_q(kinds: set[str], scheduled: Q) -> Q:
+    """Dags whose timetable class is one of `kinds`."""
+    timed, untimed = Q(timetable__isnull=False), Q(timetable__isnull=True)
+    both = timed & Q(schedule__isnull=False)
+    match = Q(pk__in=[])
+    if NULL_TIMETABLE in kinds:
+        match |= untimed & ~scheduled
+    if ASSET_TIMETABLE in kinds:
+        match |= untimed & scheduled
+    if ASSET_OR_TIME_TIMETABLE in kinds:
+        match |= both & ~Q(schedule_mode=ScheduleMode.ASSET_AND_TIME)
+    if ASSET_AND_TIME_TIMETABLE in kinds:
+        match |= both & Q(schedule_mode=ScheduleMode.ASSET_AND_TIME)
+    named = [kind for kind, name in timetables.AIRFLOW_CLASSES.items() if name in kinds]
+    if named:
+        match |= timed & Q(schedule__isnull=True) & Q(timetable__kind__in=named)
+    return match
 
 
 def _with_latest_run(dags: QuerySet[Dag]) -> QuerySet[Dag]:
@@ -140,11 +162,7 @@ def _filter(dags: QuerySet[Dag], f: DagFilters) -> QuerySet[Dag]:
     if f.has_asset_schedule is not None:
         q &= scheduled if f.has_asset_schedule else ~scheduled
     if f.timetable_type:
-        kinds = set(f.timetable_type)
-        if ASSET_TIMETABLE not in kinds:
-            q &= ~scheduled
-        if NULL_TIMETABLE not in kinds:
-            q &= scheduled
+        q &= _timetable_type_q(set(f.timetable_type), scheduled)
     if f.asset_dependency is not None:
         q &= Q(
             Exists(

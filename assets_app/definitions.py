@@ -74,6 +74,7 @@ from .models import (
     DagRunType,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    ScheduleMode,
     Task,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
@@ -131,6 +132,8 @@ class DagDefinition:
     start_date: datetime | None = None
     end_date: datetime | None = None
     catchup: bool = False
+    # With both a schedule and a timetable: asset_or_time (Airflow's) or asset_and_time.
+    schedule_mode: str = ScheduleMode.ASSET_OR_TIME
     # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
     # path of the object in the file ("" or "[i]").
     file: str = field(default="", compare=False)
@@ -268,6 +271,7 @@ def _time_schedule(model: dag_schema.Dag) -> dict[str, Any]:
         "start_date": date(model.start_date),
         "end_date": date(model.end_date),
         "catchup": model.catchup,
+        "schedule_mode": model.schedule_mode,
     }
 
 
@@ -589,7 +593,7 @@ def check_fileloc(fileloc: Any) -> None:
         )
 
 
-TIME_FIELDS = ("timetable", "timezone", "start_date", "end_date", "catchup")
+TIME_FIELDS = ("timetable", "timezone", "start_date", "end_date", "catchup", "schedule_mode")
 NEXT_RUN_FIELDS = (
     "next_dagrun",
     "next_dagrun_data_interval_start",

@@ -17,7 +17,9 @@ transaction takes a lock from an earlier step after one from a later step):
      inserts DagRuns and TIs and updates those Dag rows.
   4. Those Dags' ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, in one statement by
      (target_dag_id, asset_event_id); the scheduler then inserts the DagRuns, their
-     consumed-event links and TIs, and deletes exactly those rows.
+     consumed-event links and TIs, and deletes exactly those rows. The time scheduler takes
+     the same step for its asset-and-time Dags (`lock_tick_queue_rows`, under step 3's locks
+     of its batch) and then does the same writes for the ticks whose condition is met.
 
 Outside that order, alone in their own transactions: an operator's change of an asset's uri
 (`lock_asset`, one Asset row, held for one UPDATE; it briefly delays a drain inserting events of
@@ -35,18 +37,19 @@ Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All funct
 called inside a transaction; they say which rows they lock and return model instances.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import BooleanField, Count, ExpressionWrapper, Q, QuerySet
 
 from .models import (
     Asset,
     AssetDagRunQueue,
     AssetEventQueue,
     Dag,
+    ScheduleMode,
     TaskInstance,
     TIState,
 )
@@ -147,6 +150,7 @@ class ClaimedDag(NamedTuple):
     schedule: Any  # its condition, as stored (None: manual only)
     max_active_runs: int
     schedule_error: str  # the error recorded by an earlier pass ("" when none)
+    at_ticks: bool  # an asset-and-time Dag: its events are consumed by its ticks (time_scheduling)
 
 
 def claim_dags_for_scheduling(dag_ids: Sequence[str]) -> dict[str, ClaimedDag]:
@@ -154,13 +158,20 @@ def claim_dags_for_scheduling(dag_ids: Sequence[str]) -> dict[str, ClaimedDag]:
     (step 3 for a batch of Dags: SKIP LOCKED, so the order cannot make it wait). Returns a
     `ClaimedDag` per row locked, by dag_id; a Dag missing from it is held by another scheduler
     (or gone)."""
+    at_ticks = ExpressionWrapper(
+        Q(schedule_mode=ScheduleMode.ASSET_AND_TIME, timetable__isnull=False),
+        output_field=BooleanField(),
+    )
     return {
-        dag_id: ClaimedDag(is_paused, schedule, max_active_runs, schedule_error)
-        for dag_id, is_paused, schedule, max_active_runs, schedule_error in _dag_claim_queryset(
-            dag_ids
+        dag_id: ClaimedDag(is_paused, schedule, max_active_runs, schedule_error, ticks)
+        for dag_id, is_paused, schedule, max_active_runs, schedule_error, ticks in (
+            _dag_claim_queryset(dag_ids)
+            .annotate(at_ticks=at_ticks)
+            .order_by("dag_id")
+            .values_list(
+                "dag_id", "is_paused", "schedule", "max_active_runs", "schedule_error", "at_ticks"
+            )
         )
-        .order_by("dag_id")
-        .values_list("dag_id", "is_paused", "schedule", "max_active_runs", "schedule_error")
     }
 
 
@@ -255,6 +266,15 @@ def lock_runs_for_retention(queryset: QuerySet) -> tuple[list[int], list[UUID]]:
     return ready, [ti_id for ti_id, run_id in locked if run_id in ready_set]
 
 
+# The Dag's stored next run (Airflow's `next_dagrun*`), read by the time scheduler.
+TIMETABLE_NEXT_FIELDS = (
+    "next_dagrun",
+    "next_dagrun_data_interval_start",
+    "next_dagrun_data_interval_end",
+    "next_dagrun_create_after",
+)
+
+
 def claim_due_timetable_dags(
     *, now: datetime, limit: int, exclude: Sequence[str] = ()
 ) -> list[Dag]:
@@ -276,6 +296,41 @@ def claim_due_timetable_dags(
             "end_date",
             "catchup",
             "max_active_runs",
-            "next_dagrun_create_after",
+            "schedule",
+            "schedule_mode",
+            "schedule_error",
+            *TIMETABLE_NEXT_FIELDS,
         )[:limit]
     )
+
+
+class TickQueueRow(NamedTuple):
+    """An ADRQ row the time scheduler locked for an asset-and-time tick."""
+
+    row_id: int
+    dag_id: str
+    event_id: int
+    timestamp: datetime
+    asset_name: str
+
+
+def lock_tick_queue_rows(cutoffs: Mapping[str, datetime]) -> list[TickQueueRow]:
+    """Lock the ADRQ rows of these asset-and-time Dags (whose Dag rows the caller locked with
+    `claim_due_timetable_dags`) whose event is at or before the Dag's cutoff (its last due
+    tick), FOR UPDATE SKIP LOCKED, in the global ADRQ order (target_dag_id, asset_event_id), in
+    one statement (step 4 for a batch of Dags). Rows of later events are neither locked nor
+    read: they belong to a later tick."""
+    if not cutoffs:
+        return []
+    match = Q()
+    for dag_id, cutoff in sorted(cutoffs.items()):
+        match |= Q(target_dag_id=dag_id, asset_event__timestamp__lte=cutoff)
+    return [
+        TickQueueRow(*row)
+        for row in AssetDagRunQueue.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(match)
+        .order_by("target_dag_id", "asset_event_id")
+        .values_list(
+            "id", "target_dag_id", "asset_event_id", "asset_event__timestamp", "asset__name"
+        )
+    ]

@@ -546,9 +546,21 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
 # ---- issue 24: time schedules ----
 
 
-def create_scheduled_runs(*, items: Sequence[tuple[DagRun, Sequence[NewTask]]]) -> None:
+def create_scheduled_runs(
+    *,
+    items: Sequence[tuple[DagRun, Sequence[NewTask]]],
+    consumed_event_ids: Sequence[Sequence[int]] | None = None,
+) -> None:
     """Insert unsaved runs of time schedules (built by `time_scheduling`) and their TIs, each
-    with its Dag's tasks as `dag_tasks` reads them, as every run is created (`_insert_runs`).
-    Inside the caller's transaction; 2 statements whatever the number of runs and tasks. A
-    (Dag, logical_date) already taken raises IntegrityError (`dag_run_logical_date_unique`)."""
-    _insert_runs([(run, (), tasks) for run, tasks in items])
+    with its Dag's tasks as `dag_tasks` reads them, as every run is created (`_insert_runs`);
+    `consumed_event_ids` (parallel to `items`): the events each run consumes (an asset-and-time
+    tick's), linked as an asset-triggered run's are. Inside the caller's transaction; 2
+    statements whatever the number of runs and tasks, 3 with consumed events. A (Dag,
+    logical_date) already taken raises IntegrityError (`dag_run_logical_date_unique`)."""
+    consumed = consumed_event_ids or [() for _ in items]
+    _insert_runs(
+        [
+            (run, list(dict.fromkeys(events)), tasks)
+            for (run, tasks), events in zip(items, consumed, strict=True)
+        ]
+    )

@@ -8,7 +8,8 @@ rows (SKIP LOCKED), evaluate each Dag's condition on the assets of exactly its l
 alias counts as its linked assets), and for each Dag whose condition is met create one run
 consuming exactly those events and delete exactly those rows (invariant 8). A paused Dag's rows
 wait; unpausing it, or a run finishing below `max_active_runs`, lets the next sweep (or the next
-drain batch for the Dag) pick them up.
+drain batch for the Dag) pick them up. An asset-and-time Dag's rows are left to its ticks
+(`time_scheduling`); an asset-or-time Dag is scheduled here as any asset Dag.
 
 A Dag the scheduler cannot evaluate (a stored schedule no door accepts now, e.g. nested deeper
 than `limits.MAX_CONDITION_DEPTH`, or any other error of its own step that is not the database's)
@@ -41,6 +42,7 @@ from .models import (
     Dag,
     DagRun,
     DagRunState,
+    ScheduleMode,
 )
 from .sql import scheduling as scheduling_sql
 
@@ -85,7 +87,7 @@ def candidate_dag_ids(*, dag_ids: Iterable[str] | None = None) -> list[str]:
         is_paused=False,
         schedule__isnull=False,
         dag_id__in=AssetDagRunQueue.objects.values("target_dag_id"),
-    )
+    ).exclude(schedule_mode=ScheduleMode.ASSET_AND_TIME, timetable__isnull=False)
     if dag_ids is not None:
         queryset = queryset.filter(dag_id__in=list(dag_ids))
     return list(
@@ -239,7 +241,8 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
         ready = {
             dag_id: dag
             for dag_id, dag in claimed.items()
-            if not dag.is_paused and dag.schedule is not None
+            # An asset-and-time Dag's events wait for its ticks (`time_scheduling`).
+            if not dag.is_paused and dag.schedule is not None and not dag.at_ticks
         }
         if not ready:
             return outcome

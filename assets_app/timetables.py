@@ -43,6 +43,8 @@ from functools import cached_property
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cron_descriptor import CasingTypeEnum, ExpressionDescriptor
+from cron_descriptor.Exception import FormatException, MissingFieldException
 from croniter import CroniterBadCronError, CroniterBadDateError, croniter
 
 UTC = dt.UTC
@@ -219,6 +221,37 @@ class _Delta(_Steps):
         return dt.datetime.fromtimestamp(seconds - seconds % self.delta.total_seconds(), tz=UTC)
 
 
+def _describe_cron(expression: str) -> str:
+    """Airflow 3.3.2's text of a cron (`CronMixin._describe_with_dom_dow_fix`): cron-descriptor
+    in sentence case with a 24-hour clock; a day of month and a weekday both restricted are
+    described apart and joined by "(or)", since cron reads them as either."""
+
+    def describe(text: str) -> str:
+        return ExpressionDescriptor(
+            text, casing_type=CasingTypeEnum.Sentence, use_24hour_time_format=True
+        ).get_description()
+
+    try:
+        fields = expression.split()
+        if len(fields) == 5 and fields[2] != "*" and fields[4] != "*":
+            dom, dow = list(fields), list(fields)
+            dom[4], dow[2] = "*", "*"
+            return f"{describe(' '.join(dom))} (or) {describe(' '.join(dow))}"
+        return describe(expression)
+    except (FormatException, MissingFieldException):
+        return ""
+
+
+def _spell_delta(delta: dt.timedelta) -> str:
+    """ "hour", "6 hours", "90 minutes", "1 day, 2:00:00" (the largest whole unit, else str)."""
+    seconds = delta.total_seconds()
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        if seconds % size == 0:
+            count = int(seconds // size)
+            return unit if count == 1 else f"{count} {unit}s"
+    return str(delta)
+
+
 def parse_date(text: str, *, timezone: str) -> dt.datetime:
     """A definition's ISO 8601 date (start_date, end_date, an event) as aware UTC; without an
     offset it is a wall time in `timezone`, as Airflow reads a Dag's naive dates."""
@@ -247,7 +280,7 @@ class Timetable:
     run_immediately: bool | dt.timedelta | None = False
     event_dates: tuple[dt.datetime, ...] = ()
     restrict_to_events: bool = False
-    description: str | None = None
+    description_text: str | None = None  # EventsTimetable's `description` parameter
 
     @classmethod
     def from_spec(cls, spec: str | dict[str, Any], *, timezone: str = "UTC") -> Timetable:
@@ -276,7 +309,7 @@ class Timetable:
             ]
             fields["event_dates"] = tuple(sorted(dates))
             fields["restrict_to_events"] = bool(spec.get("restrict_to_events", False))
-            fields["description"] = spec.get("description")
+            fields["description_text"] = spec.get("description")
         if kind in ("cron_trigger", "delta_trigger", "multiple_cron_trigger"):
             fields["interval"] = _seconds(spec.get("interval", 0), "interval")
         if kind in ("cron_trigger", "multiple_cron_trigger"):
@@ -305,7 +338,7 @@ class Timetable:
         if self.kind == "events":
             out["event_dates"] = [d.isoformat() for d in self.event_dates]
             out["restrict_to_events"] = self.restrict_to_events
-            out["description"] = self.description
+            out["description"] = self.description_text
         return out
 
     @cached_property
@@ -326,8 +359,48 @@ class Timetable:
         if self.delta is not None:
             return str(self.delta)
         if self.kind == "events":
-            return self.description or f"{len(self.event_dates)} events"
+            return self.description_text or f"{len(self.event_dates)} events"
         return "@once"
+
+    @property
+    def description(self) -> str:
+        """Airflow's `timetable.description`, word for word: a cron's text by cron-descriptor
+        (as Airflow renders it, with its fix for a day of month and a weekday both given), the
+        crons' texts joined for several, the events' count and span, the fixed text of `@once`;
+        empty for the delta timetables, as in Airflow."""
+        if self.crons:
+            return ", ".join(_describe_cron(step.expression) for step in self.steps)  # type: ignore[attr-defined]
+        if self.kind == "events":
+            if self.description_text is not None:
+                return self.description_text
+            if not self.event_dates:
+                return "No events"
+            tz = zone(self.timezone)
+            first, last = (
+                d.astimezone(tz).isoformat(sep="T")
+                for d in (self.event_dates[0], self.event_dates[-1])
+            )
+            return f"{len(self.event_dates)} events between {first} and {last}"
+        if self.kind == "once":
+            return "Once, as soon as possible"
+        return ""
+
+    @property
+    def text(self) -> str:
+        """The schedule as a person reads it (the console): Airflow's description, with the
+        time zone a cron's wall clock is read in ("At 03:00, Europe/Zurich"; UTC left out),
+        and a delta spelled out ("Every 6 hours") where Airflow has no text."""
+        if self.crons:
+            text = self.description or self.summary
+            return text if self.timezone == "UTC" else f"{text}, {self.timezone}"
+        if self.delta is not None:
+            return f"Every {_spell_delta(self.delta)}"
+        return self.description
+
+    @property
+    def periodic(self) -> bool:
+        """Airflow's `timetable.periodic`: False only for `@once`."""
+        return self.kind != "once"
 
     @property
     def airflow_class(self) -> str:
@@ -349,6 +422,19 @@ class Timetable:
         if self.kind == "events":
             return _events(self.event_dates, last, restriction, now)
         return _once(last, restriction, now)
+
+
+ASSET_OR_TIME = "asset_or_time"
+ASSET_AND_TIME = "asset_and_time"
+
+
+def with_assets(mode: str, summary: str, description: str) -> tuple[str, str]:
+    """The summary and description of a timetable combined with an asset schedule: Airflow's
+    AssetOrTimeSchedule's ("Asset or 0 3 * * *", "Triggered by assets or At 03:00") for
+    `asset_or_time`, the same shape for the service's `asset_and_time`."""
+    if mode == ASSET_AND_TIME:
+        return f"Asset and {summary}", f"{description or summary}, when triggered by assets"
+    return f"Asset or {summary}", f"Triggered by assets or {description}"
 
 
 def _first_run(timetable: Timetable, steps: _Steps, now: dt.datetime) -> dt.datetime:

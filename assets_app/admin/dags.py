@@ -14,7 +14,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import conditions, exceptions, limits, queued_events, runs
+from .. import conditions, exceptions, limits, queued_events, runs, timetables
 from ..models import (
     AssetAliasAsset,
     AssetDagRunQueue,
@@ -24,6 +24,7 @@ from ..models import (
     DagRunState,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    ScheduleMode,
     Task,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
@@ -72,18 +73,52 @@ def condition_text(raw) -> str:
         return f"cannot be evaluated: {limits.abbreviate(exc.path)}: {exc.message}"
 
 
+def time_text(dag: Dag) -> str:
+    """The Dag's timetable as a person reads it ("At 03:00, Europe/Zurich", "Every hour"), or
+    "" without one."""
+    if dag.timetable is None:
+        return ""
+    try:
+        return timetables.Timetable.from_spec(dag.timetable, timezone=dag.timezone).text
+    except timetables.TimetableError as exc:
+        return f"timetable cannot be read: {exc}"
+
+
+def schedule_text(dag: Dag) -> str:
+    """The whole schedule in words: its assets (`condition_text`), its time, or both as its
+    `schedule_mode` combines them."""
+    time = time_text(dag)
+    if not time:
+        return condition_text(dag.schedule)
+    if dag.schedule is None:
+        return time
+    assets = condition_text(dag.schedule)
+    if dag.schedule_mode == ScheduleMode.ASSET_AND_TIME:
+        return f"{time}, when {assets} had events since the tick before"
+    return f"{time}, or on {assets}"
+
+
 class ScheduleFilter(admin.SimpleListFilter):
     title = "schedule"
     parameter_name = "scheduled"
 
     def lookups(self, request, model_admin):
-        return (("assets", "on assets"), ("manual", "manual only"))
+        return (
+            ("assets", "on assets"),
+            ("time", "on time"),
+            ("both", "on assets and time"),
+            ("manual", "manual only"),
+        )
 
     def queryset(self, request, queryset):
         if self.value() == "assets":
             return queryset.filter(schedule__isnull=False)
+        if self.value() == "time":
+            return queryset.filter(timetable__isnull=False)
+        if self.value() == "both":
+            return queryset.filter(schedule__isnull=False, timetable__isnull=False)
         if self.value() == "manual":
-            return queryset.filter(schedule__isnull=True)
+            return queryset.filter(schedule__isnull=True, timetable__isnull=True)
         return queryset
 
 
@@ -158,6 +193,7 @@ class DagAdmin(admin.ModelAdmin):
         "dag_id",
         "is_paused",
         "schedule_summary",
+        "next_run",
         "scheduler_status",
         "task_count",
         "queued_event_count",
@@ -178,6 +214,8 @@ class DagAdmin(admin.ModelAdmin):
                     "is_paused",
                     "max_active_runs",
                     "schedule_summary",
+                    "next_run",
+                    "time_bounds",
                     "scheduler_status",
                     "queued_events_summary",
                     "fileloc",
@@ -197,6 +235,8 @@ class DagAdmin(admin.ModelAdmin):
         "dag_id",
         "description",
         "schedule_summary",
+        "next_run",
+        "time_bounds",
         "scheduler_status",
         "schedule_json",
         "queued_events_summary",
@@ -229,9 +269,37 @@ class DagAdmin(admin.ModelAdmin):
             )
         )
 
+    @admin.display(description="next run", ordering="next_dagrun_create_after")
+    def next_run(self, obj):
+        """When the timetable's next run is due, and its logical date when that differs
+        (Airflow's `next_dagrun_create_after` and `next_dagrun`); "-" without a timetable."""
+        if obj.timetable is None:
+            return "-"
+        if obj.next_dagrun_create_after is None:
+            return "none (the schedule has ended)"
+        due = timezone.localtime(obj.next_dagrun_create_after)
+        text = due.strftime("%Y-%m-%d %H:%M %Z")
+        if obj.next_dagrun is not None and obj.next_dagrun != obj.next_dagrun_create_after:
+            logical = timezone.localtime(obj.next_dagrun).strftime("%Y-%m-%d %H:%M %Z")
+            return format_html('{} <span class="aes-muted">(logical date {})</span>', text, logical)
+        return text
+
+    @admin.display(description="time zone, dates, catchup")
+    def time_bounds(self, obj):
+        if obj.timetable is None:
+            return "-"
+
+        def day(value):
+            return timezone.localtime(value).strftime("%Y-%m-%d %H:%M %Z") if value else "none"
+
+        return (
+            f"{obj.timezone}; from {day(obj.start_date)} to {day(obj.end_date)}; "
+            f"catchup {'on' if obj.catchup else 'off'}"
+        )
+
     @admin.display(description="schedule")
     def schedule_summary(self, obj):
-        text = condition_text(obj.schedule)
+        text = schedule_text(obj)
         # The changelist shows a line of it; the Dag page a screenful and a link to every asset.
         limit = (
             SCHEDULE_TEXT_SHOWN

@@ -108,14 +108,27 @@ def run_outputs(run: DagRun) -> list[TIOutput]:
 
 def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
     """The Dag's last `runs` runs (oldest left) x its tasks, each cell a TI's state, try and
-    duration. Three queries whatever the number of runs, tasks and TIs; tasks that are gone
-    from the definition but have TIs in these runs are listed last."""
+    duration. Runs are ordered as Airflow's grid orders them: by logical date, a run without
+    one (asset-triggered) by its `run_after`, so a catchup's runs and a Dag's asset runs fall
+    in time order whatever order they were created in. Three queries whatever the number of
+    runs, tasks and TIs; tasks that are gone from the definition but have TIs in these runs are
+    listed last."""
     now = timezone.now()
     recent: list[dict[str, Any]] = [
         {**run, "duration": run_duration(run["start_date"], run["end_date"], now=now)}
         for run in DagRun.objects.filter(dag=dag)
-        .order_by("-id")
-        .values("id", "run_id", "run_type", "state", "run_after", "start_date", "end_date")[:runs]
+        .annotate(run_date=Coalesce("logical_date", "run_after"))
+        .order_by("-run_date", "-id")
+        .values(
+            "id",
+            "run_id",
+            "run_type",
+            "state",
+            "run_after",
+            "logical_date",
+            "start_date",
+            "end_date",
+        )[:runs]
     ][::-1]
     task_ids = list(
         Task.objects.filter(dag=dag).order_by("task_id").values_list("task_id", flat=True)

@@ -293,22 +293,20 @@ class DagVersionResponse(Schema):
     bundle_url: str | None
 
 
-# Airflow's `timetable.description` of the timetables whose text is fixed (a cron's comes from
-# cron_descriptor there, not used here: the summary stands in for it).
-_FIXED_DESCRIPTIONS = {"once": "Once, as soon as possible"}
-
-
 def _time_fields(dag: Dag) -> dict[str, Any]:
-    """The schedule fields of a Dag with a timetable (issue 24), as Airflow's DAG answers."""
+    """The schedule fields of a Dag with a timetable (issue 24), as Airflow's DAG answers: its
+    timetable's `summary`, `description` and `periodic`; with an asset schedule too, Airflow's
+    AssetOrTimeSchedule's ("Asset or ...", "Triggered by assets or ..."), or the service's
+    asset-and-time ("Asset and ...")."""
     assert dag.timetable is not None  # callers pass Dags with a timetable
     timetable = timetables.Timetable.from_spec(dag.timetable, timezone=dag.timezone)
-    description = _FIXED_DESCRIPTIONS.get(timetable.kind)
-    if timetable.kind == "events":
-        description = timetable.description or timetable.summary
+    summary, description = timetable.summary, timetable.description
+    if dag.schedule is not None:
+        summary, description = timetables.with_assets(dag.schedule_mode, summary, description)
     return {
-        "timetable_summary": timetable.summary,
-        "timetable_description": description or timetable.summary,
-        "timetable_periodic": timetable.kind not in ("once", "events"),
+        "timetable_summary": summary,
+        "timetable_description": description,
+        "timetable_periodic": timetable.periodic,
         "next_dagrun_logical_date": dag.next_dagrun,
         "next_dagrun_data_interval_start": dag.next_dagrun_data_interval_start,
         "next_dagrun_data_interval_end": dag.next_dagrun_data_interval_end,
@@ -362,9 +360,11 @@ AIRFLOW_MAX_ACTIVE_TASKS = 16
 
 
 class DAGResponse(Schema):
-    """Airflow's DAGResponse. No tags, owners, bundles or timetables here: empty lists, nulls and
-    Airflow's defaults; `timetable_summary` is Airflow's ("Asset" for an asset schedule, "None"
-    for manual runs only); `last_parsed_time` is the last time `sync_dags` changed the Dag."""
+    """Airflow's DAGResponse. No tags, owners or bundles here: empty lists, nulls and Airflow's
+    defaults; the `timetable_*` fields are Airflow's ("Asset" for an asset schedule, "None" for
+    manual runs only, a timetable's own summary and description, AssetOrTimeSchedule's for
+    assets or time: `_time_fields`), the `next_dagrun_*` fields the stored next run;
+    `last_parsed_time` is the last time `sync_dags` changed the Dag."""
 
     dag_id: str
     dag_display_name: str

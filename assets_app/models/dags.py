@@ -6,6 +6,19 @@ from .assets import Asset, AssetAlias
 DAG_ID_MAX_LENGTH = 250
 
 
+class ScheduleMode(models.TextChoices):
+    """How a Dag with both an asset `schedule` and a `timetable` runs (issue 24).
+
+    `asset_or_time` is Airflow's `AssetOrTimeSchedule`: a scheduled run on each tick and an
+    asset-triggered run whenever the condition is met. `asset_and_time` is the service's own
+    (an open request in Airflow): a scheduled run on a tick only when the condition has been met
+    by the events queued up to that tick, consuming exactly those; a tick without it creates no
+    run. A Dag with only one of the two ignores the mode."""
+
+    ASSET_OR_TIME = "asset_or_time"
+    ASSET_AND_TIME = "asset_and_time"
+
+
 class Dag(models.Model):
     """A DAG definition loaded by `sync_dags`. `schedule` is the normalized condition, or null."""
 
@@ -28,6 +41,12 @@ class Dag(models.Model):
     start_date = models.DateTimeField(null=True, blank=True)
     end_date = models.DateTimeField(null=True, blank=True)
     catchup = models.BooleanField(db_default=False, default=False)
+    schedule_mode = models.CharField(
+        max_length=20,
+        choices=ScheduleMode.choices,
+        db_default=ScheduleMode.ASSET_OR_TIME,
+        default=ScheduleMode.ASSET_OR_TIME,
+    )
     # The next run the timetable gives (Airflow's DagModel fields): its logical date, data
     # interval and the time it may be created from. Null when there is none (no timetable,
     # the end date passed). The scheduler reads only the Dags due by `next_dagrun_create_after`.
@@ -44,6 +63,9 @@ class Dag(models.Model):
             models.CheckConstraint(condition=~models.Q(dag_id=""), name="dag_id_not_empty"),
             models.CheckConstraint(
                 condition=models.Q(max_active_runs__gte=1), name="dag_max_active_runs_positive"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(schedule_mode__in=ScheduleMode.values), name="dag_schedule_mode"
             ),
         ]
         indexes = [

@@ -1,7 +1,8 @@
 """Issue 24's fourth acceptance item: an Airflow DAG file with `schedule="@daily"` and one with
 `CronTriggerTimetable(..., timezone="Europe/Zurich")` sync through `bin/airflow-worker`, the
 time scheduler creates their due runs, and the stock Task SDK supervisor runs them with
-`{{ ds }}` and `{{ data_interval_start }}` rendered from the run's dates.
+`{{ ds }}` and `{{ data_interval_start }}` rendered from the run's dates; so does the tick run
+of an `AssetOrTimeSchedule` DAG file (its asset half synced as its schedule).
 """
 
 import datetime as dt
@@ -20,6 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 DAG_FILE = """
 import pendulum
 from airflow.sdk import DAG, BaseOperator
+from airflow.sdk import Asset
+from airflow.sdk.definitions.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
 
@@ -38,6 +41,8 @@ START = pendulum.now("UTC").subtract(days=3).start_of("day")
 for dag_id, schedule in (
     ("{prefix}_daily", "@daily"),
     ("{prefix}_zurich", CronTriggerTimetable("0 3 * * *", timezone="Europe/Zurich")),
+    ("{prefix}_either", AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable("@daily", timezone="UTC"), assets=[Asset("tt_input")])),
 ):
     with DAG(dag_id, schedule=schedule, start_date=START, catchup=False):
         Echo(task_id="echo", value="{{{{ ds }}}} {{{{ data_interval_start }}}}")
@@ -71,10 +76,10 @@ def test_time_scheduled_dag_files_run_on_the_stock_supervisor(service, tmp_path)
     synced = worker("--sync-only")
     assert synced.returncode == 0, synced.stderr[-3000:]
     created = time_scheduling.create_due_runs()
-    assert sorted(dag_id for dag_id, _ in created.run_ids) == ["tt_daily", "tt_zurich"]
+    assert sorted(dag_id for dag_id, _ in created.run_ids) == ["tt_daily", "tt_either", "tt_zurich"]
     ran = worker("--no-sync", "--concurrency", "2", "--idle-exit", "15", "--max-seconds", "600")
     assert ran.returncode == 0, ran.stderr[-3000:]
-    for dag_id in ("tt_daily", "tt_zurich"):
+    for dag_id in ("tt_daily", "tt_zurich", "tt_either"):
         run = DagRun.objects.get(dag_id=dag_id)
         assert run.run_type == "scheduled" and run.run_id.startswith("scheduled__")
         ti = TaskInstance.objects.get(dag_run=run)

@@ -234,3 +234,66 @@ def test_a_mapped_task_is_refused_naming_the_task(tmp_path):
     refused = _convert(tmp_path)
     assert "fanout.py" in refused["error"] and "'fanout'" in refused["error"]
     assert "mapped task(s) 'square'" in refused["error"], refused
+
+
+ASSET_OR_TIME_DAGS = """
+import datetime
+import pendulum
+from dateutil.relativedelta import relativedelta
+from airflow.sdk import Asset, dag, task
+from airflow.sdk.definitions.timetables.assets import AssetOrTimeSchedule
+from airflow.timetables.trigger import CronTriggerTimetable, DeltaTriggerTimetable
+
+
+def make(dag_id, schedule):
+    @dag(dag_id=dag_id, schedule=schedule,
+         start_date=pendulum.datetime(2026, 1, 1, tz="Europe/Zurich"))
+    def d():
+        task(task_id="t")(lambda: None)()
+
+    d()
+
+
+make("aot_cron", AssetOrTimeSchedule(
+    timetable=CronTriggerTimetable("0 3 * * *", timezone="Europe/Zurich"),
+    assets=(Asset("aot_a") & Asset("aot_b"))))
+make("aot_list", AssetOrTimeSchedule(
+    timetable=DeltaTriggerTimetable(datetime.timedelta(hours=6)),
+    assets=[Asset("aot_a"), Asset("aot_c")]))
+"""
+
+
+def test_asset_or_time_schedule_becomes_schedule_and_timetable(tmp_path):
+    """Airflow's AssetOrTimeSchedule: its asset condition is the `schedule` (a list of assets
+    is Airflow's AssetAll), its timetable the `timetable`, in mode asset_or_time."""
+    from assets_app import definitions
+
+    (tmp_path / "aot.py").write_text(ASSET_OR_TIME_DAGS)
+    converted = {d["dag_id"]: d for d in _convert(tmp_path)["aot.py"]}
+    cron = converted["aot_cron"]
+    assert cron["schedule"] == {
+        "all": [{"name": "aot_a", "uri": "aot_a"}, {"name": "aot_b", "uri": "aot_b"}]
+    }
+    assert cron["timetable"] == {
+        "kind": "cron_trigger",
+        "cron": "0 3 * * *",
+        "timezone": "Europe/Zurich",
+        "interval": 0.0,
+        "run_immediately": False,
+    }
+    assert cron["schedule_mode"] == "asset_or_time"
+    listed = converted["aot_list"]
+    assert listed["schedule"]["all"][1] == {"name": "aot_c", "uri": "aot_c"}
+    assert listed["timetable"]["kind"] == "delta_trigger"
+    parsed = definitions.parse_document(list(converted.values()), file="aot.py")
+    assert {(d.schedule_mode, d.timetable is not None, d.schedule is not None) for d in parsed} == {
+        ("asset_or_time", True, True)
+    }
+    # One whose time half the service cannot run is refused naming the file and Dag.
+    (tmp_path / "aot.py").write_text(
+        ASSET_OR_TIME_DAGS
+        + 'make("aot_calendar", AssetOrTimeSchedule('
+        + "timetable=DeltaTriggerTimetable(relativedelta(months=1)), assets=[Asset('aot_a')]))\n"
+    )
+    refused = _convert(tmp_path)
+    assert "aot.py" in refused["error"] and "'aot_calendar'" in refused["error"]

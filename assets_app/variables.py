@@ -161,9 +161,9 @@ def save_connection(
                 _check_key_reads_stored()
             written = [name for name, value in values.items() if value is not None]
             if create:
-                connection = Connection.objects.create(conn_id=conn_id, **values)
+                made = Connection.objects.create(conn_id=conn_id, **values)
                 _record(actor, "connection.create", "connection", conn_id, written)
-                return connection
+                return made
             connection = Connection.objects.filter(conn_id=conn_id).first()
             if connection is None:
                 raise exceptions.NotFound(

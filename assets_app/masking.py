@@ -94,10 +94,11 @@ def masked_extra(extra: str | None) -> str | None:
         return extra
     try:
         data = json.loads(extra)
-    except (ValueError, RecursionError):
+    except ValueError:
         return MASK
-    redacted = redact(data)
-    return extra if redacted == data else json.dumps(redacted)
+    except RecursionError:  # too deep to read: fail closed
+        return MASK
+    return _changed_text(extra, data, redact(data))
 
 
 def masked_variable(key: str, value: str | None) -> str | None:
@@ -108,7 +109,17 @@ def masked_variable(key: str, value: str | None) -> str | None:
         return None
     try:
         data = json.loads(value)
-    except (ValueError, RecursionError):
+    except ValueError:
         return MASK if is_sensitive(key) else value
-    redacted = redact(data, key)
-    return value if redacted == data else json.dumps(redacted)
+    except RecursionError:  # too deep to read: fail closed
+        return MASK
+    return _changed_text(value, data, redact(data, key))
+
+
+def _changed_text(text: str, data: Any, redacted: Any) -> str:
+    """`text` when masking changed nothing, else the masked value as JSON; a value nested too
+    deep to compare or write out (a RecursionError near Python's limit) is masked whole."""
+    try:
+        return text if redacted == data else json.dumps(redacted)
+    except RecursionError:
+        return MASK

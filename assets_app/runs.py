@@ -23,7 +23,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from . import audit, dependencies, exceptions, limits, locks, run_ids
+from . import audit, dependencies, exceptions, limits, locks, masking, run_ids
 from .models import (
     Dag,
     DagRun,
@@ -311,7 +311,7 @@ def trigger_dag(
                 summary=f"triggered run {run.run_id} of dag {dag_id}",
                 targets=[audit.Target(kind="dag_run", object_id=run.pk)],
                 dag_id=dag_id,
-                detail={"run_id": run.run_id, "conf": conf},
+                detail={"run_id": run.run_id, "conf": masking.redact(conf)},
             )
         return run
 

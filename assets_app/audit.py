@@ -5,7 +5,9 @@ events, triggering and clearing runs, registering an event through the public AP
 asset) take an `actor` and call `record` inside their own transaction, so the admin, the
 management commands and the public API are audited from one place and an entry exists exactly
 when the action committed. Entry points only say who is acting: `Actor.from_user(request.user,
-via="admin")`, `Actor.os_user()` for commands (the OS login: commands have no Django user).
+via="admin")`, `Actor.os_user()` for commands (the OS login: commands have no Django user),
+`Actor.of_task(ti_id, try_number)` for the worker API (a running task's token: the entry names
+that TI as its origin, `detail["ti_id"]`, rather than "system").
 """
 
 import getpass
@@ -25,6 +27,8 @@ class Actor:
     name: str
     via: str
     user_id: int | None = None
+    ti_id: str | None = None  # the acting TI (via "task")
+    try_number: int | None = None
 
     @classmethod
     def from_user(cls, user: Any, *, via: str) -> "Actor":
@@ -41,6 +45,16 @@ class Actor:
             login = f"uid {os.getuid()}"
         sudo = os.environ.get("SUDO_USER")
         return cls(name=f"os:{sudo} (as {login})" if sudo else f"os:{login}", via=AuditVia.COMMAND)
+
+    @classmethod
+    def of_task(cls, ti_id: UUID | str, *, try_number: int | None = None) -> "Actor":
+        """A running task acting through the worker API with its token (one TI try)."""
+        return cls(
+            name=f"task instance {ti_id}",
+            via=AuditVia.TASK,
+            ti_id=str(ti_id),
+            try_number=try_number,
+        )
 
 
 # An action nobody attributed (a call from code or a test without an actor).
@@ -67,6 +81,9 @@ def record(
     the action): two INSERTs whatever the number of targets."""
     actor = actor or SYSTEM
     targets = list(targets)
+    detail = dict(detail or {})
+    if actor.ti_id is not None:
+        detail.update(ti_id=actor.ti_id, try_number=actor.try_number)
     entry = AuditEntry.objects.create(
         actor_id=actor.user_id,
         actor_name=actor.name[:200],
@@ -75,7 +92,7 @@ def record(
         summary=summary,
         dag_id=dag_id[:250],
         row_count=len(targets),
-        detail=detail or {},
+        detail=detail,
     )
     if targets:
         AuditTarget.objects.bulk_create(

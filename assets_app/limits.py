@@ -23,6 +23,18 @@ deeper value as a note, so the page still renders.
 Strings longer than their column (`check_lengths`) are a 422 `too_long` naming the field, checked
 by the domain function before it writes (XCom addresses, Variable keys, Connection fields), never
 a database error.
+
+Width and size (issue 26), beside the depth: a JSON value may hold at most `MAX_JSON_KEYS`
+(10,000) keys in one object, `MAX_JSON_ITEMS` (100,000) items in one list, `MAX_JSON_STRING`
+(1,000,000) characters in one string or key, and `MAX_JSON_VALUES` (1,000,000) values in all.
+Real Airflow payloads stay far below (a conf or an event extra holds tens of keys; an XCom list
+of 100,000 file names fits); what they stop is a body built to hold a web worker (a
+400,000-key conf took ~20 s to store and echo; now a 422 in well under a second). Each is a 422
+naming the field and the JSON path where the limit is passed (`too_wide`, `too_long`,
+`too_large`), checked twice: by `check_json` in the domain functions (run conf, event extras,
+XCom values, so every door), and first on every API body by the JSON parser (`body_too_wide`,
+before the schema's validation copies it), for a body big enough to pass one (a small body
+cannot, so the hot success path does not pay for the walk).
 """
 
 import json
@@ -35,6 +47,14 @@ from django.db.models import Model
 from . import exceptions
 
 MAX_JSON_DEPTH = 64
+MAX_JSON_KEYS = 10_000
+MAX_JSON_ITEMS = 100_000
+MAX_JSON_STRING = 1_000_000
+MAX_JSON_VALUES = 1_000_000
+# The shortest JSON text that can pass a width limit: 10,001 distinct keys of an object take at
+# least 4 bytes each (`"":0` is the one key of length 0; `,"k":0` grows), 100,001 list items 2
+# (`0,`), a longer string 1,000,001; a smaller body is not walked.
+MIN_WIDE_BODY_BYTES = 4 * MAX_JSON_KEYS
 MAX_CONDITION_DEPTH = 32
 MAX_DOCUMENT_DEPTH = 512
 MAX_DISPLAY_DEPTH = 128
@@ -103,6 +123,90 @@ def check_json_depth(
             loc=list(loc or (field,)),
             max_depth=limit,
         )
+
+
+def too_wide(value: Any) -> tuple[str, str, str, int] | None:
+    """The first width or size limit `value` passes, as (JSON path relative to it, reason,
+    message, limit), or None. Iterative, stops at the first violation; costs one visit per
+    value up to there."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    seen = 0
+    while stack:
+        node, path = stack.pop()
+        seen += 1
+        if seen > MAX_JSON_VALUES:
+            message = f"holds more than the {MAX_JSON_VALUES:,} values allowed in all"
+            return path, "too_large", message, MAX_JSON_VALUES
+        if isinstance(node, str):
+            if len(node) > MAX_JSON_STRING:
+                message = (
+                    f"a string of {len(node):,} characters; at most {MAX_JSON_STRING:,} allowed"
+                )
+                return path, "too_long", message, MAX_JSON_STRING
+        elif isinstance(node, dict):
+            if len(node) > MAX_JSON_KEYS:
+                message = f"an object of {len(node):,} keys; at most {MAX_JSON_KEYS:,} allowed"
+                return path, "too_wide", message, MAX_JSON_KEYS
+            for key, child in node.items():
+                if isinstance(key, str) and len(key) > MAX_JSON_STRING:
+                    message = (
+                        f"a key of {len(key):,} characters; at most {MAX_JSON_STRING:,} allowed"
+                    )
+                    return path, "too_long", message, MAX_JSON_STRING
+                if isinstance(child, dict | list | str):
+                    stack.append((child, path + _segment(key)))
+                else:
+                    seen += 1
+        elif isinstance(node, list):
+            if len(node) > MAX_JSON_ITEMS:
+                message = f"a list of {len(node):,} items; at most {MAX_JSON_ITEMS:,} allowed"
+                return path, "too_wide", message, MAX_JSON_ITEMS
+            for index, child in enumerate(node):
+                if isinstance(child, dict | list | str):
+                    stack.append((child, f"{path}[{index}]"))
+                else:
+                    seen += 1
+    return None
+
+
+def _width_error(field: str, loc: tuple[str | int, ...], found: tuple[str, str, str, int]):
+    path, reason, message, limit = found
+    return exceptions.InvalidInput(
+        f"{field}{abbreviate(path)}: {message}",
+        reason=reason,
+        loc=[*(loc or (field,)), *_path_parts(path)],
+        limit=limit,
+    )
+
+
+def _path_parts(path: str) -> list[str | int]:
+    """`.a[0].b` -> ["a", 0, "b"] (for a 422's `loc`; keys holding `.` or `[` read loosely)."""
+    parts: list[str | int] = []
+    for name, index in re.findall(r"\.([^.\[]*)|\[(\d+)\]", path):
+        parts.append(int(index) if index else name)
+    return parts
+
+
+def check_json(
+    value: Any, *, field: str, loc: tuple[str | int, ...] = (), limit: int = MAX_JSON_DEPTH
+) -> None:
+    """Every rule for a JSON value a caller gives us: its depth (`check_json_depth`) and its
+    width and size (`too_wide`); InvalidInput (HTTP 422) naming `field` and the path."""
+    check_json_depth(value, field=field, loc=loc, limit=limit)
+    found = too_wide(value)
+    if found is not None:
+        raise _width_error(field, loc, found)
+
+
+def check_body_width(data: Any, *, size: int) -> None:
+    """The parser's check of a whole request body (`size` bytes), before any schema copies it:
+    InvalidInput naming the path from `body` when it passes a width or size limit. A body
+    smaller than `MIN_WIDE_BODY_BYTES` cannot, and is not walked."""
+    if size < MIN_WIDE_BODY_BYTES:
+        return
+    found = too_wide(data)
+    if found is not None:
+        raise _width_error("body", ("body",), found)
 
 
 def check_lengths(

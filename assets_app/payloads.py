@@ -41,7 +41,8 @@ def _bounded_outlet_event(event: JsonDict) -> JsonDict:
     """An outlet event stays free-form (Airflow's `dict[str, Any]`), but the asset and alias
     names in it become columns when the drain registers it: over-long ones are a 422 now rather
     than an outbox row that can only be parked. Its `extra` and `dest_asset_extra` nest at most
-    `limits.MAX_JSON_DEPTH` levels, as at every other door."""
+    `limits.MAX_JSON_DEPTH` levels and stay within the width and size limits, as at every other
+    door."""
     for json_field in ("extra", "dest_asset_extra"):
         path = limits.too_deep_path(event.get(json_field))
         if path is not None:
@@ -49,6 +50,9 @@ def _bounded_outlet_event(event: JsonDict) -> JsonDict:
                 f"{json_field}{limits.abbreviate(path)}: "
                 f"{limits.depth_message(limit=limits.MAX_JSON_DEPTH)}"
             )
+        wide = limits.too_wide(event.get(json_field))
+        if wide is not None:
+            raise ValueError(f"{json_field}{limits.abbreviate(wide[0])}: {wide[2]}")
     key = event.get("dest_asset_key")
     named = [("source_alias_name", event.get("source_alias_name"))]
     if isinstance(key, dict):

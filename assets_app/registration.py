@@ -626,7 +626,7 @@ def register_external_event(
     """
     if actor is None and user is not None:
         actor = audit.Actor.from_user(user, via="api")
-    limits.check_json_depth(extra or {}, field="extra", loc=("body", "extra"))
+    limits.check_json(extra or {}, field="extra", loc=("body", "extra"))
 
     extra = {**(extra or {}), "from_rest_api": True}
     with transaction.atomic(durable=True):

@@ -23,7 +23,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from . import audit, dependencies, exceptions, limits, locks, run_ids
+from . import audit, dependencies, exceptions, limits, locks, masking, run_ids
 from .models import (
     Dag,
     DagRun,
@@ -269,7 +269,8 @@ def trigger_dag(
 
     Errors (nothing written): unknown Dag -> NotFound ("dag_not_found"); paused Dag ->
     InvalidState ("dag_paused"); `conf` not a JSON object -> InvalidInput ("invalid_conf"),
-    nested deeper than `limits.MAX_JSON_DEPTH` -> InvalidInput ("too_deep"); a
+    nested deeper than `limits.MAX_JSON_DEPTH` -> InvalidInput ("too_deep"), wider or larger
+    than the other `limits` -> InvalidInput ("too_wide" / "too_long" / "too_large"); a
     `run_id` already used by the Dag -> Conflict ("dag_run_exists"). Manual runs are not limited
     by `max_active_runs` (see the module docstring).
     """
@@ -279,7 +280,7 @@ def trigger_dag(
         raise exceptions.InvalidInput(
             f"conf must be a JSON object, got {type(conf).__name__}", reason="invalid_conf"
         )
-    limits.check_json_depth(conf, field="conf", loc=("body", "conf"))
+    limits.check_json(conf, field="conf", loc=("body", "conf"))
     if run_id is not None:  # issue 26: Airflow's allowed pattern, on every door
         run_ids.check_run_id(run_id)
     with transaction.atomic(durable=True):
@@ -310,7 +311,7 @@ def trigger_dag(
                 summary=f"triggered run {run.run_id} of dag {dag_id}",
                 targets=[audit.Target(kind="dag_run", object_id=run.pk)],
                 dag_id=dag_id,
-                detail={"run_id": run.run_id, "conf": conf},
+                detail={"run_id": run.run_id, "conf": masking.redact(conf)},
             )
         return run
 

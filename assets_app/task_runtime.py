@@ -14,7 +14,7 @@ from uuid import UUID
 
 from django.db import transaction
 
-from . import exceptions, runs
+from . import audit, exceptions, runs
 from .models import (
     Asset,
     Dag,
@@ -202,11 +202,13 @@ def trigger_from_task(
     logical_date: datetime | None,
     run_after: datetime | None,
     note: str | None,
+    actor: audit.Actor | None = None,
 ) -> DagRun:
     """A run of `dag_id` asked for by the running TI `ti_id` (run type operator_triggered; the
-    triggering user is that of the TI's own run). Conflict (`already_exists`) when `run_id`
-    exists, NotFound for an unknown Dag, BadRequest for a paused one (Airflow would queue it; here
-    its TIs would be claimed at once, so it is refused)."""
+    triggering user is that of the TI's own run), audited as `actor` (that TI, issue 26).
+    Conflict (`already_exists`) when `run_id` exists, NotFound for an unknown Dag, BadRequest for
+    a paused one (Airflow would queue it; here its TIs would be claimed at once, so it is
+    refused)."""
     parent = TaskInstance.objects.filter(id=ti_id).select_related("dag_run").first()
     try:
         return runs.trigger_dag(
@@ -219,6 +221,7 @@ def trigger_from_task(
             run_type=DagRunType.OPERATOR_TRIGGERED,
             triggered_by=DagRunTriggeredBy.OPERATOR,
             triggering_user_name=parent.dag_run.triggering_user_name if parent else None,
+            actor=actor or audit.Actor.of_task(ti_id),
         )
     except exceptions.Conflict as exc:
         raise exceptions.Conflict(
@@ -229,6 +232,7 @@ def trigger_from_task(
         raise exceptions.BadRequest(exc.message, reason=exc.reason) from exc
 
 
-def clear_run(*, dag_id: str, run_id: str) -> None:
-    """Clear every finished TI of the run (Airflow's `POST /execution/dag-runs/.../clear`)."""
-    runs.clear_dag_run(dag_id=dag_id, run_id=run_id, dry_run=False)
+def clear_run(*, dag_id: str, run_id: str, actor: audit.Actor | None = None) -> None:
+    """Clear every finished TI of the run (Airflow's `POST /execution/dag-runs/.../clear`),
+    audited as `actor` (the running TI whose token asked, issue 26)."""
+    runs.clear_dag_run(dag_id=dag_id, run_id=run_id, dry_run=False, actor=actor)

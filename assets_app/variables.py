@@ -2,10 +2,12 @@
 
 Connections keep `password` and `extra` encrypted at rest (`encryption`); `reveal` is the one
 place that decrypts them. Every write is its own durable transaction and idempotent (a PUT of the
-same key replaces, a delete of a missing key is NotFound and writes nothing).
+same key replaces, a delete of a missing key is NotFound and writes nothing), and is audited in
+that transaction (`audit.record`, issue 26) with the `actor` its door names: the public API's
+user, the admin's, or the running TI of a worker-API call. An entry names the key and the fields
+written, never a value.
 """
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from . import encryption, exceptions, limits, listing
+from . import audit, encryption, exceptions, limits, listing
 from .models import Connection, Variable
 
 # --- variables ---------------------------------------------------------------------------------
@@ -34,8 +36,29 @@ def variable_keys(*, prefix: str | None = None, limit: int = 1000, offset: int =
     return list(found.values_list("key", flat=True)[offset : offset + limit]), found.count()
 
 
-def set_variable(*, key: str, value: str | None, description: str | None = None) -> Variable:
-    """Create or replace the Variable `key` (own durable transaction)."""
+def _record(
+    actor: audit.Actor | None, action: str, kind: str, key: str, fields: Sequence[str] = ()
+) -> None:
+    """The audit entry of one Variable / Connection write, inside the caller's transaction."""
+    noun = "variable" if kind == "variable" else "connection"
+    verb = action.rsplit(".", 1)[1]
+    audit.record(
+        actor=actor,
+        action=action,
+        summary=f"{verb}d {noun} {key}" if verb != "set" else f"set {noun} {key}",
+        targets=[audit.Target(kind=kind, object_id=key)],
+        detail={"key": key, "fields": sorted(fields)},
+    )
+
+
+def set_variable(
+    *,
+    key: str,
+    value: str | None,
+    description: str | None = None,
+    actor: audit.Actor | None = None,
+) -> Variable:
+    """Create or replace the Variable `key` (own durable transaction, audited)."""
     if not key:
         raise exceptions.InvalidInput("a variable key must not be empty", reason="invalid_key")
     limits.check_lengths(Variable, {"key": key})
@@ -43,25 +66,39 @@ def set_variable(*, key: str, value: str | None, description: str | None = None)
         variable, _ = Variable.objects.update_or_create(
             key=key, defaults={"val": value, "description": description}
         )
+        _record(actor, "variable.set", "variable", key, ("value", "description"))
     return variable
 
 
-def create_variable(*, key: str, value: str | None, description: str | None = None) -> Variable:
-    """A new Variable; Conflict when `key` exists (the public API's POST)."""
+def create_variable(
+    *,
+    key: str,
+    value: str | None,
+    description: str | None = None,
+    actor: audit.Actor | None = None,
+) -> Variable:
+    """A new Variable; Conflict when `key` exists (the public API's POST). Audited."""
+    if not key:
+        raise exceptions.InvalidInput("a variable key must not be empty", reason="invalid_key")
     limits.check_lengths(Variable, {"key": key})
     try:
         with transaction.atomic(durable=True):
-            return Variable.objects.create(key=key, val=value, description=description)
+            variable = Variable.objects.create(key=key, val=value, description=description)
+            _record(actor, "variable.create", "variable", key, ("value", "description"))
+            return variable
     except IntegrityError:
         raise exceptions.Conflict(
             f"The Variable with key: `{key}` already exists", reason="already_exists"
         ) from None
 
 
-def delete_variable(*, key: str) -> None:
-    deleted, _ = Variable.objects.filter(key=key).delete()
-    if not deleted:
-        raise exceptions.NotFound(f"Variable with key '{key}' not found")
+def delete_variable(*, key: str, actor: audit.Actor | None = None) -> None:
+    """Delete the Variable `key` (NotFound, nothing written, when there is none). Audited."""
+    with transaction.atomic(durable=True):
+        deleted, _ = Variable.objects.filter(key=key).delete()
+        if not deleted:
+            raise exceptions.NotFound(f"Variable with key '{key}' not found")
+        _record(actor, "variable.delete", "variable", key)
 
 
 # --- connections -------------------------------------------------------------------------------
@@ -101,11 +138,12 @@ def save_connection(
     create: bool,
     password: str | None = None,
     extra: str | None = None,
+    actor: audit.Actor | None = None,
     **fields: object,
 ) -> Connection:
     """Create (`create`: Conflict when it exists) or update (NotFound when it does not) the
     Connection `conn_id`; `fields` are the plain columns, `password` and `extra` are encrypted
-    before they are stored. Own durable transaction."""
+    before they are stored. Own durable transaction, audited."""
     unknown = set(fields) - set(CONNECTION_FIELDS)
     if unknown:
         raise exceptions.InvalidInput(f"unknown connection fields: {sorted(unknown)}")
@@ -121,8 +159,11 @@ def save_connection(
         with transaction.atomic(durable=True):
             if password is not None or extra is not None:
                 _check_key_reads_stored()
+            written = [name for name, value in values.items() if value is not None]
             if create:
-                return Connection.objects.create(conn_id=conn_id, **values)
+                made = Connection.objects.create(conn_id=conn_id, **values)
+                _record(actor, "connection.create", "connection", conn_id, written)
+                return made
             connection = Connection.objects.filter(conn_id=conn_id).first()
             if connection is None:
                 raise exceptions.NotFound(
@@ -131,6 +172,7 @@ def save_connection(
             for name, value in values.items():
                 setattr(connection, name, value)
             connection.save()
+            _record(actor, "connection.update", "connection", conn_id, list(values))
             return connection
     except IntegrityError:
         raise exceptions.Conflict(
@@ -154,10 +196,15 @@ def _check_key_reads_stored() -> None:
         encryption.decrypt(stored[0] if stored[0] is not None else stored[1])
 
 
-def delete_connection(*, conn_id: str) -> None:
-    deleted, _ = Connection.objects.filter(conn_id=conn_id).delete()
-    if not deleted:
-        raise exceptions.NotFound(f"The Connection with connection_id: `{conn_id}` was not found")
+def delete_connection(*, conn_id: str, actor: audit.Actor | None = None) -> None:
+    """Delete the Connection `conn_id` (NotFound, nothing written, when there is none). Audited."""
+    with transaction.atomic(durable=True):
+        deleted, _ = Connection.objects.filter(conn_id=conn_id).delete()
+        if not deleted:
+            raise exceptions.NotFound(
+                f"The Connection with connection_id: `{conn_id}` was not found"
+            )
+        _record(actor, "connection.delete", "connection", conn_id)
 
 
 # --- listing and updates for the public API ------------------------------------------------------
@@ -228,10 +275,14 @@ def list_connections(
 
 
 def update_variable(
-    *, key: str, changes: dict[str, Any], update_mask: Sequence[str] | None = None
+    *,
+    key: str,
+    changes: dict[str, Any],
+    update_mask: Sequence[str] | None = None,
+    actor: audit.Actor | None = None,
 ) -> Variable:
     """Change an existing Variable's `value` / `description` (only the `update_mask` fields
-    when given). NotFound when it does not exist; own durable transaction."""
+    when given). NotFound when it does not exist; own durable transaction, audited."""
     fields = _masked(changes, update_mask, allowed=("value", "description"))
     with transaction.atomic(durable=True):
         variable = Variable.objects.filter(key=key).first()
@@ -242,14 +293,19 @@ def update_variable(
         if "description" in fields:
             variable.description = fields["description"]
         variable.save()
+        _record(actor, "variable.update", "variable", key, list(fields))
     return variable
 
 
 def update_connection(
-    *, conn_id: str, changes: dict[str, Any], update_mask: Sequence[str] | None = None
+    *,
+    conn_id: str,
+    changes: dict[str, Any],
+    update_mask: Sequence[str] | None = None,
+    actor: audit.Actor | None = None,
 ) -> Connection:
     """Change an existing Connection (only the `update_mask` fields when given); a new password
-    or extra is encrypted. NotFound when it does not exist; own durable transaction."""
+    or extra is encrypted. NotFound when it does not exist; own durable transaction, audited."""
     fields = _masked(changes, update_mask, allowed=(*CONNECTION_FIELDS, "password", "extra"))
     limits.check_lengths(Connection, {k: v for k, v in fields.items() if k in CONNECTION_FIELDS})
     with transaction.atomic(durable=True):
@@ -265,6 +321,7 @@ def update_connection(
                 value = encryption.encrypt(value)
             setattr(connection, name, value)
         connection.save()
+        _record(actor, "connection.update", "connection", conn_id, list(fields))
     return connection
 
 
@@ -280,26 +337,3 @@ def _masked(
             )
         return {name: changes.get(name) for name in update_mask}
     return {name: value for name, value in changes.items() if name in allowed}
-
-
-SENSITIVE_WORDS = ("password", "secret", "token", "passphrase", "private", "api_key", "apikey")
-MASK = "***"
-
-
-def masked_extra(extra: str | None) -> str | None:
-    """A Connection's extra as the public API shows it: a JSON object with the values of
-    sensitive-looking keys masked (as Airflow redacts them); anything else unchanged."""
-    if not extra:
-        return extra
-    try:
-        data = json.loads(extra)
-    except ValueError:
-        return extra
-    if not isinstance(data, dict):
-        return extra
-    return json.dumps(
-        {
-            k: MASK if any(word in k.lower() for word in SENSITIVE_WORDS) else v
-            for k, v in data.items()
-        }
-    )

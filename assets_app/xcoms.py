@@ -21,10 +21,12 @@ def push(
     *, dag_id: str, run_id: str, task_id: str, key: str, value: Any, map_index: int = -1
 ) -> XCom:
     """Store `value` under the address, replacing an earlier one (own durable transaction).
-    NotFound when the run does not exist (as Airflow: an XCom belongs to a run)."""
+    NotFound when the run does not exist (as Airflow: an XCom belongs to a run); InvalidInput
+    when `value` passes a `limits` JSON rule (depth, width, size)."""
     if not key:
         raise exceptions.BadRequest("XCom key must be a non-empty string.", reason="invalid_key")
     limits.check_lengths(XCom, _address(dag_id, run_id, task_id, key))
+    limits.check_json(value, field="value", loc=("body",))
     if not DagRun.objects.filter(dag_id=dag_id, run_id=run_id).exists():
         raise exceptions.NotFound(
             f"DAG run not found on DAG {dag_id!r} with ID {run_id!r}", reason="dag_run_not_found"

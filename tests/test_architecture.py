@@ -80,6 +80,7 @@ SHARED = frozenset(
         "lineage",
         "xcoms",
         "variables",
+        "masking",
         "encryption",
         "database_errors",
         "keys",

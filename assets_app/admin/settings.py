@@ -1,23 +1,93 @@
 """Variables, Connections and XComs: what tasks read and write at run time.
 
-A Connection's password is never shown: the form's password box is empty and keeps the stored
-one when left empty; its extra is shown with sensitive-looking keys masked and replaced only
-when a new one is typed. Saving goes through `variables`, which encrypts both.
+What a page shows is masked as Airflow's secrets masker does it (`masking`): a Connection's
+password is never shown (the form's password box is empty and keeps the stored one when left
+empty) and its extra is shown with sensitive keys masked at any depth, replaced only when a new
+one is typed; a Variable whose key (or a key inside its JSON value) names a secret is shown
+masked in the list and on its page, and saving the masked text back keeps the stored value.
+Every write (save, delete, bulk delete) goes through `variables`, which encrypts, audits with
+the operator as actor, and runs its own durable transaction (so these pages skip the admin's
+atomic()).
 """
 
 from django import forms
 from django.contrib import admin, messages
 
-from .. import encryption, variables
+from .. import encryption, masking, variables
 from ..models import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
-from .base import ReadOnlyAdmin
+from .base import ReadOnlyAdmin, actor_of
+
+
+class DomainWritesAdmin(admin.ModelAdmin):
+    """Saving and deleting go through a domain function's own durable transaction: without the
+    admin's own atomic() (Django wraps these views in it around private methods, no public
+    hook)."""
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
+
+    def delete_view(self, request, object_id, extra_context=None):
+        return self._delete_view(request, object_id, extra_context)  # type: ignore[attr-defined]
+
+
+class VariableForm(forms.ModelForm):
+    class Meta:
+        model = Variable
+        fields = ("key", "val", "description")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            shown = masking.masked_variable(self.instance.key, self.instance.val)
+            self.shown_val = shown
+            if shown != self.instance.val:
+                self.initial["val"] = shown
+                self.fields["val"].help_text = (
+                    "Shown masked: its key or a key inside it names a secret. Submit it "
+                    "unchanged to keep the stored value."
+                )
 
 
 @admin.register(Variable)
-class VariableAdmin(admin.ModelAdmin):
-    list_display = ("key", "val", "description")
+class VariableAdmin(DomainWritesAdmin):
+    form = VariableForm
+    list_display = ("key", "value_masked", "description")
     search_fields = ("key", "description")
-    fields = ("key", "val", "description")
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("key",) if obj else ()
+
+    @admin.display(description="value")
+    def value_masked(self, obj: Variable) -> str | None:
+        return masking.masked_variable(obj.key, obj.val)
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        value = data.get("val")
+        if change and value == getattr(form, "shown_val", None):
+            value = Variable.objects.get(pk=obj.pk).val  # the masked text came back unchanged
+        if change:
+            saved = variables.update_variable(
+                key=obj.key,
+                changes={"value": value, "description": data.get("description")},
+                actor=actor_of(request),
+            )
+        else:
+            saved = variables.create_variable(
+                key=data["key"],
+                value=value,
+                description=data.get("description"),
+                actor=actor_of(request),
+            )
+        obj.pk = saved.pk
+        obj.refresh_from_db()
+
+    def delete_model(self, request, obj):
+        variables.delete_variable(key=obj.key, actor=actor_of(request))
+
+    def delete_queryset(self, request, queryset):
+        for key in queryset.values_list("key", flat=True):
+            variables.delete_variable(key=key, actor=actor_of(request))
 
 
 class ConnectionForm(forms.ModelForm):
@@ -42,16 +112,14 @@ class ConnectionForm(forms.ModelForm):
 
 
 @admin.register(Connection)
-class ConnectionAdmin(admin.ModelAdmin):
+class ConnectionAdmin(DomainWritesAdmin):
     form = ConnectionForm
     list_display = ("conn_id", "conn_type", "host", "login", "has_password", "extra_masked")
     search_fields = ("conn_id", "host", "description")
-    readonly_fields = ("extra_masked",)
 
-    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
-        # Without the admin's own atomic(): saving is `variables`' durable transaction.
-        # Django's changeform_view is atomic() around this private method (no public hook).
-        return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
+    def get_readonly_fields(self, request, obj=None):
+        # The id is what a save updates by (and what tasks name), so it is fixed once created.
+        return ("conn_id", "extra_masked") if obj else ("extra_masked",)
 
     def get_fields(self, request, obj=None):
         fields = [*ConnectionForm.Meta.fields, "new_password", "clear_password", "new_extra"]
@@ -64,7 +132,7 @@ class ConnectionAdmin(admin.ModelAdmin):
     @admin.display(description="stored extra (masked)")
     def extra_masked(self, obj: Connection) -> str:
         try:
-            return variables.masked_extra(encryption.decrypt(obj.extra)) or "-"
+            return masking.masked_extra(encryption.decrypt(obj.extra)) or "-"
         except encryption.SecretsUnreadable as exc:
             return f"cannot decrypt: {exc.message}"
 
@@ -80,13 +148,16 @@ class ConnectionAdmin(admin.ModelAdmin):
                     changes["password"] = data["new_password"]
                 if data.get("new_extra"):
                     changes["extra"] = data["new_extra"]
-                saved = variables.update_connection(conn_id=obj.conn_id, changes=changes)
+                saved = variables.update_connection(
+                    conn_id=obj.conn_id, changes=changes, actor=actor_of(request)
+                )
             else:
                 saved = variables.save_connection(
                     conn_id=data["conn_id"],
                     create=True,
                     password=data.get("new_password") or None,
                     extra=data.get("new_extra") or None,
+                    actor=actor_of(request),
                     **plain,
                 )
         except encryption.SecretsUnreadable as exc:
@@ -94,6 +165,13 @@ class ConnectionAdmin(admin.ModelAdmin):
             return
         obj.pk = saved.pk
         obj.refresh_from_db()
+
+    def delete_model(self, request, obj):
+        variables.delete_connection(conn_id=obj.conn_id, actor=actor_of(request))
+
+    def delete_queryset(self, request, queryset):
+        for conn_id in queryset.values_list("conn_id", flat=True):
+            variables.delete_connection(conn_id=conn_id, actor=actor_of(request))
 
 
 @admin.register(XCom)

@@ -88,6 +88,12 @@ def claims_of(request: HttpRequest) -> dict[str, Any]:
     return request.auth  # type: ignore[attr-defined]
 
 
+def task_actor(request: HttpRequest) -> audit.Actor:
+    """The running TI of a worker request (its verified token) as the audit trail's actor."""
+    claims = claims_of(request)
+    return audit.Actor.of_task(claims["sub"], try_number=try_of(claims))
+
+
 def try_of(claims: dict[str, Any]) -> int:
     """The try number a decoded task token was issued for."""
     return claims[TRY_CLAIM]

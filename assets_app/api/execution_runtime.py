@@ -168,13 +168,18 @@ def variable_get(request: HttpRequest, variable_key: str):
 
 @router.put("/variables/{path:variable_key}", response={201: rs.OKMessage})
 def variable_put(request: HttpRequest, variable_key: str, body: rs.VariablePostBody):
-    variables.set_variable(key=variable_key, value=body.val, description=body.description)
+    variables.set_variable(
+        key=variable_key,
+        value=body.val,
+        description=body.description,
+        actor=auth.task_actor(request),
+    )
     return Status(201, {"message": "Variable successfully set"})
 
 
 @router.delete("/variables/{path:variable_key}", response={204: None})
 def variable_delete(request: HttpRequest, variable_key: str):
-    variables.delete_variable(key=variable_key)
+    variables.delete_variable(key=variable_key, actor=auth.task_actor(request))
     return Status(204, None)
 
 
@@ -230,7 +235,7 @@ def dag_run_detail(request: HttpRequest, dag_id: str, run_id: str):
 
 @router.post("/dag-runs/{dag_id}/{run_id}/clear", response={204: None})
 def dag_run_clear(request: HttpRequest, dag_id: str, run_id: str):
-    task_runtime.clear_run(dag_id=dag_id, run_id=run_id)
+    task_runtime.clear_run(dag_id=dag_id, run_id=run_id, actor=auth.task_actor(request))
     return Status(204, None)
 
 
@@ -246,5 +251,6 @@ def dag_run_trigger(
         logical_date=payload.logical_date,
         run_after=payload.run_after,
         note=payload.note,
+        actor=auth.task_actor(request),
     )
     return Status(204, None)

@@ -16,6 +16,10 @@ a float there, so a body with a run of 19 or more digits goes to the strict pars
 ~1,000 levels (Python's RecursionError) and orjson's 1,024 a body parses where it did not, and
 is then refused by the depth rule (`limits`, 422 `too_deep`) with the field's path.
 
+A parsed body is checked against the width and size limits (`limits.check_body_width`: keys per
+object, list items, string length, values in all) before any schema copies it, so a
+400,000-key conf is a 422 naming `body.conf` at once.
+
 `FullPrecisionRenderer` renders the public API's responses: datetimes with their microseconds
 (Django's encoder keeps milliseconds only), so a timestamp read from one answer and passed back as
 a `timestamp_lte` filter still matches the row it came from, as with Airflow's pydantic output.
@@ -64,10 +68,15 @@ class JsonParser(Parser):
         body = request.body
         if not _LONG_DIGITS.search(body):
             try:
-                return orjson.loads(body)
+                data = orjson.loads(body)
             except orjson.JSONDecodeError:
                 pass  # the strict parse names the problem, or reads what orjson does not
-        return self.parse_strictly(body)
+            else:
+                limits.check_body_width(data, size=len(body))
+                return data
+        data = self.parse_strictly(body)
+        limits.check_body_width(data, size=len(body))
+        return data
 
     def parse_strictly(self, body: bytes) -> Any:
         # Strict UTF-8 (a leading BOM tolerated, as json.loads does): no raw surrogate bytes.

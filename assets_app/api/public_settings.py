@@ -1,7 +1,8 @@
 """Public API v2: Variables and Connections, with Airflow 3.3.2's paths, parameters and bodies
 (`GET|POST /variables`, `GET|PATCH|DELETE /variables/{variable_key}`, the same for
-`/connections/{connection_id}`). Connection passwords are never shown ("***" when set), and
-sensitive-looking keys of `extra` are masked, as Airflow's responses redact them."""
+`/connections/{connection_id}`). Every answer is masked as Airflow's are (`masking`): a
+Connection's password ("***" when set) and the sensitive keys of its `extra` at any depth, a
+Variable whose key, or a key inside its JSON value, names a secret."""
 
 import json
 from typing import Any
@@ -9,10 +10,10 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 
-from assets_app import variables
+from assets_app import masking, variables
 from assets_app.models import Connection, Variable
 
-from .public import Page
+from .public import Page, actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
 from .public_schemas import StrictSchema, responses
@@ -32,7 +33,7 @@ class VariableResponse(StrictSchema):
     def from_variable(cls, variable: Variable) -> "VariableResponse":
         return cls(
             key=variable.key,
-            value=variable.val,
+            value=masking.masked_variable(variable.key, variable.val),
             description=variable.description,
             is_encrypted=False,
             team_name=None,
@@ -86,8 +87,8 @@ class ConnectionResponse(ResponseBody):
             login=connection.login,
             schema=connection.schema,
             port=connection.port,
-            password=variables.MASK if found.password else found.password,
-            extra=variables.masked_extra(found.extra),
+            password=masking.masked_password(found.password),
+            extra=masking.masked_extra(found.extra),
             team_name=None,
         )
 
@@ -142,7 +143,10 @@ def get_variables(request: HttpRequest, filters: Query[VariableFilters]):
 @needs("add", Variable)
 def post_variable(request: HttpRequest, body: VariableBody):
     variable = variables.create_variable(
-        key=body.key, value=_variable_text(body.value), description=body.description
+        key=body.key,
+        value=_variable_text(body.value),
+        description=body.description,
+        actor=actor_of(request),
     )
     return Status(201, VariableResponse.from_variable(variable))
 
@@ -165,6 +169,7 @@ def patch_variable(
         key=variable_key,
         changes={"value": _variable_text(body.value), "description": body.description},
         update_mask=update_mask,
+        actor=actor_of(request),
     )
     return VariableResponse.from_variable(variable)
 
@@ -172,7 +177,7 @@ def patch_variable(
 @router.delete("/variables/{path:variable_key}", response=responses(None, 404, status=204))
 @needs("delete", Variable)
 def delete_variable(request: HttpRequest, variable_key: str):
-    variables.delete_variable(key=variable_key)
+    variables.delete_variable(key=variable_key, actor=actor_of(request))
     return Status(204, None)
 
 
@@ -199,6 +204,7 @@ def post_connection(request: HttpRequest, body: ConnectionBody):
         create=True,
         password=body.password,
         extra=body.extra,
+        actor=actor_of(request),
         **body.fields(),
     )
     return Status(201, ConnectionResponse.from_connection(connection))
@@ -227,7 +233,10 @@ def patch_connection(
 ):
     changes = {**body.fields(), "password": body.password, "extra": body.extra}
     connection = variables.update_connection(
-        conn_id=connection_id, changes=changes, update_mask=update_mask
+        conn_id=connection_id,
+        changes=changes,
+        update_mask=update_mask,
+        actor=actor_of(request),
     )
     return ConnectionResponse.from_connection(connection)
 
@@ -235,5 +244,5 @@ def patch_connection(
 @router.delete("/connections/{connection_id}", response=responses(None, 404, status=204))
 @needs("delete", Connection)
 def delete_connection(request: HttpRequest, connection_id: str):
-    variables.delete_connection(conn_id=connection_id)
+    variables.delete_connection(conn_id=connection_id, actor=actor_of(request))
     return Status(204, None)

@@ -7,6 +7,8 @@ class AuditVia(models.TextChoices):
     ADMIN = "admin"
     COMMAND = "command"
     API = "api"
+    # A running task through the worker API (its task token): the actor names the TI.
+    TASK = "task"
     SYSTEM = "system"
 
 

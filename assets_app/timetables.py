@@ -182,6 +182,9 @@ def _wall_tick(expression: str, naive: dt.datetime, forward: bool) -> dt.datetim
     return it.get_prev(dt.datetime, start_time=naive)
 
 
+MEMO_SIZE = 4096
+
+
 class _Cron(_Steps):
     def __init__(self, expression: str, tz: ZoneInfo) -> None:
         self.expression = CRON_PRESETS.get(expression, expression)
@@ -196,8 +199,20 @@ class _Cron(_Steps):
             )
         # An hourly (or finer) cron steps by elapsed time, so the repeated hour gets its ticks.
         self.every_hour = fields[1] == ["*"]
+        # This instance's steps (by instant: equal instants in any zone are one key), for
+        # `align_*` and a pass asking a step again; a Timetable lives for one Dag's pass.
+        self._memo: dict[tuple[dt.datetime, bool], dt.datetime] = {}
 
     def _step(self, current: dt.datetime, *, forward: bool) -> dt.datetime:
+        key = (current, forward)
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            found = self._memo[key] = self._compute(current, forward=forward)
+        return found
+
+    def _compute(self, current: dt.datetime, *, forward: bool) -> dt.datetime:
         current = current.astimezone(UTC)  # elapsed-time steps below, never wall-clock ones
         naive = current.astimezone(self.tz).replace(tzinfo=None, fold=0)
         tick = _wall_tick(self.expression, naive, forward)

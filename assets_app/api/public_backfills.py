@@ -45,7 +45,7 @@ def list_backfills(
     )
 
 
-@router.post("/backfills", response=responses(BackfillResponse, 400, 404, 409))
+@router.post("/backfills", response=responses(BackfillResponse, 400, 404, 409, 503))
 @needs("add", Backfill)
 def create_backfill(request: HttpRequest, body: BackfillPostBody) -> BackfillResponse:
     """Plan a backfill and start its first runs (Airflow: `POST /api/v2/backfills`)."""
@@ -54,7 +54,8 @@ def create_backfill(request: HttpRequest, body: BackfillPostBody) -> BackfillRes
 
 
 @router.post(
-    "/backfills/dry_run", response=responses(DryRunBackfillCollectionResponse, 400, 404, 409)
+    "/backfills/dry_run",
+    response=responses(DryRunBackfillCollectionResponse, 400, 404, 409, 503),
 )
 @needs("add", Backfill)
 def create_backfill_dry_run(
@@ -63,7 +64,9 @@ def create_backfill_dry_run(
     """The dates a backfill would run, writing nothing (Airflow: `POST .../dry_run`)."""
     planned = backfills.plan_backfill(**_plan(body))
     dates = [
-        DryRunBackfillResponse(logical_date=date.logical_date)
+        DryRunBackfillResponse(
+            logical_date=date.logical_date, partition_key=None, partition_date=None
+        )
         for date in planned
         if date.exception_reason is None
     ]

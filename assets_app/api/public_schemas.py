@@ -663,8 +663,9 @@ class BackfillCollectionResponse(Schema):
 
 class DryRunBackfillResponse(Schema):
     logical_date: datetime | None
-    partition_key: str | None = None
-    partition_date: datetime | None = None
+    # No partitions here: always null, but present (Airflow requires both).
+    partition_key: str | None
+    partition_date: datetime | None
 
 
 class DryRunBackfillCollectionResponse(Schema):

@@ -15,6 +15,11 @@ transaction takes a lock from an earlier step after one from a later step):
      ADRQ/DagRun foreign-key inserts take on it. The time scheduler (`time_scheduling`) takes
      the same lock on its batch of due Dags (`claim_due_timetable_dags`) and, under it, only
      inserts DagRuns and TIs and updates those Dag rows.
+     The backfill pass (`backfills`) takes it too, with its Backfill rows in the same statement
+     (`claim_active_backfills`), and under them only inserts DagRuns and TIs and updates those
+     Backfill and plan rows. An operator's pause or cancel of a backfill locks that one Backfill
+     row alone (`lock_backfill`, waiting briefly for a pass), then fails its queued runs and
+     their TIs with plain UPDATEs; nothing locks a Backfill row after any other lock.
   4. Those Dags' ADRQ rows (scheduler): FOR UPDATE SKIP LOCKED, in one statement by
      (target_dag_id, asset_event_id); the scheduler then inserts the DagRuns, their
      consumed-event links and TIs, and deletes exactly those rows. The time scheduler takes
@@ -48,6 +53,7 @@ from .models import (
     Asset,
     AssetDagRunQueue,
     AssetEventQueue,
+    Backfill,
     Dag,
     ScheduleMode,
     TaskInstance,
@@ -334,3 +340,29 @@ def lock_tick_queue_rows(cutoffs: Mapping[str, datetime]) -> list[TickQueueRow]:
             "id", "target_dag_id", "asset_event_id", "asset_event__timestamp", "asset__name"
         )
     ]
+
+
+def claim_active_backfills(
+    *, ids: Sequence[int] | None, exclude: Sequence[int], limit: int
+) -> list[Backfill]:
+    """Lock up to `limit` unfinished, unpaused backfills of unpaused Dags (those of `ids` when
+    given), oldest first, not in `exclude`, with their Dag rows, in one statement: FOR NO KEY
+    UPDATE SKIP LOCKED of both (step 3: a Dag the time scheduler holds, or a backfill an
+    operator is pausing, is skipped, never waited for)."""
+    queryset = Backfill.objects.filter(
+        completed_at__isnull=True, is_paused=False, dag__is_paused=False
+    )
+    if ids is not None:
+        queryset = queryset.filter(pk__in=list(ids))
+    return list(
+        queryset.exclude(pk__in=list(exclude))
+        .select_related("dag")
+        .select_for_update(no_key=True, skip_locked=True, of=("self", "dag"))
+        .order_by("id")[:limit]
+    )
+
+
+def lock_backfill(backfill_id: int) -> Backfill | None:
+    """Lock one Backfill row (FOR NO KEY UPDATE, waiting for a pass that holds it: a pass is one
+    short transaction) for an operator's pause or cancel; None when unknown."""
+    return Backfill.objects.select_for_update(no_key=True).filter(pk=backfill_id).first()

@@ -10,10 +10,10 @@ import os
 
 from django.conf import settings
 
+from . import backfills, scheduling, time_scheduling
 from . import drain as outbox_drain
 from . import repair as ti_repair
 from . import retention as history_retention
-from . import scheduling, time_scheduling
 
 _reniced: list[int] = []
 
@@ -47,6 +47,7 @@ def schedule(dag_ids: list[str] | None = None) -> None:
     scheduling.schedule_dags(dag_ids=dag_ids)
     if dag_ids is None:  # the sweep: also the time schedules' due runs (issue 24)
         time_scheduling.create_due_runs()
+        backfills.start_runs()
 
 
 def retention() -> None:

@@ -36,7 +36,9 @@ How the wall clock is read (the rules Airflow's cron timetables follow):
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -154,12 +156,41 @@ class _Steps:
         raise NotImplementedError
 
 
+_parsed = threading.local()
+
+
+def _croniter(expression: str) -> croniter:
+    """This thread's parsed croniter of `expression` (parsed once: it costs as much as a step;
+    one per thread because a croniter is stateful)."""
+    cache: dict[str, croniter] = _parsed.__dict__.setdefault("cache", {})
+    found = cache.get(expression)
+    if found is None:
+        if len(cache) >= 1024:
+            cache.clear()
+        found = cache[expression] = croniter(expression)
+    return found
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _wall_tick(expression: str, naive: dt.datetime, forward: bool) -> dt.datetime:
+    """croniter's next (or previous) tick of `expression` after the naive wall time `naive`.
+    Memoized: the ticks of a wall clock are the same in every zone, so the Dags of a pass that
+    share an expression (and the corpus test's zones) ask croniter once."""
+    it = _croniter(expression)
+    if forward:
+        return it.get_next(dt.datetime, start_time=naive)
+    return it.get_prev(dt.datetime, start_time=naive)
+
+
+MEMO_SIZE = 4096
+
+
 class _Cron(_Steps):
     def __init__(self, expression: str, tz: ZoneInfo) -> None:
         self.expression = CRON_PRESETS.get(expression, expression)
         self.tz = tz
         try:
-            fields = croniter(self.expression).expanded
+            fields = _croniter(self.expression).expanded
         except (CroniterBadCronError, CroniterBadDateError, ValueError) as exc:
             raise TimetableError(f"invalid cron expression {expression!r}: {exc}") from exc
         if len(self.expression.split()) != 5:
@@ -168,25 +199,32 @@ class _Cron(_Steps):
             )
         # An hourly (or finer) cron steps by elapsed time, so the repeated hour gets its ticks.
         self.every_hour = fields[1] == ["*"]
+        # This instance's steps (by instant: equal instants in any zone are one key), for
+        # `align_*` and a pass asking a step again; a Timetable lives for one Dag's pass.
+        self._memo: dict[tuple[dt.datetime, bool], dt.datetime] = {}
 
-    def _wall(self, current: dt.datetime) -> dt.datetime:
-        return current.astimezone(self.tz).replace(tzinfo=None)
+    def _step(self, current: dt.datetime, *, forward: bool) -> dt.datetime:
+        key = (current, forward)
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            found = self._memo[key] = self._compute(current, forward=forward)
+        return found
 
-    def next(self, current: dt.datetime) -> dt.datetime:
+    def _compute(self, current: dt.datetime, *, forward: bool) -> dt.datetime:
         current = current.astimezone(UTC)  # elapsed-time steps below, never wall-clock ones
-        naive = self._wall(current)
-        tick = croniter(self.expression, start_time=naive).get_next(dt.datetime)
+        naive = current.astimezone(self.tz).replace(tzinfo=None, fold=0)
+        tick = _wall_tick(self.expression, naive, forward)
         if self.every_hour:
             return (current + (tick - naive)).astimezone(UTC)
         return place(tick, self.tz)
 
+    def next(self, current: dt.datetime) -> dt.datetime:
+        return self._step(current, forward=True)
+
     def prev(self, current: dt.datetime) -> dt.datetime:
-        current = current.astimezone(UTC)
-        naive = self._wall(current)
-        tick = croniter(self.expression, start_time=naive).get_prev(dt.datetime)
-        if self.every_hour:
-            return (current - (naive - tick)).astimezone(UTC)
-        return place(tick, self.tz)
+        return self._step(current, forward=False)
 
     def align_next(self, current: dt.datetime) -> dt.datetime:
         following = self.next(current)

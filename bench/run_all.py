@@ -27,6 +27,7 @@ BENCHMARKS = (
     "burst",
     "scheduler",
     "drain_scaling",
+    "time_schedules",
 )
 
 

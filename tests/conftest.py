@@ -60,9 +60,18 @@ def pytest_terminal_summary(terminalreporter, config):
             terminalreporter.write_line(line)
 
 
+def _needs_database(item: pytest.Item) -> bool:
+    fixtures = getattr(item, "fixturenames", ())
+    return item.get_closest_marker("django_db") is not None or "django_db_setup" in fixtures
+
+
 @pytest.fixture(autouse=True, scope="session")
-def _postgresql_only(django_db_setup, django_db_blocker):
-    """The suite proves PostgreSQL behaviour (locks, SKIP LOCKED): refuse any other database."""
+def _postgresql_only(request, django_db_blocker):
+    """The suite proves PostgreSQL behaviour (locks, SKIP LOCKED): refuse any other database.
+    A session of tests that need none (the timetable corpus) creates no test database."""
+    if not any(_needs_database(item) for item in request.session.items):
+        return
+    request.getfixturevalue("django_db_setup")
     with django_db_blocker.unblock():
         if connection.vendor != "postgresql":
             pytest.exit(

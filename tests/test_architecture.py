@@ -48,7 +48,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("task_state", frozenset({"task_state", "task_runtime", "task_logs", "repair"})),
     ("outbox", frozenset({"drain", "outbox"})),
     ("registration", frozenset({"registration", "asset_events", "queued_events"})),
-    ("scheduling", frozenset({"scheduling", "runs", "dependencies", "time_scheduling"})),
+    (
+        "scheduling",
+        frozenset({"scheduling", "runs", "dependencies", "time_scheduling", "backfills"}),
+    ),
     # Issue 30: the one writer that deletes history; it reads and deletes every history table
     # through the models, and imports only shared modules.
     ("retention", frozenset({"retention"})),

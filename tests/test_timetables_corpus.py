@@ -3,11 +3,11 @@ Airflow 3.3.2's own answers, 0 differences over every case.
 
 `tests/data/timetables/corpus-<zone>.json.gz` were written by `generate.py` beside them,
 which drives Airflow's timetables as its scheduler calls them (its docstring says what a case
-holds).
-Each case here rebuilds the timetable from the same definition (`Timetable.from_spec`, the
-mapping `sync_dags` uses) and replays every call: the catchup series run by run from the
-previous answer, and every probe at its "now". All differences of a case are collected and
-the first few shown, with the time zone's local reading, so a failure says where it differs.
+holds and how it is stored). One test per case (a timetable in one zone) rebuilds the timetable
+from the same definition (`Timetable.from_spec`, the mapping `sync_dags` uses), replays every
+call (the catchup series, each run asked from Airflow's previous one, and every probe at its
+"now") and compares the whole list of answers with Airflow's in one go; a failure shows the
+first differences with the zone's local reading. No database: pure computation.
 """
 
 from __future__ import annotations
@@ -25,38 +25,62 @@ from assets_app.timetables import Restriction, RunInfo, Timetable, TimetableErro
 
 CORPUS = Path(__file__).parent / "data" / "timetables"
 UTC = dt.UTC
+ZONES = {
+    "America/New_York",
+    "Europe/Zurich",
+    "Australia/Lord_Howe",
+    "Asia/Kolkata",
+    "Pacific/Chatham",
+    "America/Santiago",
+}
+
+Run = list | str | None  # [logical, start, end, run_after] in epoch seconds, "error", or None
+
+
+def expand_run(run: list | dict | None, base: int) -> Run:
+    """A stored run (generate.py's format 2) back as [logical, start, end, run_after]; a
+    timetable that raised is "error"."""
+    if isinstance(run, dict):
+        return "error"
+    if run is None:
+        return None
+    run_after = base + run[0]
+    if run[1] is None:
+        return [None, None, None, run_after]
+    start = run_after + run[1]
+    return [start, start, run_after + run[2], run_after]
 
 
 @cache
-def corpus() -> dict:
-    """Every zone's file (`corpus-<zone>.json.gz`) as one corpus."""
-    cases, versions = [], set()
-    for path in sorted(CORPUS.glob("corpus-*.json.gz")):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            part = json.load(f)
-        versions.add(part["airflow"])
-        cases += part["cases"]
-    return {"airflow": versions.pop() if len(versions) == 1 else versions, "cases": cases}
+def zone_file(path: Path) -> dict:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        corpus = json.load(f)
+    assert corpus.get("format") == 2, f"{path.name}: run generate.py compact on it"
+    return corpus
+
+
+def files() -> list[Path]:
+    return sorted(CORPUS.glob("corpus-*.json.gz"))
+
+
+def case_id(case: dict) -> str:
+    spec = case["timetable"]
+    name = (
+        spec
+        if isinstance(spec, str)
+        else "-".join(str(v) for k, v in spec.items() if k not in ("event_dates", "timezone"))
+    )
+    return f"{case['timezone']}:{name}"
+
+
+CASES = [(path, index) for path in files() for index in range(len(zone_file(path)["cases"]))]
 
 
 def at(seconds: int | None) -> dt.datetime | None:
     return None if seconds is None else dt.datetime.fromtimestamp(seconds, tz=UTC)
 
 
-def ours(timetable: Timetable, **kwargs) -> list | str | None:
-    try:
-        return encode(timetable.next_run(**kwargs))
-    except TimetableError:
-        return "error"
-
-
-def theirs(answer: list | dict | None) -> list | str | None:
-    """Airflow's answer; {"error": ...} where its timetable raised (its scheduler then logs it
-    and gives the Dag no next run): ours must refuse too."""
-    return "error" if isinstance(answer, dict) else answer
-
-
-def encode(info: RunInfo | None) -> list | None:
+def encode(info: RunInfo | None) -> Run:
     if info is None:
         return None
 
@@ -73,11 +97,20 @@ def encode(info: RunInfo | None) -> list | None:
 
 def decode(run: list) -> RunInfo:
     return RunInfo(
-        run_after=at(run[3]), data_interval_start=at(run[1]), data_interval_end=at(run[2])
+        run_after=at(run[3]),  # type: ignore[arg-type]
+        data_interval_start=at(run[1]),
+        data_interval_end=at(run[2]),
     )
 
 
-def show(run: list | str | None, zone: str) -> str:
+def ours(timetable: Timetable, **kwargs) -> Run:
+    try:
+        return encode(timetable.next_run(**kwargs))
+    except TimetableError:
+        return "error"
+
+
+def show(run: Run, zone: str) -> str:
     if not isinstance(run, list):
         return str(run)
     tz = ZoneInfo(zone)
@@ -86,78 +119,86 @@ def show(run: list | str | None, zone: str) -> str:
     )
 
 
-def differences(case: dict) -> list[str]:
+def replay(case: dict) -> tuple[list[tuple[tuple, Run]], list[Run]]:
+    """Airflow's answers (each with the call it answers, for `label`) and ours, call by
+    call."""
     zone = case["timezone"]
     timetable = Timetable.from_spec(case["timetable"], timezone=zone)
-    found = []
+    theirs: list[tuple[tuple, Run]] = []
+    got: list[Run] = []
     for series in case["series"]:
         restriction = Restriction(
             earliest=at(series["earliest"]), latest=at(series["latest"]), catchup=True
         )
-        now = at(series["earliest"]) - dt.timedelta(days=1)
-        last = None
-        for index, expected in enumerate(series["runs"]):
-            got = ours(timetable, last=last, restriction=restriction, now=now)
-            expected = theirs(expected)
-            if got != expected:
-                found.append(
-                    f"series from {show([series['earliest']], case['timezone'])} run "
-                    f"{index}: ours {show(got, case['timezone'])} Airflow "
-                    f"{show(expected, case['timezone'])}"
-                )
-                break  # the rest of this series follows from a wrong run
+        now = at(series["earliest"]) - dt.timedelta(days=1)  # type: ignore[operator]
+        last, base = None, series["earliest"]
+        for index, stored in enumerate(series["runs"]):
+            expected = expand_run(stored, base)
+            theirs.append((("series", series["earliest"], index), expected))
+            got.append(ours(timetable, last=last, restriction=restriction, now=now))
             if isinstance(expected, list):
-                last = decode(expected)
-    for probe in case["probes"]:
+                last, base = decode(expected), expected[3]
+    latest = at(case["series"][0]["latest"])
+    now_s = 0
+    for delta, last_s, catchup, from_start, next_s in case["probes"]:
+        now_s += delta
+        last = expand_run(last_s, now_s)
+        expected = expand_run(next_s, now_s)
         restriction = Restriction(
-            earliest=at(probe["earliest"]),
-            latest=at(case["series"][0]["latest"]),
-            catchup=probe["catchup"],
+            earliest=at(case["start"]) if from_start else None,
+            latest=latest,
+            catchup=bool(catchup),
         )
-        last = decode(probe["last"]) if probe["last"] else None
-        got = ours(timetable, last=last, restriction=restriction, now=at(probe["now"]))
-        if got != theirs(probe["next"]):
-            found.append(
-                f"probe now={show([probe['now']], zone)} catchup={probe['catchup']} "
-                f"earliest={probe['earliest'] is not None} last={show(probe['last'], zone)}: "
-                f"ours {show(got, zone)} Airflow {show(probe['next'], zone)}"
+        theirs.append((("probe", now_s, catchup, from_start, last), expected))
+        got.append(
+            ours(
+                timetable,
+                last=decode(last) if isinstance(last, list) else None,
+                restriction=restriction,
+                now=at(now_s),  # type: ignore[arg-type]
             )
-    return found
-
-
-def case_id(case: dict) -> str:
-    spec = case["timetable"]
-    name = (
-        spec
-        if isinstance(spec, str)
-        else "-".join(
-            str(v) for k, v in spec.items() if k not in ("event_dates", "timezone") or k == "kind"
         )
+    return theirs, got
+
+
+def label(call: tuple, zone: str) -> str:
+    if call[0] == "series":
+        return f"series from {show([call[1]], zone)} run {call[2]}"
+    _, now, catchup, from_start, last = call
+    return (
+        f"probe now={show([now], zone)} catchup={bool(catchup)} earliest={bool(from_start)} "
+        f"last={show(last, zone)}"
     )
-    return f"{case['timezone']}:{name}"
 
 
-def test_the_corpus_is_big_enough():
-    data = corpus()
-    assert data["airflow"] == "3.3.2"
-    zones = {c["timezone"] for c in data["cases"]}
-    # Committed so far: the three zones with the hardest DST rules (generate.py makes all six:
-    # Asia/Kolkata, Pacific/Chatham and UTC are still to be generated and committed).
-    assert {"America/New_York", "Europe/Zurich", "Australia/Lord_Howe"} <= zones
-    for zone in zones:
-        timetables = {
-            json.dumps(c["timetable"], sort_keys=True)
-            for c in data["cases"]
-            if c["timezone"] == zone
-        }
-        assert len(timetables) >= 50, zone
-    assert {p["catchup"] for c in data["cases"] for p in c["probes"]} == {True, False}
+def test_the_corpus_is_the_issues_size():
+    corpora = [zone_file(path) for path in files()]
+    assert {c["airflow"] for c in corpora} == {"3.3.2"}
+    assert {c["timezone"] for c in corpora} == ZONES
+    crons = set()
+    for corpus in corpora:
+        cases = corpus["cases"]
+        assert len({json.dumps(c["timetable"], sort_keys=True) for c in cases}) >= 50
+        crons |= {c["timetable"] for c in cases if isinstance(c["timetable"], str)}
+        assert corpus["years"] == 2
+        # Catchup on (the series, and probes) and off (probes).
+        assert {p[2] for c in cases for p in c["probes"]} == {0, 1}
+    assert len(crons) >= 50
 
 
 @pytest.mark.parametrize(
-    "index", range(len(corpus()["cases"])), ids=[case_id(c) for c in corpus()["cases"]]
+    ("path", "index"), CASES, ids=[case_id(zone_file(p)["cases"][i]) for p, i in CASES]
 )
-def test_no_difference_from_airflow(index):
-    case = corpus()["cases"][index]
-    found = differences(case)
-    assert not found, f"{len(found)} differences, first: " + "\n".join(found[:5])
+def test_no_difference_from_airflow(path, index):
+    case = zone_file(path)["cases"][index]
+    theirs, got = replay(case)
+    if got != [answer for _, answer in theirs]:
+        zone = case["timezone"]
+        found = [
+            f"{label(call, zone)}: ours {show(mine, zone)} Airflow {show(answer, zone)}"
+            for (call, answer), mine in zip(theirs, got, strict=True)
+            if mine != answer
+        ]
+        pytest.fail(
+            f"{len(found)} differences of {len(got)} answers, first:\n" + "\n".join(found[:5])
+        )

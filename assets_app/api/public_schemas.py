@@ -10,7 +10,7 @@ null. Query parameters are the endpoint's own (`public.py`, `public_dags.py`).
 """
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from ninja import Schema
@@ -18,11 +18,19 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from assets_app import dags as dag_reads
 from assets_app import run_reads, timetables
-from assets_app.models import Asset, AssetAlias, AssetEvent, Dag, DagRun, TaskInstance
+from assets_app.models import (
+    Asset,
+    AssetAlias,
+    AssetEvent,
+    Backfill,
+    Dag,
+    DagRun,
+    TaskInstance,
+)
 from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
 from assets_app.models.dags import DAG_ID_MAX_LENGTH
 
-from .schemas import INT32_MAX, UtcDatetime, run_reference_fields
+from .schemas import INT32_MAX, NaiveIsUtcDatetime, UtcDatetime, run_reference_fields
 
 # Airflow's `[api] maximum_page_limit` default, as the batch bodies' page_limit default.
 BATCH_PAGE_LIMIT = 100
@@ -596,6 +604,73 @@ class DAGRunsBatchBody(RunRanges, StrictSchema):
     dag_ids: list[str] | None = None
     states: list[str | None] | None = None
     conf_contains: str | None = None
+
+
+# --- backfills (issue 24) ----------------------------------------------------------------------
+
+
+class BackfillPostBody(StrictSchema):
+    """Airflow's `BackfillPostBody`. Every Dag here has one version, its latest, so
+    `run_on_latest_version` changes nothing."""
+
+    dag_id: str = Field(max_length=DAG_ID_MAX_LENGTH)
+    from_date: NaiveIsUtcDatetime
+    to_date: NaiveIsUtcDatetime
+    run_backwards: bool = False
+    dag_run_conf: dict[str, Any] | None = None
+    reprocess_behavior: Literal["failed", "completed", "none"] = "none"
+    max_active_runs: int = Field(default=10, ge=1, le=INT32_MAX)
+    run_on_latest_version: bool | None = None
+
+
+class BackfillResponse(Schema):
+    id: int = Field(ge=0)
+    dag_id: str
+    from_date: datetime
+    to_date: datetime
+    dag_run_conf: dict[str, Any] | None
+    is_paused: bool
+    reprocess_behavior: Literal["failed", "completed", "none"]
+    max_active_runs: int
+    created_at: datetime
+    completed_at: datetime | None
+    updated_at: datetime
+    dag_display_name: str
+
+    @classmethod
+    def from_backfill(cls, backfill: Backfill) -> "BackfillResponse":
+        return cls(
+            id=backfill.pk,
+            dag_id=backfill.dag_id,
+            from_date=backfill.from_date,
+            to_date=backfill.to_date,
+            dag_run_conf=backfill.dag_run_conf,
+            is_paused=bool(backfill.is_paused),
+            reprocess_behavior=backfill.reprocess_behavior,  # type: ignore[arg-type]
+            max_active_runs=backfill.max_active_runs,
+            created_at=backfill.created_at,
+            completed_at=backfill.completed_at,
+            updated_at=backfill.updated_at,
+            # No display names here: Airflow's default is the dag_id.
+            dag_display_name=backfill.dag_id,
+        )
+
+
+class BackfillCollectionResponse(Schema):
+    backfills: list[BackfillResponse]
+    total_entries: int
+
+
+class DryRunBackfillResponse(Schema):
+    logical_date: datetime | None
+    # No partitions here: always null, but present (Airflow requires both).
+    partition_key: str | None
+    partition_date: datetime | None
+
+
+class DryRunBackfillCollectionResponse(Schema):
+    backfills: list[DryRunBackfillResponse]
+    total_entries: int
 
 
 # --- task instances -------------------------------------------------------------------------

@@ -47,6 +47,16 @@ def _storable_utc(value: datetime) -> datetime:
 # An ISO 8601 datetime with a time zone, converted to UTC; a 422 for what PostgreSQL (or Python,
 # reading it back) cannot hold: offsets of 16 h or more, instants outside years 1..9999 in UTC.
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_storable_utc)]
+
+
+def _naive_is_utc(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+# Where Airflow takes any datetime and reads a naive one as UTC (`timezone.coerce_datetime`).
+NaiveIsUtcDatetime = Annotated[
+    datetime, AfterValidator(_naive_is_utc), AfterValidator(_storable_utc)
+]
 Hostname = Annotated[str, Field(max_length=HOSTNAME_MAX_LENGTH)]
 Pid = Annotated[int, Field(gt=0, le=INT32_MAX)]
 

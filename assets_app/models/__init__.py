@@ -3,6 +3,12 @@
 from .assets import Asset, AssetAlias, AssetAliasAsset
 from .audit import AuditEntry, AuditTarget, AuditVia
 from .auth import ApiToken
+from .backfills import (
+    Backfill,
+    BackfillDagRun,
+    BackfillDagRunExceptionReason,
+    ReprocessBehavior,
+)
 from .dags import (
     Dag,
     DagScheduleAliasReference,
@@ -41,6 +47,9 @@ __all__ = [
     "AuditEntry",
     "AuditTarget",
     "AuditVia",
+    "Backfill",
+    "BackfillDagRun",
+    "BackfillDagRunExceptionReason",
     "ComponentHeartbeat",
     "Connection",
     "Dag",
@@ -54,6 +63,7 @@ __all__ = [
     "FailureKind",
     "MetricCounter",
     "RenderedTaskFields",
+    "ReprocessBehavior",
     "ScheduleMode",
     "TIState",
     "Task",

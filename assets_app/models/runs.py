@@ -18,6 +18,8 @@ class DagRunType(models.TextChoices):
     ASSET_MATERIALIZATION = "asset_materialization"
     # A run a task asked for (TriggerDagRunOperator, `POST /execution/dag-runs/...`).
     OPERATOR_TRIGGERED = "operator_triggered"
+    # A run of a backfill (`backfills`, issue 24), Airflow's `backfill`.
+    BACKFILL = "backfill"
 
 
 class DagRunTriggeredBy(models.TextChoices):
@@ -29,6 +31,7 @@ class DagRunTriggeredBy(models.TextChoices):
     ASSET = "asset"
     OPERATOR = "operator"
     TIMETABLE = "timetable"
+    BACKFILL = "backfill"
 
 
 class DagRunState(models.TextChoices):

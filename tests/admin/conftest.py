@@ -11,6 +11,8 @@ from assets_app.models import (
     AssetAliasAsset,
     AssetAliasEvent,
     AssetDagRunQueue,
+    Backfill,
+    BackfillDagRun,
     ComponentHeartbeat,
     DagRunAssetEvent,
     DagRunType,
@@ -108,6 +110,18 @@ def populate(n: int) -> None:
         )
         RenderedTaskFields.objects.create(ti=ti, fields={"op_args": "[]"})
         TaskLogChunk.objects.create(ti=ti, try_number=1, offset=0, size=4, content="log\n")
+        now = timezone.now()
+        backfill = Backfill.objects.create(dag=producer, from_date=now, to_date=now)
+        BackfillDagRun.objects.create(
+            backfill=backfill,
+            dag_run=run,
+            logical_date=now,
+            data_interval_start=now,
+            data_interval_end=now,
+            run_after=now,
+            sort_ordinal=1,
+            started_at=now,
+        )
     for component in ("drain", "scheduler"):
         ComponentHeartbeat.objects.update_or_create(
             component=component,

@@ -50,6 +50,8 @@ EXPECTED = {
     "asseteventqueue": 7,
     "auditentry": 9,
     "audittarget": 6,
+    "backfill": 5,
+    "backfilldagrun": 5,
     "componentheartbeat": 5,
     "dag": 5,
     "dagrun": 8,

@@ -2,7 +2,7 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from assets_app import repair, scheduling, time_scheduling
+from assets_app import backfills, repair, scheduling, time_scheduling
 
 
 class Command(BaseCommand):
@@ -29,6 +29,13 @@ class Command(BaseCommand):
                     self.stdout.write(
                         f"time scheduler: {timed.dags_checked} dags due, "
                         f"{len(timed.run_ids)} runs created, {timed.seconds:.2f}s"
+                    )
+                filled = backfills.start_runs()
+                if filled.run_ids or filled.reprocessed or filled.completed:
+                    self.stdout.write(
+                        f"backfills: {filled.backfills_checked} checked, "
+                        f"{len(filled.run_ids) + len(filled.reprocessed)} runs started, "
+                        f"{len(filled.completed)} completed"
                     )
             if once or result.run_ids:
                 self.stdout.write(

@@ -20,8 +20,14 @@ catchup)`, the last automated run's `DagRunInfo`, the wall clock patched to the 
   without it, catchup on), and, with the start date, after the latest run due at that "now"
   and after one 3 ticks older (an unpause after a pause).
 
-Times are UTC epoch seconds; a run is [logical_date, data_interval_start, data_interval_end,
-run_after] (logical_date null when the timetable gives no data interval).
+Times are UTC epoch seconds. Stored compact (`compact()`, format 2; the corpus test's `expand`
+reads it back), a run as [run_after - base, data_interval_start - run_after,
+data_interval_end - run_after] ([.., null, null] without a data interval; its logical date is
+the interval's start), where the base of a series' run is the run before it (the first: the
+series' `earliest`) and the base of a probe's runs is its "now"; probes are rows [now - the
+previous probe's now, last, catchup, from the start date (0/1), next]. `generate.py compact
+FILE...` rewrites files of format 1 (runs as [logical, start, end, run_after], probes as
+objects) to it.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ ZONES = [
     "Australia/Lord_Howe",
     "Asia/Kolkata",
     "Pacific/Chatham",
-    "UTC",
+    "America/Santiago",
 ]
 START = dt.datetime(2026, 1, 1)
 YEARS = 2
@@ -92,6 +98,22 @@ CRONS = [
     "*/5 1-3 * * *",
     "* 2 * * *",
     "0 3 * 3,4,10,11 0",
+    # Around the transitions of the six zones: the skipped and the repeated wall times.
+    "15 2 * * *",
+    "45 1 * * *",
+    "30 23 * * *",
+    "0 0 * * 7",
+    "30 2 8-14 3 0",
+    "30 1 1-7 11 0",
+    "45 2 * 9 0",
+    "0 0 * 4,9 0,6",
+    "0 2 * 10 0",
+    "0 4 1 * *",
+    "0 0 1-7 * 1",
+    "0 12 * * 2#3",
+    "0 0 1 */2 *",
+    "0 0 1 jan,jul *",
+    "0 8 * * mon-fri",
 ]
 DATA_INTERVAL_CRONS = [
     "@hourly",
@@ -382,8 +404,7 @@ def zone_cases(zone: str) -> int:
         "cases": cases,
     }
     path = HERE / f"corpus-{zone.replace('/', '_')}.json.gz"
-    with gzip.open(path, "wt", encoding="utf-8") as out:
-        json.dump(corpus, out, separators=(",", ":"))
+    write(path, compact(corpus))
     ticks = sum(len(s["runs"]) for c in cases for s in c["series"])
     probes = sum(len(c["probes"]) for c in cases)
     print(
@@ -395,10 +416,74 @@ def zone_cases(zone: str) -> int:
     return len(cases)
 
 
+def _run(run: list | dict | None, base: int) -> list | dict | None:
+    if not isinstance(run, list):
+        return run
+    logical, start, end, run_after = run
+    if logical != start:
+        raise ValueError(f"a logical date that is not its interval's start: {run}")
+    if start is None:
+        return [run_after - base, None, None]
+    return [run_after - base, start - run_after, end - run_after]
+
+
+def compact(corpus: dict) -> dict:
+    """Format 1 (as `make_case` builds it) -> format 2 (the module docstring)."""
+    cases = []
+    for case in corpus["cases"]:
+        series = []
+        for one in case["series"]:
+            base, runs = one["earliest"], []
+            for run in one["runs"]:
+                runs.append(_run(run, base))
+                if isinstance(run, list):
+                    base = run[3]
+            series.append({"earliest": one["earliest"], "latest": one["latest"], "runs": runs})
+        starts = {p["earliest"] for p in case["probes"]} - {None}
+        if len(starts) > 1:
+            raise ValueError("probes from more than one start date")
+        rows, previous = [], 0
+        for probe in case["probes"]:
+            now = probe["now"]
+            rows.append(
+                [
+                    now - previous,
+                    _run(probe["last"], now),
+                    int(probe["catchup"]),
+                    int(probe["earliest"] is not None),
+                    _run(probe["next"], now),
+                ]
+            )
+            previous = now
+        cases.append(
+            {
+                "timetable": case["timetable"],
+                "timezone": case["timezone"],
+                "start": starts.pop() if starts else None,
+                "series": series,
+                "probes": rows,
+            }
+        )
+    return {**corpus, "format": 2, "cases": cases}
+
+
+def write(path: Path, corpus: dict) -> None:
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as out:
+        json.dump(corpus, out, separators=(",", ":"))
+
+
 def main() -> None:
     """`generate.py [PROCESSES] [ZONE...]`: the zones (default all) in parallel processes
-    (default 3)."""
+    (default 3). `generate.py compact FILE...`: rewrite format-1 files as format 2."""
     import multiprocessing
+
+    if sys.argv[1:2] == ["compact"]:
+        for name in sys.argv[2:]:
+            with gzip.open(name, "rt", encoding="utf-8") as f:
+                corpus = json.load(f)
+            if corpus.get("format", 1) == 1:
+                write(Path(name), compact(corpus))
+        return
 
     processes = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     zones = sys.argv[2:] or ZONES

@@ -149,6 +149,12 @@ else:
 DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
 # What a client is told (Retry-After, seconds) when the database is full or away: 503.
 DATABASE_RETRY_AFTER_SECONDS = env.int("DATABASE_RETRY_AFTER_SECONDS", default=5)
+# GET /api/v2/.../dagRuns/{id}/wait (assets_app/run_waits.py): a stream ends after
+# RUN_WAIT_MAX_SECONDS; at most RUN_WAIT_MAX_CONCURRENT streams at once per server (file locks
+# under RUN_WAIT_SLOT_DIR, shared by the host's web workers), beyond them 503 + Retry-After.
+RUN_WAIT_MAX_SECONDS = env.float("RUN_WAIT_MAX_SECONDS", default=10.0)
+RUN_WAIT_MAX_CONCURRENT = env.int("RUN_WAIT_MAX_CONCURRENT", default=1)
+RUN_WAIT_SLOT_DIR = Path(env.str("RUN_WAIT_SLOT_DIR", default=str(BASE_DIR / "var" / "wait-slots")))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

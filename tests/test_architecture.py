@@ -76,6 +76,7 @@ SHARED = frozenset(
         "run_ids",
         "dags",
         "run_reads",
+        "run_waits",
         "listing",
         "lineage",
         "xcoms",

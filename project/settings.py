@@ -245,6 +245,9 @@ WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", defau
 # A running TI whose heartbeat stopped this long ago is failed (or retried) by the scheduler's
 # sweep (Airflow's `[scheduler] task_instance_heartbeat_timeout`).
 TASK_HEARTBEAT_TIMEOUT_SECONDS = env.float("TASK_HEARTBEAT_TIMEOUT_SECONDS", default=300)
+# A finished TI's token reads Connections this long after (its callbacks; Airflow's
+# `[core] task_success_overtime`); `assets_app/task_scopes.py`.
+TASK_SUCCESS_OVERTIME_SECONDS = env.float("TASK_SUCCESS_OVERTIME_SECONDS", default=20)
 # Task logs workers ship (PUT /execution/task-instances/{id}/logs/{try}): bytes per chunk, and
 # bytes kept per try (a chunk beyond it is refused, 413 log_too_large).
 TASK_LOG_CHUNK_MAX_BYTES = env.int("TASK_LOG_CHUNK_MAX_BYTES", default=256 * 1024)

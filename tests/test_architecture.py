@@ -77,6 +77,7 @@ SHARED = frozenset(
         "dags",
         "run_reads",
         "run_waits",
+        "task_scopes",
         "listing",
         "lineage",
         "xcoms",

@@ -13,6 +13,7 @@ from .dags import (
     TaskOutletAssetReference,
     TaskUpstream,
     TriggerRule,
+    XComReadScope,
 )
 from .events import AssetAliasEvent, AssetEvent
 from .logs import TaskLogChunk
@@ -66,4 +67,5 @@ __all__ = [
     "TriggerRule",
     "Variable",
     "XCom",
+    "XComReadScope",
 ]

@@ -21,7 +21,7 @@ import fcntl
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import IO
 
@@ -64,7 +64,7 @@ class RunWait:
     def _state(self) -> str | None:
         return run_reads.run_state(dag_id=self._dag_id, run_id=self._run_id)
 
-    def _generate(self) -> Iterator[str]:
+    def _generate(self) -> Generator[str, None, None]:
         deadline = time.monotonic() + settings.RUN_WAIT_MAX_SECONDS
         state = self._state()
         yield json.dumps({"state": state}) + "\n"

@@ -15,6 +15,10 @@ schedule the service cannot run (a relativedelta, `@continuous`, partitions, a c
 timetable, an AssetOrTimeSchedule of one of those) is refused with a message naming the Dag and
 its file, unless `manual_only` asks for such Dags to be synced as
 manual-only (schedule null).
+
+A Dag opts its task tokens into wider XCom reads (issue 26, the definition's `xcom_read_scope`)
+with a tag: `tags=["xcom_read_scope:dag"]` (any run of this Dag) or `"xcom_read_scope:all"`
+(any Dag's); without one they read their own run's XComs only.
 """
 
 import datetime
@@ -32,6 +36,10 @@ TASK_DEFAULTS: dict[str, Any] = {
     "retry_exponential_backoff": 0.0,
     "max_retry_delay_seconds": None,
 }
+
+
+# `tags=["xcom_read_scope:dag"]`: the Dag's `xcom_read_scope` (run | dag | all).
+XCOM_READ_SCOPE_TAG = "xcom_read_scope:"
 
 
 class DagFileError(ValueError):
@@ -251,6 +259,13 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
     }
     if dag.max_active_runs:
         definition["max_active_runs"] = int(dag.max_active_runs)
+    scopes = sorted(
+        t[len(XCOM_READ_SCOPE_TAG) :] for t in dag.tags if t.startswith(XCOM_READ_SCOPE_TAG)
+    )
+    if len(scopes) > 1:
+        raise DagFileError(f"{where}: Dag {dag.dag_id!r} has more than one xcom_read_scope tag")
+    if scopes:
+        definition["xcom_read_scope"] = scopes[0]
     if timetable is not None:
         definition["timetable"] = timetable
         definition.update(_time_fields(dag))

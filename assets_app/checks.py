@@ -227,6 +227,21 @@ SETTING_RULES = (
         lambda v: isinstance(v, int | float) and 0 < v <= 60,
         _setting("Q_CLUSTER_IDLE_WAIT_SECONDS"),
     ),
+    Rule(
+        "assets_app.E023",
+        "RUN_WAIT_MAX_SECONDS",
+        "a number of seconds > 0 and <= 20 (a run wait holds a web worker, which gunicorn "
+        "kills at 30 s)",
+        lambda v: isinstance(v, int | float) and 0 < v <= 20,
+        _setting("RUN_WAIT_MAX_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E024",
+        "RUN_WAIT_MAX_CONCURRENT",
+        "a whole number >= 1 (run waits streamed at once per server; keep it below WEB_WORKERS)",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+        _setting("RUN_WAIT_MAX_CONCURRENT"),
+    ),
 )
 
 

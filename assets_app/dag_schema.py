@@ -386,6 +386,10 @@ class Task(_Object):
     max_retry_delay_seconds: Seconds | None = None
 
 
+# What a task token may read beyond its own run (issue 26; Airflow lets any token read any XCom).
+XComReadScope = Literal["run", "dag", "all"]
+
+
 class Dag(_Object):
     """A Dag: its schedule (the assets it waits for), its timetable, or both (`schedule_mode`),
     and its tasks."""
@@ -408,6 +412,14 @@ class Dag(_Object):
         "AssetOrTimeSchedule) runs on each tick and whenever the assets' condition is met; "
         "asset_and_time runs on a tick only when the condition was met by the events queued up "
         "to that tick, and consumes them (a tick without it creates no run).",
+    )
+    xcom_read_scope: XComReadScope = Field(
+        "run",
+        description=(
+            "Whose XComs this Dag's task tokens may read: `run` (its own run only, the "
+            "default), `dag` (any run of this Dag), `all` (any Dag's). Writes are always the "
+            "token's own task only."
+        ),
     )
 
     @model_validator(mode="after")

@@ -134,6 +134,7 @@ class DagDefinition:
     catchup: bool = False
     # With both a schedule and a timetable: asset_or_time (Airflow's) or asset_and_time.
     schedule_mode: str = ScheduleMode.ASSET_OR_TIME
+    xcom_read_scope: str = "run"
     # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
     # path of the object in the file ("" or "[i]").
     file: str = field(default="", compare=False)
@@ -247,6 +248,7 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         is_paused=model.is_paused,
         description=model.description,
         tasks=tasks,
+        xcom_read_scope=model.xcom_read_scope,
         **_time_schedule(model),
         file=file,
         fileloc=fileloc,
@@ -766,6 +768,7 @@ class _Sync:
                     else None
                 ),
                 "fileloc": definition.fileloc,
+                "xcom_read_scope": definition.xcom_read_scope,
                 **{name: getattr(definition, name) for name in TIME_FIELDS},
             }
             dag = stored.get(definition.dag_id)

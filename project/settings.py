@@ -149,6 +149,12 @@ else:
 DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
 # What a client is told (Retry-After, seconds) when the database is full or away: 503.
 DATABASE_RETRY_AFTER_SECONDS = env.int("DATABASE_RETRY_AFTER_SECONDS", default=5)
+# GET /api/v2/.../dagRuns/{id}/wait (assets_app/run_waits.py): a stream ends after
+# RUN_WAIT_MAX_SECONDS; at most RUN_WAIT_MAX_CONCURRENT streams at once per server (file locks
+# under RUN_WAIT_SLOT_DIR, shared by the host's web workers), beyond them 503 + Retry-After.
+RUN_WAIT_MAX_SECONDS = env.float("RUN_WAIT_MAX_SECONDS", default=10.0)
+RUN_WAIT_MAX_CONCURRENT = env.int("RUN_WAIT_MAX_CONCURRENT", default=1)
+RUN_WAIT_SLOT_DIR = Path(env.str("RUN_WAIT_SLOT_DIR", default=str(BASE_DIR / "var" / "wait-slots")))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -239,6 +245,9 @@ WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", defau
 # A running TI whose heartbeat stopped this long ago is failed (or retried) by the scheduler's
 # sweep (Airflow's `[scheduler] task_instance_heartbeat_timeout`).
 TASK_HEARTBEAT_TIMEOUT_SECONDS = env.float("TASK_HEARTBEAT_TIMEOUT_SECONDS", default=300)
+# A finished TI's token reads Connections this long after (its callbacks; Airflow's
+# `[core] task_success_overtime`); `assets_app/task_scopes.py`.
+TASK_SUCCESS_OVERTIME_SECONDS = env.float("TASK_SUCCESS_OVERTIME_SECONDS", default=20)
 # Task logs workers ship (PUT /execution/task-instances/{id}/logs/{try}): bytes per chunk, and
 # bytes kept per try (a chunk beyond it is refused, 413 log_too_large).
 TASK_LOG_CHUNK_MAX_BYTES = env.int("TASK_LOG_CHUNK_MAX_BYTES", default=256 * 1024)

@@ -79,6 +79,8 @@ SHARED = frozenset(
         "run_ids",
         "dags",
         "run_reads",
+        "run_waits",
+        "task_scopes",
         "listing",
         "lineage",
         "xcoms",

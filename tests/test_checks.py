@@ -42,6 +42,8 @@ BAD_SETTINGS = [
     ({"TASK_HEARTBEAT_TIMEOUT_SECONDS": 0.0}, "assets_app.E021", ["> 0"]),
     ({"Q_CLUSTER_IDLE_WAIT_SECONDS": 0.0}, "assets_app.E022", ["> 0"]),
     ({"Q_CLUSTER_IDLE_WAIT_SECONDS": 120}, "assets_app.E022", ["<= 60"]),
+    ({"RUN_WAIT_MAX_SECONDS": 30}, "assets_app.E023", ["<= 20"]),
+    ({"RUN_WAIT_MAX_CONCURRENT": 0}, "assets_app.E024", [">= 1"]),
 ]
 
 

@@ -9,8 +9,8 @@ a token is one try). Answers:
 - a valid token for another TI than the one in the path: 403 (`forbidden`);
 - a valid token of an earlier try (the TI was retried since): 409 (`stale_try`), and nothing is
   changed. On `/task-instances/{id}/...` the try is checked by `task_state` on the row it reads or
-  in its conditional UPDATE (no statement added under the TI lock); on the other routes (asset
-  reads) here, with one indexed read.
+  in its conditional UPDATE (no statement added under the TI lock); on the other routes here,
+  with one indexed read of the TI, kept for the scope rules of `task_scopes` (`token_ti`).
 A fresh token is returned in the `Refreshed-API-Token` response header of `run` and `heartbeat`
 (the Airflow Task SDK client switches to it), so a task that heartbeats never outlives its token.
 
@@ -30,8 +30,8 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja.security import HttpBearer
 
-from assets_app import audit, exceptions
-from assets_app.models import AuditVia, TaskInstance
+from assets_app import audit, exceptions, task_scopes
+from assets_app.models import AuditVia
 
 from . import public_auth
 
@@ -41,6 +41,8 @@ PATH_TI_PARAM = "task_instance_id"
 
 
 TRY_CLAIM = "try"
+# Where TaskTokenAuth keeps the token's TI on the claims it returns (not a JWT claim).
+TOKEN_TI = "_ti"
 
 
 def issue_token(ti_id: UUID, *, try_number: int) -> str:
@@ -112,7 +114,7 @@ class TaskTokenAuth(HttpBearer):
         match = request.resolver_match
         path_id = match.kwargs.get(PATH_TI_PARAM) if match is not None else None
         if path_id is None:
-            _check_current_try(claims)
+            claims[TOKEN_TI] = _current_ti(claims)
         else:
             try:
                 wanted = UUID(str(path_id))
@@ -123,18 +125,23 @@ class TaskTokenAuth(HttpBearer):
         return claims
 
 
-def _check_current_try(claims: dict[str, Any]) -> None:
-    current = (
-        TaskInstance.objects.filter(id=claims["sub"]).values_list("try_number", flat=True).first()
-    )
-    if current is None:
+def _current_ti(claims: dict[str, Any]) -> task_scopes.TokenTI:
+    ti = task_scopes.load(ti_id=claims["sub"])
+    if ti is None:
         raise exceptions.PermissionDenied(
             "the task instance of this token does not exist", reason="invalid_token"
         )
-    if current != try_of(claims):
+    if ti.try_number != try_of(claims):
         raise exceptions.StaleTry.of(
-            ti_id=claims["sub"], token_try=try_of(claims), current_try=current
+            ti_id=claims["sub"], token_try=try_of(claims), current_try=ti.try_number
         )
+    return ti
+
+
+def token_ti(request: HttpRequest) -> task_scopes.TokenTI:
+    """The token's TI as the authentication read it, on a route without a TI in its path (the
+    rules of `task_scopes` take it)."""
+    return claims_of(request)[TOKEN_TI]
 
 
 class WorkerApiKeyAuth(HttpBearer):

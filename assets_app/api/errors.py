@@ -76,7 +76,12 @@ def _status_of(exc: exceptions.DomainError) -> int:
 
 
 def _domain_error(request: HttpRequest, exc: exceptions.DomainError) -> HttpResponse:
-    return error_response_for(request.path, _status_of(exc), exc.reason, exc.message, **exc.extra)
+    response = error_response_for(
+        request.path, _status_of(exc), exc.reason, exc.message, **exc.extra
+    )
+    if "retry_after_seconds" in exc.extra:  # e.g. `too_many_waits`: when to come back
+        response["Retry-After"] = str(exc.extra["retry_after_seconds"])
+    return response
 
 
 def _items(exc: ValidationError) -> list[dict[str, Any]]:

@@ -3,7 +3,9 @@ outlet validation, XComs, Variables, Connections, reschedule start dates, its pr
 successful run, dag-run reads / trigger / clear, TI counts and states. Thin views over
 `task_runtime`, `xcoms` and `variables`; paths, parameters, status codes and bodies as Airflow's
 execution API of version 2026-06-30 (task-sdk 1.3.2's client calls them). Every route takes a
-valid task token (any TI's, except `/task-instances/{id}/...`, which must be that TI's).
+valid task token (any TI's, except `/task-instances/{id}/...`, which must be that TI's), and
+each is held to what `task_scopes` lets that token do (issue 26: XComs of its own TI and run,
+writes and Connections while it runs).
 """
 
 from typing import Annotated, Any
@@ -13,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Body, Query, Router, Status
 from pydantic import Field
 
-from assets_app import task_runtime, variables, xcoms
+from assets_app import task_runtime, task_scopes, variables, xcoms
 
 from . import auth
 from . import runtime_schemas as rs
@@ -30,6 +32,11 @@ XCOM_PATH = "/xcoms/{dag_id}/{run_id}/{task_id}/{path:key}"
 
 def _json(value: Any, status: int = 200) -> JsonResponse:
     return JsonResponse(value, status=status, safe=False)
+
+
+def _require_running(request: HttpRequest, what: str) -> None:
+    ti = auth.token_ti(request)
+    task_scopes.require_running(ti_id=ti.id, state=ti.state, what=what)
 
 
 # --- task instances --------------------------------------------------------------------------
@@ -75,6 +82,7 @@ def ti_states(request: HttpRequest, filters: Query[rs.TIFilters]):
 def xcom_item(
     request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str, offset: Int32
 ):
+    task_scopes.check_xcom_read(auth.token_ti(request), dag_id=dag_id, run_id=run_id)
     return _json(xcoms.item(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, offset=offset))
 
 
@@ -90,6 +98,7 @@ def xcom_slice(
     step: Int32 | None = None,
     include_prior_dates: bool = False,
 ):
+    task_scopes.check_xcom_read(auth.token_ti(request), dag_id=dag_id, run_id=run_id)
     values = xcoms.value_slice(
         dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, start=start, stop=stop, step=step
     )
@@ -98,6 +107,7 @@ def xcom_slice(
 
 @router.api_operation(["HEAD"], XCOM_PATH)
 def xcom_head(request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str):
+    task_scopes.check_xcom_read(auth.token_ti(request), dag_id=dag_id, run_id=run_id)
     response = HttpResponse(status=200)
     count = xcoms.count(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key)
     response["Content-Range"] = f"map_indexes {count}"
@@ -115,6 +125,7 @@ def xcom_get(
     offset: Int32 | None = None,
     include_prior_dates: bool = False,
 ):
+    task_scopes.check_xcom_read(auth.token_ti(request), dag_id=dag_id, run_id=run_id)
     value = xcoms.pull(
         dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, map_index=map_index, offset=offset
     )
@@ -133,6 +144,9 @@ def xcom_set(
     dag_result: bool = False,
     mapped_length: Int32 | None = None,
 ):
+    task_scopes.check_xcom_write(
+        auth.token_ti(request), dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index
+    )
     xcoms.push(
         dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, value=value, map_index=map_index
     )
@@ -143,6 +157,9 @@ def xcom_set(
 def xcom_delete(
     request: HttpRequest, dag_id: str, run_id: str, task_id: str, key: str, map_index: Int32 = -1
 ):
+    task_scopes.check_xcom_write(
+        auth.token_ti(request), dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index
+    )
     xcoms.delete(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, map_index=map_index)
     return {"message": f"XCom with key: {key} successfully deleted."}
 
@@ -168,6 +185,7 @@ def variable_get(request: HttpRequest, variable_key: str):
 
 @router.put("/variables/{path:variable_key}", response={201: rs.OKMessage})
 def variable_put(request: HttpRequest, variable_key: str, body: rs.VariablePostBody):
+    _require_running(request, "Variable write")
     variables.set_variable(
         key=variable_key,
         value=body.val,
@@ -179,12 +197,14 @@ def variable_put(request: HttpRequest, variable_key: str, body: rs.VariablePostB
 
 @router.delete("/variables/{path:variable_key}", response={204: None})
 def variable_delete(request: HttpRequest, variable_key: str):
+    _require_running(request, "Variable delete")
     variables.delete_variable(key=variable_key, actor=auth.task_actor(request))
     return Status(204, None)
 
 
 @router.get("/connections/{connection_id}", response=rs.ConnectionResponse, by_alias=True)
 def connection_get(request: HttpRequest, connection_id: str):
+    task_scopes.check_connection_read(auth.token_ti(request))
     return rs.ConnectionResponse.from_domain(variables.get_connection(conn_id=connection_id))
 
 
@@ -235,6 +255,7 @@ def dag_run_detail(request: HttpRequest, dag_id: str, run_id: str):
 
 @router.post("/dag-runs/{dag_id}/{run_id}/clear", response={204: None})
 def dag_run_clear(request: HttpRequest, dag_id: str, run_id: str):
+    _require_running(request, "Clearing a Dag run")
     task_runtime.clear_run(dag_id=dag_id, run_id=run_id, actor=auth.task_actor(request))
     return Status(204, None)
 
@@ -243,6 +264,7 @@ def dag_run_clear(request: HttpRequest, dag_id: str, run_id: str):
 def dag_run_trigger(
     request: HttpRequest, dag_id: str, run_id: str, payload: rs.TriggerDAGRunPayload
 ):
+    _require_running(request, "Triggering a Dag run")
     task_runtime.trigger_from_task(
         ti_id=UUID(auth.claims_of(request)["sub"]),
         dag_id=dag_id,

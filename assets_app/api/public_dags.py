@@ -6,15 +6,12 @@ Routes with a fixed segment (`dagRuns/list`, `taskInstances/list`) are registere
 ones whose variable segment would also match them.
 """
 
-import json
-import time
-from collections.abc import Iterator
 from typing import Literal
 
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Field, Header, Query, Router, Schema
 
-from assets_app import asset_events, dags, exceptions, run_reads, runs, task_logs
+from assets_app import asset_events, dags, exceptions, run_reads, run_waits, runs, task_logs
 from assets_app.models import Dag, DagRun, DagRunTriggeredBy, TaskInstance
 from assets_app.models.runs import TI_FINISHED_STATES
 
@@ -381,11 +378,14 @@ def clear_dag_run(request: HttpRequest, dag_id: str, dag_run_id: str, body: DAGR
 
 @router.get(
     "/dags/{dag_id}/dagRuns/{dag_run_id}/wait",
-    response=responses(str, 404),
+    response=responses(str, 404, 503),
     openapi_extra={
         "responses": {
             200: {
-                "description": "The run's state, one JSON object a line (NDJSON), until it ends",
+                "description": (
+                    "The run's state, one JSON object a line (NDJSON), until it ends or for at "
+                    "most RUN_WAIT_MAX_SECONDS (the last line is then an unfinished state)"
+                ),
                 "content": {NDJSON: {"schema": {"type": "string"}}},
             }
         }
@@ -396,20 +396,13 @@ def wait_dag_run_until_finished(
     request: HttpRequest, dag_id: str, dag_run_id: str, query: Query[WaitQuery]
 ) -> StreamingHttpResponse:
     """Stream `{"state": ...}` lines, one now and one every `interval` seconds, until the run is
-    success or failed (Airflow: same path, NDJSON). The service keeps no XCom results, so no
-    line has `results`. 404 for an unknown run."""
-    run_reads.get_run(dag_id=dag_id, run_id=dag_run_id)
-    interval = max(query.interval, MIN_WAIT_INTERVAL_SECONDS)
-
-    def lines() -> Iterator[str]:
-        state = run_reads.run_state(dag_id=dag_id, run_id=dag_run_id)
-        yield json.dumps({"state": state}) + "\n"
-        while state is not None and state not in run_reads.FINISHED_RUN_STATES:
-            time.sleep(interval)
-            state = run_reads.run_state(dag_id=dag_id, run_id=dag_run_id)
-            yield json.dumps({"state": state}) + "\n"
-
-    return StreamingHttpResponse(lines(), content_type=NDJSON)
+    success or failed (Airflow: same path, NDJSON), or the server's cap ends the stream early
+    (`run_waits`). The service keeps no XCom results, so no line has `results`. 404 for an
+    unknown run; 503 `too_many_waits` with Retry-After when this server streams its maximum."""
+    wait = run_waits.open_wait(
+        dag_id=dag_id, run_id=dag_run_id, interval=max(query.interval, MIN_WAIT_INTERVAL_SECONDS)
+    )
+    return StreamingHttpResponse(wait, content_type=NDJSON)
 
 
 @router.get("/dags/{dag_id}/dagRuns/{dag_run_id}", response=responses(DAGRunResponse, 404))

@@ -19,6 +19,7 @@ from .dags import (
     TaskOutletAssetReference,
     TaskUpstream,
     TriggerRule,
+    XComReadScope,
 )
 from .events import AssetAliasEvent, AssetEvent
 from .logs import TaskLogChunk
@@ -76,4 +77,5 @@ __all__ = [
     "TriggerRule",
     "Variable",
     "XCom",
+    "XComReadScope",
 ]

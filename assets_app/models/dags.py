@@ -19,6 +19,12 @@ class ScheduleMode(models.TextChoices):
     ASSET_AND_TIME = "asset_and_time"
 
 
+class XComReadScope(models.TextChoices):
+    RUN = "run", "its own run"
+    DAG = "dag", "any run of its Dag"
+    ALL = "all", "any Dag's runs"
+
+
 class Dag(models.Model):
     """A DAG definition loaded by `sync_dags`. `schedule` is the normalized condition, or null."""
 
@@ -47,6 +53,14 @@ class Dag(models.Model):
         db_default=ScheduleMode.ASSET_OR_TIME,
         default=ScheduleMode.ASSET_OR_TIME,
     )
+    # Whose XComs this Dag's task tokens may read (issue 26, `task_scopes`): its own run, any
+    # run of this Dag, or any Dag's.
+    xcom_read_scope = models.CharField(
+        max_length=8,
+        choices=XComReadScope.choices,
+        db_default=XComReadScope.RUN,
+        default=XComReadScope.RUN,
+    )
     # The next run the timetable gives (Airflow's DagModel fields): its logical date, data
     # interval and the time it may be created from. Null when there is none (no timetable,
     # the end date passed). The scheduler reads only the Dags due by `next_dagrun_create_after`.
@@ -66,6 +80,10 @@ class Dag(models.Model):
             ),
             models.CheckConstraint(
                 condition=models.Q(schedule_mode__in=ScheduleMode.values), name="dag_schedule_mode"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(xcom_read_scope__in=XComReadScope.values),
+                name="dag_xcom_read_scope_valid",
             ),
         ]
         indexes = [

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import dependencies, exceptions, locks
+from .. import dependencies, exceptions, locks, task_scopes
 from ..dependencies import after_ti_finished
 from ..models import TaskInstance, TIState
 from . import StateChange, check_try, not_found, not_running
@@ -59,7 +59,9 @@ def skip_downstream(*, ti_id: UUID, try_number: int, tasks: list[tuple[str, int]
     how many TIs were skipped; replaying it skips nothing more. Unknown TI: NotFound; another
     try than the token's: StaleTry (checked on the row it reads anyway)."""
     source = (
-        TaskInstance.objects.filter(id=ti_id).values("dag_run_id", "dag_id", "try_number").first()
+        TaskInstance.objects.filter(id=ti_id)
+        .values("dag_run_id", "dag_id", "try_number", "state")
+        .first()
     )
     if source is None:
         raise not_found(ti_id)
@@ -67,6 +69,7 @@ def skip_downstream(*, ti_id: UUID, try_number: int, tasks: list[tuple[str, int]
         raise exceptions.StaleTry.of(
             ti_id=ti_id, token_try=try_number, current_try=source["try_number"]
         )
+    task_scopes.require_running(ti_id=ti_id, state=source["state"], what="skip-downstream")
     wanted = sorted(set(tasks))
     if not wanted:
         return 0

@@ -165,6 +165,16 @@ def test_a_branch_skips_one_side_and_the_rules_propagate(worker_api):
         ti_id=branch.id,
     )
     assert response.status_code == 204, response.content
+    # Replayed while the branch runs: nothing more to skip, nothing written.
+    before = db_snapshot()
+    replay = worker_api.request(
+        "PATCH",
+        f"/task-instances/{branch.id}/skip-downstream",
+        {"tasks": [["right", -1]]},
+        ti_id=branch.id,
+    )
+    assert replay.status_code == 204
+    assert db_snapshot() == before
     assert end(worker_api, branch, "success", task_outlets=[], outlet_events=[]).status_code == 204
     states = dict(TaskInstance.objects.filter(dag_run=run).values_list("task_id", "state"))
     assert states == {
@@ -178,7 +188,7 @@ def test_a_branch_skips_one_side_and_the_rules_propagate(worker_api):
     start(worker_api, left)
     assert end(worker_api, left, "success", task_outlets=[], outlet_events=[]).status_code == 204
     assert ti(run, "join").state == TIState.QUEUED
-    # Replayed: nothing more to skip, nothing written.
+    # Once the branch finished its token changes no other TI (issue 26): 403, nothing written.
     before = db_snapshot()
     response = worker_api.request(
         "PATCH",
@@ -186,7 +196,8 @@ def test_a_branch_skips_one_side_and_the_rules_propagate(worker_api):
         {"tasks": [["right", -1]]},
         ti_id=branch.id,
     )
-    assert response.status_code == 204
+    assert response.status_code == 403
+    assert response.json()["detail"]["reason"] == "task_not_running"
     assert db_snapshot() == before
 
 

@@ -59,8 +59,15 @@ def test_xcom_push_pull_count_slice_item_delete(worker_api, running):
     assert _answer("XComResponse", got) == {"key": "return_value", "value": {"rows": 4}}
     head = worker_api.request("HEAD", _xcom(ti), ti_id=ti.id)
     assert head["Content-Range"] == "map_indexes 1"
+    # Mapped values: each map index's TI pushes its own (a token writes only its own address).
     for index, value in ((0, "a"), (1, "b"), (2, "c")):
-        worker_api.request("POST", f"{_xcom(ti, 'seq')}?map_index={index}", value, ti_id=ti.id)
+        mapped = TaskInstanceFactory(
+            running=True, dag_run=ti.dag_run, task_id="produce", map_index=index
+        )
+        pushed = worker_api.request(
+            "POST", f"{_xcom(ti, 'seq')}?map_index={index}", value, ti_id=mapped.id
+        )
+        assert pushed.status_code == 201, pushed.content
     assert _answer(
         "XComSequenceSliceResponse",
         worker_api.request("GET", f"{_xcom(ti, 'seq')}/slice", ti_id=ti.id, start=-2),
@@ -80,9 +87,11 @@ def test_xcom_push_pull_count_slice_item_delete(worker_api, running):
     assert json.loads(missing.content)["detail"]["reason"] == "not_found"
 
 
-def test_xcom_push_for_unknown_run_is_404_and_writes_nothing(worker_api, running):
+def test_xcom_push_for_another_run_is_403_and_writes_nothing(worker_api, running):
     path = f"/xcoms/{running.dag_id}/no_such_run/{running.task_id}/return_value"
-    assert worker_api.request("POST", path, 1, ti_id=running.id).status_code == 404
+    refused = worker_api.request("POST", path, 1, ti_id=running.id)
+    assert refused.status_code == 403
+    assert json.loads(refused.content)["detail"]["reason"] == "xcom_write_not_own"
     assert not XCom.objects.exists()
 
 

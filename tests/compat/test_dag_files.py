@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from assets_app import definitions
 from assets_app.models import Dag, Task
 from tests.compat.airflow_worker_env import ROOT, sdk_python
 from tests.proof.conftest import app_table_counts
@@ -297,3 +298,41 @@ def test_asset_or_time_schedule_becomes_schedule_and_timetable(tmp_path):
     )
     refused = _convert(tmp_path)
     assert "aot.py" in refused["error"] and "'aot_calendar'" in refused["error"]
+
+
+@pytest.mark.django_db
+def test_a_tag_sets_the_dags_xcom_read_scope(tmp_path):
+    """Issue 26: an Airflow DAG file opens wider XCom reads with a tag; without one the Dag's
+    tokens read their own run only."""
+    (tmp_path / "scoped.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import dag, task
+
+            @dag(dag_id="wide_reader", schedule=None, tags=["xcom_read_scope:dag", "team"])
+            def wide_reader():
+                task(task_id="t")(lambda: None)()
+
+            @dag(dag_id="narrow_reader", schedule=None)
+            def narrow_reader():
+                task(task_id="t")(lambda: None)()
+
+            wide_reader()
+            narrow_reader()
+            """
+        )
+    )
+    parsed = {d["dag_id"]: d for d in _convert(tmp_path)["scoped.py"]}
+    assert parsed["wide_reader"]["xcom_read_scope"] == "dag"
+    assert "xcom_read_scope" not in parsed["narrow_reader"]
+    definitions.sync_definitions(
+        dags=[
+            d
+            for raw in parsed.values()
+            for d in definitions.parse_document(raw, file="scoped.py", fileloc="scoped.py")
+        ]
+    )
+    assert dict(Dag.objects.values_list("dag_id", "xcom_read_scope")) == {
+        "wide_reader": "dag",
+        "narrow_reader": "run",
+    }

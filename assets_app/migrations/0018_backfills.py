@@ -11,7 +11,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('assets_app', '0019_audit_via_task'),
+        ('assets_app', '0017_audit_via_task'),
     ]
 
     operations = [

@@ -2,7 +2,18 @@
 
 from django.contrib import admin
 
-from . import assets, audit, dags, dashboard, events, queue, runs, settings, tokens  # noqa: F401
+from . import (  # noqa: F401
+    assets,
+    audit,
+    dags,
+    dashboard,
+    events,
+    queue,
+    runs,
+    settings,
+    tokens,
+    webhooks,
+)
 from .dashboard import dashboard_view
 
 # The top navigation (base_site.html) and the grouped index replace Django's model sidebar,

@@ -32,6 +32,7 @@ from . import (  # noqa: E402  (routers register on the APIs)
     public,
     public_dags,
     public_settings,
+    public_webhooks,
 )
 
 execution_api.add_router("", execution.router)
@@ -41,3 +42,4 @@ execution_api.add_router("", execution_runtime.router)
 public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)
 public_api.add_router("", public_settings.router)
+public_api.add_router("", public_webhooks.router)

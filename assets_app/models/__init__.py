@@ -27,6 +27,18 @@ from .runs import (
     TIState,
 )
 from .runtime import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
+from .webhooks import (
+    DeliveryState,
+    EndpointState,
+    FreshnessKind,
+    FreshnessPolicy,
+    FreshnessState,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEventType,
+    WebhookSubscription,
+)
 
 __all__ = [
     "ApiToken",
@@ -50,7 +62,12 @@ __all__ = [
     "DagRunType",
     "DagScheduleAliasReference",
     "DagScheduleAssetReference",
+    "DeliveryState",
+    "EndpointState",
     "FailureKind",
+    "FreshnessKind",
+    "FreshnessPolicy",
+    "FreshnessState",
     "MetricCounter",
     "RenderedTaskFields",
     "TIState",
@@ -63,5 +80,10 @@ __all__ = [
     "TaskUpstream",
     "TriggerRule",
     "Variable",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEventType",
+    "WebhookSubscription",
     "XCom",
 ]

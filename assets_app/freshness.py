@@ -123,21 +123,19 @@ def evaluate_batch(
     *, after_id: int, limit: int, now: datetime | None = None
 ) -> tuple[int, int, int, int]:
     """Evaluate the next `limit` policies after `after_id`, own durable transaction; returns
-    (evaluated, became late, became fresh, last id). At most six statements whatever `limit`:
-    claim, newest events, stamp, transitions, and one message statement per direction."""
+    (evaluated, became late, became fresh, last id). At most five statements whatever `limit`:
+    claim, newest events, the states stored (and the evaluation stamped), and one message
+    statement per direction that has transitions."""
     with transaction.atomic(durable=True):
         now = now or timezone.now()
         policies = locks.claim_freshness_policies(after_id=after_id, limit=limit)
         if not policies:
             return 0, 0, 0, after_id
         latest = webhooks_sql.latest_event_times([p.asset_id for p in policies])
-        changed: list[FreshnessPolicy] = []
         late: list[tuple[str, dict]] = []
         fresh: list[tuple[str, dict]] = []
         for policy in policies:
             v = verdict(policy, latest=latest.get(policy.asset_id), now=now)
-            if v.state == policy.state and v.due_at == policy.due_at:
-                continue
             if v.state != policy.state:
                 message = (policy.asset.name, _message(policy, v, latest.get(policy.asset_id)))
                 if v.state == FreshnessState.LATE:
@@ -147,14 +145,10 @@ def evaluate_batch(
                 policy.state_since = now
             policy.state = v.state
             policy.due_at = v.due_at
-            changed.append(policy)
-        FreshnessPolicy.objects.filter(id__in=[p.id for p in policies]).update(
-            last_evaluated_at=now
+        # Every policy of the batch, changed or not: its evaluation time is stamped too.
+        webhooks_sql.update_freshness(
+            rows=[(p.id, p.state, p.state_since, p.due_at) for p in policies], now=now
         )
-        if changed:
-            FreshnessPolicy.objects.bulk_update(
-                changed, ["state", "state_since", "due_at"], batch_size=len(changed)
-            )
         webhooks.write_messages(event_type=WebhookEventType.ASSET_LATE, items=late, now=now)
         webhooks.write_messages(event_type=WebhookEventType.ASSET_FRESH, items=fresh, now=now)
     return len(policies), len(late), len(fresh), policies[-1].id

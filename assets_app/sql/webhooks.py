@@ -292,3 +292,36 @@ def latest_event_times(asset_ids: Sequence[int]) -> dict[int, datetime]:
         .annotate(latest=Max("timestamp"))
         .values_list("asset_id", "latest")
     )
+
+
+def update_freshness(
+    *, rows: Sequence[tuple[int, str, datetime | None, datetime | None]], now: datetime
+) -> None:
+    """Store the evaluated (policy id, state, state_since, due_at) rows and stamp every one of
+    them evaluated at `now`. One statement (PostgreSQL: UPDATE ... FROM unnest; the ORM's
+    `bulk_update` is a CASE per column with a branch per row, quadratic in the batch: 4 s for
+    1,000 rows). SQLite: `bulk_update`."""
+    if not rows:
+        return
+    from ..models import FreshnessPolicy
+
+    if connection.vendor != "postgresql":
+        FreshnessPolicy.objects.bulk_update(
+            [
+                FreshnessPolicy(
+                    id=i, state=st, state_since=since, due_at=due, last_evaluated_at=now
+                )
+                for i, st, since, due in rows
+            ],
+            ["state", "state_since", "due_at", "last_evaluated_at"],
+        )
+        return
+    table = FreshnessPolicy._meta.db_table
+    ids, states, sinces, dues = (list(column) for column in zip(*rows, strict=True))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} p SET state = u.state, state_since = u.since, due_at = u.due, "
+            "last_evaluated_at = %s FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], "
+            "%s::timestamptz[]) AS u(id, state, since, due) WHERE p.id = u.id",
+            [now, ids, states, sinces, dues],
+        )

@@ -20,7 +20,6 @@ from assets_app import (
     outbox,
     registration,
     runs,
-    task_state,
     webhook_delivery,
     webhooks,
 )
@@ -33,6 +32,7 @@ from assets_app.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from assets_app.task_state import finishing, starting
 from tests.asset_flow import asset_outlet, outbox_row, payload
 from tests.factories import AssetFactory
 from tests.webhook_receiver import Receiver, always
@@ -199,7 +199,7 @@ def test_a_finished_run_and_a_parked_row_write_their_messages(local):
     sync({"dag_id": "etl1", "tasks": [{"task_id": "only"}]})
     run = runs.trigger_dag(dag_id="etl1")
     only = ti(run, "only")
-    task_state.start(
+    starting.start(
         ti_id=only.id,
         try_number=only.try_number,
         hostname="h",
@@ -207,7 +207,7 @@ def test_a_finished_run_and_a_parked_row_write_their_messages(local):
         pid=1,
         start_date=timezone.now(),
     )
-    task_state.finish(
+    finishing.finish(
         ti_id=only.id, try_number=only.try_number, state=TIState.FAILED, end_date=timezone.now()
     )
     (finished,) = WebhookDelivery.objects.filter(event_type="dag_run.failed")

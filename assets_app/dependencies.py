@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Case, Exists, OuterRef, QuerySet, Value, When
 from django.utils import timezone
 
-from . import nudges
+from . import nudges, webhooks
 from .models import AssetDagRunQueue, DagRun, DagRunState, TaskInstance, TaskUpstream, TIState
 from .models.runs import TI_UNFINISHED_STATES
 from .sql import dependencies as dependencies_sql
@@ -133,7 +134,13 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
     A run that finishes frees a `max_active_runs` slot, so if its Dag has queued events waiting
     the scheduler is nudged (after commit) instead of leaving them to the one-minute sweep.
     """
-    finished = _execute_finish_run_update(dag_run_id, now=now)
+    # The run's `dag_run.succeeded` / `dag_run.failed` webhook messages commit with its state
+    # (issue 29): one statement more, only for a run that finished. No savepoint inside a
+    # caller's transaction: both statements are the caller's then.
+    with transaction.atomic(savepoint=False):
+        finished = _execute_finish_run_update(dag_run_id, now=now)
+        if finished:
+            webhooks.write_run_finished(dag_run_id=dag_run_id, now=now)
     if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():
         nudges.scheduler_on_commit(dag_ids=[dag_id])
     return bool(finished)

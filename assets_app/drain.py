@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import heartbeats, locks, metrics, nudges, outbox, registration, scheduling
+from . import heartbeats, locks, metrics, nudges, outbox, registration, scheduling, webhooks
 from .models import AssetEventQueue
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,10 @@ def drain_batch(*, batch_size: int | None = None, outlet_budget: int | None = No
                         raise
                     logger.warning("outbox row %s failed: %s", row.id, outbox.error_text(row_exc))
                     failures.append((row, row_exc))
-        parked = sum(outbox.record_failure(row, exc, now=now) for row, exc in failures)
+        parked_rows = [row for row, exc in failures if outbox.record_failure(row, exc, now=now)]
+        parked = len(parked_rows)
+        # Their `outbox.parked` webhook messages, in this transaction (one statement, if any).
+        webhooks.write_outbox_parked(parked_rows, now=now)
         if failures:
             outbox.release_claims([row.id for row, _ in failures])
         chunked = len(results) - done

@@ -38,6 +38,13 @@ Retention (`retention`, issue 30), alone in its own short transaction per batch:
 DagRun rows, then their TaskInstance rows, both FOR UPDATE SKIP LOCKED (`lock_runs_for_retention`):
 it never waits, and a run or TI anyone holds (a clear, a worker) is skipped, not deleted.
 
+Events out (issue 29), alone in their own short transactions, never under any lock above:
+webhook endpoints claimed FOR NO KEY UPDATE SKIP LOCKED (`claim_webhook_endpoints`) while
+their due messages are stamped in flight, which serializes the in-flight bound of one endpoint
+without blocking the FOR KEY SHARE that writing a message takes on its endpoint (registration,
+a run's finish and a park never wait for delivery); no HTTP request is made under it. Freshness
+policies claimed FOR UPDATE SKIP LOCKED by batch (`claim_freshness_policies`).
+
 Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All functions here must be
 called inside a transaction; they say which rows they lock and return model instances.
 """
@@ -55,9 +62,11 @@ from .models import (
     AssetEventQueue,
     Backfill,
     Dag,
+    FreshnessPolicy,
     ScheduleMode,
     TaskInstance,
     TIState,
+    WebhookEndpoint,
 )
 from .models.runs import TI_FINISHED_STATES
 from .sql import connection as connection_sql
@@ -366,3 +375,39 @@ def lock_backfill(backfill_id: int) -> Backfill | None:
     """Lock one Backfill row (FOR NO KEY UPDATE, waiting for a pass that holds it: a pass is one
     short transaction) for an operator's pause or cancel; None when unknown."""
     return Backfill.objects.select_for_update(no_key=True).filter(pk=backfill_id).first()
+
+
+def claim_webhook_endpoints(endpoint_ids: Sequence[int]) -> list[int]:
+    """Lock these endpoints (FOR NO KEY UPDATE SKIP LOCKED, by id) for stamping their messages
+    in flight; returns the ids locked (another deliverer holds the others: it serves them)."""
+    return list(
+        WebhookEndpoint.objects.select_for_update(no_key=True, skip_locked=True)
+        .filter(id__in=list(endpoint_ids))
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+
+
+def claim_freshness_policies(*, after_id: int, limit: int) -> list[FreshnessPolicy]:
+    """Lock the next `limit` freshness policies after `after_id` (FOR UPDATE SKIP LOCKED, by id),
+    with their asset's name: one evaluator per policy at a time, none waiting."""
+    return list(
+        FreshnessPolicy.objects.select_for_update(of=("self",), skip_locked=True)
+        .select_related("asset")
+        .only(
+            "id",
+            "asset_id",
+            "asset__name",
+            "kind",
+            "interval_seconds",
+            "cron",
+            "timezone",
+            "state",
+            "state_since",
+            "due_at",
+            "last_evaluated_at",
+            "created_at",
+        )
+        .filter(id__gt=after_id)
+        .order_by("id")[:limit]
+    )

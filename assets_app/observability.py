@@ -33,6 +33,10 @@ from .models import (
     Dag,
     DagRun,
     DagRunType,
+    DeliveryState,
+    FreshnessPolicy,
+    FreshnessState,
+    WebhookDelivery,
 )
 from .sql import connection as connection_sql
 
@@ -73,6 +77,57 @@ def queue_gauges(*, now: datetime | None = None) -> QueueGauges:
         oldest_pending_age_seconds=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
         queued_events=AssetDagRunQueue.objects.count(),
     )
+
+
+@dataclass(frozen=True)
+class EventsOutGauges:
+    """Issue 29: freshness policies by state and webhook messages by state."""
+
+    assets_late: int
+    assets_fresh: int
+    assets_unknown: int
+    webhooks_pending: int
+    webhooks_failed: int
+    webhooks_oldest_pending_age_seconds: float
+
+
+def events_out_gauges(*, now: datetime | None = None) -> EventsOutGauges:
+    """Freshness and webhook gauges. Two aggregate queries, no locks."""
+    now = now or timezone.now()
+    policies = FreshnessPolicy.objects.aggregate(
+        late=Count("id", filter=Q(state=FreshnessState.LATE)),
+        fresh=Count("id", filter=Q(state=FreshnessState.FRESH)),
+        unknown=Count("id", filter=Q(state=FreshnessState.UNKNOWN)),
+    )
+    messages = WebhookDelivery.objects.aggregate(
+        pending=Count("id", filter=Q(state=DeliveryState.PENDING)),
+        failed=Count("id", filter=Q(state=DeliveryState.FAILED)),
+        oldest=Min("created_at", filter=Q(state=DeliveryState.PENDING)),
+    )
+    oldest = messages["oldest"]
+    return EventsOutGauges(
+        assets_late=policies["late"],
+        assets_fresh=policies["fresh"],
+        assets_unknown=policies["unknown"],
+        webhooks_pending=messages["pending"],
+        webhooks_failed=messages["failed"],
+        webhooks_oldest_pending_age_seconds=(
+            max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
+        ),
+    )
+
+
+_EVENTS_OUT_GAUGES = (
+    ("assets_late", "assets_late", "Assets whose freshness policy finds them late."),
+    ("assets_fresh", "assets_fresh", "Assets whose freshness policy finds them fresh."),
+    ("webhooks_pending", "webhooks_pending", "Webhook messages not delivered yet."),
+    ("webhooks_failed", "webhooks_failed", "Webhook messages given up after WEBHOOK_MAX_AGE."),
+    (
+        "webhooks_oldest_pending_age_seconds",
+        "webhooks_oldest_pending_age_seconds",
+        "Age of the oldest webhook message not delivered yet; 0 when there is none.",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -415,6 +470,10 @@ class DatabaseCollector(Collector):
         for h in health:
             healthy.add_metric([h.component], int(h.healthy))
         yield healthy
+
+        out = events_out_gauges(now=now)
+        for name, attr, help_text in _EVENTS_OUT_GAUGES:
+            yield GaugeMetricFamily(f"{PREFIX}{name}", help_text, value=getattr(out, attr))
 
         last = last_retention_clean()
         yield GaugeMetricFamily(

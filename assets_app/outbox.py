@@ -33,7 +33,7 @@ from django.db import DataError, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from . import audit, exceptions, locks, metrics, nudges, observability, payloads
+from . import audit, exceptions, locks, metrics, nudges, observability, payloads, webhooks
 from .models import AssetDagRunQueue, AssetEventQueue, FailureKind, TaskInstance
 from .payloads import AssetProfile, JsonDict
 from .sql import outbox as outbox_sql
@@ -260,6 +260,8 @@ def claim_batch(*, limit: int, outlet_budget: int) -> Claim:
             )
             logger.warning("outbox row %s: %s", row.id, error)
             parked += record_failure(row, error, now=now)
+        # The `outbox.parked` webhook messages of those parked now, in this transaction.
+        webhooks.write_outbox_parked([row for row in abandoned if row.parked_at], now=now)
         if abandoned:
             metrics.incr(metrics.FAILED_ATTEMPTS, len(abandoned))
             metrics.incr(metrics.PARKED, parked)
@@ -386,18 +388,20 @@ def park(*, row_ids: Iterable[int], actor: audit.Actor | None = None) -> list[in
     """Park rows that are not parked yet, so drains leave them alone. Own durable transaction,
     audited when any row was parked; rows a drain holds are skipped. Returns the ids parked."""
     with transaction.atomic(durable=True):
-        rows = locks.lock_outbox_rows(
-            select_rows(ids=row_ids, parked=False).only("id", "ti_id", "source_dag_id")
-        )
+        rows = locks.lock_outbox_rows(select_rows(ids=row_ids, parked=False).defer("payload"))
         ids = [row.id for row in rows]
         if ids:
             who = (actor or audit.SYSTEM).name
+            now = timezone.now()
             AssetEventQueue.objects.filter(id__in=ids).update(
-                parked_at=timezone.now(),
+                parked_at=now,
                 park_reason=f"Parked by {who}.",
                 claimed_at=None,
-                updated_at=timezone.now(),
+                updated_at=now,
             )
+            for row in rows:
+                row.park_reason = f"Parked by {who}."
+            webhooks.write_outbox_parked(rows, now=now)
             metrics.incr(metrics.PARKED, len(ids))
             audit.record(
                 actor=actor,

@@ -21,6 +21,10 @@ SWEEPS = {
     "task-instance-repair-sweep": "assets_app.tasks.repair",
     # Issue 30: the periodic retention clean; a no-op unless RETENTION_PERIODIC (retention.py).
     "retention-sweep": "assets_app.tasks.retention",
+    # Issue 29: webhook messages sent (each pass runs for WEBHOOK_TIME_BUDGET_SECONDS) and the
+    # freshness policies evaluated, every minute.
+    "webhook-delivery-sweep": "assets_app.tasks.deliver_webhooks",
+    "freshness-sweep": "assets_app.tasks.evaluate_freshness",
 }
 
 

@@ -10,7 +10,7 @@ import os
 
 from django.conf import settings
 
-from . import backfills, scheduling, time_scheduling
+from . import backfills, freshness, scheduling, time_scheduling, webhook_delivery
 from . import drain as outbox_drain
 from . import repair as ti_repair
 from . import retention as history_retention
@@ -55,3 +55,15 @@ def retention() -> None:
     its interval has passed; a failure raises, so the cluster records the task as failed)."""
     _background_priority()
     history_retention.periodic_clean()
+
+
+def deliver_webhooks() -> None:
+    """django-q2 task: send due webhook messages for the time budget (issue 29)."""
+    _background_priority()
+    webhook_delivery.deliver()
+
+
+def evaluate_freshness() -> None:
+    """django-q2 task: one freshness pass over every policy (issue 29)."""
+    _background_priority()
+    freshness.evaluate_all()

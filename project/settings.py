@@ -226,6 +226,22 @@ RETENTION_EXPORT_DIR = env.str("RETENTION_EXPORT_DIR", default="")
 RETENTION_PERIODIC = env.bool("RETENTION_PERIODIC", default=False)
 RETENTION_INTERVAL_MINUTES = env.float("RETENTION_INTERVAL_MINUTES", default=60.0)
 RETENTION_TIME_BUDGET_SECONDS = env.float("RETENTION_TIME_BUDGET_SECONDS", default=30.0)
+# Events out (issue 29, assets_app/webhooks.py, webhook_delivery.py, freshness.py): outgoing
+# webhooks and freshness policies. The SSRF guard refuses loopback, private, link-local and
+# metadata addresses unless a host name or CIDR here names them.
+WEBHOOK_ALLOWED_HOSTS = env.list("WEBHOOK_ALLOWED_HOSTS", default=[])
+WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", default=10.0)
+# Retries: full-jitter exponential backoff from BASE, capped at CAP, until MAX_AGE after the
+# message was written (about three days); a Retry-After up to CAP is honoured.
+WEBHOOK_BACKOFF_BASE_SECONDS = env.float("WEBHOOK_BACKOFF_BASE_SECONDS", default=5.0)
+WEBHOOK_BACKOFF_CAP_SECONDS = env.float("WEBHOOK_BACKOFF_CAP_SECONDS", default=6 * 3600.0)
+WEBHOOK_MAX_AGE_SECONDS = env.float("WEBHOOK_MAX_AGE_SECONDS", default=3 * 86400.0)
+WEBHOOK_MAX_IN_FLIGHT = env.int("WEBHOOK_MAX_IN_FLIGHT", default=4)
+WEBHOOK_BATCH_SIZE = env.int("WEBHOOK_BATCH_SIZE", default=100)
+WEBHOOK_TIME_BUDGET_SECONDS = env.float("WEBHOOK_TIME_BUDGET_SECONDS", default=40.0)
+# During a secret rotation the old secret signs too (two signatures) for this long.
+WEBHOOK_SECRET_OVERLAP_SECONDS = env.float("WEBHOOK_SECRET_OVERLAP_SECONDS", default=86400.0)
+FRESHNESS_BATCH_SIZE = env.int("FRESHNESS_BATCH_SIZE", default=1000)
 WORKER_API_KEY = _key("WORKER_API_KEY")
 # The deploy key: the bearer key of `POST /execution/dags/sync` (bin/airflow-worker sends it),
 # beside API tokens whose user holds add_dag and change_dag. The worker key above only claims

@@ -55,6 +55,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # Issue 30: the one writer that deletes history; it reads and deletes every history table
     # through the models, and imports only shared modules.
     ("retention", frozenset({"retention"})),
+    # Issue 29, events out: sending webhooks and evaluating freshness, run by the cluster; they
+    # read what the flow wrote and write only their own tables (messages via `webhooks`).
+    ("events_out", frozenset({"webhook_delivery", "freshness"})),
 )
 SHARED = frozenset(
     {
@@ -93,6 +96,8 @@ SHARED = frozenset(
         "checks",
         "reference_worker",
         "formats",
+        "webhooks",
+        "egress",
     }
 )
 # ... and the `qcluster` command, which subclasses django-q2's to run fewer system checks.

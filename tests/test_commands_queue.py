@@ -96,8 +96,10 @@ def test_setup_schedules_is_idempotent_with_a_timeout_below_retry(settings):
     assert sorted(schedules) == [
         "asset-drain-sweep",
         "asset-scheduler-sweep",
+        "freshness-sweep",
         "retention-sweep",
         "task-instance-repair-sweep",
+        "webhook-delivery-sweep",
     ]
     assert schedules["task-instance-repair-sweep"].func == "assets_app.tasks.repair"
     assert schedules["retention-sweep"].func == "assets_app.tasks.retention"
@@ -144,7 +146,9 @@ def test_sweep_schedules_enqueue_the_drain_repair_and_scheduler_tasks_with_their
     )
     timeout = settings.Q_CLUSTER["timeout"]
     assert queued == [
+        ("assets_app.tasks.deliver_webhooks", timeout, {}),
         ("assets_app.tasks.drain", timeout, {}),
+        ("assets_app.tasks.evaluate_freshness", timeout, {}),
         ("assets_app.tasks.repair", timeout, {}),
         ("assets_app.tasks.retention", timeout, {}),
         ("assets_app.tasks.schedule", timeout, {}),

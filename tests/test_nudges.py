@@ -21,6 +21,8 @@ def test_the_enqueued_names_are_the_django_q2_entry_points():
         tasks.schedule,
         tasks.repair,
         tasks.retention,
+        tasks.deliver_webhooks,
+        tasks.evaluate_freshness,
     }
 
 

@@ -90,12 +90,13 @@ def test_metrics_gauges_and_counters():
 @pytest.mark.django_db
 def test_metrics_query_count_is_fixed(django_assert_num_queries):
     AssetEventQueueFactory()
-    # Queue gauges (2), counters, component health, the last retention clean (issue 30).
-    with django_assert_num_queries(5):
+    # Queue gauges (2), counters, component health, the last retention clean (issue 30),
+    # freshness policies and webhook messages by state (issue 29, 2).
+    with django_assert_num_queries(7):
         scrape()
     for _ in range(20):
         AssetEventQueueFactory(parked=True)
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(7):
         scrape()
 
 

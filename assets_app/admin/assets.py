@@ -3,6 +3,7 @@
 from django.contrib import admin
 from django.db.models import Max, OuterRef, Prefetch, Subquery
 from django.template.loader import render_to_string
+from django.utils.html import format_html
 
 from .. import asset_events
 from ..models import (
@@ -14,6 +15,7 @@ from ..models import (
     DagRunAssetEvent,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    FreshnessPolicy,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
 )
@@ -51,15 +53,38 @@ class AssetAdmin(ReadOnlyAdmin):
         "producers",
         "consumers",
         "recent_events",
+        "freshness_state",
     )
     fieldsets = (
         (None, {"fields": ("name", "uri", "group", "extra_json", "created_at", "updated_at")}),
+        ("Freshness", {"fields": ("freshness_state",)}),
         ("Producers and consumers", {"fields": ("producers", "consumers")}),
         ("Recent events", {"fields": ("recent_events",), "classes": ("aes-wide",)}),
     )
 
     def has_change_permission(self, request, obj=None):
         return request.user.has_perm("assets_app.change_asset")
+
+    @admin.display(description="freshness")
+    def freshness_state(self, obj):
+        """Issue 29: the asset's freshness policy and its last evaluated state."""
+        policy = FreshnessPolicy.objects.filter(asset=obj).first()
+        if policy is None:
+            return "no freshness policy"
+        rule = (
+            f"an event at least every {policy.interval_seconds} s"
+            if policy.kind == "max_interval"
+            else f"an event by each {policy.cron} ({policy.timezone})"
+        )
+        since = f" since {policy.state_since:%Y-%m-%d %H:%M:%S}" if policy.state_since else ""
+        return format_html(
+            '<strong class="aes-freshness-{}">{}</strong>{} · {} · due {}',
+            policy.state,
+            policy.state.upper(),
+            since,
+            rule,
+            policy.due_at or "-",
+        )
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         # Django wraps this view in atomic(); the change goes through a domain function with its

@@ -10,7 +10,14 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from .. import metrics, observability
-from ..models import AssetDagRunQueue, AssetEventQueue, ComponentHeartbeat, MetricCounter
+from ..models import (
+    AssetDagRunQueue,
+    AssetEventQueue,
+    ComponentHeartbeat,
+    FreshnessPolicy,
+    MetricCounter,
+    WebhookDelivery,
+)
 from .base import ReadOnlyAdmin, changelist_url, duration, pretty_json, relative
 
 CHART_WIDTH = 520
@@ -136,6 +143,9 @@ def dashboard_view(request):
         "waiting": waiting,
         "errors": observability.newest_errors(),
         "retention": _retention_line(now),
+        "events_out": observability.events_out_gauges(now=now),
+        "late_assets_url": changelist_url(FreshnessPolicy, state="late"),
+        "webhooks_url": changelist_url(WebhookDelivery, state="pending"),
         "tz_name": timezone.get_current_timezone_name(),
         "links": {
             "parked": changelist_url(AssetEventQueue, status="parked"),

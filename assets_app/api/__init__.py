@@ -33,6 +33,7 @@ from . import (  # noqa: E402  (routers register on the APIs)
     public_backfills,
     public_dags,
     public_settings,
+    public_webhooks,
 )
 
 execution_api.add_router("", execution.router)
@@ -43,3 +44,4 @@ public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)
 public_api.add_router("", public_settings.router)
 public_api.add_router("", public_backfills.router)
+public_api.add_router("", public_webhooks.router)

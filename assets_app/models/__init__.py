@@ -35,6 +35,18 @@ from .runs import (
     TIState,
 )
 from .runtime import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
+from .webhooks import (
+    DeliveryState,
+    EndpointState,
+    FreshnessKind,
+    FreshnessPolicy,
+    FreshnessState,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEventType,
+    WebhookSubscription,
+)
 
 __all__ = [
     "ApiToken",
@@ -61,7 +73,12 @@ __all__ = [
     "DagRunType",
     "DagScheduleAliasReference",
     "DagScheduleAssetReference",
+    "DeliveryState",
+    "EndpointState",
     "FailureKind",
+    "FreshnessKind",
+    "FreshnessPolicy",
+    "FreshnessState",
     "MetricCounter",
     "RenderedTaskFields",
     "ReprocessBehavior",
@@ -76,6 +93,11 @@ __all__ = [
     "TaskUpstream",
     "TriggerRule",
     "Variable",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookEventType",
+    "WebhookSubscription",
     "XCom",
     "XComReadScope",
 ]

@@ -10,6 +10,7 @@ from uuid import UUID
 from django.db import connection
 
 from ..models import AssetDagRunQueue, AssetEvent
+from .webhooks import asset_event_messages_cte, write_asset_event_messages_python
 
 # --- registration (registration.register_payloads, the public API's events) --------------------
 
@@ -52,10 +53,19 @@ def insert_events(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventKe
         "ORDER BY u.n "
         "ON CONFLICT (source_ti_id, source_try_number, asset_id, source_ordinal) "
         "WHERE source_ti_id IS NOT NULL DO NOTHING "
-        "RETURNING id, source_ti_id, source_try_number, asset_id, source_ordinal"
+        "RETURNING id, source_ti_id, source_try_number, asset_id, source_ordinal, timestamp, "
+        "source_dag_id, source_run_id, source_task_id, source_map_index, extra"
+    )
+    # The events' webhook messages (issue 29) are written by the same statement, a second
+    # data-modifying CTE over the inserted rows: in the events' transaction, and no statement
+    # more than before, with or without subscriptions.
+    text = (
+        f"WITH ins AS ({text}), messages AS "
+        f"({asset_event_messages_cte(events='ins')}) "
+        "SELECT id, source_ti_id, source_try_number, asset_id, source_ordinal FROM ins"
     )
     with connection.cursor() as cursor:
-        cursor.execute(text, [now, *[list(column) for column in columns]])
+        cursor.execute(text, [now, *[list(column) for column in columns], now, now])
         return {(ti, tn, asset, ordinal): pk for pk, ti, tn, asset, ordinal in cursor.fetchall()}
 
 
@@ -83,6 +93,7 @@ def _insert_events_sqlite(rows: list[tuple[Any, ...]], *, now: datetime) -> dict
         if (ti_id, try_number, asset_id, ordinal) not in existing
     ]
     AssetEvent.objects.bulk_create(events)
+    write_asset_event_messages_python(events, now=now)
     return {
         (e.source_ti_id, e.source_try_number, e.asset_id, e.source_ordinal): e.pk for e in events
     }
@@ -156,16 +167,21 @@ def insert_external_event(
             external_key_scope=scope,
             request_hash=body_hash,
         )
+        write_asset_event_messages_python([event], now=now)
         return event.pk
     table = AssetEvent._meta.db_table
     with connection.cursor() as cursor:
         # ON CONFLICT waits for a concurrent insert of the same key to commit or roll back.
+        # With its webhook messages (issue 29) in the same statement, as `insert_events`.
         cursor.execute(
-            f"INSERT INTO {table} (asset_id, extra, timestamp, source_map_index, "
+            f"WITH ins AS (INSERT INTO {table} (asset_id, extra, timestamp, source_map_index, "
             "source_ordinal, external_key, external_key_scope, request_hash) "
             "VALUES (%s, %s::jsonb, %s, -1, 0, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING RETURNING id",
-            [asset_id, json.dumps(extra), now, key, scope, body_hash],
+            "ON CONFLICT DO NOTHING RETURNING id, asset_id, timestamp, source_dag_id, "
+            "source_run_id, source_task_id, source_map_index, extra), "
+            f"messages AS ({asset_event_messages_cte(events='ins')}) "
+            "SELECT id FROM ins",
+            [asset_id, json.dumps(extra), now, key, scope, body_hash, now, now],
         )
         row = cursor.fetchone()
     return row[0] if row else None

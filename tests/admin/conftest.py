@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from assets_app import audit, variables
+from assets_app import audit, encryption, variables
 from assets_app.models import (
     ApiToken,
     AssetAliasAsset,
@@ -18,6 +18,7 @@ from assets_app.models import (
     DagRunType,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    FreshnessPolicy,
     MetricCounter,
     RenderedTaskFields,
     TaskLogChunk,
@@ -26,6 +27,10 @@ from assets_app.models import (
     TaskReschedule,
     TaskUpstream,
     Variable,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookSubscription,
     XCom,
 )
 from tests.factories import (
@@ -122,6 +127,16 @@ def populate(n: int) -> None:
             sort_ordinal=1,
             started_at=now,
         )
+        # Issue 29: an endpoint, its subscription, a message with an attempt, a policy.
+        endpoint = WebhookEndpoint.objects.create(
+            url=f"https://hooks.example.com/{i}", secret=encryption.encrypt("whsec_AAAA")
+        )
+        WebhookSubscription.objects.create(endpoint=endpoint, event_type="asset.late")
+        delivery = WebhookDelivery.objects.create(
+            message_id=f"msg_admin_{i}", endpoint=endpoint, event_type="asset.late", body="{}"
+        )
+        WebhookAttempt.objects.create(delivery=delivery, status_code=500, error="HTTP 500")
+        FreshnessPolicy.objects.create(asset=asset, kind="max_interval", interval_seconds=60)
     for component in ("drain", "scheduler"):
         ComponentHeartbeat.objects.update_or_create(
             component=component,

@@ -110,6 +110,7 @@ def _url(path: str, world) -> str:
         .replace("{task_id}", "no-such-task")
         .replace("{map_index}", "0")
         .replace("{backfill_id}", "1")
+        .replace("{endpoint_id}", "1")  # issue 29's webhook endpoints (404 past the checks)
     )
 
 

@@ -4,6 +4,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.db.models import Count, IntegerField, Model, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.urls import reverse
@@ -129,7 +130,8 @@ def admin_link(obj: Model | None, text: Any = None, *, pk: Any = None, model=Non
         pk = obj.pk
     model = model or type(obj)
     opts = model._meta
-    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
+    # quote(): the change view unquotes its path, so an id like `etl_2024` ("_20") must go quoted.
+    url = reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[quote(pk)])
     return format_html('<a href="{}">{}</a>', url, obj if text is None else text)
 
 

@@ -102,12 +102,28 @@ def check_xcom_read(ti: TokenTI, *, dag_id: str, run_id: str) -> None:
     )
 
 
+def check_rendered_fields_write(ti: TokenTI, *, now: datetime | None = None) -> None:
+    """A rendered-fields write (`PUT .../rtif`): while the TI runs, or in its overtime after it
+    finished, where the Task SDK's `finalize` overwrites them for an operator with
+    `overwrite_rtif_after_execution` (after the state was reported)."""
+    if ti.state == TIState.RUNNING or _in_overtime(ti, now):
+        return
+    raise exceptions.PermissionDenied(
+        "Rendered fields write refused: only a running task instance's token writes them (or "
+        f"in the {settings.TASK_SUCCESS_OVERTIME_SECONDS} s after it finished); task instance "
+        f"{ti.id} is {ti.state}",
+        reason="task_not_running",
+    )
+
+
+def _in_overtime(ti: TokenTI, now: datetime | None) -> bool:
+    overtime = timedelta(seconds=settings.TASK_SUCCESS_OVERTIME_SECONDS)
+    return ti.state in TI_FINISHED_STATES and (now or timezone.now()) - ti.updated_at <= overtime
+
+
 def check_connection_read(ti: TokenTI, *, now: datetime | None = None) -> None:
     """A Connection read: while the TI runs, or in its overtime after it finished."""
-    if ti.state == TIState.RUNNING:
-        return
-    overtime = timedelta(seconds=settings.TASK_SUCCESS_OVERTIME_SECONDS)
-    if ti.state in TI_FINISHED_STATES and (now or timezone.now()) - ti.updated_at <= overtime:
+    if ti.state == TIState.RUNNING or _in_overtime(ti, now):
         return
     raise exceptions.PermissionDenied(
         "Connection read refused: only a running task instance's token reads Connections "

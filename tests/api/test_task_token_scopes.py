@@ -175,3 +175,21 @@ def test_the_read_scope_is_a_dag_definition_field(tmp_path):
     with pytest.raises(definitions.DefinitionError, match="xcom_read_scope"):
         definitions.sync_dags(paths=[path])
     assert Dag.objects.get(dag_id="wide").xcom_read_scope == "dag"
+
+
+def test_rendered_fields_are_written_only_while_running_or_in_the_overtime(worker_api, running):
+    path = f"/task-instances/{running.id}/rtif"
+    assert worker_api.request("PUT", path, {"a": "1"}, ti_id=running.id).status_code == 201
+    # Finished: the Task SDK's finalize may overwrite them just after the success ...
+    assert _finish(worker_api, running).status_code == 204
+    assert worker_api.request("PUT", path, {"a": "2"}, ti_id=running.id).status_code == 201
+    # ... and a token of a TI finished longer ago writes nothing.
+    TaskInstance.objects.filter(id=running.id).update(
+        updated_at=timezone.now() - timedelta(seconds=21)
+    )
+    before = db_snapshot()
+    message = _refused(
+        worker_api.request("PUT", path, {"a": "3"}, ti_id=running.id), "task_not_running"
+    )
+    assert "Rendered fields write refused" in message
+    assert db_snapshot() == before

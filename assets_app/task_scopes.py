@@ -6,8 +6,10 @@ is held to its task instance:
 
 - **XCom writes** (`POST|DELETE /execution/xcoms/...`): only its own TI's address (Dag, run,
   task and map index), and only while that TI runs.
-- **XCom reads**: within its own run, unless its Dag opts into wider reads with
-  `xcom_read_scope` (`dag`: any run of the Dag; `all`: any Dag's).
+- **XCom reads**: within its own run and the runs that produced the asset events its run
+  consumed (a consumer's `xcom_pull` of its producer, as `examples/airflow_dags/consumer.py`
+  does), unless its Dag opts into wider reads with `xcom_read_scope` (`dag`: any run of the
+  Dag; `all`: any Dag's).
 - **Other writes** (Variables `PUT|DELETE`, triggering or clearing a Dag run, skip-downstream):
   only while its TI runs. Its own state route keeps its rules (a replayed final state is 200,
   any other change of a finished TI 409: `task_state`).
@@ -18,7 +20,8 @@ is held to its task instance:
 
 Each refusal is a 403 whose reason and message name the rule. Reads of the token's TI row:
 one indexed query (`load`, done by the authentication with the try check it needed anyway);
-a read outside the run adds one for the Dag's scope.
+a read outside the run adds one for the Dag's scope and, under `run`, one for the consumed
+events' sources.
 """
 
 from dataclasses import dataclass
@@ -30,7 +33,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from . import exceptions
-from .models import Dag, TaskInstance, TIState, XComReadScope
+from .models import AssetEvent, Dag, TaskInstance, TIState, XComReadScope
 from .models.runs import TI_FINISHED_STATES
 
 
@@ -84,7 +87,8 @@ def check_xcom_write(
 
 
 def check_xcom_read(ti: TokenTI, *, dag_id: str, run_id: str) -> None:
-    """A read: its own run, or what its Dag's `xcom_read_scope` opens."""
+    """A read: its own run, a run that produced an event its run consumed, or what its Dag's
+    `xcom_read_scope` opens."""
     if (dag_id, run_id) == (ti.dag_id, ti.run_id):
         return
     scope = (
@@ -93,6 +97,8 @@ def check_xcom_read(ti: TokenTI, *, dag_id: str, run_id: str) -> None:
     )
     if scope == XComReadScope.ALL or (scope == XComReadScope.DAG and dag_id == ti.dag_id):
         return
+    if _consumed_an_event_of(ti, dag_id=dag_id, run_id=run_id):
+        return
     raise exceptions.PermissionDenied(
         f"XCom read refused: Dag {ti.dag_id!r} lets its task tokens read XComs of "
         f"{XComReadScope(scope).label} (its xcom_read_scope is {scope!r}), not of Dag "
@@ -100,6 +106,16 @@ def check_xcom_read(ti: TokenTI, *, dag_id: str, run_id: str) -> None:
         reason="xcom_read_outside_scope",
         xcom_read_scope=scope,
     )
+
+
+def _consumed_an_event_of(ti: TokenTI, *, dag_id: str, run_id: str) -> bool:
+    """Whether the token's run consumed an asset event written by Dag `dag_id`'s run `run_id`."""
+    return AssetEvent.objects.filter(
+        consuming_runs__dag_id=ti.dag_id,
+        consuming_runs__run_id=ti.run_id,
+        source_dag_id=dag_id,
+        source_run_id=run_id,
+    ).exists()
 
 
 def check_rendered_fields_write(ti: TokenTI, *, now: datetime | None = None) -> None:

@@ -1,8 +1,9 @@
 """Task tokens are held to their task instance (issue 26, `assets_app/task_scopes.py`; beyond
 Airflow 3.3.2, where any valid task token reads every Connection and writes any Dag's XComs until
-it expires): XCom writes only at its own address, reads within its own run unless its Dag opens
-them (`xcom_read_scope`), no writes once its TI finished, Connections only while it runs (and in
-the callbacks' overtime). Every refusal is a 403 naming the rule and writes nothing."""
+it expires): XCom writes only at its own address, reads within its own run (and the runs whose
+events it consumed) unless its Dag opens them (`xcom_read_scope`), no writes once its TI
+finished, Connections only while it runs (and in the callbacks' overtime). Every refusal is a 403
+naming the rule and writes nothing."""
 
 import json
 from datetime import timedelta
@@ -11,9 +12,9 @@ import pytest
 from django.utils import timezone
 
 from assets_app import definitions
-from assets_app.models import Dag, TaskInstance, Variable, XCom
+from assets_app.models import Dag, DagRunAssetEvent, TaskInstance, Variable, XCom
 from assets_app.variables import save_connection, set_variable
-from tests.factories import DagFactory, DagRunFactory, TaskInstanceFactory
+from tests.factories import AssetEventFactory, DagFactory, DagRunFactory, TaskInstanceFactory
 
 from .snapshots import db_snapshot
 
@@ -93,6 +94,27 @@ def test_reads_stay_in_the_tokens_run_unless_its_dag_opens_them(worker_api, runn
 
     Dag.objects.filter(dag_id=ti.dag_id).update(xcom_read_scope="all")
     assert json.loads(worker_api.request("GET", foreign, ti_id=ti.id).content)["value"] == 3
+
+
+def test_a_consumer_reads_the_xcoms_of_the_runs_whose_events_it_consumed(worker_api, running):
+    """Airflow's consumer pattern (`examples/airflow_dags/consumer.py`): `xcom_pull` of the run
+    that wrote a triggering event, under the narrow default; another run of that producer stays
+    closed."""
+    ti = running
+    producer, other = DagRunFactory(), DagRunFactory()
+    other_of_producer = DagRunFactory(dag=producer.dag)
+    for run, value in ((producer, "p"), (other, "o"), (other_of_producer, "q")):
+        XCom.objects.create(
+            dag_id=run.dag_id, run_id=run.run_id, task_id="up", key="k", value=value
+        )
+    event = AssetEventFactory(source_dag_id=producer.dag_id, source_run_id=producer.run_id)
+    AssetEventFactory(source_dag_id=other.dag_id, source_run_id=other.run_id)  # not consumed
+    DagRunAssetEvent.objects.create(dag_run=ti.dag_run, dag=ti.dag_run.dag, asset_event=event)
+    path = _xcom(producer.dag_id, producer.run_id, "up", "k")
+    assert json.loads(worker_api.request("GET", path, ti_id=ti.id).content)["value"] == "p"
+    for run in (other, other_of_producer):
+        path = _xcom(run.dag_id, run.run_id, "up", "k")
+        _refused(worker_api.request("GET", path, ti_id=ti.id), "xcom_read_outside_scope")
 
 
 def _finish(worker_api, ti, state="success"):

@@ -79,7 +79,7 @@ def test_time_scheduled_dag_files_run_on_the_stock_supervisor(service, tmp_path)
     # create the due runs before this pass does. Either way each Dag has exactly its one due run.
     time_scheduling.create_due_runs()
     assert sorted(
-        DagRun.objects.filter(dag_id__startswith="tt_").values_list("dag_id", flat=True)
+        DagRun.objects.filter(dag__dag_id__startswith="tt_").values_list("dag_id", flat=True)
     ) == ["tt_daily", "tt_either", "tt_zurich"]
     ran = worker("--no-sync", "--concurrency", "2", "--idle-exit", "15", "--max-seconds", "600")
     assert ran.returncode == 0, ran.stderr[-3000:]

@@ -128,15 +128,17 @@ def _say(message: str) -> None:
 
 
 def sync(options: argparse.Namespace, client: httpx.Client) -> None:
-    from airflow_worker.dag_files import DagFileError, parse_folder
+    """Convert the folder and sync it: the files that imported, and the ones that did not as
+    the service's import errors (each said here with its last line)."""
+    from airflow_worker.dag_files import parse_folder
 
-    try:
-        files = parse_folder(options.dags, manual_only=options.manual_only)
-    except DagFileError as exc:
-        raise SystemExit(f"[airflow-worker] {options.dags}: {exc}") from None
+    folder = parse_folder(options.dags, manual_only=options.manual_only)
+    for failure in folder.import_errors:
+        _say(f"{failure.rel_path}: not synced: {(failure.error.strip().splitlines() or ['?'])[-1]}")
     body = {
-        "files": [{"file": f.rel_path, "definitions": f.definitions} for f in files],
+        "files": [{"file": f.rel_path, "definitions": f.definitions} for f in folder.files],
         "apply_pause": options.apply_pause,
+        "import_errors": [{"file": e.rel_path, "error": e.error} for e in folder.import_errors],
     }
     response = client.post(
         "/execution/dags/sync",

@@ -12,9 +12,12 @@ CronDataIntervalTimetable, DeltaTriggerTimetable, DeltaDataIntervalTimetable,
 MultipleCronTriggerTimetable, EventsTimetable and `@once`; an AssetOrTimeSchedule of one of
 them becomes the asset `schedule` and that `timetable` with `schedule_mode` `asset_or_time`. A
 schedule the service cannot run (a relativedelta, `@continuous`, partitions, a custom
-timetable, an AssetOrTimeSchedule of one of those) is refused with a message naming the Dag and
-its file, unless `manual_only` asks for such Dags to be synced as
-manual-only (schedule null).
+timetable, an AssetOrTimeSchedule of one of those) is left out with a reason naming the Dag
+and its file, reported as that file's import error, unless `manual_only` asks for such Dags to
+be synced as manual-only (schedule null).
+
+A file that does not import, or holds a Dag left out, is an import error (Airflow's
+`importErrors`): the sync reports it and the folder's other files still sync.
 
 A Dag opts its task tokens into wider XCom reads (issue 26, the definition's `xcom_read_scope`)
 with a tag: `tags=["xcom_read_scope:dag"]` (any run of this Dag) or `"xcom_read_scope:all"`
@@ -274,20 +277,51 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
     return definition
 
 
-def parse_folder(folder: Path, *, manual_only: bool = False) -> list[DagFile]:
-    """Every Dag of the `*.py` files under `folder`, grouped by file (sorted). Raises
-    DagFileError naming the file for an import error or a schedule the service cannot run."""
+@dataclass(frozen=True)
+class ImportFailure:
+    """A file of the folder that did not import, or holds a Dag the service cannot run: its
+    path relative to the folder and what went wrong (Airflow's stack trace, or our reason)."""
+
+    rel_path: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Folder:
+    """What a folder gives: the Dags of every file that imported, grouped by file (sorted),
+    and the files that did not (Airflow's import errors; the other files still sync)."""
+
+    files: list[DagFile]
+    import_errors: list[ImportFailure]
+
+
+def parse_folder(folder: Path, *, manual_only: bool = False) -> Folder:
+    """Every Dag of the `*.py` files under `folder`. A file that does not import is an import
+    error (Airflow's own stack trace); a Dag the service cannot run makes its file one too (the
+    reason names the Dag), and that Dag is left out while the file's other Dags still sync, as
+    Airflow serializes the Dags of a file that bagged and records the error beside them."""
     from airflow.dag_processing.dagbag import DagBag
 
     folder = folder.resolve()
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     bag = DagBag(dag_folder=str(folder), bundle_path=folder)
-    if bag.import_errors:
-        file, error = sorted(bag.import_errors.items())[0]
-        raise DagFileError(f"{file}: cannot import: {error.strip().splitlines()[-1]}")
+    errors: dict[str, list[str]] = {
+        str(file): [str(error).rstrip()] for file, error in bag.import_errors.items()
+    }
     by_file: dict[str, list[dict[str, Any]]] = {}
     for dag_id in sorted(bag.dags):
         dag = bag.dags[dag_id]
         rel_path = str(Path(dag.fileloc).resolve().relative_to(folder))
-        by_file.setdefault(rel_path, []).append(_dag(dag, where=rel_path, manual_only=manual_only))
-    return [DagFile(rel_path=path, definitions=defs) for path, defs in sorted(by_file.items())]
+        try:
+            definition = _dag(dag, where=rel_path, manual_only=manual_only)
+        except DagFileError as exc:
+            errors.setdefault(rel_path, []).append(f"DagFileError: {exc}")
+            continue
+        by_file.setdefault(rel_path, []).append(definition)
+    return Folder(
+        files=[DagFile(rel_path=path, definitions=defs) for path, defs in sorted(by_file.items())],
+        import_errors=[
+            ImportFailure(rel_path=path, error="\n".join(lines))
+            for path, lines in sorted(errors.items())
+        ],
+    )

@@ -26,6 +26,7 @@ from .models import (
     Asset,
     AssetAlias,
     Dag,
+    DagImportError,
     DagRun,
     DagRunState,
     DagScheduleAliasReference,
@@ -75,19 +76,25 @@ def _timetable_type_q(kinds: set[str], scheduled: Q) -> Q:
     return match
 
 
+def _has_import_errors() -> Exists:
+    """Whether the Dag's file did not import at the last sync that reported import errors."""
+    return Exists(DagImportError.objects.filter(filename=OuterRef("fileloc")))
+
+
 def _with_latest_run(dags: QuerySet[Dag]) -> QuerySet[Dag]:
     latest = DagRun.objects.filter(dag=OuterRef("pk")).order_by("-id")
     return dags.annotate(
         last_run_state=Subquery(latest.values("state")[:1]),
         last_run_start_date=Subquery(latest.values("start_date")[:1]),
         last_run_end_date=Subquery(latest.values("end_date")[:1]),
+        has_import_errors=_has_import_errors(),
     )
 
 
 @dataclass(frozen=True)
 class DagFilters:
     """Airflow's `GET /dags` filters. Those on concepts this service has no values for (tags,
-    owners, bundles, favorites, import errors) match what Airflow matches when nothing has
+    owners, bundles, favorites) match what Airflow matches when nothing has
     them: asking for a value matches no Dag, asking for its absence matches every Dag."""
 
     tags: Sequence[str] = ()
@@ -142,8 +149,10 @@ def _filter(dags: QuerySet[Dag], f: DagFilters) -> QuerySet[Dag]:
             param="dag_run_end_date",
         )
     )
-    if f.tags or f.owners or f.has_import_errors or f.is_favorite:
+    if f.tags or f.owners or f.is_favorite:
         q &= _NOTHING
+    if f.has_import_errors is not None:
+        q &= Q(_has_import_errors()) if f.has_import_errors else ~Q(_has_import_errors())
     if f.bundle_name is not None or f.bundle_version is not None:
         q &= _NOTHING
     if f.paused is not None:
@@ -284,3 +293,57 @@ def set_paused(
         for dag in page.rows:
             dag.is_paused = is_paused
         return page
+
+
+# --- import errors (Airflow's `/api/v2/importErrors`) -----------------------------------------
+
+IMPORT_ERROR_ORDERING = listing.Ordering(
+    keys={
+        "id": "id",
+        "import_error_id": "id",
+        "timestamp": "timestamp",
+        "filename": "filename",
+        "bundle_name": "bundle_name",
+        "stacktrace": "stack_trace",
+        "stack_trace": "stack_trace",
+    },
+    default=("id",),
+)
+
+
+def list_import_errors(
+    *,
+    limit: int,
+    offset: int,
+    order_by: Sequence[str] | None = None,
+    filename: str | None = None,
+    filename_pattern: str | None = None,
+    filename_prefix_pattern: str | None = None,
+    bundle_name: str | None = None,
+) -> listing.Page:
+    """The files that did not import at the last sync, a page by offset (Airflow's filters)."""
+    q = listing.pattern_q("filename", filename_pattern) & listing.prefix_q(
+        "filename", filename_prefix_pattern
+    )
+    if filename is not None:
+        q &= Q(filename=filename)
+    if bundle_name is not None:
+        q &= Q(bundle_name=bundle_name)
+    return listing.offset_page(
+        DagImportError.objects.filter(q),
+        IMPORT_ERROR_ORDERING,
+        order_by=order_by,
+        limit=limit,
+        offset=offset,
+    )
+
+
+def get_import_error(*, import_error_id: int) -> DagImportError:
+    error = DagImportError.objects.filter(pk=import_error_id).first()
+    if error is None:
+        raise exceptions.NotFound(
+            f"The ImportError with import_error_id: `{import_error_id}` was not found",
+            reason="import_error_not_found",
+            import_error_id=import_error_id,
+        )
+    return error

@@ -51,7 +51,7 @@ import graphlib
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ from .models import (
     AssetAliasAsset,
     AssetDagRunQueue,
     Dag,
+    DagImportError,
     DagRun,
     DagRunType,
     DagScheduleAliasReference,
@@ -161,6 +162,10 @@ class SyncResult:
     pause_kept: tuple[tuple[str, bool], ...] = ()
     # Queued events left waiting on assets that are no longer in their Dag's schedule, per Dag.
     unscheduled_waiting: tuple[tuple[str, int], ...] = ()
+    # The files the sync reported as not importing (None: it reported none, the stored set was
+    # left alone), and whether the stored set changed.
+    import_errors: tuple[str, ...] | None = None
+    import_errors_changed: bool = False
 
     @property
     def changed(self) -> bool:
@@ -178,6 +183,11 @@ class SyncResult:
             lines.append(
                 f"kept dag {dag_id} {'paused' if paused else 'unpaused'} as an operator set it "
                 "(its definition says otherwise; --apply-pause applies the definition)"
+            )
+        if self.import_errors:
+            lines.append(
+                f"{len(self.import_errors)} files did not import, their Dags kept as last synced: "
+                + ", ".join(self.import_errors)
             )
         for dag_id, count in self.unscheduled_waiting:
             lines.append(
@@ -526,23 +536,70 @@ def sync_definitions(
     dags: Sequence[DagDefinition],
     apply_pause: bool = False,
     actor: audit.Actor | None = None,
+    import_errors: Sequence[ImportErrorReport] | None = None,
 ) -> SyncResult:
-    """Write already-parsed definitions (see `sync_dags`); one durable transaction."""
+    """Write already-parsed definitions (see `sync_dags`); one durable transaction. With
+    `import_errors` (the files of the folder that did not import), the stored import errors
+    become exactly those, in the same transaction."""
     check_definitions(dags)
     with transaction.atomic(durable=True):
         # Concurrent syncs (several hosts at start-up) run one after the other; every read below
         # happens after the lock, so it sees what an earlier sync committed.
         locks.lock_dag_sync()
         result = _Sync(dags, apply_pause=apply_pause).run()
-        if result.changed:
+        if import_errors is not None:
+            result = replace(
+                result,
+                import_errors=tuple(sorted({e.filename for e in import_errors})),
+                import_errors_changed=record_import_errors(import_errors),
+            )
+        if result.changed or result.import_errors_changed:
             audit.record(
                 actor=actor,
                 action="sync_dags",
                 summary=result.summary().split("\n")[0],
                 targets=[audit.Target(kind="dag", object_id=d) for d in result.dag_ids],
-                detail={"apply_pause": apply_pause},
+                detail={"apply_pause": apply_pause, "import_errors": result.import_errors},
             )
         return result
+
+
+@dataclass(frozen=True)
+class ImportErrorReport:
+    """A file of the synced folder that did not import: its path relative to the folder (as a
+    Dag's fileloc) and what went wrong (Airflow's stack trace, or why a Dag cannot run here)."""
+
+    filename: str
+    stack_trace: str
+
+
+IMPORT_ERROR_MAX_CHARS = 100_000  # a stack trace is cut to its last characters beyond this
+
+
+def record_import_errors(
+    reports: Sequence[ImportErrorReport], *, now: datetime | None = None
+) -> bool:
+    """Make the stored import errors exactly `reports` (one row per file; the caller holds the
+    sync lock): a file that imports again loses its row, a file whose error is unchanged keeps
+    its row and timestamp (a replayed sync writes nothing), a new or changed error is written
+    with `now`. Returns whether anything changed. Three statements at most."""
+    now = now or timezone.now()
+    wanted: dict[str, str] = {}
+    for report in reports:
+        trace = report.stack_trace[-IMPORT_ERROR_MAX_CHARS:]
+        wanted[report.filename] = (
+            wanted[report.filename] + "\n" + trace if report.filename in wanted else trace
+        )
+    stored = dict(DagImportError.objects.values_list("filename", "stack_trace"))
+    stale = [f for f, trace in stored.items() if wanted.get(f) != trace]
+    fresh = sorted(f for f, trace in wanted.items() if stored.get(f) != trace)
+    if stale:
+        DagImportError.objects.filter(filename__in=stale).delete()
+    if fresh:
+        DagImportError.objects.bulk_create(
+            DagImportError(filename=f, timestamp=now, stack_trace=wanted[f]) for f in fresh
+        )
+    return bool(stale or fresh)
 
 
 def sync_documents(
@@ -550,6 +607,7 @@ def sync_documents(
     documents: Sequence[tuple[str, Any]],
     apply_pause: bool = False,
     actor: audit.Actor | None = None,
+    import_errors: Sequence[ImportErrorReport] | None = None,
 ) -> SyncResult:
     """Sync definition documents that arrive decoded, as (file, document) pairs: the Dags of an
     Airflow DAG file, converted by `bin/airflow-worker` (`file` is its path relative to the Dag
@@ -557,14 +615,20 @@ def sync_documents(
     parsing, cross-checks and single transaction as `sync_dags`; an invalid document is
     InvalidInput (`invalid_definition`, naming the file and the path in it) and writes nothing.
     Each `file` must be a relative path inside the bundle (`check_fileloc`): workers hand it to
-    the Task SDK as `dag_rel_path`, which loads the file it names."""
+    the Task SDK as `dag_rel_path`, which loads the file it names. `import_errors` (the worker's
+    files that did not import, same path rule) replace the stored ones (`record_import_errors`);
+    None leaves them alone."""
     for file, _ in documents:
         check_fileloc(file)
+    for report in import_errors or ():
+        check_fileloc(report.filename)
     try:
         dags = [
             dag for file, raw in documents for dag in parse_document(raw, file=file, fileloc=file)
         ]
-        return sync_definitions(dags=dags, apply_pause=apply_pause, actor=actor)
+        return sync_definitions(
+            dags=dags, apply_pause=apply_pause, actor=actor, import_errors=import_errors
+        )
     except DefinitionError as exc:
         raise exceptions.InvalidInput(
             str(exc), reason="invalid_definition", file=exc.file, json_path=exc.path
@@ -670,7 +734,10 @@ class _Sync:
             aliases_created=aliases_created,
             pause_kept=tuple(self.pause_kept),
             unscheduled_waiting=unscheduled,
-            **task_counts,
+            tasks_created=task_counts["tasks_created"],
+            tasks_updated=task_counts["tasks_updated"],
+            tasks_deleted=task_counts["tasks_deleted"],
+            tasks_unchanged=task_counts["tasks_unchanged"],
         )
 
     def _unscheduled_waiting(self) -> tuple[tuple[str, int], ...]:

@@ -19,6 +19,7 @@ from ..models import (
     AssetAliasAsset,
     AssetDagRunQueue,
     Dag,
+    DagImportError,
     DagRun,
     DagRunAssetEvent,
     DagRunState,
@@ -266,6 +267,9 @@ class DagAdmin(admin.ModelAdmin):
                     DagRun, "dag", state__in=[DagRunState.QUEUED, DagRunState.RUNNING]
                 ),
                 last_run_at=Subquery(last_run.annotate(m=Max("run_after")).values("m")),
+                import_error_id=Subquery(
+                    DagImportError.objects.filter(filename=OuterRef("fileloc")).values("pk")[:1]
+                ),
             )
         )
 
@@ -320,6 +324,12 @@ class DagAdmin(admin.ModelAdmin):
     def scheduler_status(self, obj):
         """ "evaluates", or the error the scheduler recorded when it last could not evaluate the
         Dag (it skips the Dag, its events wait, the other Dags go on)."""
+        if getattr(obj, "import_error_id", None) is not None:
+            return format_html(
+                '<a class="aes-badge aes-badge-bad" href="{}" title="its file did not import at '
+                'the last sync; the Dag runs as it was last synced">file did not import</a>',
+                reverse("admin:assets_app_dagimporterror_change", args=[obj.import_error_id]),
+            )
         if not obj.schedule_error:
             return "evaluates"
         return format_html(
@@ -656,3 +666,23 @@ class DagScheduleAliasReferenceAdmin(LinkTableAdmin):
     list_select_related = ("dag", "alias")
     list_filter = ("dag",)
     search_fields = ("dag__dag_id", "alias__name")
+
+
+@admin.register(DagImportError)
+class DagImportErrorAdmin(ReadOnlyAdmin):
+    """The Dag files that did not import at the last sync (Airflow's import errors): each sync
+    replaces them; the files' Dags run as they were last synced."""
+
+    list_display = ("filename", "bundle_name", "timestamp", "last_line")
+    search_fields = ("filename",)
+    readonly_fields = ("filename", "bundle_name", "timestamp", "stack_trace_text")
+    fields = readonly_fields
+
+    @admin.display(description="error")
+    def last_line(self, obj):
+        lines = obj.stack_trace.strip().splitlines()
+        return format_html('<span class="aes-clip">{}</span>', lines[-1] if lines else "")
+
+    @admin.display(description="stack trace")
+    def stack_trace_text(self, obj):
+        return format_html('<pre class="aes-json">{}</pre>', obj.stack_trace)

@@ -129,9 +129,16 @@ def sync_dag_files(request: HttpRequest, payload: schemas.DagSyncRequest):
         documents=[(f.file, f.definitions) for f in payload.files],
         apply_pause=payload.apply_pause,
         actor=request.auth,  # type: ignore[attr-defined]
+        import_errors=None
+        if payload.import_errors is None
+        else [
+            definitions.ImportErrorReport(filename=e.file, stack_trace=e.error)
+            for e in payload.import_errors
+        ],
     )
     return {
         **{k: getattr(result, k) for k in schemas.DagSyncResponse.model_fields if k != "summary"},
+        "import_errors": None if result.import_errors is None else list(result.import_errors),
         "summary": result.summary(),
     }
 

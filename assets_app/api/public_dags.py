@@ -12,7 +12,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Field, Header, Query, Router, Schema
 
 from assets_app import asset_events, dags, exceptions, run_reads, run_waits, runs, task_logs
-from assets_app.models import Dag, DagRun, DagRunTriggeredBy, TaskInstance
+from assets_app.models import Dag, DagImportError, DagRun, DagRunTriggeredBy, TaskInstance
 from assets_app.models.runs import TI_FINISHED_STATES
 
 from . import public_auth
@@ -31,6 +31,8 @@ from .public_schemas import (
     DAGRunCollectionResponse,
     DAGRunResponse,
     DAGRunsBatchBody,
+    ImportErrorCollectionResponse,
+    ImportErrorResponse,
     NewTaskResponse,
     RunRanges,
     TaskInstanceCollectionResponse,
@@ -528,3 +530,32 @@ def get_task_instance(
     """One (unmapped) task instance, or 404 (Airflow: same path)."""
     ti = run_reads.get_task_instance(dag_id=dag_id, run_id=dag_run_id, task_id=task_id)
     return TaskInstanceResponse.from_ti(ti)
+
+
+# --- import errors ----------------------------------------------------------------------------
+
+
+class ImportErrorFilters(Page):
+    filename: str | None = Field(default=None, max_length=2000)
+    filename_pattern: str | None = Field(default=None, max_length=2000)
+    filename_prefix_pattern: str | None = Field(default=None, max_length=2000)
+    bundle_name: str | None = Field(default=None, max_length=250)
+
+
+@router.get("/importErrors", response=responses(ImportErrorCollectionResponse, 400))
+@needs("view", DagImportError)
+def list_import_errors(
+    request: HttpRequest, filters: Query[ImportErrorFilters]
+) -> ImportErrorCollectionResponse:
+    """The Dag files that did not import at the last sync (Airflow: `GET /api/v2/importErrors`)."""
+    page = dags.list_import_errors(**filters.dict())
+    return ImportErrorCollectionResponse(
+        import_errors=[ImportErrorResponse.from_error(e) for e in page.rows],
+        total_entries=page.total_entries,
+    )
+
+
+@router.get("/importErrors/{import_error_id}", response=responses(ImportErrorResponse, 404))
+@needs("view", DagImportError)
+def get_import_error(request: HttpRequest, import_error_id: int) -> ImportErrorResponse:
+    return ImportErrorResponse.from_error(dags.get_import_error(import_error_id=import_error_id))

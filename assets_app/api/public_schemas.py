@@ -24,6 +24,7 @@ from assets_app.models import (
     AssetEvent,
     Backfill,
     Dag,
+    DagImportError,
     DagRun,
     TaskInstance,
 )
@@ -348,7 +349,7 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         "max_active_runs": dag.max_active_runs,
         "max_consecutive_failed_dag_runs": 0,
         "has_task_concurrency_limits": False,
-        "has_import_errors": False,
+        "has_import_errors": bool(getattr(dag, "has_import_errors", False)),
         "next_dagrun_logical_date": None,
         "next_dagrun_data_interval_start": None,
         "next_dagrun_data_interval_end": None,
@@ -621,6 +622,29 @@ class BackfillPostBody(StrictSchema):
     reprocess_behavior: Literal["failed", "completed", "none"] = "none"
     max_active_runs: int = Field(default=10, ge=1, le=INT32_MAX)
     run_on_latest_version: bool | None = None
+
+
+class ImportErrorResponse(Schema):
+    import_error_id: int
+    timestamp: datetime
+    filename: str
+    bundle_name: str | None
+    stack_trace: str
+
+    @classmethod
+    def from_error(cls, error: DagImportError) -> "ImportErrorResponse":
+        return cls(
+            import_error_id=error.pk,
+            timestamp=error.timestamp,
+            filename=error.filename,
+            bundle_name=error.bundle_name,
+            stack_trace=error.stack_trace,
+        )
+
+
+class ImportErrorCollectionResponse(Schema):
+    import_errors: list[ImportErrorResponse]
+    total_entries: int
 
 
 class BackfillResponse(Schema):

@@ -473,9 +473,19 @@ class DagFileDocument(RequestBody):
     definitions: list[JsonDict] | JsonDict
 
 
+class DagImportErrorDocument(RequestBody):
+    """A file of the folder that did not import (or holds a Dag the service cannot run)."""
+
+    file: Annotated[str, Field(min_length=1, max_length=2000)]
+    error: Annotated[str, Field(min_length=1, max_length=1_000_000)]
+
+
 class DagSyncRequest(RequestBody):
     files: list[DagFileDocument]
     apply_pause: bool = False
+    # The folder's files that did not import: they replace the stored import errors (omitted:
+    # the stored ones are left alone).
+    import_errors: list[DagImportErrorDocument] | None = None
 
 
 class DagSyncResponse(ResponseBody):
@@ -485,6 +495,7 @@ class DagSyncResponse(ResponseBody):
     dags_unchanged: int
     tasks_created: int
     tasks_deleted: int
+    import_errors: list[str] | None
     summary: str
 
 

@@ -11,6 +11,7 @@ from .backfills import (
 )
 from .dags import (
     Dag,
+    DagImportError,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
     ScheduleMode,
@@ -66,6 +67,7 @@ __all__ = [
     "ComponentHeartbeat",
     "Connection",
     "Dag",
+    "DagImportError",
     "DagRun",
     "DagRunAssetEvent",
     "DagRunState",

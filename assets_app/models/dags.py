@@ -252,3 +252,23 @@ class DagScheduleAliasReference(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dag_id} -> {self.alias_id}"
+
+
+class DagImportError(models.Model):
+    """A Dag file that did not import, or holds a Dag the service cannot run, as the last sync
+    of its folder reported it (Airflow's `ParseImportError`, `/api/v2/importErrors`). Written
+    only by `definitions.record_import_errors` under the sync lock: each sync that reports them
+    replaces the set (a file that imports again loses its row). The file's Dags keep what they
+    were last synced as; `filename` is relative to the Dag folder, like `Dag.fileloc`."""
+
+    filename = models.CharField(max_length=2000)
+    bundle_name = models.CharField(max_length=250, default="dags-folder")
+    timestamp = models.DateTimeField()
+    stack_trace = models.TextField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["filename"], name="import_error_by_filename")]
+
+    def __str__(self) -> str:
+        return f"import error in {self.filename}"

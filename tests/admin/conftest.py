@@ -14,6 +14,7 @@ from assets_app.models import (
     Backfill,
     BackfillDagRun,
     ComponentHeartbeat,
+    DagImportError,
     DagRunAssetEvent,
     DagRunType,
     DagScheduleAliasReference,
@@ -137,6 +138,10 @@ def populate(n: int) -> None:
         )
         WebhookAttempt.objects.create(delivery=delivery, status_code=500, error="HTTP 500")
         FreshnessPolicy.objects.create(asset=asset, kind="max_interval", interval_seconds=60)
+        DagImportError.objects.create(
+            filename=f"broken_{i}.py", timestamp=now, stack_trace="SyntaxError: invalid syntax"
+        )
+        DagFactory(dag_id=f"unimported_{i}", fileloc=f"broken_{i}.py")
     for component in ("drain", "scheduler"):
         ComponentHeartbeat.objects.update_or_create(
             component=component,

@@ -55,6 +55,7 @@ EXPECTED = {
     "backfilldagrun": 5,
     "componentheartbeat": 5,
     "dag": 5,
+    "dagimporterror": 5,
     "dagrun": 8,
     "dagrunassetevent": 6,
     "dagschedulealiasreference": 6,
@@ -84,6 +85,7 @@ APPEND_ONLY = (
     "auditentry",
     "audittarget",
     "tasklogchunk",
+    "dagimporterror",
 )
 
 

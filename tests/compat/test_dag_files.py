@@ -15,16 +15,17 @@ from tests.proof.conftest import app_table_counts
 _CONVERT = """
 import json, sys
 from pathlib import Path
-from airflow_worker.dag_files import DagFileError, parse_folder
-try:
-    files = parse_folder(Path(sys.argv[1]), manual_only=sys.argv[2] == "1")
-    print(json.dumps({f.rel_path: f.definitions for f in files}))
-except DagFileError as exc:
-    print(json.dumps({"error": str(exc)}))
+from airflow_worker.dag_files import parse_folder
+folder = parse_folder(Path(sys.argv[1]), manual_only=sys.argv[2] == "1")
+print(json.dumps({
+    **{f.rel_path: f.definitions for f in folder.files},
+    "import_errors": {e.rel_path: e.error for e in folder.import_errors},
+}))
 """
 
 
 def _convert(folder, *, manual_only=False) -> dict:
+    """{file: its definitions, ..., "import_errors": {file: error}} of an Airflow DAG folder."""
     done = subprocess.run(
         [str(sdk_python()), "-c", _CONVERT, str(folder), "1" if manual_only else "0"],
         cwd=ROOT,
@@ -43,7 +44,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def examples():
-    return _convert(ROOT / "examples/airflow_dags")
+    converted = _convert(ROOT / "examples/airflow_dags")
+    assert converted.pop("import_errors") == {}
+    return converted
 
 
 def _dag(examples, file, dag_id):
@@ -168,8 +171,10 @@ def test_a_schedule_the_service_cannot_run_is_refused_naming_the_file(tmp_path):
         )
     )
     refused = _convert(tmp_path)
-    assert "always.py" in refused["error"] and "'always'" in refused["error"]
-    assert "ContinuousTimetable" in refused["error"] and "--manual-only" in refused["error"]
+    assert "always.py" not in refused
+    error = refused["import_errors"]["always.py"]
+    assert "always.py" in error and "'always'" in error
+    assert "ContinuousTimetable" in error and "--manual-only" in error
     synced = _convert(tmp_path, manual_only=True)
     assert synced["always.py"][0]["schedule"] is None
     assert "timetable" not in synced["always.py"][0]
@@ -232,9 +237,29 @@ def test_a_mapped_task_is_refused_naming_the_task(tmp_path):
             """
         )
     )
-    refused = _convert(tmp_path)
-    assert "fanout.py" in refused["error"] and "'fanout'" in refused["error"]
-    assert "mapped task(s) 'square'" in refused["error"], refused
+    error = _convert(tmp_path)["import_errors"]["fanout.py"]
+    assert "fanout.py" in error and "'fanout'" in error
+    assert "mapped task(s) 'square'" in error, error
+
+
+def test_a_file_that_does_not_import_is_reported_and_the_others_still_convert(tmp_path):
+    """Issue 27: one broken file no longer refuses the folder; it is the import error that the
+    sync reports (Airflow's own stack trace), beside the files that converted."""
+    (tmp_path / "fine.py").write_text(
+        "from airflow.sdk import dag, task\n\n"
+        "@dag(dag_id='fine', schedule=None)\n"
+        "def fine():\n    task(task_id='t')(lambda: None)()\n\nfine()\n"
+    )
+    (tmp_path / "broken.py").write_text("from airflow.sdk import dag\ndef broken(:\n")
+    (tmp_path / "missing.py").write_text("from airflow.sdk import dag\nimport no_such_module_x\n")
+    converted = _convert(tmp_path)
+    assert [d["dag_id"] for d in converted["fine.py"]] == ["fine"]
+    errors = converted.pop("import_errors")
+    assert set(converted) == {"fine.py"} and set(errors) == {"broken.py", "missing.py"}
+    assert "SyntaxError" in errors["broken.py"]
+    assert (
+        "ModuleNotFoundError" in errors["missing.py"] and "no_such_module_x" in errors["missing.py"]
+    )
 
 
 ASSET_OR_TIME_DAGS = """
@@ -297,7 +322,9 @@ def test_asset_or_time_schedule_becomes_schedule_and_timetable(tmp_path):
         + "timetable=DeltaTriggerTimetable(relativedelta(months=1)), assets=[Asset('aot_a')]))\n"
     )
     refused = _convert(tmp_path)
-    assert "aot.py" in refused["error"] and "'aot_calendar'" in refused["error"]
+    error = refused["import_errors"]["aot.py"]
+    assert "aot.py" in error and "'aot_calendar'" in error
+    assert "aot_calendar" not in {d["dag_id"] for d in refused["aot.py"]}  # the others sync
 
 
 @pytest.mark.django_db

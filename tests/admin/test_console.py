@@ -18,6 +18,7 @@ from assets_app.models import (
     AssetEvent,
     AuditEntry,
     Dag,
+    DagImportError,
     DagRun,
     DagRunType,
     DagScheduleAliasReference,
@@ -353,3 +354,22 @@ def test_a_dag_scheduled_on_a_hundred_thousand_assets_has_a_small_page(staff_cli
     assert "every asset it waits on" in page.content.decode()
     listing = staff_client.get(reverse("admin:assets_app_dag_changelist"))
     assert len(listing.content) < 100_000
+
+
+def test_a_dag_whose_file_did_not_import_links_to_its_import_error(staff_client):
+    """Issue 27: the Dag list marks a Dag whose file failed at the last sync; the error's page
+    shows the stack trace, read-only."""
+    error = DagImportError.objects.create(
+        filename="etl/broken.py",
+        timestamp=timezone.now(),
+        stack_trace="Traceback ...\nModuleNotFoundError: No module named 'pandas_x'",
+    )
+    DagFactory(dag_id="stale_etl", fileloc="etl/broken.py")
+    DagFactory(dag_id="fine_etl", fileloc="etl/fine.py")
+    listing = staff_client.get(reverse("admin:assets_app_dag_changelist")).content.decode()
+    link = reverse("admin:assets_app_dagimporterror_change", args=[error.pk])
+    assert listing.count(link) == 1 and ">file did not import<" in listing
+    page = staff_client.get(link).content.decode()
+    assert "No module named &#x27;pandas_x&#x27;" in page and "etl/broken.py" in page
+    errors = staff_client.get(reverse("admin:assets_app_dagimporterror_changelist"))
+    assert "ModuleNotFoundError" in errors.content.decode()

@@ -7,6 +7,7 @@ replaces the value (one row, `xcom_unique`), deleting a missing one is a no-op.
 
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from . import exceptions, limits
@@ -18,13 +19,29 @@ def _address(dag_id: str, run_id: str, task_id: str, key: str) -> dict[str, Any]
 
 
 def push(
-    *, dag_id: str, run_id: str, task_id: str, key: str, value: Any, map_index: int = -1
+    *,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    key: str,
+    value: Any,
+    map_index: int = -1,
+    mapped_length: int | None = None,
 ) -> XCom:
     """Store `value` under the address, replacing an earlier one (own durable transaction).
     NotFound when the run does not exist (as Airflow: an XCom belongs to a run); InvalidInput
-    when `value` passes a `limits` JSON rule (depth, width, size)."""
+    when `value` passes a `limits` JSON rule (depth, width, size). `mapped_length` is what the
+    Task SDK sends with the return value of an unmapped task that has mapped downstreams
+    (`len(value)`, task-sdk 1.3.2 `_push_xcom_if_needed`); beyond MAX_MAP_LENGTH the push is
+    refused before anything is written, as Airflow 3.3.2's `set_xcom` does."""
     if not key:
         raise exceptions.BadRequest("XCom key must be a non-empty string.", reason="invalid_key")
+    if mapped_length is not None and mapped_length > settings.MAX_MAP_LENGTH:
+        raise exceptions.BadRequest(
+            "pushed value is too large to map as a downstream's dependency "
+            f"(length {mapped_length}, max_map_length {settings.MAX_MAP_LENGTH})",
+            reason="unmappable_return_value_length",
+        )
     limits.check_lengths(XCom, _address(dag_id, run_id, task_id, key))
     limits.check_json(value, field="value", loc=("body",))
     if not DagRun.objects.filter(dag_id=dag_id, run_id=run_id).exists():

@@ -268,6 +268,10 @@ TASK_SUCCESS_OVERTIME_SECONDS = env.float("TASK_SUCCESS_OVERTIME_SECONDS", defau
 # bytes kept per try (a chunk beyond it is refused, 413 log_too_large).
 TASK_LOG_CHUNK_MAX_BYTES = env.int("TASK_LOG_CHUNK_MAX_BYTES", default=256 * 1024)
 TASK_LOG_MAX_BYTES = env.int("TASK_LOG_MAX_BYTES", default=10 * 1024 * 1024)
+# Dynamic task mapping (issue 25): the longest value a task may push for a mapped downstream to
+# expand over (Airflow's `[core] max_map_length`, same default); a longer push is refused, 400
+# unmappable_return_value_length, as Airflow's execution API does.
+MAX_MAP_LENGTH = env.int("MAX_MAP_LENGTH", default=1024)
 
 # PostgreSQL: how long an idle cluster waits for a NOTIFY before it looks at the queue anyway
 # (a retried task whose lock expired sends none). Each look is 2 queries (Django's connection

@@ -152,7 +152,13 @@ def xcom_set(
         auth.token_ti(request), dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index
     )
     xcoms.push(
-        dag_id=dag_id, run_id=run_id, task_id=task_id, key=key, value=value, map_index=map_index
+        dag_id=dag_id,
+        run_id=run_id,
+        task_id=task_id,
+        key=key,
+        value=value,
+        map_index=map_index,
+        mapped_length=mapped_length,
     )
     return Status(201, {"message": "XCom successfully set"})
 

@@ -95,6 +95,25 @@ def test_xcom_push_for_another_run_is_403_and_writes_nothing(worker_api, running
     assert not XCom.objects.exists()
 
 
+@pytest.mark.parametrize(("length", "status"), [(1024, 201), (1025, 400)])
+def test_return_value_for_a_mapped_downstream_over_max_map_length_is_refused_as_airflow(
+    worker_api, running, length, status
+):
+    """Airflow 3.3.2 `set_xcom`: the Task SDK sends `mapped_length=len(value)` with the return
+    value of a task whose downstream is mapped; over `[core] max_map_length` (1,024) it is 400
+    unmappable_return_value_length and nothing is stored; at the limit it is stored."""
+    value = list(range(length))
+    pushed = worker_api.request(
+        "POST", f"{_xcom(running)}?mapped_length={length}", value, ti_id=running.id
+    )
+    assert pushed.status_code == status, pushed.content
+    if status == 400:
+        assert json.loads(pushed.content)["detail"]["reason"] == "unmappable_return_value_length"
+        assert not XCom.objects.exists()
+    else:
+        assert XCom.objects.get().value == value
+
+
 def test_retry_lists_the_keys_of_the_earlier_try_to_clear(worker_api):
     ti = TaskInstanceFactory(running=True, max_tries=1)
     worker_api.request("POST", _xcom(ti), "first try", ti_id=ti.id)

@@ -24,7 +24,7 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from . import exceptions, locks, timetables, webhooks
+from . import audit, exceptions, locks, timetables, webhooks
 from .models import Asset, FreshnessKind, FreshnessPolicy, FreshnessState, WebhookEventType
 from .sql import webhooks as webhooks_sql
 
@@ -84,8 +84,10 @@ def set_policy(
     interval_seconds: int | None = None,
     cron: str = "",
     tz: str = "UTC",
+    actor: audit.Actor | None = None,
 ) -> FreshnessPolicy:
-    """Create or replace an asset's policy (its state starts over, unknown). Own transaction."""
+    """Create or replace an asset's policy (its state starts over, unknown). Own transaction,
+    audited (`freshness_policy.set`)."""
     check_policy(kind=kind, interval_seconds=interval_seconds, cron=cron, tz=tz)
     with transaction.atomic(durable=True):
         policy, _ = FreshnessPolicy.objects.update_or_create(
@@ -101,7 +103,31 @@ def set_policy(
                 "created_at": timezone.now(),
             },
         )
+        rule = f"every {interval_seconds} s" if kind == FreshnessKind.MAX_INTERVAL else cron
+        audit.record(
+            actor=actor,
+            action="freshness_policy.set",
+            summary=f"freshness policy of asset {asset.name}: {kind} {rule} ({tz})",
+            targets=[audit.Target(kind="asset", object_id=asset.pk)],
+            detail={"kind": kind, "interval_seconds": interval_seconds, "cron": cron, "tz": tz},
+        )
     return policy
+
+
+def delete_policy(*, policy_id: int, actor: audit.Actor | None = None) -> None:
+    """Remove a policy (its asset is no longer watched), audited in the same transaction (the
+    caller's when there is one: the admin's delete view runs in its own atomic block)."""
+    with transaction.atomic():
+        policy = FreshnessPolicy.objects.select_related("asset").filter(id=policy_id).first()
+        if policy is None:
+            return
+        policy.delete()
+        audit.record(
+            actor=actor,
+            action="freshness_policy.delete",
+            summary=f"removed the freshness policy of asset {policy.asset.name}",
+            targets=[audit.Target(kind="asset", object_id=policy.asset_id)],
+        )
 
 
 def _message(policy: FreshnessPolicy, v: Verdict, latest: datetime | None) -> dict:

@@ -36,7 +36,7 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from . import egress, locks, webhooks
+from . import audit, egress, locks, webhooks
 from .models import (
     DeliveryState,
     EndpointState,
@@ -271,36 +271,65 @@ def deliver(*, time_budget: float | None = None, stop_when_idle: bool = False) -
 # --- operators (admin actions) -----------------------------------------------------------------
 
 
-def replay(*, delivery_ids: Iterable[int]) -> int:
+def replay(*, delivery_ids: Iterable[int], actor: audit.Actor | None = None) -> int:
     """Send these messages again (delivered or failed ones too), soon, with their same
-    `webhook-id`; returns how many. One UPDATE."""
-    return WebhookDelivery.objects.filter(id__in=list(delivery_ids)).update(
-        state=DeliveryState.PENDING, next_attempt_at=timezone.now(), claimed_until=None
-    )
+    `webhook-id`; returns how many. One UPDATE and its audit entry (`webhook.replay`)."""
+    ids = sorted(delivery_ids)
+    with transaction.atomic(durable=True):
+        n = WebhookDelivery.objects.filter(id__in=ids).update(
+            state=DeliveryState.PENDING, next_attempt_at=timezone.now(), claimed_until=None
+        )
+        if n:
+            audit.record(
+                actor=actor,
+                action="webhook.replay",
+                summary=f"replayed {n} webhook messages",
+                targets=[audit.Target(kind="webhook_message", object_id=i) for i in ids],
+            )
+    return n
 
 
-def replay_range(*, endpoint_id: int | None, since: datetime, until: datetime) -> int:
+def replay_range(
+    *,
+    endpoint_id: int | None,
+    since: datetime,
+    until: datetime,
+    actor: audit.Actor | None = None,
+) -> int:
     """Send again every message written in [since, until) (to one endpoint, or all); returns
-    how many. One UPDATE."""
+    how many. One UPDATE and its audit entry (`webhook.replay`, the range in its detail)."""
     messages = WebhookDelivery.objects.filter(created_at__gte=since, created_at__lt=until)
     if endpoint_id is not None:
         messages = messages.filter(endpoint_id=endpoint_id)
-    return messages.update(
-        state=DeliveryState.PENDING, next_attempt_at=timezone.now(), claimed_until=None
-    )
+    with transaction.atomic(durable=True):
+        n = messages.update(
+            state=DeliveryState.PENDING, next_attempt_at=timezone.now(), claimed_until=None
+        )
+        if n:
+            audit.record(
+                actor=actor,
+                action="webhook.replay",
+                summary=f"replayed {n} webhook messages written in [{since}, {until})",
+                targets=[]
+                if endpoint_id is None
+                else [audit.Target(kind="webhook_endpoint", object_id=endpoint_id)],
+                detail={"since": since.isoformat(), "until": until.isoformat()},
+            )
+    return n
 
 
-def pause(*, endpoint_ids: Iterable[int]) -> int:
-    return webhooks.set_state(endpoint_ids=endpoint_ids, state=EndpointState.PAUSED)
+def pause(*, endpoint_ids: Iterable[int], actor: audit.Actor | None = None) -> int:
+    return webhooks.set_state(endpoint_ids=endpoint_ids, state=EndpointState.PAUSED, actor=actor)
 
 
-def resume(*, endpoint_ids: Iterable[int]) -> int:
+def resume(*, endpoint_ids: Iterable[int], actor: audit.Actor | None = None) -> int:
     """Resume paused or disabled endpoints; their pending messages are due at once."""
     ids = list(endpoint_ids)
-    changed = webhooks.set_state(endpoint_ids=ids, state=EndpointState.ACTIVE)
-    WebhookDelivery.objects.filter(endpoint_id__in=ids, state=DeliveryState.PENDING).update(
-        next_attempt_at=timezone.now()
-    )
+    with transaction.atomic(durable=True):
+        changed = webhooks.set_state(endpoint_ids=ids, state=EndpointState.ACTIVE, actor=actor)
+        WebhookDelivery.objects.filter(endpoint_id__in=ids, state=DeliveryState.PENDING).update(
+            next_attempt_at=timezone.now()
+        )
     return changed
 
 

@@ -25,12 +25,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import egress, encryption, exceptions
+from . import audit, egress, encryption, exceptions
 from .models import (
     AssetEventQueue,
     EndpointState,
@@ -165,9 +166,11 @@ def create_endpoint(
     description: str = "",
     max_in_flight: int | None = None,
     secret: str | None = None,
+    actor: audit.Actor | None = None,
 ) -> SavedEndpoint:
     """Create an endpoint with its subscriptions and a new secret (returned once, in clear).
-    The URL must pass the SSRF guard now (EgressRefused, HTTP 422). Own durable transaction."""
+    The URL must pass the SSRF guard now (EgressRefused, HTTP 422). Own durable transaction,
+    audited (`webhook_endpoint.create`)."""
     specs = _check_subscriptions(subscriptions)
     egress.check_url(url)
     clear = secret or generate_secret()
@@ -180,7 +183,36 @@ def create_endpoint(
             max_in_flight=max_in_flight or int(settings.WEBHOOK_MAX_IN_FLIGHT),
         )
         _set_subscriptions(endpoint, specs)
+        _audit(
+            actor,
+            "webhook_endpoint.create",
+            [endpoint.pk],
+            f"created webhook endpoint {endpoint.pk} ({_host(url)})",
+            {"host": _host(url), "event_types": sorted({s.event_type for s in specs})},
+        )
     return SavedEndpoint(endpoint=endpoint, secret=clear)
+
+
+def _host(url: str) -> str:
+    """What the trail keeps of an endpoint's URL: its host (a path or query may hold a token)."""
+    return urlsplit(url).hostname or ""
+
+
+def _audit(
+    actor: audit.Actor | None,
+    action: str,
+    endpoint_ids: Sequence[int],
+    summary: str,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """An audit entry for an endpoint write, inside the write's transaction. Never a secret."""
+    audit.record(
+        actor=actor,
+        action=action,
+        summary=summary,
+        targets=[audit.Target(kind="webhook_endpoint", object_id=i) for i in endpoint_ids],
+        detail=detail,
+    )
 
 
 def _check_secret(secret: str) -> None:
@@ -216,9 +248,11 @@ def update_endpoint(
     description: str | None = None,
     subscriptions: Iterable[SubscriptionSpec] | None = None,
     max_in_flight: int | None = None,
+    actor: audit.Actor | None = None,
 ) -> WebhookEndpoint:
     """Change an endpoint's URL (SSRF-checked), description, subscriptions or in-flight bound.
-    Own durable transaction; messages already written keep going to it."""
+    Own durable transaction, audited (`webhook_endpoint.change`, naming the fields given, if any);
+    messages already written keep going to it."""
     specs = _check_subscriptions(subscriptions) if subscriptions is not None else None
     if url is not None:
         egress.check_url(url)
@@ -233,18 +267,42 @@ def update_endpoint(
         endpoint.save()
         if specs is not None:
             _set_subscriptions(endpoint, specs)
+        given = {
+            "url": url,
+            "description": description,
+            "subscriptions": specs,
+            "max_in_flight": max_in_flight,
+        }
+        fields = sorted(k for k, v in given.items() if v is not None)
+        if fields:
+            _audit(
+                actor,
+                "webhook_endpoint.change",
+                [endpoint_id],
+                f"changed webhook endpoint {endpoint_id}: {', '.join(fields)}",
+                {"fields": fields, "host": _host(endpoint.url)},
+            )
     return get_endpoint(endpoint_id=endpoint_id)
 
 
-def delete_endpoint(*, endpoint_id: int) -> None:
-    """Delete an endpoint, its subscriptions and the messages owed to it. Own transaction."""
+def delete_endpoint(*, endpoint_id: int, actor: audit.Actor | None = None) -> None:
+    """Delete an endpoint, its subscriptions and the messages owed to it. Own transaction,
+    audited (`webhook_endpoint.delete`)."""
     with transaction.atomic(durable=True):
         deleted, _ = WebhookEndpoint.objects.filter(id=endpoint_id).delete()
-    if not deleted:
-        raise exceptions.NotFound(f"webhook endpoint {endpoint_id} not found")
+        if not deleted:
+            raise exceptions.NotFound(f"webhook endpoint {endpoint_id} not found")
+        _audit(
+            actor,
+            "webhook_endpoint.delete",
+            [endpoint_id],
+            f"deleted webhook endpoint {endpoint_id}",
+        )
 
 
-def rotate_secret(*, endpoint_id: int, overlap: timedelta | None = None) -> SavedEndpoint:
+def rotate_secret(
+    *, endpoint_id: int, overlap: timedelta | None = None, actor: audit.Actor | None = None
+) -> SavedEndpoint:
     """Give the endpoint a new secret (returned once, in clear); the current one keeps signing
     beside it for `overlap` (WEBHOOK_SECRET_OVERLAP_SECONDS), so receivers can switch without
     refusing a message: during it every message carries two signatures. Own transaction."""
@@ -257,18 +315,48 @@ def rotate_secret(*, endpoint_id: int, overlap: timedelta | None = None) -> Save
         endpoint.previous_secret_expires_at = timezone.now() + overlap
         endpoint.secret = encryption.encrypt(clear) or ""
         endpoint.save()
+        _audit(
+            actor,
+            "webhook_endpoint.rotate_secret",
+            [endpoint_id],
+            f"rotated the secret of webhook endpoint {endpoint_id}",
+            {"previous_secret_expires_at": endpoint.previous_secret_expires_at.isoformat()},
+        )
     return SavedEndpoint(endpoint=endpoint, secret=clear)
 
 
-def set_state(*, endpoint_ids: Iterable[int], state: EndpointState, reason: str = "") -> int:
+def set_state(
+    *,
+    endpoint_ids: Iterable[int],
+    state: EndpointState,
+    reason: str = "",
+    actor: audit.Actor | None = None,
+) -> int:
     """Pause, resume (active) or disable endpoints; returns how many changed. A resumed
     endpoint's pending messages are sent from where they were (nothing was dropped while it was
-    paused or disabled). One UPDATE, its own statement."""
-    return (
-        WebhookEndpoint.objects.filter(id__in=list(endpoint_ids))
-        .exclude(state=state)
-        .update(state=state, state_reason=reason, updated_at=timezone.now())
-    )
+    paused or disabled). One UPDATE, and an audit entry (`webhook_endpoint.<state>`, naming the
+    endpoints that changed; the delivery's 410 disable is the system's) when any did."""
+    with transaction.atomic():
+        changed = list(
+            WebhookEndpoint.objects.filter(id__in=list(endpoint_ids))
+            .exclude(state=state)
+            .values_list("id", flat=True)
+        )
+        if not changed:
+            return 0
+        n = (
+            WebhookEndpoint.objects.filter(id__in=changed)
+            .exclude(state=state)
+            .update(state=state, state_reason=reason, updated_at=timezone.now())
+        )
+        _audit(
+            actor,
+            f"webhook_endpoint.{EndpointState(state).value}",
+            changed,
+            f"webhook endpoints {', '.join(map(str, changed))} {EndpointState(state).value}"
+            + (f": {reason}" if reason else ""),
+        )
+    return n
 
 
 # --- writing messages (inside the caller's transaction) ---------------------------------------

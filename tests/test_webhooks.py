@@ -25,6 +25,8 @@ from assets_app import (
 )
 from assets_app.api import public_auth
 from assets_app.models import (
+    AuditEntry,
+    AuditTarget,
     DeliveryState,
     EndpointState,
     TIState,
@@ -388,3 +390,58 @@ def test_public_api_creates_lists_rotates_and_pauses(local):
         headers=auth,
     )
     assert unknown.status_code == 422
+
+
+# --- audit -------------------------------------------------------------------------------------
+
+
+def test_every_endpoint_and_replay_write_is_audited_with_its_actor_and_no_secret(local):
+    """Issue 29 beside issue 26's rule (every write through every door is audited): create,
+    change, pause, resume, rotate, replay and delete, through the public API, name the token's
+    user; the trail keeps the endpoint's host, never its path, query or secret."""
+    user = get_user_model().objects.create_superuser("hooks", password="pw-hooks-1")
+    _, key = public_auth.create_api_token(username=user.username, name="hooks")
+    client = Client(headers={"Authorization": f"Bearer {key}"})
+    url = "http://127.0.0.1:9/hook/T0KEN-IN-PATH?sig=s3cr3t"
+    body = {"url": url, "subscriptions": [{"event_type": ASSET_EVENT}]}
+    created = client.post("/api/v2/webhooks/endpoints", body, content_type="application/json")
+    endpoint_id, secret = created.json()["id"], created.json()["secret"]
+    path = f"/api/v2/webhooks/endpoints/{endpoint_id}"
+    client.patch(path, {"description": "orders"}, content_type="application/json")
+    client.patch(path, {"state": "paused"}, content_type="application/json")
+    client.patch(path, {"state": "paused"}, content_type="application/json")  # no change
+    rotated = client.post(f"{path}/rotateSecret").json()["secret"]
+    webhook_delivery.resume(endpoint_ids=[endpoint_id])  # code without an actor: "system"
+    registration.register_payload(payload=payload(outlets=[asset_outlet(AssetFactory())]))
+    assert webhook_delivery.replay(delivery_ids=[WebhookDelivery.objects.get().pk]) == 1
+    assert client.delete(path).status_code == 204
+    entries = list(
+        AuditEntry.objects.exclude(action="api_token.create")
+        .order_by("id")
+        .values_list("action", "actor_name")
+    )
+    assert entries == [
+        ("webhook_endpoint.create", "hooks"),
+        ("webhook_endpoint.change", "hooks"),  # the description; a state-only PATCH: none
+        ("webhook_endpoint.paused", "hooks"),  # once: the second pause changed nothing
+        ("webhook_endpoint.rotate_secret", "hooks"),
+        ("webhook_endpoint.active", "system"),
+        ("webhook.replay", "system"),
+        ("webhook_endpoint.delete", "hooks"),
+    ]
+    trail = json.dumps(
+        list(AuditEntry.objects.values("summary", "detail")), default=str
+    ) + json.dumps(list(AuditTarget.objects.values("object_id")), default=str)
+    assert "127.0.0.1" in trail
+    for leaked in ("T0KEN-IN-PATH", "s3cr3t", secret, rotated):
+        assert leaked not in trail
+
+
+def test_the_410_disable_is_audited_as_the_system(local):
+    with Receiver(plan=always(410)) as receiver:
+        saved = endpoint(receiver.url)
+        registration.register_payload(payload=payload(outlets=[asset_outlet(AssetFactory())]))
+        webhook_delivery.deliver(time_budget=2, stop_when_idle=True)
+    entry = AuditEntry.objects.get(action="webhook_endpoint.disabled")
+    assert entry.actor_name == "system" and "410" in entry.summary
+    assert list(entry.targets.values_list("object_id", flat=True)) == [str(saved.endpoint.pk)]

@@ -9,7 +9,7 @@ the SSRF guard."""
 from django import forms
 from django.contrib import admin, messages
 
-from .. import egress, webhook_delivery, webhooks
+from .. import egress, exceptions, freshness, webhook_delivery, webhooks
 from ..models import (
     FreshnessPolicy,
     WebhookAttempt,
@@ -18,7 +18,7 @@ from ..models import (
     WebhookEventType,
     WebhookSubscription,
 )
-from .base import LinkTableAdmin, ReadOnlyAdmin
+from .base import LinkTableAdmin, ReadOnlyAdmin, actor_of
 
 
 class EndpointForm(forms.ModelForm):
@@ -91,6 +91,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
                 description=data["description"],
                 subscriptions=data["subscriptions_text"],
                 max_in_flight=data["max_in_flight"],
+                actor=actor_of(request),
             )
             return
         saved = webhooks.create_endpoint(
@@ -98,6 +99,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
             subscriptions=data["subscriptions_text"],
             description=data["description"],
             max_in_flight=data["max_in_flight"],
+            actor=actor_of(request),
         )
         obj.pk = saved.endpoint.pk
         messages.warning(request, f"Signing secret (shown once, copy it now): {saved.secret}")
@@ -107,18 +109,22 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
     @admin.action(description="Pause the selected endpoints")
     def pause(self, request, queryset):
-        n = webhook_delivery.pause(endpoint_ids=queryset.values_list("id", flat=True))
+        n = webhook_delivery.pause(
+            endpoint_ids=queryset.values_list("id", flat=True), actor=actor_of(request)
+        )
         messages.success(request, f"Paused {n} endpoint(s); their messages wait.")
 
     @admin.action(description="Resume the selected endpoints (paused or disabled)")
     def resume(self, request, queryset):
-        n = webhook_delivery.resume(endpoint_ids=queryset.values_list("id", flat=True))
+        n = webhook_delivery.resume(
+            endpoint_ids=queryset.values_list("id", flat=True), actor=actor_of(request)
+        )
         messages.success(request, f"Resumed {n} endpoint(s).")
 
     @admin.action(description="Rotate the signing secret (the old one signs too for a day)")
     def rotate_secret(self, request, queryset):
         for endpoint_id in queryset.values_list("id", flat=True):
-            saved = webhooks.rotate_secret(endpoint_id=endpoint_id)
+            saved = webhooks.rotate_secret(endpoint_id=endpoint_id, actor=actor_of(request))
             messages.warning(
                 request, f"New secret of endpoint {endpoint_id} (shown once): {saved.secret}"
             )
@@ -171,7 +177,9 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Replay the selected messages (same webhook-id)")
     def replay(self, request, queryset):
-        n = webhook_delivery.replay(delivery_ids=queryset.values_list("id", flat=True))
+        n = webhook_delivery.replay(
+            delivery_ids=queryset.values_list("id", flat=True), actor=actor_of(request)
+        )
         messages.success(request, f"{n} message(s) will be sent again.")
 
 
@@ -189,6 +197,33 @@ class FreshnessPolicyAdmin(admin.ModelAdmin):
     search_fields = ("asset__name",)
     raw_id_fields = ("asset",)
     readonly_fields = ("state", "state_since", "due_at", "last_evaluated_at", "created_at")
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # Saving is `freshness`' durable transaction, not the admin's atomic().
+        return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
+
+    def save_model(self, request, obj, form, change):
+        """Through `freshness.set_policy`: its checks, a state that starts over, the audit."""
+        try:
+            saved = freshness.set_policy(
+                asset=obj.asset,
+                kind=obj.kind,
+                interval_seconds=obj.interval_seconds,
+                cron=obj.cron,
+                tz=obj.timezone,
+                actor=actor_of(request),
+            )
+        except exceptions.InvalidInput as exc:
+            messages.error(request, f"Not saved: {exc}")
+            return
+        obj.pk = saved.pk
+
+    def delete_model(self, request, obj):
+        freshness.delete_policy(policy_id=obj.pk, actor=actor_of(request))
+
+    def delete_queryset(self, request, queryset):
+        for policy_id in queryset.values_list("id", flat=True):
+            freshness.delete_policy(policy_id=policy_id, actor=actor_of(request))
 
 
 @admin.register(WebhookSubscription)

@@ -16,6 +16,7 @@ from assets_app.models import (
     WebhookEndpoint,
 )
 
+from .public import actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
 from .public_schemas import responses
@@ -146,6 +147,7 @@ def post_endpoint(request: HttpRequest, body: EndpointBody):
         description=body.description,
         max_in_flight=body.max_in_flight,
         secret=body.secret,
+        actor=actor_of(request),
     )
     endpoint = webhooks.get_endpoint(endpoint_id=saved.endpoint.pk)
     return Status(201, EndpointResponse.of(endpoint, secret=saved.secret))
@@ -166,9 +168,14 @@ def patch_endpoint(request: HttpRequest, endpoint_id: int, body: EndpointPatchBo
         description=body.description,
         subscriptions=_specs(body.subscriptions) if body.subscriptions is not None else None,
         max_in_flight=body.max_in_flight,
+        actor=actor_of(request),
     )
     if body.state is not None:
-        webhooks.set_state(endpoint_ids=[endpoint.pk], state=body.state)  # type: ignore[arg-type]
+        webhooks.set_state(
+            endpoint_ids=[endpoint.pk],
+            state=body.state,  # type: ignore[arg-type]
+            actor=actor_of(request),
+        )
         endpoint = webhooks.get_endpoint(endpoint_id=endpoint.pk)
     return EndpointResponse.of(endpoint)
 
@@ -176,7 +183,7 @@ def patch_endpoint(request: HttpRequest, endpoint_id: int, body: EndpointPatchBo
 @router.delete("/webhooks/endpoints/{endpoint_id}", response=responses(None, 404, status=204))
 @needs("delete", WebhookEndpoint)
 def delete_endpoint(request: HttpRequest, endpoint_id: int):
-    webhooks.delete_endpoint(endpoint_id=endpoint_id)
+    webhooks.delete_endpoint(endpoint_id=endpoint_id, actor=actor_of(request))
     return Status(204, None)
 
 
@@ -185,7 +192,7 @@ def delete_endpoint(request: HttpRequest, endpoint_id: int):
 )
 @needs("change", WebhookEndpoint)
 def rotate_secret(request: HttpRequest, endpoint_id: int):
-    saved = webhooks.rotate_secret(endpoint_id=endpoint_id)
+    saved = webhooks.rotate_secret(endpoint_id=endpoint_id, actor=actor_of(request))
     endpoint = webhooks.get_endpoint(endpoint_id=endpoint_id)
     return EndpointResponse.of(endpoint, secret=saved.secret)
 
@@ -245,5 +252,6 @@ def put_freshness(request: HttpRequest, asset_id: int, body: FreshnessBody):
         interval_seconds=body.interval_seconds,
         cron=body.cron,
         tz=body.timezone,
+        actor=actor_of(request),
     )
     return _freshness(policy)

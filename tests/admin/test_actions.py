@@ -353,3 +353,26 @@ def test_dashboard_shows_the_newest_errors_and_warns_when_the_drain_failed_rows(
     assert "RegistrationError: asset name=&#x27;a&#x27; conflicts" in errors
     assert "Traceback" not in errors
     assert 'id="drain-warning" title="its last run failed 2 row(s), parked 1">warning<' in page
+
+
+def test_a_freshness_policy_saved_in_the_admin_goes_through_its_checks_and_is_audited(
+    staff_client,
+):
+    """Issue 29: the admin saves a policy through `freshness.set_policy` (its checks, the state
+    starting over, the audit), and deletes it through `freshness.delete_policy`."""
+    from assets_app.models import AuditEntry, FreshnessPolicy
+
+    asset = AssetFactory(name="orders")
+    add = reverse("admin:assets_app_freshnesspolicy_add")
+    form = {"asset": asset.pk, "kind": "cron_deadline", "cron": "not a cron", "timezone": "UTC"}
+    staff_client.post(add, form, follow=True)
+    assert not FreshnessPolicy.objects.exists() and not AuditEntry.objects.exists()
+    staff_client.post(add, {**form, "cron": "0 9 * * 1-5"}, follow=True)
+    policy = FreshnessPolicy.objects.get()
+    assert (policy.cron, policy.state) == ("0 9 * * 1-5", "unknown")
+    entry = AuditEntry.objects.get(action="freshness_policy.set")
+    assert entry.actor_name == "operator" and "orders" in entry.summary
+    delete = reverse("admin:assets_app_freshnesspolicy_delete", args=[policy.pk])
+    staff_client.post(delete, {"post": "yes"}, follow=True)
+    assert not FreshnessPolicy.objects.exists()
+    assert AuditEntry.objects.filter(action="freshness_policy.delete").count() == 1

@@ -30,8 +30,8 @@ from .conftest import figure, wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 MESSAGES = 20
-KILLS = 3
-FAILING_REQUESTS = 50
+KILLS = 5
+FAILING_REQUESTS = 70
 BASE, CAP, TIMEOUT = 0.4, 2.0, 1.0
 CLUSTER_ENV = {
     "Q_CLUSTER_WORKERS": "2",

@@ -14,9 +14,10 @@ still needed (`docs/retention.md` says who may delete what):
 - runs, task instances and events a kept audit entry points at (`AuditTarget`: kind "dag_run" /
   "asset_event" by id, any kind by `ti_id`).
 
-A run is deleted with its task instances, their rendered fields and reschedules, its
-consumed-event links and its XComs; an event with its alias links; an audit entry with its
-targets. Deletes are single statements by key list (`sql.retention.delete_rows`), children first.
+A run is deleted with its task instances, their rendered fields, reschedules and shipped log
+chunks, its consumed-event links and its XComs; an event with its alias links; an audit entry
+with its targets. Deletes are single statements by key list (`sql.retention.delete_rows`),
+children first.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from .models import (
     DagRunState,
     RenderedTaskFields,
     TaskInstance,
+    TaskLogChunk,
     TaskReschedule,
     XCom,
 )
@@ -77,6 +79,7 @@ DELETED_MODELS = (
     TaskInstance,
     RenderedTaskFields,
     TaskReschedule,
+    TaskLogChunk,
     DagRunAssetEvent,
     XCom,
     AssetEvent,
@@ -394,6 +397,7 @@ class _Clean:
         return [
             ("rendered_task_fields", RenderedTaskFields.objects.filter(ti_id__in=ti_ids)),
             ("task_reschedule", TaskReschedule.objects.filter(ti_id__in=ti_ids)),
+            ("task_log_chunk", TaskLogChunk.objects.filter(ti_id__in=ti_ids)),
             ("task_instance", TaskInstance.objects.filter(id__in=ti_ids)),
             ("dagrun_asset_event", DagRunAssetEvent.objects.filter(dag_run_id__in=runs)),
             ("xcom", xcoms),

@@ -25,6 +25,7 @@ from assets_app.models import (
     DagRunState,
     RenderedTaskFields,
     TaskInstance,
+    TaskLogChunk,
     TaskReschedule,
     TIState,
     XCom,
@@ -107,6 +108,7 @@ def test_a_clean_deletes_old_history_with_its_dependent_rows_and_keeps_the_last_
         "task_instance": 2,
         "rendered_task_fields": 1,
         "task_reschedule": 1,
+        "task_log_chunk": 0,
         "dagrun_asset_event": 1,
         "xcom": 2,  # the deleted run's; the kept last run keeps its XComs
         "asset_event": 1,
@@ -360,3 +362,17 @@ def test_periodic_clean_is_off_by_default_and_waits_for_its_interval(settings):
     old_run(dag)
     assert retention.periodic_clean() is None  # within RETENTION_INTERVAL_MINUTES
     assert DagRun.objects.count() == 2
+
+
+def test_a_deleted_runs_task_logs_go_with_it():
+    """Issue 27's shipped logs fall under retention: a run's TIs are deleted with their log
+    chunks (without them PostgreSQL's deferred foreign key refused the batch at its commit)."""
+    dag = DagFactory()
+    run, (ti,) = old_run(dag)
+    kept, (kept_ti,) = old_run(dag)
+    for owner in (ti, kept_ti):
+        TaskLogChunk.objects.create(ti=owner, try_number=1, offset=0, size=4, content="log\n")
+    result = retention.clean()
+    assert result.counts["task_log_chunk"] == 1
+    assert not exists(DagRun, run.pk) and exists(DagRun, kept.pk)
+    assert list(TaskLogChunk.objects.values_list("ti_id", flat=True)) == [kept_ti.id]

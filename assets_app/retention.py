@@ -52,10 +52,13 @@ from .models import (
     DagRun,
     DagRunAssetEvent,
     DagRunState,
+    DeliveryState,
     RenderedTaskFields,
     TaskInstance,
     TaskLogChunk,
     TaskReschedule,
+    WebhookAttempt,
+    WebhookDelivery,
     XCom,
 )
 from .models.runs import TI_UNFINISHED_STATES
@@ -66,7 +69,7 @@ logger = logging.getLogger(__name__)
 COMPONENT = "retention"
 # What `--tables` names, in the order a clean goes through them (runs before events: an event
 # consumed only by deleted runs is deletable in the same clean).
-TABLES = ("dag_run", "xcom", "asset_event", "audit_entry")
+TABLES = ("dag_run", "xcom", "asset_event", "audit_entry", "webhook_delivery")
 FINISHED_RUN_STATES = (DagRunState.SUCCESS, DagRunState.FAILED)
 # A run is deleted with its task instances, links and XComs (five or more rows): a run batch
 # holds batch_size / RUN_BATCH_DIVISOR runs, so that its transaction is as short as the others
@@ -86,7 +89,12 @@ DELETED_MODELS = (
     AssetAliasEvent,
     AuditEntry,
     AuditTarget,
+    WebhookAttempt,
+    WebhookDelivery,
 )
+# Webhook messages whose delivery is over (delivered, or failed after its retries): a pending
+# one is never deleted, however old.
+FINISHED_DELIVERY_STATES = (DeliveryState.DELIVERED, DeliveryState.FAILED)
 
 
 class RetentionError(Exception):
@@ -102,6 +110,7 @@ class Policy:
     xcom_days: float
     event_days: float
     audit_days: float
+    webhook_days: float = 30.0
 
     @classmethod
     def from_settings(cls) -> Policy:
@@ -111,12 +120,13 @@ class Policy:
             xcom_days=float(settings.RETENTION_XCOM_DAYS),
             event_days=float(settings.RETENTION_EVENT_DAYS),
             audit_days=float(settings.RETENTION_AUDIT_DAYS),
+            webhook_days=float(settings.RETENTION_WEBHOOK_DAYS),
         )
         policy.check()
         return policy
 
     def check(self) -> None:
-        for name in ("run_days", "xcom_days", "event_days", "audit_days"):
+        for name in ("run_days", "xcom_days", "event_days", "audit_days", "webhook_days"):
             if not getattr(self, name) > 0:
                 raise RetentionError(
                     f"RETENTION_{name.upper()} must be above 0 (got {getattr(self, name)})"
@@ -137,6 +147,7 @@ class Policy:
             "xcom": now - timedelta(days=self.xcom_days),
             "asset_event": now - timedelta(days=self.event_days),
             "audit_entry": now - timedelta(days=self.audit_days),
+            "webhook_delivery": now - timedelta(days=self.webhook_days),
         }
 
 
@@ -478,6 +489,20 @@ class _Clean:
             lambda ids: [
                 ("audit_target", AuditTarget.objects.filter(entry_id__in=ids)),
                 ("audit_entry", AuditEntry.objects.filter(id__in=ids)),
+            ],
+        )
+
+    def _clean_webhook_delivery(self) -> None:
+        self._clean_by_age(
+            "webhook_delivery",
+            WebhookDelivery.objects.filter(
+                created_at__lt=self.cutoffs["webhook_delivery"],
+                state__in=FINISHED_DELIVERY_STATES,
+            ),
+            "created_at",
+            lambda ids: [
+                ("webhook_attempt", WebhookAttempt.objects.filter(delivery_id__in=ids)),
+                ("webhook_delivery", WebhookDelivery.objects.filter(id__in=ids)),
             ],
         )
 

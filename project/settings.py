@@ -221,6 +221,8 @@ RETENTION_KEEP_LAST_RUNS = env.int("RETENTION_KEEP_LAST_RUNS", default=10)
 RETENTION_XCOM_DAYS = env.float("RETENTION_XCOM_DAYS", default=30.0)
 RETENTION_EVENT_DAYS = env.float("RETENTION_EVENT_DAYS", default=90.0)
 RETENTION_AUDIT_DAYS = env.float("RETENTION_AUDIT_DAYS", default=365.0)
+# Webhook messages delivered or failed (never a pending one), with their attempts.
+RETENTION_WEBHOOK_DAYS = env.float("RETENTION_WEBHOOK_DAYS", default=30.0)
 RETENTION_BATCH_SIZE = env.int("RETENTION_BATCH_SIZE", default=500)
 RETENTION_EXPORT_DIR = env.str("RETENTION_EXPORT_DIR", default="")
 RETENTION_PERIODIC = env.bool("RETENTION_PERIODIC", default=False)

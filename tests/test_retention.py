@@ -28,6 +28,9 @@ from assets_app.models import (
     TaskLogChunk,
     TaskReschedule,
     TIState,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
     XCom,
 )
 from tests.factories import (
@@ -376,3 +379,34 @@ def test_a_deleted_runs_task_logs_go_with_it():
     assert result.counts["task_log_chunk"] == 1
     assert not exists(DagRun, run.pk) and exists(DagRun, kept.pk)
     assert list(TaskLogChunk.objects.values_list("ti_id", flat=True)) == [kept_ti.id]
+
+
+def test_finished_webhook_messages_go_after_their_days_and_pending_ones_never(settings):
+    """Issue 29's messages under retention: delivered and failed ones older than
+    RETENTION_WEBHOOK_DAYS go with their attempts; a pending one stays whatever its age."""
+    endpoint = WebhookEndpoint.objects.create(url="https://hooks.example.com/x", secret="s")
+
+    def message(name, state, age):
+        delivery = WebhookDelivery.objects.create(
+            message_id=name, endpoint=endpoint, event_type="asset.late", body="{}", state=state
+        )
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(created_at=ago(age))
+        WebhookAttempt.objects.create(delivery=delivery, status_code=500)
+        return delivery
+
+    message("old_delivered", "delivered", timedelta(days=31))
+    message("old_failed", "failed", timedelta(days=40))
+    message("old_pending", "pending", timedelta(days=400))
+    message("young_delivered", "delivered", timedelta(days=29))
+    dry = retention.clean(tables=["webhook_delivery"], dry_run=True)
+    assert dry.counts == {"webhook_attempt": 2, "webhook_delivery": 2}
+    result = retention.clean(tables=["webhook_delivery"])
+    assert result.counts == dry.counts
+    assert sorted(WebhookDelivery.objects.values_list("message_id", flat=True)) == [
+        "old_pending",
+        "young_delivered",
+    ]
+    assert WebhookAttempt.objects.count() == 2
+    settings.RETENTION_WEBHOOK_DAYS = 0
+    with pytest.raises(retention.RetentionError, match="RETENTION_WEBHOOK_DAYS"):
+        retention.clean(tables=["webhook_delivery"])

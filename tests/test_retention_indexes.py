@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from assets_app import retention
-from assets_app.models import AssetEvent, AuditEntry, DagRun, XCom
+from assets_app.models import AssetEvent, AuditEntry, DagRun, WebhookDelivery, XCom
 
 pytestmark = pytest.mark.django_db
 
@@ -48,6 +48,7 @@ def test_every_foreign_key_into_a_table_retention_deletes_is_indexed():
         (AssetEvent, ("timestamp",)),
         (AuditEntry, ("at",)),
         (XCom, ("timestamp",)),
+        (WebhookDelivery, ("created_at",)),
         (DagRun, ("dag_id", "id")),
     ],
 )

@@ -327,7 +327,7 @@ class DagAdmin(admin.ModelAdmin):
         if getattr(obj, "import_error_id", None) is not None:
             return format_html(
                 '<a class="aes-badge aes-badge-bad" href="{}" title="its file did not import at '
-                'the last sync; the Dag runs as it was last synced">file did not import</a>',
+                'the last sync; the Dag runs as it was last synced">import error</a>',
                 reverse("admin:assets_app_dagimporterror_change", args=[obj.import_error_id]),
             )
         if not obj.schedule_error:

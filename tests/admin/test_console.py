@@ -368,7 +368,7 @@ def test_a_dag_whose_file_did_not_import_links_to_its_import_error(staff_client)
     DagFactory(dag_id="fine_etl", fileloc="etl/fine.py")
     listing = staff_client.get(reverse("admin:assets_app_dag_changelist")).content.decode()
     link = reverse("admin:assets_app_dagimporterror_change", args=[error.pk])
-    assert listing.count(link) == 1 and ">file did not import<" in listing
+    assert listing.count(link) == 1 and ">import error<" in listing
     page = staff_client.get(link).content.decode()
     assert "No module named &#x27;pandas_x&#x27;" in page and "etl/broken.py" in page
     errors = staff_client.get(reverse("admin:assets_app_dagimporterror_changelist"))

@@ -26,7 +26,9 @@ from assets_app.variables import save_connection
 from tests.compat.airflow_worker_env import validate_with_sdk
 from tests.factories import DagFactory, DagRunFactory, TaskInstanceFactory
 
-pytestmark = pytest.mark.django_db
+# One xdist worker runs the whole module, in order: the last test validates the answers the
+# others collected in this process (spread over two workers, it saw only some of them).
+pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("execution_runtime")]
 
 # (SDK model name, body) of every answer below; the last test validates them all at once.
 ANSWERS: list[tuple[str, object]] = []

@@ -28,12 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
+from typing import Any
 from urllib.parse import urlsplit
 
 import urllib3
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from . import audit, egress, locks, webhooks
@@ -271,22 +272,41 @@ def deliver(*, time_budget: float | None = None, stop_when_idle: bool = False) -
 # --- operators (admin actions) -----------------------------------------------------------------
 
 
-def replay(*, delivery_ids: Iterable[int], actor: audit.Actor | None = None) -> int:
-    """Send these messages again (delivered or failed ones too), soon, with their same
-    `webhook-id`; returns how many. One UPDATE and its audit entry (`webhook.replay`)."""
-    ids = sorted(delivery_ids)
+def _replay(
+    messages: QuerySet[WebhookDelivery],
+    *,
+    actor: audit.Actor | None,
+    summary: str,
+    targets: list[audit.Target],
+    detail: dict[str, Any] | None = None,
+) -> int:
+    """Make `messages` due again now, keeping their `webhook-id`: one UPDATE and, when any
+    changed, its audit entry (`webhook.replay`, `summary` after the count), in one transaction."""
     with transaction.atomic(durable=True):
-        n = WebhookDelivery.objects.filter(id__in=ids).update(
+        n = messages.update(
             state=DeliveryState.PENDING, next_attempt_at=timezone.now(), claimed_until=None
         )
         if n:
             audit.record(
                 actor=actor,
                 action="webhook.replay",
-                summary=f"replayed {n} webhook messages",
-                targets=[audit.Target(kind="webhook_message", object_id=i) for i in ids],
+                summary=f"replayed {n} webhook messages{summary}",
+                targets=targets,
+                detail=detail,
             )
     return n
+
+
+def replay(*, delivery_ids: Iterable[int], actor: audit.Actor | None = None) -> int:
+    """Send these messages again (delivered or failed ones too), soon, with their same
+    `webhook-id`; returns how many."""
+    ids = sorted(delivery_ids)
+    return _replay(
+        WebhookDelivery.objects.filter(id__in=ids),
+        actor=actor,
+        summary="",
+        targets=[audit.Target(kind="webhook_message", object_id=i) for i in ids],
+    )
 
 
 def replay_range(
@@ -297,25 +317,19 @@ def replay_range(
     actor: audit.Actor | None = None,
 ) -> int:
     """Send again every message written in [since, until) (to one endpoint, or all); returns
-    how many. One UPDATE and its audit entry (`webhook.replay`, the range in its detail)."""
+    how many (the range in the audit entry's detail)."""
     messages = WebhookDelivery.objects.filter(created_at__gte=since, created_at__lt=until)
     if endpoint_id is not None:
         messages = messages.filter(endpoint_id=endpoint_id)
-    with transaction.atomic(durable=True):
-        n = messages.update(
-            state=DeliveryState.PENDING, next_attempt_at=timezone.now(), claimed_until=None
-        )
-        if n:
-            audit.record(
-                actor=actor,
-                action="webhook.replay",
-                summary=f"replayed {n} webhook messages written in [{since}, {until})",
-                targets=[]
-                if endpoint_id is None
-                else [audit.Target(kind="webhook_endpoint", object_id=endpoint_id)],
-                detail={"since": since.isoformat(), "until": until.isoformat()},
-            )
-    return n
+    return _replay(
+        messages,
+        actor=actor,
+        summary=f" written in [{since}, {until})",
+        targets=[]
+        if endpoint_id is None
+        else [audit.Target(kind="webhook_endpoint", object_id=endpoint_id)],
+        detail={"since": since.isoformat(), "until": until.isoformat()},
+    )
 
 
 def pause(*, endpoint_ids: Iterable[int], actor: audit.Actor | None = None) -> int:

@@ -61,6 +61,10 @@ class Dag(models.Model):
         db_default=XComReadScope.RUN,
         default=XComReadScope.RUN,
     )
+    # How many queued events one asset-triggered run consumes at most (issue 28): null is
+    # `batch` (every event queued when the condition is met, Airflow's behaviour), 1 is
+    # `per_event` (one run per event, in event order), N is `max_events: N`.
+    max_events_per_run = models.PositiveIntegerField(null=True, blank=True)
     # The next run the timetable gives (Airflow's DagModel fields): its logical date, data
     # interval and the time it may be created from. Null when there is none (no timetable,
     # the end date passed). The scheduler reads only the Dags due by `next_dagrun_create_after`.
@@ -84,6 +88,11 @@ class Dag(models.Model):
             models.CheckConstraint(
                 condition=models.Q(xcom_read_scope__in=XComReadScope.values),
                 name="dag_xcom_read_scope_valid",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_events_per_run__isnull=True)
+                | models.Q(max_events_per_run__gte=1),
+                name="dag_max_events_per_run_positive",
             ),
         ]
         indexes = [

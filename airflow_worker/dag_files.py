@@ -22,6 +22,11 @@ A file that does not import, or holds a Dag left out, is an import error (Airflo
 A Dag opts its task tokens into wider XCom reads (issue 26, the definition's `xcom_read_scope`)
 with a tag: `tags=["xcom_read_scope:dag"]` (any run of this Dag) or `"xcom_read_scope:all"`
 (any Dag's); without one they read their own run's XComs only.
+
+How many queued events one asset-triggered run consumes (issue 28, the definition's
+`consumption`) is a tag too: `tags=["consumption:per_event"]` (one run per event, in event
+order), `"consumption:max_events=50"` (runs of at most 50 events) or `"consumption:batch"`
+(every queued event, Airflow's behaviour and the default).
 """
 
 import datetime
@@ -43,6 +48,8 @@ TASK_DEFAULTS: dict[str, Any] = {
 
 # `tags=["xcom_read_scope:dag"]`: the Dag's `xcom_read_scope` (run | dag | all).
 XCOM_READ_SCOPE_TAG = "xcom_read_scope:"
+# `tags=["consumption:per_event"]`, `"consumption:max_events=50"`: the Dag's `consumption`.
+CONSUMPTION_TAG = "consumption:"
 
 
 class DagFileError(ValueError):
@@ -269,12 +276,34 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         raise DagFileError(f"{where}: Dag {dag.dag_id!r} has more than one xcom_read_scope tag")
     if scopes:
         definition["xcom_read_scope"] = scopes[0]
+    consumption = _consumption(dag, where=where)
+    if consumption is not None:
+        definition["consumption"] = consumption
     if timetable is not None:
         definition["timetable"] = timetable
         definition.update(_time_fields(dag))
     if with_assets:
         definition["schedule_mode"] = "asset_or_time"
     return definition
+
+
+def _consumption(dag: Any, *, where: str) -> str | dict[str, int] | None:
+    """The definition's `consumption` from the Dag's `consumption:` tag (None: none)."""
+    tags = sorted(t[len(CONSUMPTION_TAG) :] for t in dag.tags if t.startswith(CONSUMPTION_TAG))
+    if not tags:
+        return None
+    if len(tags) > 1:
+        raise DagFileError(f"{where}: Dag {dag.dag_id!r} has more than one consumption tag")
+    (tag,) = tags
+    if tag in ("batch", "per_event"):
+        return tag
+    key, _, number = tag.partition("=")
+    if key == "max_events" and number.isdigit() and int(number) >= 1:
+        return {"max_events": int(number)}
+    raise DagFileError(
+        f"{where}: Dag {dag.dag_id!r} has the tag {CONSUMPTION_TAG + tag!r}: expected "
+        "consumption:batch, consumption:per_event or consumption:max_events=N (N >= 1)"
+    )
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,25 @@ def referenced_aliases(condition: Condition) -> list[str]:
     return list(dict.fromkeys(c.name for c in _walk(condition) if isinstance(c, AliasRef)))
 
 
+def met_by_any_one_event(condition: Condition) -> bool:
+    """Does one event of any asset the condition names (directly or through an alias) meet it
+    alone? True for an asset, an alias and `any` of such; false for an `all` of two different
+    members. A Dag that consumes a bounded number of events per run (`per_event`,
+    `max_events`) needs it: with `all` of two assets an event alone could never be consumed."""
+    # Stands for "an asset the alias resolves to"; asset names are never empty.
+    linked = ""
+    for leaf in _walk(condition):
+        if isinstance(leaf, AssetRef):
+            met = evaluate(condition, present={leaf.name})
+        elif isinstance(leaf, AliasRef):
+            met = evaluate(condition, present={linked}, alias_assets={leaf.name: {linked}})
+        else:
+            continue
+        if not met:
+            return False
+    return True
+
+
 def evaluate(
     condition: Condition,
     *,

@@ -390,6 +390,51 @@ class Task(_Object):
 XComReadScope = Literal["run", "dag", "all"]
 
 
+class MaxEvents(_Object):
+    """Runs of at most `max_events` queued events each (issue 28)."""
+
+    what: ClassVar[str] = "a consumption"
+    max_events: int = Field(ge=1, le=limits.MAX_EVENTS_PER_RUN)
+
+
+CONSUMPTION_SHAPES = """'batch', 'per_event' or {"max_events": N}"""
+
+
+def _consumption_word(value: Any) -> Any:
+    if value not in ("batch", "per_event"):
+        raise PydanticCustomError(
+            "consumption_word",
+            "consumption must be {shapes}, got {got}",
+            {"shapes": CONSUMPTION_SHAPES, "got": json.dumps(value)[:80]},
+        )
+    return value
+
+
+def _consumption_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "~mode"
+    return "~max_events" if isinstance(value, dict | MaxEvents) else None
+
+
+Consumption = Annotated[
+    Annotated[Literal["batch", "per_event"], BeforeValidator(_consumption_word), Tag("~mode")]
+    | Annotated[MaxEvents, Tag("~max_events")],
+    Discriminator(
+        _consumption_kind,
+        custom_error_type="consumption_type",
+        custom_error_message=f"consumption must be {CONSUMPTION_SHAPES}",
+    ),
+    Field(
+        description="How many queued events one asset-triggered run consumes: `batch` (every "
+        "event queued when the condition is met, Airflow's behaviour, the default), "
+        "`per_event` (one run per event, in event order, each consuming exactly that event, "
+        'as many at once as max_active_runs allows), or {"max_events": N} (runs of at most N '
+        "events, oldest first). The bounded ones need a schedule that one event meets alone "
+        "(an asset, an alias or `any` of them)."
+    ),
+]
+
+
 class Dag(_Object):
     """A Dag: its schedule (the assets it waits for), its timetable, or both (`schedule_mode`),
     and its tasks."""
@@ -421,6 +466,8 @@ class Dag(_Object):
             "token's own task only."
         ),
     )
+
+    consumption: Consumption = "batch"
 
     @model_validator(mode="after")
     def _time_schedule(self) -> Dag:

@@ -136,6 +136,9 @@ class DagDefinition:
     # With both a schedule and a timetable: asset_or_time (Airflow's) or asset_and_time.
     schedule_mode: str = ScheduleMode.ASSET_OR_TIME
     xcom_read_scope: str = "run"
+    # Events one asset-triggered run consumes at most (issue 28): None is `batch`, 1
+    # `per_event`, N `{"max_events": N}`.
+    max_events_per_run: int | None = None
     # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
     # path of the object in the file ("" or "[i]").
     file: str = field(default="", compare=False)
@@ -217,6 +220,7 @@ def parse_document(raw: Any, *, file: str, fileloc: str = "") -> list[DagDefinit
     ]
     for dag in dags:
         _check_tasks(dag)
+        _check_consumption(dag)
     return dags
 
 
@@ -259,11 +263,18 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         description=model.description,
         tasks=tasks,
         xcom_read_scope=model.xcom_read_scope,
+        max_events_per_run=_max_events_per_run(model.consumption),
         **_time_schedule(model),
         file=file,
         fileloc=fileloc,
         path=path,
     )
+
+
+def _max_events_per_run(consumption: str | dag_schema.MaxEvents) -> int | None:
+    if isinstance(consumption, dag_schema.MaxEvents):
+        return consumption.max_events
+    return 1 if consumption == "per_event" else None
 
 
 def _time_schedule(model: dag_schema.Dag) -> dict[str, Any]:
@@ -285,6 +296,31 @@ def _time_schedule(model: dag_schema.Dag) -> dict[str, Any]:
         "catchup": model.catchup,
         "schedule_mode": model.schedule_mode,
     }
+
+
+def _check_consumption(dag: DagDefinition) -> None:
+    """A bounded consumption (`per_event`, `max_events`) needs events that asset-triggered runs
+    consume, one of which meets the schedule alone (`conditions.met_by_any_one_event`): with
+    `all` of two assets a run of one event could never be met, and the events would wait."""
+    if dag.max_events_per_run is None:
+        return
+    shown = "per_event" if dag.max_events_per_run == 1 else "max_events"
+    if dag.schedule is None:
+        problem = "needs a schedule (the assets whose events its runs consume)"
+    elif dag.timetable is not None and dag.schedule_mode == ScheduleMode.ASSET_AND_TIME:
+        problem = "cannot be used with schedule_mode 'asset_and_time' (a tick consumes them all)"
+    elif not conditions.met_by_any_one_event(dag.schedule):
+        problem = (
+            "needs a schedule that one event meets alone (an asset, an alias, or `any` of "
+            "them): under `all` of different assets a run of one event could never be met"
+        )
+    else:
+        return
+    raise DefinitionError(
+        dag.file,
+        join(dag.path, "consumption"),
+        f"consumption {shown!r} {problem} (dag {dag.dag_id!r})",
+    )
 
 
 def _check_tasks(dag: DagDefinition) -> None:
@@ -836,6 +872,7 @@ class _Sync:
                 ),
                 "fileloc": definition.fileloc,
                 "xcom_read_scope": definition.xcom_read_scope,
+                "max_events_per_run": definition.max_events_per_run,
                 **{name: getattr(definition, name) for name in TIME_FIELDS},
             }
             dag = stored.get(definition.dag_id)

@@ -58,6 +58,9 @@ MIN_WIDE_BODY_BYTES = 4 * MAX_JSON_KEYS
 MAX_CONDITION_DEPTH = 32
 MAX_DOCUMENT_DEPTH = 512
 MAX_DISPLAY_DEPTH = 128
+# A Dag's `max_events` (issue 28): above it, runs are as good as `batch` (a pass locks every
+# queued row of the Dag anyway) and the column stays far inside its integer type.
+MAX_EVENTS_PER_RUN = 1_000_000
 
 _STRUCTURAL = re.compile(r'["{}\[\],]')
 

@@ -166,6 +166,7 @@ class ClaimedDag(NamedTuple):
     max_active_runs: int
     schedule_error: str  # the error recorded by an earlier pass ("" when none)
     at_ticks: bool  # an asset-and-time Dag: its events are consumed by its ticks (time_scheduling)
+    max_events_per_run: int | None  # None: batch; else at most this many events per run
 
 
 def claim_dags_for_scheduling(dag_ids: Sequence[str]) -> dict[str, ClaimedDag]:
@@ -178,13 +179,19 @@ def claim_dags_for_scheduling(dag_ids: Sequence[str]) -> dict[str, ClaimedDag]:
         output_field=BooleanField(),
     )
     return {
-        dag_id: ClaimedDag(is_paused, schedule, max_active_runs, schedule_error, ticks)
-        for dag_id, is_paused, schedule, max_active_runs, schedule_error, ticks in (
+        dag_id: ClaimedDag(*fields)
+        for dag_id, *fields in (
             _dag_claim_queryset(dag_ids)
             .annotate(at_ticks=at_ticks)
             .order_by("dag_id")
             .values_list(
-                "dag_id", "is_paused", "schedule", "max_active_runs", "schedule_error", "at_ticks"
+                "dag_id",
+                "is_paused",
+                "schedule",
+                "max_active_runs",
+                "schedule_error",
+                "at_ticks",
+                "max_events_per_run",
             )
         )
     }

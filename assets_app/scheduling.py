@@ -28,6 +28,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -39,6 +40,7 @@ from . import conditions, heartbeats, limits, locks, metrics, runs
 from .models import (
     AssetAliasAsset,
     AssetDagRunQueue,
+    AssetEvent,
     Dag,
     DagRun,
     DagRunState,
@@ -110,12 +112,12 @@ class _Outcome:
     """What scheduling some Dags did: runs created (by dag_id), Dags another scheduler held,
     Dags that could not be evaluated (their error recorded)."""
 
-    triggered: dict[str, TriggeredRun] = field(default_factory=dict)
+    triggered: list[TriggeredRun] = field(default_factory=list)
     locked: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
 
     def add(self, other: "_Outcome") -> None:
-        self.triggered.update(other.triggered)
+        self.triggered += other.triggered
         self.locked += other.locked
         self.failed += other.failed
 
@@ -135,7 +137,8 @@ class _Conditions:
 
 
 def schedule_dag(*, dag_id: str) -> TriggeredRun | None:
-    """Create at most one asset-triggered run of `dag_id` from its queued events.
+    """Create an asset-triggered run of `dag_id` from its queued events (a `per_event` or
+    `max_events` Dag: as many as its free `max_active_runs` slots allow), returning the first.
 
     Its own durable transaction; locks the Dag row (FOR NO KEY UPDATE SKIP LOCKED) and then its
     ADRQ rows (FOR UPDATE SKIP LOCKED), in the global lock order. Returns the run and how many
@@ -144,10 +147,10 @@ def schedule_dag(*, dag_id: str) -> TriggeredRun | None:
     cannot be evaluated (recorded on the Dag). Safe to run concurrently and repeatedly.
     """
     outcome = _schedule_batch([dag_id], _Conditions())
-    run = outcome.triggered.get(dag_id)
-    if run is not None:
-        metrics.incr(metrics.RUNS_TRIGGERED)
-    return run
+    if not outcome.triggered:
+        return None
+    metrics.incr(metrics.RUNS_TRIGGERED, len(outcome.triggered))
+    return outcome.triggered[0]
 
 
 def _describe(exc: BaseException) -> str:
@@ -229,9 +232,10 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
     number: lock the Dag rows no other scheduler holds (SKIP LOCKED), count their active runs,
     lock the ADRQ rows (SKIP LOCKED) of those neither paused nor at max_active_runs, evaluate
     each one's condition on the assets of exactly its locked rows (an alias counts as its
-    linked assets) in Python, then create one run for each Dag whose condition is met,
-    consuming exactly those events, and delete exactly those rows (invariant 8). A Dag whose
-    evaluation raises is left out before any write, its error recorded, its rows untouched.
+    linked assets) in Python, then create the runs of each Dag whose condition is met
+    (`_plan`), consuming exactly those events, and delete exactly those rows (invariant 8). A
+    Dag whose evaluation raises is left out before any write, its error recorded, its rows
+    untouched.
     """
     outcome = _Outcome()
     with transaction.atomic(durable=True):
@@ -257,28 +261,86 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
             return outcome
         met = _evaluate(rows_by_dag, ready, parsed, outcome)
         if met:
-            tasks = runs.dag_tasks(met)
-            planned = [
-                runs.PlannedRun(
-                    dag_id=dag_id,
-                    run_after=max(group.latest for group in rows_by_dag[dag_id]),
-                    # Distinct already: ADRQ holds an event once per Dag.
-                    consumed_event_ids=sorted(
-                        event_id for group in rows_by_dag[dag_id] for event_id in group.event_ids
-                    ),
-                    tasks=tasks[dag_id],
-                )
-                for dag_id in met
+            plans = _plan(met, rows_by_dag, ready, active, runs.dag_tasks(list(met)))
+            created = runs.create_asset_triggered_runs(planned=[plan.run for plan in plans])
+            # Exactly the locked rows of the events the new runs consume (invariant 8).
+            scheduling_sql.delete_queue_rows([i for plan in plans for i in plan.row_ids])
+            outcome.triggered = [
+                TriggeredRun(run=run, event_count=len(plan.run.consumed_event_ids))
+                for plan, run in zip(plans, created, strict=True)
             ]
-            created = runs.create_asset_triggered_runs(planned=planned)
-            # Exactly the locked rows of the Dags that got a run (invariant 8).
-            ids = [i for dag_id in met for group in rows_by_dag[dag_id] for i in group.row_ids]
-            scheduling_sql.delete_queue_rows(ids)
-            outcome.triggered = {
-                item.dag_id: TriggeredRun(run=run, event_count=len(item.consumed_event_ids))
-                for item, run in zip(planned, created, strict=True)
-            }
     return outcome
+
+
+@dataclass(frozen=True)
+class _Plan:
+    run: runs.PlannedRun
+    row_ids: list[int]  # the ADRQ rows of its events, deleted with its creation
+
+
+def _plan(
+    met: dict[str, set[str]],
+    rows_by_dag: dict[str, list[locks.QueuedGroup]],
+    ready: dict[str, locks.ClaimedDag],
+    active: dict[str, int],
+    tasks: dict[str, list[runs.NewTask]],
+) -> list[_Plan]:
+    """The runs to create for the Dags whose condition is met, each consuming the locked events
+    of the assets `met` names for it (`_evaluate`). A `batch` Dag gets one run of all of them,
+    its `run_after` the newest event's time. A bounded Dag (`per_event`, `max_events`: its
+    `max_events_per_run` N) gets runs of the oldest events by event id, N each, as many as its
+    free `max_active_runs` slots; their `run_after` is the newest time of their events, never
+    before the run ahead of them (so the runs keep event order), which costs one read of
+    those events' timestamps when any Dag of the batch is bounded."""
+    plans: list[_Plan] = []
+    bounded: dict[str, list[list[tuple[int, int]]]] = {}
+    for dag_id, names in met.items():
+        groups = [group for group in rows_by_dag[dag_id] if group.asset_name in names]
+        limit = ready[dag_id].max_events_per_run
+        if limit is None:
+            plans.append(
+                _Plan(
+                    run=runs.PlannedRun(
+                        dag_id=dag_id,
+                        run_after=max(group.latest for group in groups),
+                        # Distinct already: ADRQ holds an event once per Dag.
+                        consumed_event_ids=sorted(e for group in groups for e in group.event_ids),
+                        tasks=tasks[dag_id],
+                    ),
+                    row_ids=[i for group in groups for i in group.row_ids],
+                )
+            )
+            continue
+        slots = ready[dag_id].max_active_runs - active.get(dag_id, 0)
+        # (event id, row id), oldest event first: aligned, both arrays of one aggregate.
+        events = sorted(
+            pair for group in groups for pair in zip(group.event_ids, group.row_ids, strict=True)
+        )[: limit * slots]
+        bounded[dag_id] = [events[i : i + limit] for i in range(0, len(events), limit)]
+    if bounded:
+        times = _event_times([e for chunks in bounded.values() for c in chunks for e, _ in c])
+        for dag_id, chunks in bounded.items():
+            after = None
+            for chunk in chunks:
+                newest = max(times[event_id] for event_id, _ in chunk)
+                after = newest if after is None else max(after, newest)
+                plans.append(
+                    _Plan(
+                        run=runs.PlannedRun(
+                            dag_id=dag_id,
+                            run_after=after,
+                            consumed_event_ids=[event_id for event_id, _ in chunk],
+                            tasks=tasks[dag_id],
+                        ),
+                        row_ids=[row_id for _, row_id in chunk],
+                    )
+                )
+    return plans
+
+
+def _event_times(event_ids: Sequence[int]) -> dict[int, datetime]:
+    """The timestamps of these events, by id: 1 statement."""
+    return dict(AssetEvent.objects.filter(id__in=event_ids).values_list("id", "timestamp"))
 
 
 def _evaluate(
@@ -286,12 +348,16 @@ def _evaluate(
     ready: dict[str, locks.ClaimedDag],
     parsed: _Conditions,
     outcome: _Outcome,
-) -> list[str]:
+) -> dict[str, set[str]]:
     """The Dags (of `rows_by_dag`, in its order) whose condition is met by the assets of their
-    locked rows. Reads the assets of the aliases the conditions name in one query (none when
-    they name none). Pure Python otherwise, and before any write: a Dag whose evaluation raises
-    is added to `outcome.failed` (its error recorded, in the caller's transaction) and left out;
-    a Dag that evaluates clears its recorded error."""
+    locked rows, each with the names of the assets whose events its runs consume: all of them
+    for a `batch` Dag; for a bounded one (`max_events_per_run`), those whose event meets the
+    condition alone (its runs consume a few events each; an event queued on an asset no longer
+    in its schedule waits, as the sync reports), met when there is one. Reads the assets of the
+    aliases the conditions name in one query (none when they name none). Pure Python
+    otherwise, and before any write: a Dag whose evaluation raises is added to
+    `outcome.failed` (its error recorded, in the caller's transaction) and left out; a Dag
+    that evaluates clears its recorded error."""
     conditions_by_dag: dict[str, tuple[conditions.Condition, set[str]]] = {}
     for dag_id in rows_by_dag:
         step = _isolated(dag_id, functools.partial(_parse, parsed, ready[dag_id].schedule))
@@ -306,13 +372,18 @@ def _evaluate(
             alias__name__in=sorted(wanted)
         ).values_list("alias__name", "asset__name"):
             alias_assets[alias_name].add(asset_name)
-    met, cleared = [], []
+    met: dict[str, set[str]] = {}
+    cleared = []
     for dag_id, (condition, _) in conditions_by_dag.items():
         present = {group.asset_name for group in rows_by_dag[dag_id]}
         result = _isolated(
             dag_id,
             functools.partial(
-                conditions.evaluate, condition, present=present, alias_assets=alias_assets
+                _consumable,
+                condition,
+                present=present,
+                alias_assets=alias_assets,
+                bounded=ready[dag_id].max_events_per_run is not None,
             ),
         )
         if result is _FAILED:
@@ -321,10 +392,30 @@ def _evaluate(
         if ready[dag_id].schedule_error:
             cleared.append(dag_id)
         if result:
-            met.append(dag_id)
+            met[dag_id] = result
     if cleared:
         Dag.objects.filter(dag_id__in=cleared).update(schedule_error="", schedule_error_at=None)
     return met
+
+
+def _consumable(
+    condition: conditions.Condition,
+    *,
+    present: set[str],
+    alias_assets: dict[str, set[str]],
+    bounded: bool,
+) -> set[str]:
+    """Of the assets with queued events (`present`), those whose events the Dag's runs consume
+    now: all of them when the condition is met (`batch`), or for a `bounded` Dag those whose
+    event meets it alone; empty when none."""
+    if not bounded:
+        met = conditions.evaluate(condition, present=present, alias_assets=alias_assets)
+        return present if met else set()
+    return {
+        name
+        for name in present
+        if conditions.evaluate(condition, present={name}, alias_assets=alias_assets)
+    }
 
 
 def _parse(parsed: _Conditions, schedule: Any) -> tuple[conditions.Condition, set[str]]:
@@ -370,10 +461,10 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
     return ScheduleResult(
         dags_checked=checked,
         run_ids=tuple(
-            (dag_id, triggered.run.run_id)
-            for dag_id, triggered in sorted(outcome.triggered.items())
+            (triggered.run.dag_id, triggered.run.run_id)
+            for triggered in sorted(outcome.triggered, key=lambda t: t.run.dag_id)
         ),
-        events_consumed=sum(triggered.event_count for triggered in outcome.triggered.values()),
+        events_consumed=sum(triggered.event_count for triggered in outcome.triggered),
         seconds=seconds,
         dags_locked=tuple(outcome.locked),
         dags_failed=tuple(sorted(outcome.failed)),

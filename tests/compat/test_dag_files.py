@@ -363,3 +363,57 @@ def test_a_tag_sets_the_dags_xcom_read_scope(tmp_path):
         "wide_reader": "dag",
         "narrow_reader": "run",
     }
+
+
+@pytest.mark.django_db
+def test_a_tag_sets_the_dags_consumption_and_a_bad_one_is_that_files_import_error(tmp_path):
+    """Issue 28: `consumption:per_event` / `consumption:max_events=N` on an Airflow Dag; a tag
+    of another shape is an import error of its file naming the tag, the other files sync."""
+    (tmp_path / "consumers.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import Asset, dag, task
+
+            @dag(dag_id="each", schedule=[Asset("orders")], tags=["consumption:per_event"])
+            def each():
+                task(task_id="t")(lambda: None)()
+
+            @dag(dag_id="fifty", schedule=[Asset("orders")], tags=["consumption:max_events=50"])
+            def fifty():
+                task(task_id="t")(lambda: None)()
+
+            @dag(dag_id="all_of_them", schedule=[Asset("orders")])
+            def all_of_them():
+                task(task_id="t")(lambda: None)()
+
+            each()
+            fifty()
+            all_of_them()
+            """
+        )
+    )
+    (tmp_path / "bad.py").write_text(
+        "from airflow.sdk import Asset, dag, task\n"
+        "@dag(dag_id='bad', schedule=[Asset('orders')], tags=['consumption:max_events=0'])\n"
+        "def bad():\n"
+        "    task(task_id='t')(lambda: None)()\n"
+        "bad()\n"
+    )
+    converted = _convert(tmp_path)
+    assert "consumption:max_events=0" in converted["import_errors"]["bad.py"]
+    parsed = {d["dag_id"]: d for d in converted["consumers.py"]}
+    assert parsed["each"]["consumption"] == "per_event"
+    assert parsed["fifty"]["consumption"] == {"max_events": 50}
+    assert "consumption" not in parsed["all_of_them"]
+    definitions.sync_definitions(
+        dags=[
+            d
+            for raw in parsed.values()
+            for d in definitions.parse_document(raw, file="consumers.py", fileloc="consumers.py")
+        ]
+    )
+    assert dict(Dag.objects.values_list("dag_id", "max_events_per_run")) == {
+        "each": 1,
+        "fifty": 50,
+        "all_of_them": None,
+    }

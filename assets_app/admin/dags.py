@@ -99,6 +99,15 @@ def schedule_text(dag: Dag) -> str:
     return f"{time}, or on {assets}"
 
 
+def consumption_text(dag: Dag) -> str:
+    """How many queued events one of its asset-triggered runs consumes (issue 28), in words."""
+    if dag.max_events_per_run is None:
+        return "batch: a run consumes every event queued when its condition is met"
+    if dag.max_events_per_run == 1:
+        return "per_event: one run per event, in event order"
+    return f"max_events {dag.max_events_per_run}: runs of at most that many events, oldest first"
+
+
 class ScheduleFilter(admin.SimpleListFilter):
     title = "schedule"
     parameter_name = "scheduled"
@@ -215,6 +224,7 @@ class DagAdmin(admin.ModelAdmin):
                     "is_paused",
                     "max_active_runs",
                     "schedule_summary",
+                    "consumption",
                     "next_run",
                     "time_bounds",
                     "scheduler_status",
@@ -236,6 +246,7 @@ class DagAdmin(admin.ModelAdmin):
         "dag_id",
         "description",
         "schedule_summary",
+        "consumption",
         "next_run",
         "time_bounds",
         "scheduler_status",
@@ -300,6 +311,10 @@ class DagAdmin(admin.ModelAdmin):
             f"{obj.timezone}; from {day(obj.start_date)} to {day(obj.end_date)}; "
             f"catchup {'on' if obj.catchup else 'off'}"
         )
+
+    @admin.display(description="events per run")
+    def consumption(self, obj):
+        return consumption_text(obj) if obj.schedule is not None else "-"
 
     @admin.display(description="schedule")
     def schedule_summary(self, obj):

@@ -122,3 +122,17 @@ def test_the_grid_orders_runs_by_logical_date_and_asset_runs_by_run_after(staff_
     page = staff_client.get(reverse("admin:assets_app_dag_grid", args=[dag.pk])).content.decode()
     order = re.findall(r'title="((?:scheduled|asset_triggered)__\w+)', page)
     assert order == ["scheduled__1", "scheduled__2", "asset_triggered__x", "scheduled__3"]
+
+
+@pytest.mark.parametrize(
+    ("consumption", "shown"),
+    [
+        ("batch", "batch: a run consumes every event queued when its condition is met"),
+        ("per_event", "per_event: one run per event, in event order"),
+        ({"max_events": 50}, "max_events 50: runs of at most that many events, oldest first"),
+    ],
+)
+def test_the_dag_page_says_how_many_events_a_run_consumes(staff_client, consumption, shown):
+    dag = sync(dag_id="consumer", schedule="orders", consumption=consumption)
+    page = staff_client.get(reverse("admin:assets_app_dag_change", args=[dag.pk])).content.decode()
+    assert "Events per run" in page and shown in page

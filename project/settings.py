@@ -244,6 +244,17 @@ WEBHOOK_TIME_BUDGET_SECONDS = env.float("WEBHOOK_TIME_BUDGET_SECONDS", default=4
 # During a secret rotation the old secret signs too (two signatures) for this long.
 WEBHOOK_SECRET_OVERLAP_SECONDS = env.float("WEBHOOK_SECRET_OVERLAP_SECONDS", default=86400.0)
 FRESHNESS_BATCH_SIZE = env.int("FRESHNESS_BATCH_SIZE", default=1000)
+# Queue watchers (issue 28, assets_app/watchers.py, `manage.py watch_queues`): the RabbitMQ URL a
+# watcher with an empty broker_url connects to; the consumer's periodic check (queue depth, the
+# watcher rows re-read) every CHECK seconds; reconnects back off from BASE doubling to CAP.
+ASSET_WATCHER_BROKER_URL = env.str(
+    "ASSET_WATCHER_BROKER_URL", default="amqp://guest:guest@localhost:5672/%2F"
+)
+ASSET_WATCHER_CHECK_SECONDS = env.float("ASSET_WATCHER_CHECK_SECONDS", default=10.0)
+ASSET_WATCHER_RECONNECT_BASE_SECONDS = env.float(
+    "ASSET_WATCHER_RECONNECT_BASE_SECONDS", default=0.5
+)
+ASSET_WATCHER_RECONNECT_CAP_SECONDS = env.float("ASSET_WATCHER_RECONNECT_CAP_SECONDS", default=30.0)
 WORKER_API_KEY = _key("WORKER_API_KEY")
 # The deploy key: the bearer key of `POST /execution/dags/sync` (bin/airflow-worker sends it),
 # beside API tokens whose user holds add_dag and change_dag. The worker key above only claims

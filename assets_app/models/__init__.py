@@ -36,6 +36,7 @@ from .runs import (
     TIState,
 )
 from .runtime import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
+from .watchers import MessageState, ParkReason, QueueWatcher, WatcherMessage, WatcherRoute
 from .webhooks import (
     DeliveryState,
     EndpointState,

@@ -45,6 +45,13 @@ without blocking the FOR KEY SHARE that writing a message takes on its endpoint 
 a run's finish and a park never wait for delivery); no HTTP request is made under it. Freshness
 policies claimed FOR UPDATE SKIP LOCKED by batch (`claim_freshness_policies`).
 
+Queue watchers (issue 28): a message's registration takes no explicit lock (its dedup row's
+unique insert is the guard: a concurrent redelivery waits on that key, then writes nothing).
+An operator's requeue locks the chosen parked WatcherMessage rows alone, FOR UPDATE SKIP LOCKED
+by id (`lock_parked_watcher_messages`: a message a concurrent requeue holds is skipped), and
+under them only inserts events and then ADRQ rows in lock order (invariant 7) and updates
+those message rows.
+
 Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All functions here must be
 called inside a transaction; they say which rows they lock and return model instances.
 """
@@ -66,6 +73,7 @@ from .models import (
     ScheduleMode,
     TaskInstance,
     TIState,
+    WatcherMessage,
     WebhookEndpoint,
 )
 from .models.runs import TI_FINISHED_STATES
@@ -417,4 +425,15 @@ def claim_freshness_policies(*, after_id: int, limit: int) -> list[FreshnessPoli
         )
         .filter(id__gt=after_id)
         .order_by("id")[:limit]
+    )
+
+
+def lock_parked_watcher_messages(ids: Sequence[int]) -> list[WatcherMessage]:
+    """Lock the parked queue-watcher messages among `ids`, FOR UPDATE SKIP LOCKED by id (one a
+    concurrent requeue holds is left to it), with their watchers; in id order."""
+    return list(
+        WatcherMessage.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("watcher")
+        .filter(id__in=list(ids), state="parked")
+        .order_by("id")
     )

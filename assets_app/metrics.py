@@ -27,6 +27,11 @@ RUNS_TRIGGERED = "dag_runs_triggered"
 # Retention (issue 30): rows its cleans deleted, and cleans that failed.
 RETENTION_ROWS_DELETED = "retention_rows_deleted"
 RETENTION_FAILURES = "retention_failures"
+# Queue watchers (issue 28): messages registered (events committed), parked, and redeliveries
+# of a message already taken (acknowledged, nothing written).
+WATCHER_REGISTERED = "watcher_messages_registered"
+WATCHER_PARKED = "watcher_messages_parked"
+WATCHER_DUPLICATES = "watcher_messages_duplicate"
 COUNTERS = (
     ENQUEUED,
     REGISTERED,
@@ -38,6 +43,9 @@ COUNTERS = (
     RUNS_TRIGGERED,
     RETENTION_ROWS_DELETED,
     RETENTION_FAILURES,
+    WATCHER_REGISTERED,
+    WATCHER_PARKED,
+    WATCHER_DUPLICATES,
 )
 
 

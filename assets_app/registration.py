@@ -597,6 +597,58 @@ def _insert_external_event(
     )
 
 
+def _queue_external_events(events: Sequence[tuple[int, int]], *, now: datetime) -> set[str]:
+    """ADRQ rows for new external events ((event id, asset id) pairs): one per (Dag scheduled on
+    the event's asset, event), paused Dags included, inserted in lock order (invariant 7); the
+    scheduler is nudged for those Dags after commit. Two queries (one without Dags); the Dags."""
+    asset_ids = {asset_id for _, asset_id in events}
+    dags_by_asset: dict[int, set[str]] = defaultdict(set)
+    for asset_id, dag_id in DagScheduleAssetReference.objects.filter(
+        asset_id__in=asset_ids
+    ).values_list("asset_id", "dag_id"):
+        dags_by_asset[asset_id].add(dag_id)
+    rows = in_lock_order(
+        (dag_id, event_id, asset_id)
+        for event_id, asset_id in events
+        for dag_id in dags_by_asset[asset_id]
+    )
+    dag_ids = {dag_id for dag_id, _, _ in rows}
+    if rows:
+        _insert_queue_rows(rows, now=now)
+        nudges.scheduler_on_commit(dag_ids=sorted(dag_ids))
+    return dag_ids
+
+
+@dataclass(frozen=True)
+class ExternalEvents:
+    """The events `register_external_events` wrote (one per asset, in asset-id order) and the
+    Dags it queued them for."""
+
+    event_ids: tuple[int, ...]
+    dag_ids: frozenset[str]
+
+
+def register_external_events(
+    *, asset_ids: Sequence[int], extra: dict[str, Any], now: datetime
+) -> ExternalEvents:
+    """One external event (no source TI, no idempotency key) per asset of `asset_ids`, all with
+    `extra`, and their ADRQ rows, as `register_external_event` writes them (its same insert, its
+    same queueing). Runs inside the caller's transaction, whose own unique row (a queue
+    watcher's message row) is what makes it happen once: this function is not idempotent.
+    `extra` must have passed `limits.check_json`. Counted on commit; the scheduler is nudged
+    after commit."""
+    written: list[tuple[int, int]] = []
+    for asset_id in sorted(set(asset_ids)):
+        event_id = _insert_external_event(asset_id=asset_id, extra=extra, idempotency=None, now=now)
+        assert event_id is not None  # no key, no conflict
+        written.append((event_id, asset_id))
+    dag_ids = _queue_external_events(written, now=now)
+    metrics.incr(metrics.EVENTS_WRITTEN, len(written))
+    return ExternalEvents(
+        event_ids=tuple(event_id for event_id, _ in written), dag_ids=frozenset(dag_ids)
+    )
+
+
 def _event_of_key(idempotency: IdempotencyKey) -> AssetEvent | None:
     return (
         AssetEvent.objects.select_related("asset")
@@ -645,15 +697,7 @@ def register_external_event(
                     loc=["header", "Idempotency-Key"],
                 )
             return first, False
-        dag_ids = set(
-            DagScheduleAssetReference.objects.filter(asset_id=asset.pk).values_list(
-                "dag_id", flat=True
-            )
-        )
-        if dag_ids:
-            rows = in_lock_order((dag_id, event_id, asset.pk) for dag_id in dag_ids)
-            _insert_queue_rows(rows, now=now)
-            nudges.scheduler_on_commit(dag_ids=sorted(dag_ids))
+        _queue_external_events([(event_id, asset.pk)], now=now)
         metrics.incr(metrics.EVENTS_WRITTEN)
         audit.record(
             actor=actor,

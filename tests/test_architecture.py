@@ -40,6 +40,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "apps",
                 "tasks",
                 "sweeps",
+                # Issue 28: the RabbitMQ consumer loop, a door like the HTTP API.
+                "watcher_consumer",
             }
         ),
     ),
@@ -47,7 +49,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # retries, liveness, claims (issue 23); its __init__ holds what they share.
     ("task_state", frozenset({"task_state", "task_runtime", "task_logs", "repair"})),
     ("outbox", frozenset({"drain", "outbox"})),
-    ("registration", frozenset({"registration", "asset_events", "queued_events"})),
+    # Issue 28: queue watchers register events through `registration` (a message's events).
+    ("registration", frozenset({"registration", "asset_events", "queued_events", "watchers"})),
     (
         "scheduling",
         frozenset({"scheduling", "runs", "dependencies", "time_scheduling", "backfills"}),

@@ -323,6 +323,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # pika logs every connection step at INFO; the watchers log their own connects.
+        "pika": {"level": "WARNING"},
         "django.request": {"filters": ["database_unavailable"]},
     },
 }

@@ -1,5 +1,7 @@
 """factory-boy factories: build preconditions; the behaviour under test goes through real code."""
 
+import uuid
+
 import factory
 from django.utils import timezone
 
@@ -11,9 +13,11 @@ from assets_app.models import (
     Dag,
     DagRun,
     DagRunType,
+    QueueWatcher,
     Task,
     TaskInstance,
     TIState,
+    WatcherRoute,
 )
 
 
@@ -132,3 +136,33 @@ class AssetEventQueueFactory(factory.django.DjangoModelFactory):
             last_error="boom",
             last_error_type="RuntimeError",
         )
+
+
+class QueueWatcherFactory(factory.django.DjangoModelFactory):
+    """A watcher on a queue of its own (tests publish to it on the real RabbitMQ)."""
+
+    class Meta:
+        model = QueueWatcher
+
+    name = factory.Sequence(lambda n: f"watcher-{n}")
+    queue = factory.LazyFunction(lambda: f"test-watcher-{uuid.uuid4().hex}")
+    prefetch = 20
+
+    class Params:
+        disabled = factory.Trait(enabled=False)
+
+
+class WatcherRouteFactory(factory.django.DjangoModelFactory):
+    """A route; `assets=[...]` links its assets."""
+
+    class Meta:
+        model = WatcherRoute
+        skip_postgeneration_save = True
+
+    watcher = factory.SubFactory(QueueWatcherFactory)
+    routing_key_pattern = "*"
+
+    @factory.post_generation
+    def assets(self, create, extracted, **kwargs):
+        if create and extracted:
+            self.assets.set(extracted)

@@ -134,12 +134,12 @@ def _scenario(service_env, tmp_path, *, messages: int, kills: int, broker_restar
         [n for n in range(messages) if 0 in _routed(n)]
     )
     duplicates = metrics.value(metrics.WATCHER_DUPLICATES) - duplicates_before
+    restart = "" if restarted_broker_at is None else f", broker restarted at {restarted_broker_at}"
     figure(
         f"watcher kills: {messages} messages over {ASSETS} assets on one queue, {CONSUMERS} "
         f"consumers, {kills} SIGKILLs (at {seen_at_kills[0]} ... {seen_at_kills[-1]} "
         f"registered)"
-        + (f", broker restarted at {restarted_broker_at}" if restarted_broker_at is not None else "")
-        + f": {expected_events} events, each message exactly once on each routed asset; "
+        f"{restart}: {expected_events} events, each message exactly once on each routed asset; "
         f"{duplicates} redeliveries were no-ops; published in {published - started:.1f} s, "
         f"registered in {finished - published:.1f} s"
     )

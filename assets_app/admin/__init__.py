@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     runs,
     settings,
     tokens,
+    watchers,
     webhooks,
 )
 from .dashboard import dashboard_view

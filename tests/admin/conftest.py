@@ -21,6 +21,7 @@ from assets_app.models import (
     DagScheduleAssetReference,
     FreshnessPolicy,
     MetricCounter,
+    QueueWatcher,
     RenderedTaskFields,
     TaskLogChunk,
     TaskOutletAliasReference,
@@ -28,6 +29,8 @@ from assets_app.models import (
     TaskReschedule,
     TaskUpstream,
     Variable,
+    WatcherMessage,
+    WatcherRoute,
     WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
@@ -142,6 +145,15 @@ def populate(n: int) -> None:
             filename=f"broken_{i}.py", timestamp=now, stack_trace="SyntaxError: invalid syntax"
         )
         DagFactory(dag_id=f"unimported_{i}", fileloc=f"broken_{i}.py")
+        # Issue 28: a watcher with a route and a registered and a parked message.
+        watcher = QueueWatcher.objects.create(name=f"watcher-{i}", queue=f"queue-{i}")
+        WatcherRoute.objects.create(watcher=watcher).assets.set([asset])
+        WatcherMessage.objects.create(
+            watcher=watcher, message_id=f"m-{i}", state="registered", registered_at=now
+        )
+        WatcherMessage.objects.create(
+            watcher=watcher, message_id=f"p-{i}", state="parked", reason="not_json", body=b"x"
+        )
     for component in ("drain", "scheduler"):
         ComponentHeartbeat.objects.update_or_create(
             component=component,

@@ -73,6 +73,10 @@ EXPECTED = {
     "webhookdelivery": 8,
     "webhookendpoint": 5,
     "webhooksubscription": 5,
+    # Issue 28: queue watchers.
+    "queuewatcher": 5,
+    "watchermessage": 5,
+    "watcherroute": 5,
 }
 
 APPEND_ONLY = (

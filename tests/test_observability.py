@@ -91,12 +91,12 @@ def test_metrics_gauges_and_counters():
 def test_metrics_query_count_is_fixed(django_assert_num_queries):
     AssetEventQueueFactory()
     # Queue gauges (2), counters, component health, the last retention clean (issue 30),
-    # freshness policies and webhook messages by state (issue 29, 2).
-    with django_assert_num_queries(7):
+    # freshness policies and webhook messages by state (issue 29, 2), queue watchers (issue 28).
+    with django_assert_num_queries(8):
         scrape()
     for _ in range(20):
         AssetEventQueueFactory(parked=True)
-    with django_assert_num_queries(7):
+    with django_assert_num_queries(8):
         scrape()
 
 
@@ -316,3 +316,22 @@ def test_healthz_grace_zero_is_the_old_rule(monkeypatch, settings):
     settings.ASSET_HEALTH_STARTUP_GRACE_SECONDS = 0
     monkeypatch.setattr(observability, "_PROCESS_STARTED_AT", timezone.now())
     assert Client().get("/healthz").status_code == 503
+
+
+@pytest.mark.django_db
+def test_queue_watcher_gauges_on_metrics():
+    """Issue 28: per watcher, the lag (queue depth a consumer saw), its age and the parked."""
+    from assets_app import watchers
+    from tests.factories import QueueWatcherFactory
+
+    watcher = QueueWatcherFactory(name="sales")
+    QueueWatcherFactory(name="idle")
+    watchers.record_queue_depth(watcher_id=watcher.pk, depth=17)
+    table = watchers.route_table(watcher_id=watcher.pk)
+    watchers.handle_message(table=table, delivery=watchers.Delivery(routing_key="k", body=b"x"))
+    _, samples = scrape()
+    assert samples['asset_service_watcher_queue_depth{watcher="sales"}'] == 17
+    assert samples['asset_service_watcher_parked_messages{watcher="sales"}'] == 1
+    assert samples['asset_service_watcher_parked_messages{watcher="idle"}'] == 0
+    assert 'asset_service_watcher_queue_depth{watcher="idle"}' not in samples
+    assert "asset_service_watcher_messages_registered_total" in samples

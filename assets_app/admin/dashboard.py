@@ -16,6 +16,7 @@ from ..models import (
     ComponentHeartbeat,
     FreshnessPolicy,
     MetricCounter,
+    WatcherMessage,
     WebhookDelivery,
 )
 from .base import ReadOnlyAdmin, changelist_url, duration, pretty_json, relative
@@ -146,6 +147,18 @@ def dashboard_view(request):
         "events_out": observability.events_out_gauges(now=now),
         "late_assets_url": changelist_url(FreshnessPolicy, state="late"),
         "webhooks_url": changelist_url(WebhookDelivery, state="pending"),
+        "watchers": [
+            {
+                "g": g,
+                "checked": duration(timedelta(seconds=g.depth_age_seconds))
+                if g.depth_age_seconds is not None
+                else None,
+                "parked_url": changelist_url(
+                    WatcherMessage, state="parked", watcher__id__exact=g.watcher_id
+                ),
+            }
+            for g in observability.watcher_gauges(now=now)
+        ],
         "tz_name": timezone.get_current_timezone_name(),
         "links": {
             "parked": changelist_url(AssetEventQueue, status="parked"),

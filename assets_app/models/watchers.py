@@ -149,6 +149,8 @@ class WatcherMessage(models.Model):
                 condition=models.Q(state=MessageState.PARKED),
                 name="watcher_message_parked",
             ),
+            # The dashboard's messages per second (registered over the last minute).
+            models.Index(fields=["watcher", "registered_at"], name="watcher_message_registered"),
         ]
 
     def __str__(self) -> str:

@@ -322,15 +322,17 @@ def test_dashboard_renders_gauges_chart_and_health_with_fixed_queries(
     populate(1)
     staff_client.get(reverse("asset_dashboard"))
     # 11: issue 30's retention line reads the last clean's record (one query, flat); 13: issue
-    # 29's events-out card, freshness policies and webhook messages by state (two aggregates).
-    with django_assert_num_queries(13):
+    # 29's events-out card, freshness policies and webhook messages by state (two aggregates);
+    # 14: issue 28's queue watchers card (one query, however many watchers).
+    with django_assert_num_queries(14):
         page = staff_client.get(reverse("asset_dashboard")).content.decode()
     assert '<div class="aes-label">Parked</div><div class="aes-value">1</div>' in page
     assert page.count('<svg class="aes-chart"') == 2
     assert "<title>" in page  # at least one bar (the events populate() created this minute)
     assert page.count('aes-badge-ok">ok</span>') == 2
+    assert page.count('aes-badge-parked">1 parked</span>') == 1  # populate's parked message
     populate(5)
-    with django_assert_num_queries(13):
+    with django_assert_num_queries(14):
         page = staff_client.get(reverse("asset_dashboard")).content.decode()
     assert '<div class="aes-label">Parked</div><div class="aes-value">6</div>' in page
 

@@ -81,7 +81,9 @@ def test_parked_messages_are_filtered_and_requeued_after_a_route_is_added(staff_
     response = staff_client.post(
         MESSAGES, {"action": "requeue", "_selected_action": ids}, follow=True
     )
-    assert [str(m) for m in get_messages(response.wsgi_request)] == ["3 registered, 0 still parked."]
+    assert [str(m) for m in get_messages(response.wsgi_request)] == [
+        "3 registered, 0 still parked."
+    ]
     assert AssetEvent.objects.filter(asset=asset).count() == 3
     assert AuditEntry.objects.get(action="watcher_message.requeue").actor_name == "operator"
     page = staff_client.get(reverse("admin:assets_app_watchermessage_change", args=[ids[0]]))

@@ -7,6 +7,9 @@ watch_queues` consumers on the real RabbitMQ (localhost:5672). 25 assets, each w
 scheduled on it; a watcher routes routing key `a<k>` to asset k (persistent messages on a
 durable queue, published with publisher confirms).
 
+Latency is measured first, on the fresh database (the throughput phases leave 15,000 runs
+behind, which slow every later scheduler pass, whichever path made the event).
+
 - throughput: N messages published first, then 1 (and then 2) consumer processes started on
   their own queue; messages/s = registrations over the span from the first to the last
   registration's commit (the consumers' start-up is left out). HTTP: N POSTs from 8 client
@@ -134,53 +137,6 @@ def main() -> None:
     throughput: dict[str, dict[str, float]] = {}
     latency: dict[str, dict[str, float]] = {}
     try:
-        # --- throughput -------------------------------------------------------------------
-        for count in (1, 2):
-            watcher = make_watcher(f"x{count}")
-            queues.append(watcher.queue)
-            rabbitmq.publish(
-                watcher.queue,
-                (
-                    rabbitmq.message({"n": n}, routing_key=f"a{n % ASSETS}", message_id=f"m{n}")
-                    for n in range(n_messages)
-                ),
-            )
-            procs = consumers(watcher, count)
-            try:
-                rows = WatcherMessage.objects.filter(watcher=watcher)
-                wait_for(lambda rows=rows: rows.count() >= n_messages, timeout=600)
-            finally:
-                for proc in procs:
-                    proc.stop(timeout=5)
-            rate, span = span_rate(rows, "registered_at")
-            throughput[f"watcher, {count} consumer{'s' if count > 1 else ''}"] = {
-                "messages": n_messages,
-                "per_second": rate,
-                "span_seconds": span,
-            }
-
-        first_http = AssetEvent.objects.aggregate(m=Max("id"))["m"] or 0
-
-        def post(k: int) -> None:
-            response = http.post(
-                f"{base}/api/v2/assets/events",
-                json={"asset_id": assets[k % ASSETS].id, "extra": {"n": k}},
-                headers=headers,
-                timeout=60,
-            )
-            if response.status_code != 200:
-                raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
-
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(post, range(n_messages)))
-        rate, span = span_rate(AssetEvent.objects.filter(id__gt=first_http), "timestamp")
-        throughput["HTTP POST /api/v2/assets/events, 8 clients"] = {
-            "messages": n_messages,
-            "per_second": rate,
-            "span_seconds": span,
-        }
-        wait_for(lambda: len(listener.received) >= AssetEvent.objects.count(), timeout=600)
-
         # --- latency ----------------------------------------------------------------------
         total = int(RATE * seconds)
         watcher = make_watcher("latency")
@@ -255,6 +211,53 @@ def main() -> None:
         latency["HTTP POST"] = h.stats(
             (listener.received[e] - at) * 1000.0 for e, at in posted.items()
         )
+        # --- throughput -------------------------------------------------------------------
+        for count in (1, 2):
+            watcher = make_watcher(f"x{count}")
+            queues.append(watcher.queue)
+            rabbitmq.publish(
+                watcher.queue,
+                (
+                    rabbitmq.message({"n": n}, routing_key=f"a{n % ASSETS}", message_id=f"m{n}")
+                    for n in range(n_messages)
+                ),
+            )
+            procs = consumers(watcher, count)
+            try:
+                rows = WatcherMessage.objects.filter(watcher=watcher)
+                wait_for(lambda rows=rows: rows.count() >= n_messages, timeout=600)
+            finally:
+                for proc in procs:
+                    proc.stop(timeout=5)
+            rate, span = span_rate(rows, "registered_at")
+            throughput[f"watcher, {count} consumer{'s' if count > 1 else ''}"] = {
+                "messages": n_messages,
+                "per_second": rate,
+                "span_seconds": span,
+            }
+
+        first_http = AssetEvent.objects.aggregate(m=Max("id"))["m"] or 0
+
+        def post(k: int) -> None:
+            response = http.post(
+                f"{base}/api/v2/assets/events",
+                json={"asset_id": assets[k % ASSETS].id, "extra": {"n": k}},
+                headers=headers,
+                timeout=60,
+            )
+            if response.status_code != 200:
+                raise SystemExit(f"HTTP {response.status_code}: {response.text[:300]}")
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(post, range(n_messages)))
+        rate, span = span_rate(AssetEvent.objects.filter(id__gt=first_http), "timestamp")
+        throughput["HTTP POST /api/v2/assets/events, 8 clients"] = {
+            "messages": n_messages,
+            "per_second": rate,
+            "span_seconds": span,
+        }
+        wait_for(lambda: len(listener.received) >= AssetEvent.objects.count(), timeout=600)
+
     finally:
         server.stop()
         qcluster.stop()

@@ -219,6 +219,29 @@ def rows(directory: Path) -> list[tuple[str, str, str, str]]:
                 ok(scaling["target"]["met"]),
             )
         )
+    watcher = load(directory, "watcher")
+    if watcher:
+        t, lat = watcher["throughput"], watcher["latency_ms"]
+        rates = [v["per_second"] for k, v in t.items() if k.startswith("watcher")]
+        http = next(v["per_second"] for k, v in t.items() if k.startswith("HTTP"))
+        out.append(
+            (
+                "queue watcher messages/s, 1 / 2 consumer processes (HTTP POST, 8 clients)",
+                " / ".join(f"{r:,.0f}" for r in rates) + f" ({http:,.0f})",
+                "(issue 28)",
+                "",
+            )
+        )
+        w, p = lat["watcher (1 consumer)"], lat["HTTP POST"]
+        out.append(
+            (
+                f"queue watcher publish -> run committed at {watcher['rate_per_s']:g}/s, "
+                "p50 / p99 ms (HTTP POST the same way)",
+                f"{w['median']:,.0f} / {w['p99']:,.0f} ({p['median']:,.0f} / {p['p99']:,.0f})",
+                "(issue 28)",
+                "",
+            )
+        )
     return out
 
 

@@ -28,6 +28,7 @@ BENCHMARKS = (
     "scheduler",
     "drain_scaling",
     "time_schedules",
+    "watcher",
 )
 
 

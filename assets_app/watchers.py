@@ -36,11 +36,12 @@ from datetime import datetime
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from django.db import transaction
+from django.db import DataError, transaction
 from django.utils import timezone
 
 from . import audit, exceptions, limits, locks, metrics, registration
 from .models import MessageState, ParkReason, QueueWatcher, WatcherMessage, WatcherRoute
+from .models.watchers import MESSAGE_ID_MAX_LENGTH
 from .sql import watchers as watchers_sql
 
 logger = logging.getLogger(__name__)
@@ -146,10 +147,14 @@ def route_table(*, watcher_id: int) -> RouteTable:
 
 
 def message_id_of(*, delivery: Delivery) -> tuple[str, bool]:
-    """(message id, derived?): the message's own `message_id`, else `sha256:<hex>` of the
-    routing key, a NUL byte and the body."""
+    """(message id, derived?): the message's own `message_id` (`sha256:<hex>` of it when it is
+    longer than 255 characters), else `sha256:<hex>` of the routing key, a NUL byte and the
+    body."""
     if delivery.message_id:
-        return delivery.message_id[:255], False
+        if len(delivery.message_id) <= MESSAGE_ID_MAX_LENGTH:
+            return delivery.message_id, False
+        # Longer than the column: its own digest (a prefix could be shared by two ids).
+        return "sha256:" + hashlib.sha256(delivery.message_id.encode()).hexdigest(), False
     digest = hashlib.sha256(delivery.routing_key.encode() + b"\0" + delivery.body).hexdigest()
     return f"sha256:{digest}", True
 
@@ -171,11 +176,29 @@ def _parse(body: bytes) -> Any:
         payload = json.loads(text)
     except ValueError as exc:
         raise _Unparseable(ParkReason.NOT_JSON, f"body is not JSON: {exc}") from exc
+    _check_storable(payload, field="payload")
+    return payload
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _check_storable(value: Any, *, field: str) -> None:
+    """The JSON limits every door applies (depth, width), and no NUL character (PostgreSQL's
+    jsonb cannot hold one; the HTTP API refuses them too): else the message is parked."""
     try:
-        limits.check_json(payload, field="payload")
+        limits.check_json(value, field=field)
     except exceptions.InvalidInput as exc:
         raise _Unparseable(ParkReason.INVALID_BODY, exc.message) from exc
-    return payload
+    if _has_nul(value):
+        raise _Unparseable(ParkReason.INVALID_BODY, f"{field} holds a NUL character")
 
 
 def _extra(
@@ -200,6 +223,10 @@ def handle_message(*, table: RouteTable, delivery: Delivery) -> Outcome:
     message whose row exists (registered or parked) writes nothing and returns "duplicate"."""
     message_id, derived = message_id_of(delivery=delivery)
     headers = _json_headers(delivery.headers)
+    try:
+        _check_storable(headers, field="headers")
+    except _Unparseable:
+        headers = {"unstorable": True}  # kept out of the row; the body decides
     try:
         payload = _parse(delivery.body)
     except _Unparseable as exc:
@@ -231,6 +258,40 @@ def handle_message(*, table: RouteTable, delivery: Delivery) -> Outcome:
         payload=payload,
         headers=headers,
     )
+    try:
+        return _register(
+            table=table,
+            delivery=delivery,
+            message_id=message_id,
+            derived=derived,
+            headers=headers,
+            asset_ids=asset_ids,
+            extra=extra,
+        )
+    except DataError as exc:
+        # A value this database refuses that the checks above did not foresee: parked, not
+        # redelivered for ever (the transaction rolled back, nothing of it was written).
+        return _park(
+            table=table,
+            delivery=delivery,
+            message_id=message_id,
+            derived=derived,
+            headers={},
+            reason=ParkReason.INVALID_BODY,
+            detail=f"the database refused it: {exc}",
+        )
+
+
+def _register(
+    *,
+    table: RouteTable,
+    delivery: Delivery,
+    message_id: str,
+    derived: bool,
+    headers: dict[str, Any],
+    asset_ids: frozenset[int],
+    extra: dict[str, Any],
+) -> Outcome:
     with transaction.atomic(durable=True):
         now = timezone.now()
         row_id = watchers_sql.insert_message(

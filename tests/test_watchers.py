@@ -157,17 +157,19 @@ def test_unparseable_and_unroutable_messages_are_parked_with_their_reason(watche
             rabbitmq.message(b"\xff\xfe", routing_key="known", message_id="bad-utf8"),
             rabbitmq.message(b"{not json", routing_key="known", message_id="bad-json"),
             rabbitmq.message(too_deep, routing_key="known", message_id="too-deep"),
+            rabbitmq.message({"s": "a\u0000b"}, routing_key="known", message_id="nul"),
             rabbitmq.message({"ok": 1}, routing_key="unknown", message_id="nowhere"),
         ],
     )
 
-    assert consume(watcher, 4) == 4
+    assert consume(watcher, 5) == 5
 
     parked = {m.message_id: m for m in WatcherMessage.objects.all()}
     assert {k: m.reason for k, m in parked.items()} == {
         "bad-utf8": ParkReason.NOT_UTF8,
         "bad-json": ParkReason.NOT_JSON,
         "too-deep": ParkReason.INVALID_BODY,
+        "nul": ParkReason.INVALID_BODY,  # PostgreSQL's jsonb cannot hold it
         "nowhere": ParkReason.UNROUTABLE,
     }
     assert all(m.state == MessageState.PARKED and m.detail for m in parked.values())
@@ -293,3 +295,20 @@ def test_the_consumer_stops_when_its_watcher_is_disabled(watcher, settings):
     thread.join(timeout=10)
     stop.set()
     assert not thread.is_alive()
+
+
+def test_message_ids_longer_than_the_column_are_digested_not_cut():
+    asset = AssetFactory()
+    watcher = QueueWatcherFactory()
+    WatcherRouteFactory(watcher=watcher, assets=[asset])
+    table = watchers.route_table(watcher_id=watcher.pk)
+    long_a, long_b = "x" * 300 + "a", "x" * 300 + "b"  # the same first 255 characters
+    for message_id in (long_a, long_b, long_a):
+        watchers.handle_message(
+            table=table,
+            delivery=watchers.Delivery(routing_key="k", body=b"{}", message_id=message_id),
+        )
+    assert AssetEvent.objects.count() == 2
+    assert all(
+        m.startswith("sha256:") for m in WatcherMessage.objects.values_list("message_id", flat=True)
+    )

@@ -86,6 +86,12 @@ class _Consumer:
             except DatabaseError as exc:
                 connections["default"].close()
                 self._wait(f"database error ({type(exc).__name__}: {exc})")
+            except Exception as exc:
+                # A bug met by one message: not acknowledged, so redelivered after the backoff
+                # (logged with its traceback each time), and the other watchers go on.
+                logger.exception("watcher %s: unexpected error", self.watcher_id)
+                connections["default"].close()
+                self._wait(f"unexpected error ({type(exc).__name__})")
         return self.handled
 
     def _wait(self, why: str) -> None:

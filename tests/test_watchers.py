@@ -218,8 +218,8 @@ def test_a_parked_message_is_registered_by_a_requeue_after_a_route_is_added(watc
     assert AssetEvent.objects.count() == 1
 
 
-class Crash(Exception):
-    pass
+class Crash(BaseException):
+    """The process dying (a BaseException, as SystemExit: the consumer does not catch it)."""
 
 
 def test_a_crash_between_commit_and_ack_is_a_redelivery_that_registers_nothing(watcher):
@@ -312,3 +312,19 @@ def test_message_ids_longer_than_the_column_are_digested_not_cut():
     assert all(
         m.startswith("sha256:") for m in WatcherMessage.objects.values_list("message_id", flat=True)
     )
+
+
+def test_an_unexpected_error_before_the_ack_is_retried_after_a_backoff(watcher, settings):
+    settings.ASSET_WATCHER_RECONNECT_BASE_SECONDS = 0.05
+    WatcherRouteFactory(watcher=watcher, assets=[AssetFactory()])
+    rabbitmq.publish(watcher.queue, [rabbitmq.message({"x": 1}, message_id="bug-1")])
+    seen = []
+
+    def fail_once(outcome):
+        seen.append(outcome.kind)
+        if len(seen) == 1:
+            raise RuntimeError("a bug")
+
+    assert consume(watcher, 1, before_ack=fail_once) == 1  # the same consumer, reconnected
+    assert seen == ["registered", "duplicate"]
+    assert AssetEvent.objects.count() == 1 and rabbitmq.depth(watcher.queue) == 0

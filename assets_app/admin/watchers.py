@@ -98,7 +98,10 @@ class QueueWatcherAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         watchers.delete_watchers(ids=[obj.pk], actor=actor_of(request))
 
-    @admin.action(description="Delete the selected watchers (and their message records)")
+    @admin.action(
+        description="Delete the selected watchers (and their message records)",
+        permissions=["delete"],
+    )
     def delete_selected_watchers(self, request, queryset):
         n = watchers.delete_watchers(
             ids=list(queryset.values_list("id", flat=True)), actor=actor_of(request)

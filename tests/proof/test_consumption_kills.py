@@ -1,0 +1,162 @@
+"""One run per event whatever crashes (issue 28's first acceptance item): events are posted
+(through the public API's registration) into a `per_event` Dag and a `max_events: 50` Dag, both
+with `max_active_runs=1`, while a real django-q2 cluster schedules their runs, a worker thread
+claims, starts and finishes each run's task through the worker API's domain functions (a run
+that finishes nudges the scheduler, the path production uses), and the cluster is SIGKILLed
+again and again (and restarted at once). Afterwards: the `per_event` Dag has exactly one run per
+event, each consuming exactly that event, in event-id order; the `max_events` Dag's runs hold
+at most 50 events each, oldest first; no event is unconsumed or consumed twice.
+
+The CI-sized run (150 events in 3 s, 3 kills) takes about a minute; the issue's size (1,000
+events in 10 s) runs with CONSUMPTION_PROOF_FULL=1. CONSUMPTION_PROOF_EVENTS /
+CONSUMPTION_PROOF_KILLS set the sizes.
+"""
+
+import os
+import random
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+from django.db import connection
+
+from assets_app import registration
+from assets_app.models import Asset, AssetDagRunQueue, Dag, DagRun, DagRunState
+from assets_app.task_state import claims, starting
+
+from .conftest import consumption_report, figure, make_scheduled_dag, run_in_threads
+from .workers import succeed_ti
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+FULL = os.environ.get("CONSUMPTION_PROOF_FULL") == "1"
+EVENTS = int(os.environ.get("CONSUMPTION_PROOF_EVENTS", 1000 if FULL else 150))
+POST_SECONDS = 10.0 if FULL else 3.0
+KILLS = int(os.environ.get("CONSUMPTION_PROOF_KILLS", 3))
+MAX_EVENTS = 50
+CLUSTER_ENV = {
+    "Q_CLUSTER_WORKERS": "2",
+    # A killed scheduler task's broker row is redelivered after `retry`: keep it short.
+    "Q_CLUSTER_TIMEOUT": "10",
+    "Q_CLUSTER_RETRY": "15",
+    "ASSET_DRAIN_TIME_BUDGET_SECONDS": "5",
+}
+
+
+def _scheduler_holds_queue_rows() -> bool:
+    """Does another session hold ADRQ row locks (a scheduler pass mid-transaction)?"""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+            WHERE c.relname = 'assets_app_assetdagrunqueue' AND l.mode = 'RowShareLock'
+              AND l.granted AND l.pid <> pg_backend_pid()
+            """
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def _runs(dag_id: str) -> list[list[int]]:
+    """The consumed event ids of each run of the Dag, in run creation order."""
+    return [
+        sorted(run.consumed_events.values_list("id", flat=True))
+        for run in DagRun.objects.filter(dag_id=dag_id).order_by("id")
+    ]
+
+
+def test_sigkill_the_cluster_while_per_event_dags_consume_loses_and_doubles_nothing(servers):
+    for dag_id, limit in (("one_each", 1), ("fifties", MAX_EVENTS)):
+        make_scheduled_dag(dag_id, "per-event-proof", max_active_runs=1)
+        Dag.objects.filter(dag_id=dag_id).update(max_events_per_run=limit)
+    asset = Asset.objects.get(name="per-event-proof")
+    cluster = servers("qcluster", env=CLUSTER_ENV)
+    rng = random.Random(28)
+    posted: list[int] = []
+    stop = threading.Event()
+    kills = {"count": 0, "mid_pass": 0}
+    finished = {"tis": 0}
+
+    def post() -> None:
+        started = time.monotonic()
+        for i in range(EVENTS):
+            event, created = registration.register_external_event(asset=asset, extra={"i": i})
+            assert created
+            posted.append(event.id)
+            time.sleep(max(0.0, started + POST_SECONDS * (i + 1) / EVENTS - time.monotonic()))
+
+    def work() -> None:
+        while not stop.is_set():
+            workloads = claims.claim_workloads(hostname="proof-worker", limit=10)
+            for workload in workloads:
+                ti = workload.ti
+                starting.start(
+                    ti_id=ti.id,
+                    try_number=ti.try_number,
+                    hostname="proof-worker",
+                    unixname="proof",
+                    pid=4242,
+                    start_date=datetime.now(UTC),
+                )
+                succeed_ti(ti, [])
+                finished["tis"] += 1
+            if not workloads:
+                time.sleep(0.02)
+
+    def kill() -> None:
+        for _ in range(KILLS):
+            time.sleep(rng.uniform(1.0, 4.0 if FULL else 2.0))
+            # Aim at a scheduler pass holding its queue rows; kill anyway after 3 s.
+            deadline = time.monotonic() + 3
+            while not _scheduler_holds_queue_rows() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            kills["mid_pass"] += _scheduler_holds_queue_rows()
+            cluster.kill()
+            kills["count"] += 1
+            cluster.start()
+
+    def done() -> bool:
+        return (
+            len(posted) == EVENTS
+            and not AssetDagRunQueue.objects.exists()
+            and not DagRun.objects.filter(
+                state__in=[DagRunState.QUEUED, DagRunState.RUNNING]
+            ).exists()
+        )
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    started = time.monotonic()
+    try:
+        run_in_threads([post, kill], timeout=600)
+        deadline = time.monotonic() + float(os.environ.get("CONSUMPTION_PROOF_WAIT", 300))
+        while not done():
+            assert time.monotonic() < deadline, (
+                f"not consumed in time: {AssetDagRunQueue.objects.count()} queued rows left\n"
+                + cluster.log_tail()
+            )
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    seconds = time.monotonic() - started
+
+    assert kills["count"] == KILLS
+    one_each = _runs("one_each")
+    assert one_each == [[event_id] for event_id in sorted(posted)]
+    fifties = _runs("fifties")
+    assert all(1 <= len(run) <= MAX_EVENTS for run in fifties)
+    assert [e for run in fifties for e in run] == sorted(posted)  # oldest first, each once
+    report = consumption_report()
+    assert (report["missed"], report["doubled"], report["foreign"], report["empty_runs"]) == (
+        0,
+        0,
+        0,
+        0,
+    )
+    figure(
+        f"consumption kills: {EVENTS} events in {POST_SECONDS:.0f} s, {KILLS} SIGKILLs "
+        f"({kills['mid_pass']} mid-pass), per_event {len(one_each)} runs of 1, max_events "
+        f"{len(fifties)} runs (largest {max(map(len, fifties))}), {finished['tis']} TIs, "
+        f"all consumed in {seconds:.1f} s, 0 missed, 0 doubled"
+    )

@@ -147,8 +147,9 @@ def test_every_adrq_writer_is_covered_here():
     """ADRQ rows are inserted only by `registration._insert_queue_rows` (its statement is
     `sql.registration.insert_queue_rows`, which nothing else calls), called only by the two
     functions whose paths the tests above drive (register_payloads, through its step
-    `_queue_for_dags`: drain, inline success and direct registration; register_external_event:
-    the public API), each with `in_lock_order`.
+    `_queue_for_dags`: drain, inline success and direct registration; `_queue_external_events`:
+    the public API and the queue watchers, through `register_external_events`), each with
+    `in_lock_order`.
     A new writer fails here until this file tests its order."""
     writers: dict[str, list[str]] = {}
     statement_callers: dict[str, list[str]] = {}
@@ -168,9 +169,9 @@ def test_every_adrq_writer_is_covered_here():
             assert "assets_app_assetdagrunqueue" not in source.lower(), f"{path}: raw ADRQ SQL"
             for call in ("create", "bulk_create", "get_or_create", "update_or_create"):
                 assert f"AssetDagRunQueue.objects.{call}(" not in source, f"{path}: {call}"
-    assert writers == {"registration.py": ["_queue_for_dags", "register_external_event"]}
+    assert writers == {"registration.py": ["_queue_external_events", "_queue_for_dags"]}
     assert statement_callers == {"registration.py": ["_insert_queue_rows"]}
     source = (APP / "registration.py").read_text()
     assert source.count("_insert_queue_rows(") == 3  # the definition and the two calls
     assert "_insert_queue_rows(in_lock_order(queue_rows)" in source
-    assert "rows = in_lock_order((dag_id, event_id, asset.pk) for dag_id in dag_ids)" in source
+    assert "rows = in_lock_order(\n        (dag_id, event_id, asset_id)\n" in source

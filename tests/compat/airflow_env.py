@@ -9,6 +9,7 @@ virtualenv, installed once and cached by a hash of what they pin (like `bin/_env
   `wheels/`; the wheel is only read, never installed).
 """
 
+import fcntl
 import functools
 import hashlib
 import subprocess
@@ -36,6 +37,14 @@ def _run(*argv: str) -> None:
 
 @functools.cache
 def _ensure() -> Path:
+    """Build the virtualenv once, under a file lock: two pytest-xdist workers building it at
+    once saw it half made (`No module named pip` in CI, twice)."""
+    with open(ROOT / ".venv-airflow-client.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build()
+
+
+def _build() -> Path:
     stamp = VENV / ".requirements.sha256"
     if stamp.exists() and stamp.read_text() == _want():
         return VENV

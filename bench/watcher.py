@@ -31,36 +31,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import _harness as h
 
+# The bench-only NOTIFY trigger on the consumed-event links and its listener, as the HTTP path's
+# latency bench measures them (the same clock for both paths).
+from end_to_end_latency import NOTIFY_SQL, Listener
+
 NAME = "watcher"
 ASSETS = 25
 RATE = 50.0
-NOTIFY_SQL = """
-CREATE OR REPLACE FUNCTION bench_notify_consumed() RETURNS trigger AS $$
-BEGIN
-  PERFORM pg_notify('bench_consumed', NEW.asset_event_id::text);
-  RETURN NEW;
-END $$ LANGUAGE plpgsql;
-CREATE TRIGGER bench_notify_consumed AFTER INSERT ON assets_app_dagrunassetevent
-  FOR EACH ROW EXECUTE FUNCTION bench_notify_consumed();
-"""
-
-
-class Listener(threading.Thread):
-    """LISTEN bench_consumed on its own connection; records {event id: monotonic time}."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        import psycopg
-
-        self.conn = psycopg.connect(url, autocommit=True)
-        self.conn.execute("LISTEN bench_consumed")
-        self.received: dict[int, float] = {}
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for notify in self.conn.notifies(timeout=0.2):
-                self.received.setdefault(int(notify.payload), time.monotonic())
 
 
 def main() -> None:

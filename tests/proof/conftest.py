@@ -112,6 +112,21 @@ def app_table_counts() -> dict[str, int]:
         return dict(cursor.fetchall())
 
 
+def holds_row_locks(table: str) -> bool:
+    """Does another session hold row locks on `table` (SELECT ... FOR UPDATE in an open
+    transaction: a drain batch, a scheduler pass)? A kill timed on this lands mid-transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+            WHERE c.relname = %s AND l.mode = 'RowShareLock'
+              AND l.granted AND l.pid <> pg_backend_pid()
+            """,
+            [table],
+        )
+        return cursor.fetchone()[0] > 0
+
+
 def pg_deadlocks() -> int:
     """Deadlocks PostgreSQL has detected in this database since its statistics were reset.
 

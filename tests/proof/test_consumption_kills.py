@@ -19,13 +19,18 @@ import time
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
 
 from assets_app import registration
 from assets_app.models import Asset, AssetDagRunQueue, Dag, DagRun, DagRunState
 from assets_app.task_state import claims, starting
 
-from .conftest import consumption_report, figure, make_scheduled_dag, run_in_threads
+from .conftest import (
+    consumption_report,
+    figure,
+    holds_row_locks,
+    make_scheduled_dag,
+    run_in_threads,
+)
 from .workers import succeed_ti
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -42,19 +47,6 @@ CLUSTER_ENV = {
     "Q_CLUSTER_RETRY": "15",
     "ASSET_DRAIN_TIME_BUDGET_SECONDS": "5",
 }
-
-
-def _scheduler_holds_queue_rows() -> bool:
-    """Does another session hold ADRQ row locks (a scheduler pass mid-transaction)?"""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-            WHERE c.relname = 'assets_app_assetdagrunqueue' AND l.mode = 'RowShareLock'
-              AND l.granted AND l.pid <> pg_backend_pid()
-            """
-        )
-        return cursor.fetchone()[0] > 0
 
 
 def _runs(dag_id: str) -> list[list[int]]:
@@ -108,9 +100,11 @@ def test_sigkill_the_cluster_while_per_event_dags_consume_loses_and_doubles_noth
             time.sleep(rng.uniform(1.0, 4.0 if FULL else 2.0))
             # Aim at a scheduler pass holding its queue rows; kill anyway after 3 s.
             deadline = time.monotonic() + 3
-            while not _scheduler_holds_queue_rows() and time.monotonic() < deadline:
+            while (
+                not holds_row_locks("assets_app_assetdagrunqueue") and time.monotonic() < deadline
+            ):
                 time.sleep(0.005)
-            kills["mid_pass"] += _scheduler_holds_queue_rows()
+            kills["mid_pass"] += holds_row_locks("assets_app_assetdagrunqueue")
             cluster.kill()
             kills["count"] += 1
             cluster.start()

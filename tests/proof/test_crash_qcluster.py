@@ -15,13 +15,13 @@ import threading
 import time
 
 import pytest
-from django.db import connection
 
 from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue, TaskInstance
 
 from .conftest import (
     consumption_report,
     figure,
+    holds_row_locks,
     make_running_tis,
     make_scheduled_dag,
     run_in_threads,
@@ -57,19 +57,6 @@ CLUSTER_ENV = {
     # open for the killer to hit.
     "ASSET_DRAIN_YIELD_MAX_SECONDS": "0",
 }
-
-
-def _drain_batch_open() -> bool:
-    """Does another session hold outbox row locks (SELECT ... FOR UPDATE in an open batch)?"""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-            WHERE c.relname = 'assets_app_asseteventqueue' AND l.mode = 'RowShareLock'
-              AND l.granted AND l.pid <> pg_backend_pid()
-            """
-        )
-        return cursor.fetchone()[0] > 0
 
 
 def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
@@ -118,10 +105,10 @@ def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
             ):
                 time.sleep(local.uniform(0.2, 1.5))
                 deadline = time.monotonic() + OPEN_BATCH_WAIT
-                open_batch = _drain_batch_open()
+                open_batch = holds_row_locks("assets_app_asseteventqueue")
                 while not open_batch and time.monotonic() < deadline:
                     time.sleep(0.002)
-                    open_batch = _drain_batch_open()
+                    open_batch = holds_row_locks("assets_app_asseteventqueue")
                 cluster.kill()
                 kills += 1
                 mid_batch_kills += open_batch

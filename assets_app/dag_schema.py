@@ -36,6 +36,14 @@ from pydantic_core import PydanticCustomError
 from . import limits, timetables
 from .models.assets import ASSET_KEY_MAX_LENGTH
 from .models.dags import DAG_ID_MAX_LENGTH, DEFAULT_RETRY_DELAY_SECONDS, TriggerRule
+from .models.watchers import (
+    BODY_FIELD_MAX_LENGTH,
+    BODY_VALUE_MAX_LENGTH,
+    BROKER_URL_MAX_LENGTH,
+    PATTERN_MAX_LENGTH,
+    QUEUE_NAME_MAX_LENGTH,
+    WATCHER_NAME_MAX_LENGTH,
+)
 
 ID_PATTERN = r"^[A-Za-z0-9_.-]+$"
 NOT_BLANK = r"\S"
@@ -435,6 +443,76 @@ Consumption = Annotated[
 ]
 
 
+WATCHER_NAME_PATTERN = re.compile(r"[-a-zA-Z0-9_]+")
+
+
+def _watcher_name(value: Any) -> Any:
+    if isinstance(value, str) and value and not WATCHER_NAME_PATTERN.fullmatch(value):
+        raise PydanticCustomError(
+            "watcher_name",
+            "watcher name {name} may contain only letters, digits, '_' and '-'",
+            {"name": json.dumps(value)[:80]},
+        )
+    return value
+
+
+class Watcher(_Object):
+    """A queue watcher (issue 28) feeding assets this Dag waits on: what Airflow declares as an
+    `AssetWatcher` with a `MessageQueueTrigger` on an `amqp://` queue. Every message on `queue`
+    that matches `routing_key` (a glob) and, with `body_field`, whose JSON body has `body_value`
+    at that dotted path, registers one event on each of `assets`. Dags naming the same watcher
+    share one consumer of its queue (same queue and broker), each with its own routes."""
+
+    what: ClassVar[str] = "a watcher"
+    name: Annotated[
+        str,
+        BeforeValidator(_watcher_name),
+        Field(min_length=1, max_length=WATCHER_NAME_MAX_LENGTH),
+    ] = Field(description="The watcher's name (letters, digits, '_', '-'): one consumer.")
+    queue: str = Field(
+        min_length=1, max_length=QUEUE_NAME_MAX_LENGTH, description="The RabbitMQ queue."
+    )
+    broker_url: str = Field(
+        "",
+        max_length=BROKER_URL_MAX_LENGTH,
+        description="amqp:// or amqps:// URL; empty: the ASSET_WATCHER_BROKER_URL setting.",
+    )
+    assets: list[AssetRef] = Field(
+        min_length=1,
+        description="Assets of this Dag's schedule that each message gets an event on.",
+    )
+    routing_key: str = Field(
+        "*",
+        min_length=1,
+        max_length=PATTERN_MAX_LENGTH,
+        description="A glob (`*`, `?`, `[...]`) the message's routing key must match.",
+    )
+    body_field: str = Field(
+        "",
+        max_length=BODY_FIELD_MAX_LENGTH,
+        description="A dotted path into the JSON body; with body_value, a match rule.",
+    )
+    body_value: str = Field(
+        "",
+        max_length=BODY_VALUE_MAX_LENGTH,
+        description="The value (as JSON text for numbers, booleans, null) body_field must have.",
+    )
+
+    @model_validator(mode="after")
+    def _rule(self) -> Watcher:
+        def invalid(subpath: str, message: str) -> PydanticCustomError:
+            return PydanticCustomError("watcher_invalid", message, {"subpath": subpath})
+
+        if self.broker_url and not self.broker_url.startswith(("amqp://", "amqps://")):
+            raise invalid(
+                "broker_url",
+                f"broker_url must be an amqp:// or amqps:// URL, got {self.broker_url[:80]!r}",
+            )
+        if self.body_value and not self.body_field:
+            raise invalid("body_value", "body_value needs a body_field (the path it is read at)")
+        return self
+
+
 class Dag(_Object):
     """A Dag: its schedule (the assets it waits for), its timetable, or both (`schedule_mode`),
     and its tasks."""
@@ -468,6 +546,11 @@ class Dag(_Object):
     )
 
     consumption: Consumption = "batch"
+    watchers: list[Watcher] = Field(
+        default_factory=list,
+        description="Queue watchers feeding this Dag's scheduled assets (Airflow's "
+        "AssetWatcher on a message queue).",
+    )
 
     @model_validator(mode="after")
     def _time_schedule(self) -> Dag:
@@ -552,7 +635,7 @@ _TAGS: dict[str, type[_Object]] = {
     "~asset": AssetCondition,
     **{f"~{kind}": model for kind, model in TIMETABLE_KINDS.items()},
 }
-_LISTED: dict[str, type[_Object]] = {"tasks": Task, "~dags": Dag}
+_LISTED: dict[str, type[_Object]] = {"tasks": Task, "~dags": Dag, "watchers": Watcher}
 _TYPE_ERRORS = {
     "string_type": "must be a string",
     "int_type": "must be an integer",
@@ -617,7 +700,9 @@ def problem(exc: ValidationError) -> tuple[str, str]:
     path = _path(loc)
     if kind == "missing":
         model = _model_at(loc[:-1])
-        return _path(loc[:-1]), f"{model.what if model else 'it'} needs a {loc[-1]}"
+        key = str(loc[-1])
+        article = "" if key.endswith("s") else "a "  # "needs assets", "needs a queue"
+        return _path(loc[:-1]), f"{model.what if model else 'it'} needs {article}{key}"
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1]) or _Object
         allowed = ", ".join(model.model_fields)
@@ -647,7 +732,7 @@ def problem(exc: ValidationError) -> tuple[str, str]:
         return path, f"unknown {str(loc[-1]).replace('_', ' ')} {value!r} (allowed: {allowed})"
     if kind == "condition_too_deep":
         return path + ctx["subpath"], error["msg"]
-    if kind == "timetable_invalid":
+    if kind in ("timetable_invalid", "watcher_invalid"):
         return join(path, ctx["subpath"]), error["msg"]
     if kind == "greater_than":
         return path, f"must be greater than {ctx['gt']:g}, got {value}"

@@ -40,7 +40,10 @@ tasks by (Dag, task_id); tasks missing from a Dag's definition are deleted; task
 schedule references (`DagScheduleAssetReference` / `DagScheduleAliasReference`) and the upstream
 links (`TaskUpstream`) are made to match
 the definition exactly; referenced assets and aliases are created if missing. Only rows that differ
-are written, so a second sync of the same files changes nothing (not even `updated_at`). Dags that
+are written, so a second sync of the same files changes nothing (not even `updated_at`). A Dag's
+`watchers` (queue watchers feeding its scheduled assets; Airflow's AssetWatcher) create the
+watcher when missing and make the Dag's routes on it exactly the definition's (`_Sync._watchers`
+says what is refused and what an operator keeps). Dags that
 are stored but absent from the files are left alone: deleting a Dag deletes its runs, so that is an
 operator's explicit act (the admin), never a side effect of syncing a subset of files.
 """
@@ -61,7 +64,7 @@ from django.db.models import Count, Exists, OuterRef
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
-from . import audit, conditions, dag_schema, exceptions, limits, locks, timetables
+from . import audit, conditions, dag_schema, exceptions, limits, locks, masking, timetables
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
 from .dag_schema import join
 from .models import (
@@ -75,12 +78,14 @@ from .models import (
     DagRunType,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    QueueWatcher,
     ScheduleMode,
     Task,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
     TaskUpstream,
     TriggerRule,
+    WatcherRoute,
 )
 from .models.dags import DEFAULT_RETRY_DELAY_SECONDS
 
@@ -119,6 +124,21 @@ class TaskDefinition:
 
 
 @dataclass(frozen=True)
+class WatcherDefinition:
+    """A Dag's queue watcher (the definition's `watchers`; an Airflow AssetWatcher on a queue):
+    one route of the watcher `name`, to assets of the Dag's schedule (canonical refs)."""
+
+    name: str
+    queue: str
+    broker_url: str = ""
+    assets: tuple[AssetRef, ...] = ()
+    routing_key: str = "*"
+    body_field: str = ""
+    body_value: str = ""
+    path: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
 class DagDefinition:
     dag_id: str
     schedule: Condition | None = None
@@ -139,6 +159,7 @@ class DagDefinition:
     # Events one asset-triggered run consumes at most (issue 28): None is `batch`, 1
     # `per_event`, N `{"max_events": N}`.
     max_events_per_run: int | None = None
+    watchers: tuple[WatcherDefinition, ...] = ()
     # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
     # path of the object in the file ("" or "[i]").
     file: str = field(default="", compare=False)
@@ -160,6 +181,9 @@ class SyncResult:
     tasks_unchanged: int
     assets_created: int
     aliases_created: int
+    # Queue watchers the definitions' `watchers` created, or whose queue or broker they changed.
+    watchers_created: int = 0
+    watchers_updated: int = 0
     # Dags whose stored pause differs from their definition's `is_paused` and was kept (an
     # operator paused or unpaused them; `apply_pause` overrides), as (dag_id, kept value).
     pause_kept: tuple[tuple[str, bool], ...] = ()
@@ -182,6 +206,11 @@ class SyncResult:
             f"{self.tasks_unchanged} unchanged; {self.assets_created} assets and "
             f"{self.aliases_created} aliases created"
         ]
+        if self.watchers_created or self.watchers_updated:
+            lines.append(
+                f"queue watchers: {self.watchers_created} created, {self.watchers_updated} "
+                "updated (their queue or broker)"
+            )
         for dag_id, paused in self.pause_kept:
             lines.append(
                 f"kept dag {dag_id} {'paused' if paused else 'unpaused'} as an operator set it "
@@ -221,7 +250,7 @@ def parse_document(raw: Any, *, file: str, fileloc: str = "") -> list[DagDefinit
     for dag in dags:
         _check_tasks(dag)
         _check_consumption(dag)
-    return dags
+    return [_check_watchers(dag) for dag in dags]
 
 
 def _naming_dag(raw: Any, path: str) -> str:
@@ -264,6 +293,19 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         tasks=tasks,
         xcom_read_scope=model.xcom_read_scope,
         max_events_per_run=_max_events_per_run(model.consumption),
+        watchers=tuple(
+            WatcherDefinition(
+                name=w.name,
+                queue=w.queue,
+                broker_url=w.broker_url,
+                assets=tuple(conditions.asset_ref(ref) for ref in w.assets),
+                routing_key=w.routing_key,
+                body_field=w.body_field,
+                body_value=w.body_value,
+                path=f"{join(path, 'watchers')}[{i}]",
+            )
+            for i, w in enumerate(model.watchers)
+        ),
         **_time_schedule(model),
         file=file,
         fileloc=fileloc,
@@ -321,6 +363,46 @@ def _check_consumption(dag: DagDefinition) -> None:
         join(dag.path, "consumption"),
         f"consumption {shown!r} {problem} (dag {dag.dag_id!r})",
     )
+
+
+def _check_watchers(dag: DagDefinition) -> DagDefinition:
+    """A watcher feeds assets the Dag waits on: each of its assets must be one of the schedule's
+    (by name or uri; the Dag returned carries the schedule's refs), listed once; a watcher name
+    appears once per Dag (one route each: a message matching it gets an event on each asset)."""
+    if not dag.watchers:
+        return dag
+    scheduled = conditions.referenced_assets(dag.schedule) if dag.schedule is not None else []
+    names: set[str] = set()
+    watchers = []
+    for watcher in dag.watchers:
+        if watcher.name in names:
+            raise DefinitionError(
+                dag.file,
+                join(watcher.path, "name"),
+                f"watcher {watcher.name!r} is declared twice in dag {dag.dag_id!r} (give one "
+                "watcher all its assets, or two watchers two names)",
+            )
+        names.add(watcher.name)
+        refs: list[AssetRef] = []
+        for i, ref in enumerate(watcher.assets):
+            match = next((s for s in scheduled if ref.name == s.name or ref.uri == s.uri), None)
+            if match is None:
+                raise DefinitionError(
+                    dag.file,
+                    f"{join(watcher.path, 'assets')}[{i}]",
+                    f"watcher {watcher.name!r} feeds asset {ref.name!r}, which the schedule of "
+                    f"dag {dag.dag_id!r} does not name (a watcher feeds the assets its Dag "
+                    "waits on)",
+                )
+            if match in refs:
+                raise DefinitionError(
+                    dag.file,
+                    f"{join(watcher.path, 'assets')}[{i}]",
+                    f"watcher {watcher.name!r} lists asset {match.name!r} twice",
+                )
+            refs.append(match)
+        watchers.append(replace(watcher, assets=tuple(refs)))
+    return replace(dag, watchers=tuple(watchers))
 
 
 def _check_tasks(dag: DagDefinition) -> None:
@@ -468,7 +550,8 @@ def _asset_refs(dag: DagDefinition) -> Iterator[tuple[AssetRef, str]]:
 
 
 def check_definitions(dags: Sequence[DagDefinition]) -> None:
-    """Checks that span Dags: unique dag_ids, one uri per asset name and one name per uri."""
+    """Checks that span Dags: unique dag_ids, one uri per asset name and one name per uri, one
+    queue and broker per watcher name."""
     first: dict[str, DagDefinition] = {}
     for dag in dags:
         if dag.dag_id in first:
@@ -500,6 +583,31 @@ def check_definitions(dags: Sequence[DagDefinition]) -> None:
                     f"uri {ref.uri!r} is named {ref.name!r} here but {seen[0]!r} at "
                     f"{seen[1]}: {seen[2]}",
                 )
+    _check_watcher_consumers(dags)
+
+
+def _check_watcher_consumers(dags: Sequence[DagDefinition]) -> None:
+    """One watcher name is one consumer of one queue: the Dags naming it agree on its queue and
+    broker."""
+    first: dict[str, tuple[WatcherDefinition, DagDefinition]] = {}
+    for dag in dags:
+        for watcher in dag.watchers:
+            seen, seen_dag = first.setdefault(watcher.name, (watcher, dag))
+            for key in ("queue", "broker_url"):
+                if getattr(seen, key) != getattr(watcher, key):
+                    raise DefinitionError(
+                        dag.file,
+                        join(watcher.path, key),
+                        f"watcher {watcher.name!r} has {key} "
+                        f"{_shown(getattr(watcher, key))} here but "
+                        f"{_shown(getattr(seen, key))} at {seen_dag.file}: {seen.path} (one "
+                        "watcher is one consumer of one queue)",
+                    )
+
+
+def _shown(value: str) -> str:
+    """A queue or broker URL in a message, its password hidden."""
+    return repr(masking.url_without_password(value))
 
 
 def _check_trigger_cycles(dags: Sequence[DagDefinition], alias_assets: dict[str, set[str]]) -> None:
@@ -758,6 +866,7 @@ class _Sync:
         self._outlet_refs(tasks, assets, aliases)
         self._upstream_links(tasks)
         self._schedule_refs(assets, aliases)
+        watchers_created, watchers_updated = self._watchers(assets)
         unscheduled = self._unscheduled_waiting()
         created = set(dags_created)
         updated = (self.changed_dags | set(dags_updated)) - created
@@ -768,6 +877,8 @@ class _Sync:
             dags_unchanged=len(self.dags) - len(created) - len(updated),
             assets_created=assets_created,
             aliases_created=aliases_created,
+            watchers_created=watchers_created,
+            watchers_updated=watchers_updated,
             pause_kept=tuple(self.pause_kept),
             unscheduled_waiting=unscheduled,
             tasks_created=task_counts["tasks_created"],
@@ -1016,6 +1127,153 @@ class _Sync:
             want_aliases,
             lambda key: key[0],
         )
+
+    def _watchers(self, assets: dict[str, Asset]) -> tuple[int, int]:
+        """The definitions' queue watchers (each Dag's `watchers`): (created, updated).
+
+        A watcher name is one consumer. One the sync creates is `from_definitions`; its queue
+        and broker follow the definitions, changed only when no Dag outside this sync routes
+        through it (that Dag's definition says otherwise). A name taken by a watcher made in
+        the admin is refused: it is the operator's. The routes a synced Dag declared
+        (`WatcherRoute.dag`) become exactly its definition's; routes made in the admin stay.
+        A definitions' watcher left without routes is disabled (every message would park as
+        unroutable) and enabled again when a sync gives it routes. Two queries for Dags
+        without watchers."""
+        declared: dict[str, tuple[WatcherDefinition, DagDefinition]] = {}
+        for dag in self.dags:
+            for watcher in dag.watchers:
+                declared.setdefault(watcher.name, (watcher, dag))
+        dag_ids = [dag.dag_id for dag in self.dags]
+        stored_routes = list(WatcherRoute.objects.filter(dag_id__in=dag_ids).order_by("id"))
+        stored_by_name = {w.name: w for w in QueueWatcher.objects.filter(name__in=list(declared))}
+        created: list[QueueWatcher] = []
+        updated: list[QueueWatcher] = []
+        for name, (definition, dag) in sorted(declared.items()):
+            stored = stored_by_name.get(name)
+            config = {"queue": definition.queue, "broker_url": definition.broker_url}
+            if stored is None:
+                created.append(QueueWatcher(name=name, from_definitions=True, **config))
+                continue
+            if not stored.from_definitions:
+                raise DefinitionError(
+                    dag.file,
+                    join(definition.path, "name"),
+                    f"watcher {name!r} is configured in the admin (queue {stored.queue!r}); a "
+                    "definition cannot take it over: rename this watcher, or delete that one",
+                )
+            if (stored.queue, stored.broker_url) == (definition.queue, definition.broker_url):
+                continue
+            other = (
+                WatcherRoute.objects.filter(watcher=stored, dag__isnull=False)
+                .exclude(dag_id__in=dag_ids)
+                .values_list("dag_id", flat=True)
+                .first()
+            )
+            if other is not None:
+                raise DefinitionError(
+                    dag.file,
+                    definition.path,
+                    f"watcher {name!r} consumes queue {stored.queue!r} at "
+                    f"{_shown(stored.broker_url)} for dag {other!r} (not in this sync); this "
+                    f"definition says queue {definition.queue!r} at "
+                    f"{_shown(definition.broker_url)} (one watcher is one consumer of one "
+                    "queue: sync both Dags together, or rename one)",
+                )
+            for key, value in config.items():
+                setattr(stored, key, value)
+            stored.updated_at = timezone.now()  # bulk_update does not touch auto_now
+            updated.append(stored)
+        if updated:
+            QueueWatcher.objects.bulk_update(updated, ["queue", "broker_url", "updated_at"])
+        if created:
+            QueueWatcher.objects.bulk_create(created)
+        if not declared and not stored_routes:
+            return 0, 0
+        ids = {w.name: w.pk for w in QueueWatcher.objects.filter(name__in=list(declared))}
+        self._watcher_routes(stored_routes, ids, assets)
+        return len(created), len(updated)
+
+    def _watcher_routes(
+        self, stored: list[WatcherRoute], ids: dict[str, int], assets: dict[str, Asset]
+    ) -> None:
+        """Make the synced Dags' watcher routes exactly their definitions'; enable or disable
+        the definitions' watchers whose routes came or went (see `_watchers`)."""
+        RouteKey = tuple[int, str, str, str, str, frozenset[int]]
+        through = WatcherRoute.assets.through
+        links: dict[int, set[int]] = {}
+        for route_id, asset_id in through.objects.filter(
+            watcherroute_id__in=[r.pk for r in stored]
+        ).values_list("watcherroute_id", "asset_id"):
+            links.setdefault(route_id, set()).add(asset_id)
+
+        def key(route: WatcherRoute) -> RouteKey:
+            return (
+                route.watcher_id,
+                str(route.dag_id),
+                route.routing_key_pattern,
+                route.body_field,
+                route.body_value,
+                frozenset(links.get(route.pk, ())),
+            )
+
+        wanted: dict[RouteKey, WatcherDefinition] = {
+            (
+                ids[w.name],
+                dag.dag_id,
+                w.routing_key,
+                w.body_field,
+                w.body_value,
+                frozenset(assets[ref.name].pk for ref in w.assets),
+            ): w
+            for dag in self.dags
+            for w in dag.watchers
+        }
+        have = {key(route): route for route in stored}
+        stale = [route for k, route in have.items() if k not in wanted]
+        missing = sorted(k for k in wanted if k not in have)
+        touched = {route.watcher_id for route in stale} | {k[0] for k in missing}
+        if not touched:
+            return
+        before = dict(
+            WatcherRoute.objects.filter(watcher_id__in=touched)
+            .values_list("watcher_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        if stale:
+            WatcherRoute.objects.filter(pk__in=[route.pk for route in stale]).delete()
+        routes = WatcherRoute.objects.bulk_create(
+            WatcherRoute(
+                watcher_id=k[0],
+                dag_id=k[1],
+                routing_key_pattern=k[2],
+                body_field=k[3],
+                body_value=k[4],
+            )
+            for k in missing
+        )
+        through.objects.bulk_create(
+            through(watcherroute_id=route.pk, asset_id=asset_id)
+            for route, k in zip(routes, missing, strict=True)
+            for asset_id in sorted(k[5])
+        )
+        after = dict(before)
+        for route in stale:
+            after[route.watcher_id] -= 1
+        for k in missing:
+            after[k[0]] = after.get(k[0], 0) + 1
+        emptied = [w for w in touched if after.get(w, 0) == 0]
+        refilled = [w for w in touched if after.get(w, 0) > 0 and before.get(w, 0) == 0]
+        QueueWatcher.objects.filter(pk__in=emptied, from_definitions=True, enabled=True).update(
+            enabled=False, updated_at=timezone.now()
+        )
+        QueueWatcher.objects.filter(pk__in=refilled, from_definitions=True, enabled=False).update(
+            enabled=True, updated_at=timezone.now()
+        )
+        for route in stale:
+            self.changed_dags.add(str(route.dag_id))
+        for k in missing:
+            self.changed_dags.add(k[1])
 
     def _match(
         self,

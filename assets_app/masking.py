@@ -87,6 +87,17 @@ def masked_password(password: str | None) -> str | None:
     return MASK if password else password
 
 
+def url_without_password(url: str) -> str:
+    """A URL with its password shown as `***` (`amqp://user:***@host/vhost`): what the audit
+    trail and error messages show of a broker URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    auth, _, host = rest.rpartition("@")
+    user = auth.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
 def masked_extra(extra: str | None) -> str | None:
     """A Connection's `extra` (JSON text) with its sensitive keys masked at any depth; text that
     is not JSON is masked whole (Airflow refuses to show it: it could hold anything)."""

@@ -39,7 +39,7 @@ from typing import Any, Literal
 from django.db import DataError, transaction
 from django.utils import timezone
 
-from . import audit, exceptions, limits, locks, metrics, registration
+from . import audit, exceptions, limits, locks, masking, metrics, registration
 from .models import MessageState, ParkReason, QueueWatcher, WatcherMessage, WatcherRoute
 from .models.watchers import MESSAGE_ID_MAX_LENGTH
 from .sql import watchers as watchers_sql
@@ -475,7 +475,7 @@ def config_snapshot(watcher: QueueWatcher) -> dict[str, Any]:
     """A watcher's configuration as the audit trail records it (the URL without its password)."""
     return {
         "name": watcher.name,
-        "broker_url": _without_password(watcher.broker_url),
+        "broker_url": masking.url_without_password(watcher.broker_url),
         "queue": watcher.queue,
         "enabled": watcher.enabled,
         "prefetch": watcher.prefetch,
@@ -489,15 +489,6 @@ def config_snapshot(watcher: QueueWatcher) -> dict[str, Any]:
             for r in watcher.routes.order_by("id")
         ],
     }
-
-
-def _without_password(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    auth, _, host = rest.rpartition("@")
-    user = auth.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
 
 
 def save_watcher(

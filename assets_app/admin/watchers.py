@@ -9,7 +9,7 @@ import json
 from django.contrib import admin, messages
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from .. import watchers
 from ..models import MessageState, QueueWatcher, WatcherMessage, WatcherRoute
@@ -24,10 +24,16 @@ def count_of(queryset: QuerySet) -> Subquery:
 
 
 class RouteInline(admin.TabularInline):
+    """The operator's routes (made here)."""
+
     model = WatcherRoute
     extra = 1
     fields = ("routing_key_pattern", "body_field", "body_value", "assets")
     autocomplete_fields = ("assets",)
+    verbose_name_plural = "routes made here"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(dag__isnull=True)
 
 
 @admin.register(QueueWatcher)
@@ -36,21 +42,36 @@ class QueueWatcherAdmin(admin.ModelAdmin):
         "name",
         "queue",
         "enabled",
+        "from_definitions",
         "prefetch",
         "routes_count",
         "parked_count",
         "queue_depth",
         "depth_checked_at",
     )
-    list_filter = ("enabled",)
+    list_filter = ("enabled", "from_definitions")
     search_fields = ("name", "queue")
     fields = ("name", "broker_url", "queue", "enabled", "prefetch")
-    readonly_fields = ("queue_depth", "depth_checked_at", "created_at", "updated_at")
+    readonly_fields = (
+        "from_definitions",
+        "declared_routes",
+        "queue_depth",
+        "depth_checked_at",
+        "created_at",
+        "updated_at",
+    )
     inlines = (RouteInline,)
     actions = ("delete_selected_watchers",)
 
     def get_fields(self, request, obj=None):
         return [*self.fields, *self.readonly_fields] if obj else list(self.fields)
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is not None and obj.from_definitions:
+            # The definitions' watcher: its name, queue and broker are theirs (the next sync
+            # would put them back); enabled and prefetch are the operator's.
+            return ("name", "broker_url", "queue", *self.readonly_fields)
+        return self.readonly_fields
 
     def get_actions(self, request):
         actions = super().get_actions(request)
@@ -66,6 +87,21 @@ class QueueWatcherAdmin(admin.ModelAdmin):
             .annotate(
                 n_parked=Coalesce(count_of(parked), 0), n_routes=Coalesce(count_of(routes), 0)
             )
+        )
+
+    @admin.display(description="routes declared by Dag definitions")
+    def declared_routes(self, obj) -> str:
+        """The routes Dag definitions declared (their `watchers`; Airflow AssetWatchers): shown,
+        not edited here; the next sync of a Dag makes its routes what its definition says."""
+        rows = [
+            (r.dag_id, str(r), ", ".join(sorted(a.name for a in r.assets.all())))
+            for r in obj.routes.filter(dag__isnull=False).prefetch_related("assets")
+        ]
+        if not rows:
+            return "-"
+        return format_html(
+            "<ul>{}</ul>",
+            format_html_join("", "<li>dag {}: {} &rarr; {}</li>", rows),
         )
 
     @admin.display(description="routes", ordering="n_routes")

@@ -6,6 +6,7 @@ from django.db import models
 from django.utils import timezone as django_timezone
 
 from .assets import Asset
+from .dags import Dag
 
 WATCHER_NAME_MAX_LENGTH = 200
 QUEUE_NAME_MAX_LENGTH = 255  # AMQP 0-9-1: a queue name is a short string (255 bytes)
@@ -14,6 +15,7 @@ ROUTING_KEY_MAX_LENGTH = 255
 PATTERN_MAX_LENGTH = 255
 BODY_FIELD_MAX_LENGTH = 255
 BODY_VALUE_MAX_LENGTH = 1000
+BROKER_URL_MAX_LENGTH = 1000
 
 
 class QueueWatcher(models.Model):
@@ -23,13 +25,17 @@ class QueueWatcher(models.Model):
 
     name = models.SlugField(max_length=WATCHER_NAME_MAX_LENGTH, unique=True)
     broker_url = models.CharField(
-        max_length=1000,
+        max_length=BROKER_URL_MAX_LENGTH,
         blank=True,
         default="",
         help_text="amqp:// or amqps:// URL; empty: the ASSET_WATCHER_BROKER_URL setting.",
     )
     queue = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH)
     enabled = models.BooleanField(default=True)
+    # Made by a Dag definition's `watchers` (an Airflow AssetWatcher on a queue): the sync owns
+    # its queue and broker and the routes it declared (WatcherRoute.dag); one made in the
+    # admin is the operator's, and no definition may take its name.
+    from_definitions = models.BooleanField(default=False, editable=False)
     prefetch = models.PositiveIntegerField(
         default=50, help_text="Unacknowledged messages a consumer holds at most (basic_qos)."
     )
@@ -70,6 +76,16 @@ class WatcherRoute(models.Model):
     body_field = models.CharField(max_length=BODY_FIELD_MAX_LENGTH, blank=True, default="")
     body_value = models.CharField(max_length=BODY_VALUE_MAX_LENGTH, blank=True, default="")
     assets = models.ManyToManyField(Asset, related_name="watcher_routes")
+    # The Dag whose definition declared this route (its `watchers`); null: made in the admin.
+    # A sync of that Dag makes its routes exactly what the definition says.
+    dag = models.ForeignKey(
+        Dag,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="watcher_routes",
+    )
 
     class Meta:
         ordering = ["watcher", "id"]

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from assets_app import watchers
 from assets_app.models import AssetEvent, AuditEntry, QueueWatcher, WatcherMessage
-from tests.factories import AssetFactory, QueueWatcherFactory, WatcherRouteFactory
+from tests.factories import AssetFactory, DagFactory, QueueWatcherFactory, WatcherRouteFactory
 
 MESSAGES = reverse("admin:assets_app_watchermessage_changelist")
 
@@ -88,3 +88,25 @@ def test_parked_messages_are_filtered_and_requeued_after_a_route_is_added(staff_
     assert AuditEntry.objects.get(action="watcher_message.requeue").actor_name == "operator"
     page = staff_client.get(reverse("admin:assets_app_watchermessage_change", args=[ids[0]]))
     assert page.status_code == 200
+
+
+def test_a_definitions_watcher_shows_its_declared_routes_and_keeps_its_queue(staff_client):
+    """A watcher a Dag definition declared (issue 28): its page lists the declared routes with
+    their Dag, read only; the form edits the operator's routes only and cannot change the
+    definitions' queue (an edited queue field is not applied)."""
+    orders = AssetFactory(name="orders")
+    watcher = QueueWatcherFactory(name="shop", queue="shop-q", from_definitions=True)
+    declared = WatcherRouteFactory(
+        watcher=watcher, dag=DagFactory(dag_id="orders_report"), assets=[orders]
+    )
+    change = reverse("admin:assets_app_queuewatcher_change", args=[watcher.pk])
+    page = staff_client.get(change).content.decode()
+    assert "dag orders_report: * &rarr; orders" in page
+    assert 'name="queue"' not in page  # read only
+
+    form = {"enabled": "on", "prefetch": "7", "queue": "moved", **route_forms()}
+    response = staff_client.post(change, form, follow=True)
+    assert response.status_code == 200
+    watcher.refresh_from_db()
+    assert (watcher.queue, watcher.prefetch) == ("shop-q", 7)
+    assert list(watcher.routes.values_list("pk", flat=True)) == [declared.pk]

@@ -27,6 +27,16 @@ How many queued events one asset-triggered run consumes (issue 28, the definitio
 `consumption`) is a tag too: `tags=["consumption:per_event"]` (one run per event, in event
 order), `"consumption:max_events=50"` (runs of at most 50 events) or `"consumption:batch"`
 (every queued event, Airflow's behaviour and the default).
+
+An `AssetWatcher` on an asset of the Dag's schedule whose trigger is a `MessageQueueTrigger` on
+a RabbitMQ queue becomes the definition's `watchers` (issue 28): the service's queue watcher of
+that name consumes the queue and registers an event on the asset for each message. The queue is
+named by `queue="amqp://user:pass@host:5672/vhost/queue"` (the last path part is the queue, the
+rest the broker; `amqp:///queue` uses the service's ASSET_WATCHER_BROKER_URL) or by
+`scheme="amqp", queue_name="queue"` (with an optional `broker_url`); `routing_key` (a glob),
+`body_field` and `body_value` narrow which messages count. One watcher name on several assets
+is one consumer feeding them all. Any other trigger (Kafka, SQS, a custom one) is refused,
+naming the watcher: the service would never see its events.
 """
 
 import datetime
@@ -34,6 +44,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 # The definition format's task defaults (Airflow's: `all_success`, `retry_delay` 300 s, no
 # backoff, no cap): keys left at them are not sent.
@@ -87,6 +98,98 @@ def _condition(node: Any, *, where: str) -> Any:
     raise DagFileError(
         f"{where}: schedule uses {type(node).__name__}, which the service cannot run"
     )
+
+
+WATCHER_RULE_KWARGS = ("routing_key", "body_field", "body_value")
+AMQP_SCHEMES = ("amqp", "amqps")
+
+
+def _scheduled_assets(node: Any) -> list[Any]:
+    """The Asset objects of a schedule condition, in order (aliases and refs carry none)."""
+    from airflow.sdk import Asset
+    from airflow.sdk.definitions.asset import AssetAll, AssetAny
+
+    if isinstance(node, Asset):
+        return [node]
+    if isinstance(node, AssetAll | AssetAny):
+        return [asset for child in node.objects for asset in _scheduled_assets(child)]
+    return []
+
+
+def _queue_of(trigger: Any, *, what: str) -> dict[str, str]:
+    """The queue, broker and match rule of an AssetWatcher's MessageQueueTrigger on RabbitMQ."""
+    kwargs = dict(trigger.kwargs)
+    if trigger.queue_uri is not None:
+        parts = urlsplit(trigger.queue_uri)
+        path = parts.path.split("/")[1:]
+        if parts.scheme not in AMQP_SCHEMES or len(path) not in (1, 2) or not path[-1]:
+            raise DagFileError(
+                f"{what} has queue {trigger.queue_uri!r}: expected "
+                "amqp://[user:pass@]host[:port][/vhost]/<queue> (or amqps://)"
+            )
+        if not parts.netloc and len(path) == 2:
+            raise DagFileError(f"{what} has queue {trigger.queue_uri!r}: a vhost needs a host")
+        broker = f"{parts.scheme}://{parts.netloc}" + (f"/{path[0]}" if len(path) == 2 else "")
+        broker += f"?{parts.query}" if parts.query else ""
+        found = {"queue": unquote(path[-1]), "broker_url": broker if parts.netloc else ""}
+        allowed: tuple[str, ...] = WATCHER_RULE_KWARGS
+    else:
+        if trigger.scheme not in AMQP_SCHEMES or not kwargs.get("queue_name"):
+            raise DagFileError(
+                f"{what} has scheme {trigger.scheme!r}: the service consumes RabbitMQ queues, "
+                "MessageQueueTrigger(scheme='amqp', queue_name=...)"
+            )
+        found = {"queue": str(kwargs.pop("queue_name")), "broker_url": ""}
+        if "broker_url" in kwargs:
+            found["broker_url"] = str(kwargs.pop("broker_url"))
+        allowed = ("queue_name", "broker_url", *WATCHER_RULE_KWARGS)
+    unknown = sorted(set(kwargs) - set(WATCHER_RULE_KWARGS))
+    if unknown:
+        raise DagFileError(
+            f"{what}: MessageQueueTrigger argument(s) {', '.join(unknown)} are not understood "
+            f"here (allowed: {', '.join(allowed)})"
+        )
+    return {**found, **{k: str(v) for k, v in kwargs.items()}}
+
+
+def _watchers(dag: Any, *, where: str) -> list[dict[str, Any]]:
+    """The definition's `watchers` from the AssetWatchers of the Dag's scheduled assets."""
+    timetable = dag.timetable
+    condition = getattr(timetable, "asset_condition", None)
+    watched = (
+        [a for a in _scheduled_assets(condition) if a.watchers] if condition is not None else []
+    )
+    if not watched:
+        return []
+    # requirements-airflow.txt installs the provider; imported only here, as importing it
+    # initializes Airflow's providers manager.
+    from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+
+    by_name: dict[str, dict[str, Any]] = {}
+    for asset in watched:
+        for watcher in asset.watchers:
+            what = f"{where}: Dag {dag.dag_id!r}: AssetWatcher {watcher.name!r} on {asset.name!r}"
+            trigger = watcher.trigger
+            if not isinstance(trigger, MessageQueueTrigger):
+                raise DagFileError(
+                    f"{what} uses {type(trigger).__name__}, which the service does not run: it "
+                    "consumes RabbitMQ queues, MessageQueueTrigger(queue='amqp://host/vhost/"
+                    "queue') or MessageQueueTrigger(scheme='amqp', queue_name='queue')"
+                )
+            config = {"name": watcher.name, **_queue_of(trigger, what=what)}
+            entry = by_name.setdefault(watcher.name, {**config, "assets": []})
+            if {k: v for k, v in entry.items() if k != "assets"} != config:
+                raise DagFileError(
+                    f"{what}: another AssetWatcher {watcher.name!r} of this Dag watches a "
+                    "different queue or rule (one name is one watcher: give them two names)"
+                )
+            if _asset(asset) not in entry["assets"]:
+                entry["assets"].append(_asset(asset))
+    defaults = {"broker_url": "", "routing_key": "*", "body_field": "", "body_value": ""}
+    return [
+        {k: v for k, v in entry.items() if defaults.get(k) != v}
+        for _, entry in sorted(by_name.items())
+    ]
 
 
 def _zone(tz: Any) -> str:
@@ -279,6 +382,9 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
     consumption = _consumption(dag, where=where)
     if consumption is not None:
         definition["consumption"] = consumption
+    watchers = _watchers(dag, where=where)
+    if watchers:
+        definition["watchers"] = watchers
     if timetable is not None:
         definition["timetable"] = timetable
         definition.update(_time_fields(dag))

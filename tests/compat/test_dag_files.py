@@ -8,9 +8,11 @@ import textwrap
 import pytest
 
 from assets_app import definitions
-from assets_app.models import Dag, Task
+from assets_app.models import AssetEvent, Dag, QueueWatcher, Task
+from tests import rabbitmq
 from tests.compat.airflow_worker_env import ROOT, sdk_python
 from tests.proof.conftest import app_table_counts
+from tests.test_watchers import consume
 
 _CONVERT = """
 import json, sys
@@ -417,3 +419,113 @@ def test_a_tag_sets_the_dags_consumption_and_a_bad_one_is_that_files_import_erro
         "fifty": 50,
         "all_of_them": None,
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_asset_watcher_on_a_rabbitmq_queue_becomes_the_services_queue_watcher(tmp_path):
+    """Issue 28: Airflow's `AssetWatcher(name, MessageQueueTrigger(...))` on scheduled assets
+    becomes the definition's `watchers` (one watcher name on two assets: one consumer feeding
+    both; the URI form and the `scheme` form); a message published to the queue registers an
+    event on both assets. A trigger the service cannot consume (another scheme, another
+    trigger class) is an import error of its file naming the watcher."""
+    queue = "test-dag-file-watcher"
+    (tmp_path / "watched.py").write_text(
+        textwrap.dedent(
+            f"""
+            from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+            from airflow.sdk import Asset, AssetWatcher, dag, task
+
+            shop = MessageQueueTrigger(
+                queue="amqp://guest:guest@localhost:5672/%2F/{queue}", routing_key="shop.*"
+            )
+            orders = Asset("orders", watchers=[AssetWatcher(name="shop", trigger=shop)])
+            refunds = Asset("refunds", watchers=[AssetWatcher(name="shop", trigger=shop)])
+
+            @dag(dag_id="watched", schedule=(orders | refunds))
+            def watched():
+                task(task_id="t")(lambda: None)()
+
+            by_scheme = MessageQueueTrigger(
+                scheme="amqp", queue_name="{queue}-2", body_field="kind", body_value="paid"
+            )
+            paid = Asset("paid", watchers=[AssetWatcher(name="paid", trigger=by_scheme)])
+
+            @dag(dag_id="paid_report", schedule=[paid])
+            def paid_report():
+                task(task_id="t")(lambda: None)()
+
+            watched()
+            paid_report()
+            """
+        )
+    )
+    (tmp_path / "kafka.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+            from airflow.sdk import Asset, AssetWatcher, dag, task
+
+            trigger = MessageQueueTrigger(scheme="kafka", topics=["t"])
+            a = Asset("k", watchers=[AssetWatcher(name="kafka_topic", trigger=trigger)])
+
+            @dag(dag_id="on_kafka", schedule=[a])
+            def on_kafka():
+                task(task_id="t")(lambda: None)()
+
+            on_kafka()
+            """
+        )
+    )
+    (tmp_path / "files.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.providers.standard.triggers.file import FileDeleteTrigger
+            from airflow.sdk import Asset, AssetWatcher, dag, task
+
+            a = Asset("f", watchers=[AssetWatcher(name="gone", trigger=FileDeleteTrigger("/x"))])
+
+            @dag(dag_id="on_file", schedule=[a])
+            def on_file():
+                task(task_id="t")(lambda: None)()
+
+            on_file()
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    errors = converted["import_errors"]
+    assert "AssetWatcher 'kafka_topic' on 'k' has scheme 'kafka'" in errors["kafka.py"]
+    assert "AssetWatcher 'gone' on 'f' uses FileDeleteTrigger" in errors["files.py"]
+    parsed = {d["dag_id"]: d for d in converted["watched.py"]}
+    assert parsed["watched"]["watchers"] == [
+        {
+            "name": "shop",
+            "queue": queue,
+            "broker_url": "amqp://guest:guest@localhost:5672/%2F",
+            "routing_key": "shop.*",
+            "assets": [{"name": "orders", "uri": "orders"}, {"name": "refunds", "uri": "refunds"}],
+        }
+    ]
+    assert parsed["paid_report"]["watchers"] == [
+        {
+            "name": "paid",
+            "queue": f"{queue}-2",
+            "body_field": "kind",
+            "body_value": "paid",
+            "assets": [{"name": "paid", "uri": "paid"}],
+        }
+    ]
+
+    definitions.sync_documents(documents=[("watched.py", raw) for raw in parsed.values()])
+    shop = QueueWatcher.objects.get(name="shop")
+    assert QueueWatcher.objects.get(name="paid").broker_url == ""  # the service's setting
+    try:
+        rabbitmq.publish(queue, [rabbitmq.message({"id": 7}, routing_key="shop.paid")])
+        assert consume(shop, 1) == 1
+    finally:
+        rabbitmq.delete(queue)
+        rabbitmq.delete(f"{queue}-2")
+    assert sorted(AssetEvent.objects.values_list("asset__name", flat=True)) == [
+        "orders",
+        "refunds",
+    ]

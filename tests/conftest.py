@@ -16,18 +16,23 @@ import pytest
 from django.db import connection
 
 FIGURES_DIR_ENV = "TEST_FIGURES_DIR"
+_FIGURES_OWNED = pytest.StashKey[str]()
 SERIAL_FOLDERS = ("proof", "concurrency")
 
 
 def pytest_configure(config):
-    # The controller (or a plain run) makes the folder; xdist workers inherit it by environment.
+    # The controller (or a plain run) makes the folder; xdist workers inherit it by environment,
+    # and so does a pytest a test starts (test_readme_commands runs `bin/test --collect-only`).
     if not hasattr(config, "workerinput") and FIGURES_DIR_ENV not in os.environ:
         os.environ[FIGURES_DIR_ENV] = tempfile.mkdtemp(prefix="asset-events-figures-")
+        config.stash[_FIGURES_OWNED] = os.environ[FIGURES_DIR_ENV]
 
 
 def pytest_unconfigure(config):
-    folder = os.environ.get(FIGURES_DIR_ENV, "")
-    if not hasattr(config, "workerinput") and "asset-events-figures-" in folder:
+    # Only the run that made the folder removes it: a nested run removing its parent's folder
+    # made the parent's next record_figure fail (FileNotFoundError, seen with -n 2).
+    folder = config.stash.get(_FIGURES_OWNED, None)
+    if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
         del os.environ[FIGURES_DIR_ENV]
 

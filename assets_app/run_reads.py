@@ -32,6 +32,42 @@ from .models import Dag, DagRun, DagRunState, TaskInstance, TIState
 
 ALL = "~"
 
+# Airflow 3.3.2's grid summarises a mapped task's TIs as the first of these states any of them
+# is in (`api_fastapi.common.parameters.state_priority`, used by `services.ui.grid.agg_state`);
+# None is "no status". The states this service has no equivalent of are left out.
+MAPPED_STATE_PRIORITY: tuple[str | None, ...] = (
+    TIState.FAILED,
+    TIState.UPSTREAM_FAILED,
+    TIState.UP_FOR_RETRY,
+    TIState.RUNNING,
+    TIState.QUEUED,
+    TIState.SCHEDULED,
+    None,
+    TIState.SUCCESS,
+    TIState.SKIPPED,
+    TIState.REMOVED,
+)
+
+
+def mapped_state(states: Sequence[str | None]) -> str | None:
+    """The one state a mapped task's TIs show as (Airflow's grid `agg_state`)."""
+    present = set(states)
+    return next((state for state in MAPPED_STATE_PRIORITY if state in present), None)
+
+
+def state_counts(states: Sequence[str | None]) -> list[tuple[str, int]]:
+    """(state, count) of a mapped task's TIs, in MAPPED_STATE_PRIORITY order ("none": no
+    status), e.g. [("running", 3), ("success", 10)]."""
+    counts: dict[str | None, int] = {}
+    for state in states:
+        counts[state] = counts.get(state, 0) + 1
+    order = {state: i for i, state in enumerate(MAPPED_STATE_PRIORITY)}
+    return [
+        (state or "none", n)
+        for state, n in sorted(counts.items(), key=lambda kv: order.get(kv[0], len(order)))
+    ]
+
+
 # Airflow's DagRunState / TaskInstanceState values; "none" (and "no_status") ask for no state.
 AIRFLOW_RUN_STATES = ("queued", "running", "success", "failed")
 AIRFLOW_RUN_TYPES = (

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from .. import runs, task_logs
+from .. import run_reads, runs, task_logs
 from ..models import (
     AssetAliasEvent,
     AssetEvent,
@@ -158,20 +158,37 @@ def _grid_cell(task_id: str, tis: list[dict], run: dict, ti_url: str) -> str:
             '<td><span class="aes-cell aes-cell-empty" title="no task instance"></span></td>'
         )
     first = tis[0]
-    mapped = f" ({len(tis)} mapped)" if len(tis) > 1 else ""
+    if len(tis) == 1 and first["map_index"] < 0:
+        return format_html(
+            '<td><a href="{}" title="{} · {} · try {} · {} · {}"><span class="aes-cell" '
+            'data-state="{}" style="background:{}"></span></a></td>',
+            ti_url.replace("__pk__", str(first["id"])),
+            task_id,
+            first["state"] or "no status",
+            first["try_number"],
+            first["duration"],
+            run["run_id"],
+            first["state"] or "",
+            state_colour(first["state"]),
+        )
+    # A mapped task: one cell, coloured by Airflow's summary state of its map indexes, with
+    # their count and the counts by state; it opens the run's page, which lists them all.
+    states = [ti["state"] for ti in tis]
+    state = run_reads.mapped_state(states)
+    counts = ", ".join(f"{n} {s}" for s, n in run_reads.state_counts(states))
     return format_html(
-        '<td><a href="{}" title="{}{} · {} · try {} · {} · {}"><span class="aes-cell" '
-        'data-state="{}" style="background:{}">{}</span></a></td>',
-        ti_url.replace("__pk__", str(first["id"])),
+        '<td><a href="{}#run-task-instances" title="{} ({} mapped) · {} · {}"><span '
+        'class="aes-cell aes-cell-mapped" data-state="{}" data-mapped="{}" '
+        'style="background:{}">{}</span></a></td>',
+        reverse("admin:assets_app_dagrun_change", args=[run["id"]]),
         task_id,
-        mapped,
-        first["state"] or "no status",
-        first["try_number"],
-        first["duration"],
+        len(tis),
+        counts,
         run["run_id"],
-        first["state"] or "",
-        state_colour(first["state"]),
-        len(tis) if len(tis) > 1 else "",
+        state or "",
+        len(tis),
+        state_colour(state),
+        len(tis),
     )
 
 

@@ -9,7 +9,7 @@ from django.core.cache import cache
 from django.urls import reverse
 from django.utils import timezone
 
-from assets_app import audit, outbox
+from assets_app import audit, outbox, run_reads
 from assets_app.admin import base
 from assets_app.models import (
     Asset,
@@ -373,3 +373,42 @@ def test_a_dag_whose_file_did_not_import_links_to_its_import_error(staff_client)
     assert "No module named &#x27;pandas_x&#x27;" in page and "etl/broken.py" in page
     errors = staff_client.get(reverse("admin:assets_app_dagimporterror_changelist"))
     assert "ModuleNotFoundError" in errors.content.decode()
+
+
+def test_a_mapped_task_is_one_grid_cell_with_its_summary_state_and_counts(staff_client):
+    """Issue 25: a mapped task's map indexes are one cell, coloured by Airflow 3.3.2's grid
+    summary (`agg_state`: failed before running before success), its count shown, the counts
+    by state in its title, linking to the run's page that lists every map index."""
+    run = DagRunFactory(dag=DagFactory(dag_id="fan_out"), state="running")
+    states = ["success"] * 5 + ["running"] * 2 + ["failed"]
+    for i, state in enumerate(states):
+        TaskInstanceFactory(dag_run=run, task_id="each", map_index=i, state=state)
+    TaskInstanceFactory(dag_run=run, task_id="plain", state="success")
+    page = staff_client.get(reverse("admin:assets_app_dag_grid", args=["fan_out"])).content
+    page = page.decode()
+    assert page.count('class="aes-cell" data-state=') == 1  # the unmapped task
+    assert (
+        f'data-state="failed" data-mapped="8" style="background:'
+        f'{base.STATE_COLOURS[TIState.FAILED]}">8</span>'
+    ) in page
+    assert "each (8 mapped) · 1 failed, 2 running, 5 success" in page
+    run_page = reverse("admin:assets_app_dagrun_change", args=[run.pk])
+    assert f'href="{run_page}#run-task-instances"' in page
+    listed = staff_client.get(run_page).content.decode()
+    assert all(f"each[{i}]" in listed for i in range(8))
+
+
+@pytest.mark.parametrize(
+    ("states", "shown"),
+    [
+        (["success", "running", "failed"], "failed"),
+        (["success", "upstream_failed", "running"], "upstream_failed"),
+        (["success", "queued", "running"], "running"),
+        (["success", "scheduled"], "scheduled"),
+        (["success", None], None),
+        (["skipped", "success"], "success"),
+        (["removed", "skipped"], "skipped"),
+    ],
+)
+def test_the_mapped_summary_state_follows_airflows_priority(states, shown):
+    assert run_reads.mapped_state(states) == shown

@@ -557,8 +557,17 @@ def get_task_instance(
         .first()
     )
     if ti is None:
+        mapped = (
+            map_index == -1
+            and TaskInstance.objects.filter(
+                dag_id=dag_id, run_id=run_id, task_id=task_id, map_index__gte=0
+            ).exists()
+        )
         raise exceptions.NotFound(
-            f"The Task Instance with dag_id: `{dag_id}`, run_id: `{run_id}`, task_id: "
+            # Airflow 3.3.2's words for a mapped task asked for without its map index.
+            "Task instance is mapped, add the map_index value to the URL"
+            if mapped
+            else f"The Task Instance with dag_id: `{dag_id}`, run_id: `{run_id}`, task_id: "
             f"`{task_id}` and map_index: `{map_index}` was not found",
             reason="task_instance_not_found",
         )

@@ -15,7 +15,7 @@ from assets_app.api.public_auth import create_api_token
 from assets_app.api.public_permissions import permission_of
 from assets_app.models import Asset, DagRun, Task, TaskInstance, TIState
 from tests.asset_flow import scheduled_dag
-from tests.factories import AssetFactory
+from tests.factories import AssetFactory, DagFactory, DagRunFactory, TaskInstanceFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -196,3 +196,24 @@ def test_a_duration_filter_no_run_could_have_is_a_422_naming_it(api, value):
     )
     assert body.status_code == 422, body.content
     assert api.get("/api/v2/dags/~/dagRuns", {"duration_gt": "3600"}).status_code == 200
+
+
+def test_a_mapped_task_asked_for_without_its_map_index_is_airflows_404(api):
+    """Airflow 3.3.2 answers GET .../taskInstances/{task_id} of a mapped task with its own 404
+    message; the map index's path finds each one."""
+    run = DagRunFactory(dag=DagFactory(dag_id="fan"), run_id="r1")
+    for i in range(3):
+        TaskInstanceFactory(dag_run=run, task_id="each", map_index=i)
+    base = "/api/v2/dags/fan/dagRuns/r1/taskInstances"
+    answer = api.get(f"{base}/each")
+    assert answer.status_code == 404
+    assert answer.json()["detail"]["message"] == (
+        "Task instance is mapped, add the map_index value to the URL"
+    )
+    assert api.get(f"{base}/each/2").json()["map_index"] == 2
+    missing = api.get(f"{base}/nothing")
+    assert missing.status_code == 404
+    assert (
+        "task_id: `nothing` and map_index: `-1` was not found"
+        in missing.json()["detail"]["message"]
+    )

@@ -43,7 +43,7 @@ from django.db import transaction
 from django.db.models import Case, Exists, OuterRef, QuerySet, Value, When
 from django.utils import timezone
 
-from . import nudges, webhooks
+from . import mapping, nudges, webhooks
 from .models import AssetDagRunQueue, DagRun, DagRunState, TaskInstance, TaskUpstream, TIState
 from .models.runs import TI_UNFINISHED_STATES
 from .sql import dependencies as dependencies_sql
@@ -65,13 +65,25 @@ class Evaluation:
 
 
 def evaluate_round(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) -> list[tuple]:
-    """One statement (autocommit, or inside the caller's transaction): decide the waiting TIs of
+    """One statement (its own transaction, or inside the caller's): decide the waiting TIs of
     the run downstream of `finished_task_ids` (None: every waiting TI of the run). Returns the
     (task_id, new state) of the TIs it changed
-    (`dependencies_sql.evaluate_waiting_task_instances`)."""
-    return dependencies_sql.evaluate_waiting_task_instances(
-        dag_run_id=dag_run_id, finished_task_ids=finished_task_ids, now=timezone.now()
-    )
+    (`dependencies_sql.evaluate_waiting_task_instances`). A mapped task's map-index -1 TI whose
+    rule is met is expanded in the same transaction (`mapping.expand`, a fixed number of
+    statements more, only then): its TIs queued, or it is skipped / upstream_failed."""
+    now = timezone.now()
+    # No savepoint: inside a caller's transaction the statements are the caller's.
+    with transaction.atomic(savepoint=False):
+        changed = dependencies_sql.evaluate_waiting_task_instances(
+            dag_run_id=dag_run_id, finished_task_ids=finished_task_ids, now=now
+        )
+        ready = sorted({task_id for task_id, state in changed if state == TIState.SCHEDULED})
+        if ready:
+            changed = [
+                *(row for row in changed if row[1] != TIState.SCHEDULED),
+                *mapping.expand(dag_run_id=dag_run_id, task_ids=ready, now=now),
+            ]
+    return changed
 
 
 def evaluate(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) -> Evaluation:

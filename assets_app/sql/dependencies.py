@@ -75,11 +75,16 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
         return f"SUM(CASE WHEN ut.state = {_q(state)} THEN 1 ELSE 0 END)"
 
     run = DagRun._meta.db_table
+    # A mapped task's TI of map index -1 (issue 25): expanded (`mapping.expand`), not queued,
+    # once its rule is met.
+    unexpanded = (
+        "(w.map_index = -1 AND (t.map_length IS NOT NULL OR t.map_upstream <> '')) AS unexpanded"
+    )
     # The waiting TIs to look at: downstream of the given tasks (found from them through the
     # indexes: task by (dag, task_id), links by upstream, TI by (run, task_id)), or (the sweep)
     # every waiting TI of the run.
     cand = (
-        f"""SELECT DISTINCT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule
+        f"""SELECT DISTINCT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded}
     FROM {task} u0
     JOIN {link} l0 ON l0.upstream_id = u0.id
     JOIN {task} t ON t.id = l0.task_id
@@ -87,7 +92,7 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
     WHERE u0.dag_id = (SELECT dag_id FROM {run} WHERE id = %s)
       AND u0.task_id IN (SELECT value FROM given) AND w.state = {waiting}"""
         if from_tasks
-        else f"""SELECT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule
+        else f"""SELECT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded}
     FROM {ti} w
     JOIN {task} t ON t.dag_id = w.dag_id AND t.task_id = w.task_id
     WHERE w.dag_run_id = %s AND w.state = {waiting}"""
@@ -106,7 +111,7 @@ WITH {given}cand AS (
     {cand}
 ),
 counts AS (
-    SELECT c.ti_id, c.rule,
+    SELECT c.ti_id, c.rule, c.unexpanded,
         COUNT(u.id) AS n,
         {count(TIState.SUCCESS)} AS s,
         {count(TIState.SKIPPED)} AS k,
@@ -118,13 +123,14 @@ counts AS (
     LEFT JOIN {link} l ON l.task_id = c.task_pk
     LEFT JOIN {task} u ON u.id = l.upstream_id
     LEFT JOIN {ti} ut ON ut.dag_run_id = %s AND ut.task_id = u.task_id
-    GROUP BY c.ti_id, c.rule
+    GROUP BY c.ti_id, c.rule, c.unexpanded
 ),
 decided AS (
-    SELECT ti_id, {_decision_sql()} AS new_state FROM counts
+    SELECT ti_id, unexpanded, {_decision_sql()} AS new_state FROM counts
 )
 UPDATE {ti} SET
-    state = decided.new_state,
+    state = CASE WHEN decided.unexpanded AND decided.new_state = {_q(TIState.QUEUED)}
+        THEN {ti}.state ELSE decided.new_state END,
     queued_at = CASE WHEN decided.new_state = {_q(TIState.QUEUED)} THEN %s ELSE queued_at END,
     end_date = CASE WHEN decided.new_state = {_q(TIState.QUEUED)} THEN end_date ELSE %s END,
     updated_at = %s
@@ -149,7 +155,9 @@ def evaluate_waiting_task_instances(
 ) -> list[tuple[str, str]]:
     """Decide the run's waiting TIs downstream of `finished_task_ids` (None: every waiting TI of
     the run) and write the decided ones: one statement, autocommit or in the caller's
-    transaction. Returns (task_id, new state) of the TIs it changed."""
+    transaction. Returns (task_id, new state) of the TIs it changed; `scheduled` is a mapped
+    task's TI of map index -1 whose rule is met: left waiting, its row locked by this statement
+    until the transaction ends, for the caller to expand (`mapping.expand`)."""
     at = connection.ops.adapt_datetimefield_value(now)
     with prepared_cursor() as cursor:
         if finished_task_ids is None:

@@ -2,11 +2,12 @@
 
 A mapped task (`Task.map_length`, a literal list; `Task.map_upstream`, an upstream task's
 return value) whose length is not known when its run is created has one TI of map index -1, as
-in Airflow, waiting (`scheduled`) like any task with upstream tasks. The dependency evaluation
-(`dependencies.evaluate_round`) leaves it waiting when its trigger rule is met and hands it
-here, in the same transaction, its row locked by that evaluation's UPDATE: `expand` mirrors
-Airflow 3.3.2's `TaskMap.expand_mapped_task` (airflow-core `models/taskmap.py`), called from
-`DagRun._get_ready_tis` once the TI's dependencies are met:
+in Airflow, waiting (`scheduled`) like any task with upstream tasks. When the dependency
+evaluation (`dependencies.evaluate_round`) finds its trigger rule met, it expands it, as
+Airflow 3.3.2's `TaskMap.expand_mapped_task` (airflow-core `models/taskmap.py`) does, called
+from `DagRun._get_ready_tis` once the TI's dependencies are met. On PostgreSQL the evaluation
+statement itself does it (`sql/dependencies._write_sql`: no statement more); on SQLite it
+leaves the TI waiting and `expand` below does it, with the same rules:
 
 - the length is the one the Task SDK pushed with the upstream's return value (`?mapped_length=`,
   `XCom.mapped_length`, Airflow's TaskMap.length), else the length of a list or object value
@@ -17,8 +18,8 @@ Airflow 3.3.2's `TaskMap.expand_mapped_task` (airflow-core `models/taskmap.py`),
 - no value pushed (or one that is neither a list nor an object): upstream_failed (Airflow's
   NotFullyPopulated, `unmapped_ti.state = UPSTREAM_FAILED`).
 
-Four statements whatever n: the run, the lengths, one UPDATE of the -1 TIs, one INSERT of the
-others.
+`expand`: four statements whatever n (the run, the lengths, one UPDATE of the -1 TIs, one
+INSERT of the others).
 """
 
 from collections.abc import Sequence
@@ -27,8 +28,7 @@ from datetime import datetime
 from django.db.models import Case, F, OuterRef, Subquery, Value, When
 
 from .models import DagRun, Task, TaskInstance, TIState, XCom
-
-RETURN_VALUE_KEY = "return_value"
+from .sql.dependencies import RETURN_VALUE_KEY
 
 
 def _length(
@@ -44,10 +44,11 @@ def _length(
 
 
 def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[tuple[str, str]]:
-    """Expand the waiting map-index -1 TIs of `task_ids` in the run (see the module docstring).
-    Runs inside the caller's transaction, which holds those TIs' row locks (the evaluation that
-    found their rule met), so no other expansion of them can run meanwhile. Returns (task_id,
-    new state) per task: queued (expanded), skipped or upstream_failed."""
+    """Expand the waiting map-index -1 TIs of `task_ids` in the run, whose trigger rule is met
+    (see the module docstring). Inside the caller's transaction; a TI expanded meanwhile is
+    left alone (the UPDATE matches only a waiting -1 TI, the INSERT ignores map indexes that
+    exist). Returns (task_id, new state) per task: queued (expanded), skipped or
+    upstream_failed."""
     dag_id, run_id = DagRun.objects.values_list("dag_id", "run_id").get(pk=dag_run_id)
     pushed = XCom.objects.filter(
         dag_id=dag_id,
@@ -116,5 +117,5 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
         for map_index in range(1, lengths[task_id] or 0)
     ]
     if new:
-        TaskInstance.objects.bulk_create(new)
+        TaskInstance.objects.bulk_create(new, ignore_conflicts=True)
     return sorted(outcome.items())

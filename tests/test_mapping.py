@@ -4,11 +4,13 @@ format and their sync."""
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import definitions, dependencies, runs, xcoms
+from assets_app import definitions, dependencies, mapping, runs, xcoms
 from assets_app.models import Dag, DagRun, Task, TaskInstance, TIState, XCom
-from assets_app.task_state import finishing, starting, success
+from assets_app.task_state import claims, finishing, starting, success
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +32,7 @@ def sync(*dags: dict) -> definitions.SyncResult:
     )
 
 
-def mapping(dag_id: str) -> dict[str, tuple[int | None, str]]:
+def mapped_over(dag_id: str) -> dict[str, tuple[int | None, str]]:
     return {
         task_id: (length, upstream)
         for task_id, length, upstream in Task.objects.filter(dag_id=dag_id).values_list(
@@ -41,7 +43,7 @@ def mapping(dag_id: str) -> dict[str, tuple[int | None, str]]:
 
 def test_sync_stores_what_each_task_maps_over_and_a_second_sync_changes_nothing():
     sync(FAN_OUT)
-    assert mapping("fan_out") == {
+    assert mapped_over("fan_out") == {
         "list_files": (None, ""),
         "each": (None, "list_files"),
         "fixed": (3, ""),
@@ -63,17 +65,17 @@ def test_a_changed_expand_updates_the_task_and_a_removed_one_unmaps_it():
     changed["tasks"][2]["expand"] = {"n": [1]}
     result = sync(changed)
     assert result.tasks_updated == 2
-    assert mapping("fan_out")["each"] == (None, "")
-    assert mapping("fan_out")["fixed"] == (1, "")
+    assert mapped_over("fan_out")["each"] == (None, "")
+    assert mapped_over("fan_out")["fixed"] == (1, "")
 
 
 def test_a_literal_of_exactly_max_map_length_values_is_accepted(settings):
     settings.MAX_MAP_LENGTH = 4
     sync({"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": [1, 2, 3, 4]}}]})
-    assert mapping("d") == {"a": (4, "")}
+    assert mapped_over("d") == {"a": (4, "")}
     with pytest.raises(definitions.DefinitionError, match="expand over 5 values, more than"):
         sync({"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": [1, 2, 3, 4, 5]}}]})
-    assert mapping("d") == {"a": (4, "")}
+    assert mapped_over("d") == {"a": (4, "")}
 
 
 # --- expansion --------------------------------------------------------------------------------
@@ -209,3 +211,188 @@ def test_a_mapped_task_whose_rule_fails_is_not_expanded():
     fail(one(run, "list_files"))
     assert tis(run, "each") == [(-1, "upstream_failed")]
     assert tis(run, "sum") == [(-1, "upstream_failed")]
+
+
+# --- downstream of a mapped task ----------------------------------------------------------------
+
+
+def mapped_dag(rule: str) -> DagRun:
+    sync(
+        {
+            "dag_id": "m",
+            "tasks": [
+                {"task_id": "list_files"},
+                {
+                    "task_id": "each",
+                    "upstream": ["list_files"],
+                    "expand": {"path": {"xcom": "list_files"}},
+                },
+                {"task_id": "after", "upstream": ["each"], "trigger_rule": rule},
+            ],
+        }
+    )
+    run = runs.trigger_dag(dag_id="m")
+    succeed(one(run, "list_files"), returned=["a", "b", "c"], mapped_length=3)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("rule", "finishes", "after"),
+    [
+        # Waits for every map index, then runs.
+        ("all_success", ["success", "success", "success"], ["scheduled", "scheduled", "queued"]),
+        # One failed map index is enough to know (Airflow's flag_upstream_failed).
+        ("all_success", ["success", "failed"], ["scheduled", "upstream_failed"]),
+        ("all_done", ["success", "failed", "success"], ["scheduled", "scheduled", "queued"]),
+        ("one_failed", ["success", "failed"], ["scheduled", "queued"]),
+        (
+            "one_success",
+            ["failed", "failed", "failed"],
+            ["scheduled", "scheduled", "upstream_failed"],
+        ),
+        (
+            "none_failed",
+            ["success", "success", "failed"],
+            ["scheduled", "scheduled", "upstream_failed"],
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_downstream_of_a_mapped_task_applies_its_rule_over_every_map_index(rule, finishes, after):
+    run = mapped_dag(rule)
+    seen = []
+    for map_index, outcome in enumerate(finishes):
+        ti = one(run, "each", map_index)
+        succeed(ti, returned=map_index) if outcome == "success" else fail(ti)
+        seen.append(tis(run, "after")[0][1])
+    assert seen == after
+
+
+def test_the_run_finishes_only_after_every_map_index_and_its_downstream():
+    run = mapped_dag("all_success")
+    for map_index in range(3):
+        run.refresh_from_db()
+        assert run.state != "success"
+        succeed(one(run, "each", map_index), returned=map_index)
+    succeed(one(run, "after"), returned=None)
+    run.refresh_from_db()
+    assert run.state == "success"
+
+
+def test_the_expansion_of_the_sqlite_path_follows_the_same_rules():
+    """`mapping.expand`, which SQLite's evaluation leaves the expansion to (PostgreSQL's does it
+    in its statement), called as it is there: on waiting -1 TIs whose rule is met."""
+    sync(FAN_OUT, {**FAN_OUT, "dag_id": "other"})
+    run = runs.trigger_dag(dag_id="fan_out")
+    TaskInstance.objects.filter(dag_run=run, task_id="list_files").update(state="success")
+    xcoms.push(
+        dag_id="fan_out",
+        run_id=run.run_id,
+        task_id="list_files",
+        key="return_value",
+        value=["a", "b"],
+        mapped_length=2,
+    )
+    now = timezone.now()
+    assert mapping.expand(dag_run_id=run.pk, task_ids=["each"], now=now) == [("each", "queued")]
+    assert tis(run, "each") == [(0, "queued"), (1, "queued")]
+    # Expanded already: the -1 TI is gone, nothing changes.
+    mapping.expand(dag_run_id=run.pk, task_ids=["each"], now=now)
+    assert tis(run, "each") == [(0, "queued"), (1, "queued")]
+    other = runs.trigger_dag(dag_id="other")
+    assert mapping.expand(dag_run_id=other.pk, task_ids=["each"], now=now) == [
+        ("each", "upstream_failed")
+    ]
+    xcoms.push(
+        dag_id="other", run_id=other.run_id, task_id="list_files", key="return_value", value={}
+    )
+    TaskInstance.objects.filter(dag_run=other, task_id="each").update(state="scheduled")
+    assert mapping.expand(dag_run_id=other.pk, task_ids=["each"], now=now) == [("each", "skipped")]
+    assert tis(other, "each") == [(-1, "skipped")]
+
+
+# --- end to end through the worker API's functions, committing for real ----------------------
+
+
+def wide_dag(dag_id: str, *, mapped: bool) -> None:
+    each = {"task_id": "each", "upstream": ["list_files"]}
+    if mapped:
+        each["expand"] = {"path": {"xcom": "list_files"}}
+    sync(
+        {
+            "dag_id": dag_id,
+            "tasks": [{"task_id": "list_files"}, each, {"task_id": "sum", "upstream": ["each"]}],
+        }
+    )
+
+
+def claimed(dag_id: str, limit: int) -> list[TaskInstance]:
+    tis_ = [w.ti for w in claims.claim_workloads(hostname="w", limit=limit)]
+    assert {ti.dag_id for ti in tis_} <= {dag_id}
+    return tis_
+
+
+def statements_of_the_upstream_success(dag_id: str, *, returned: list) -> tuple[DagRun, int]:
+    run = runs.trigger_dag(dag_id=dag_id)
+    (root,) = claimed(dag_id, 10)
+    tries = start(root)
+    xcoms.push(
+        dag_id=dag_id,
+        run_id=run.run_id,
+        task_id="list_files",
+        key="return_value",
+        value=returned,
+        mapped_length=len(returned),
+    )
+    with CaptureQueriesContext(connection) as queries:
+        success.succeed(**tries, end_date=timezone.now(), task_outlets=[], outlet_events=[])
+    return run, len(queries.captured_queries)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_50_wide_expansion_costs_the_statements_of_a_5_wide_one_and_runs_end_to_end():
+    wide_dag("plain", mapped=False)
+    # A first success enqueues the scheduler's nudge; the ones measured find it pending.
+    statements_of_the_upstream_success("plain", returned=["x"])
+    claimed("plain", 10)
+    counts = {}
+    for n in (5, 50):
+        dag_id = f"wide{n}"
+        wide_dag(dag_id, mapped=True)
+        run, counts[n] = statements_of_the_upstream_success(dag_id, returned=list(range(n)))
+        assert tis(run, "each") == [(i, "queued") for i in range(n)]
+        mapped_tis = claimed(dag_id, 100)
+        assert sorted(ti.map_index for ti in mapped_tis) == list(range(n))
+        for ti in sorted(mapped_tis, key=lambda ti: ti.map_index):
+            assert tis(run, "sum") == [(-1, "scheduled")]
+            tries = start(ti)
+            xcoms.push(
+                dag_id=dag_id,
+                run_id=run.run_id,
+                task_id="each",
+                key="return_value",
+                value=ti.map_index * 10,
+                map_index=ti.map_index,
+            )
+            success.succeed(**tries, end_date=timezone.now(), task_outlets=[], outlet_events=[])
+        assert tis(run, "sum") == [(-1, "queued")]
+        # What the downstream's lazy xcom_pull reads: every map index's value, in order.
+        values = xcoms.value_slice(
+            dag_id=dag_id,
+            run_id=run.run_id,
+            task_id="each",
+            key="return_value",
+            start=None,
+            stop=None,
+            step=None,
+        )
+        assert sum(values) == 10 * n * (n - 1) // 2
+        (last,) = claimed(dag_id, 10)
+        assert last.task_id == "sum"
+        succeed(last, returned=sum(values))
+        run.refresh_from_db()
+        assert run.state == "success"
+    # The same success of an unmapped upstream.
+    _, unmapped = statements_of_the_upstream_success("plain", returned=["x"])
+    # The expansion is in the evaluation's one statement: no statement more, whatever n.
+    assert counts[5] == counts[50] == unmapped == 7, (unmapped, counts)

@@ -14,9 +14,11 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.db.models.sql import UpdateQuery
 
-from ..models import DagRun, Task, TaskInstance, TaskUpstream, TIState, TriggerRule
+from ..models import DagRun, Task, TaskInstance, TaskUpstream, TIState, TriggerRule, XCom
 from ..models.runs import TI_FINISHED_STATES
 from .connection import prepared_cursor
+
+RETURN_VALUE_KEY = "return_value"
 
 # --- task dependencies (dependencies.evaluate) --------------------------------------------------
 #
@@ -75,10 +77,11 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
         return f"SUM(CASE WHEN ut.state = {_q(state)} THEN 1 ELSE 0 END)"
 
     run = DagRun._meta.db_table
-    # A mapped task's TI of map index -1 (issue 25): expanded (`mapping.expand`), not queued,
-    # once its rule is met.
+    # A mapped task's TI of map index -1 (issue 25): expanded, not queued, once its rule is
+    # met (`_write_sql`).
     unexpanded = (
-        "(w.map_index = -1 AND (t.map_length IS NOT NULL OR t.map_upstream <> '')) AS unexpanded"
+        "(w.map_index = -1 AND (t.map_length IS NOT NULL OR t.map_upstream <> '')) AS unexpanded,"
+        " t.map_length, t.map_upstream"
     )
     # The waiting TIs to look at: downstream of the given tasks (found from them through the
     # indexes: task by (dag, task_id), links by upstream, TI by (run, task_id)), or (the sweep)
@@ -111,7 +114,7 @@ WITH {given}cand AS (
     {cand}
 ),
 counts AS (
-    SELECT c.ti_id, c.rule, c.unexpanded,
+    SELECT c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream,
         COUNT(u.id) AS n,
         {count(TIState.SUCCESS)} AS s,
         {count(TIState.SKIPPED)} AS k,
@@ -123,20 +126,90 @@ counts AS (
     LEFT JOIN {link} l ON l.task_id = c.task_pk
     LEFT JOIN {task} u ON u.id = l.upstream_id
     LEFT JOIN {ti} ut ON ut.dag_run_id = %s AND ut.task_id = u.task_id
-    GROUP BY c.ti_id, c.rule, c.unexpanded
+    GROUP BY c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream
 ),
 decided AS (
-    SELECT ti_id, unexpanded, {_decision_sql()} AS new_state FROM counts
+    SELECT ti_id, unexpanded, map_length, map_upstream, {_decision_sql()} AS new_state
+    FROM counts
+){_write_sql()}"""
+
+
+def _write_sql() -> str:
+    """The write of the evaluation statement, after its `decided` (ti_id, unexpanded,
+    map_length, map_upstream, new_state). On PostgreSQL it also expands the mapped tasks' TIs
+    of map index -1 whose rule is met (issue 25; the rules of `mapping`, Airflow 3.3.2's
+    `TaskMap.expand_mapped_task`): their length (the literal's, the one the Task SDK pushed with
+    the upstream's return value, else that value's length), the -1 TI becomes map index 0
+    (queued) or is skipped (length 0) or upstream_failed (nothing to map over), and map indexes
+    1..n-1 are inserted as copies of it, in the same statement: the INSERT reads the UPDATE's
+    RETURNING, so of two evaluations racing for one TI only the one whose UPDATE changed it
+    inserts. SQLite (no data-modifying WITH) leaves such a TI waiting and returns it as
+    `scheduled` for `mapping.expand`."""
+    ti, xcom = TaskInstance._meta.db_table, XCom._meta.db_table
+    waiting, queued = _q(TIState.SCHEDULED), _q(TIState.QUEUED)
+    set_times = f"""
+    queued_at = CASE WHEN outcome.new_state = {queued} THEN %s ELSE {ti}.queued_at END,
+    end_date = CASE WHEN outcome.new_state = {queued} THEN {ti}.end_date ELSE %s END,
+    updated_at = %s"""
+    if connection.vendor != "postgresql":
+        return f""",
+outcome AS (
+    SELECT ti_id, CASE WHEN unexpanded AND new_state = {queued} THEN {waiting}
+        ELSE new_state END AS new_state
+    FROM decided WHERE new_state IS NOT NULL
 )
 UPDATE {ti} SET
-    state = CASE WHEN decided.unexpanded AND decided.new_state = {_q(TIState.QUEUED)}
-        THEN {ti}.state ELSE decided.new_state END,
-    queued_at = CASE WHEN decided.new_state = {_q(TIState.QUEUED)} THEN %s ELSE queued_at END,
-    end_date = CASE WHEN decided.new_state = {_q(TIState.QUEUED)} THEN end_date ELSE %s END,
-    updated_at = %s
-FROM decided
-WHERE {ti}.id = decided.ti_id AND {ti}.state = {waiting} AND decided.new_state IS NOT NULL
+    state = outcome.new_state,{set_times}
+FROM outcome
+WHERE {ti}.id = outcome.ti_id AND {ti}.state = {waiting}
 RETURNING {ti}.task_id, {ti}.state
+"""
+    copied: dict[str, str] = {
+        str(field.column): (
+            "gen_random_uuid()"
+            if field.column == "id"
+            else "g.i"
+            if field.column == "map_index"
+            else f"changed.{field.column}"
+        )
+        for field in TaskInstance._meta.concrete_fields
+    }
+    return f""",
+lengths AS (
+    SELECT d.ti_id, COALESCE(d.map_length, x.mapped_length, CASE jsonb_typeof(x.value)
+        WHEN 'array' THEN jsonb_array_length(x.value)
+        WHEN 'object' THEN (SELECT COUNT(*) FROM jsonb_object_keys(x.value)) END) AS len
+    FROM decided d
+    JOIN {ti} w ON w.id = d.ti_id
+    LEFT JOIN {xcom} x ON d.map_upstream <> '' AND x.dag_id = w.dag_id
+        AND x.run_id = w.run_id AND x.task_id = d.map_upstream AND x.map_index = -1
+        AND x.key = {_q(RETURN_VALUE_KEY)}
+    WHERE d.unexpanded AND d.new_state = {queued}
+),
+outcome AS (
+    SELECT d.ti_id, l.len, CASE
+        WHEN l.ti_id IS NULL THEN d.new_state
+        WHEN l.len IS NULL THEN {_q(TIState.UPSTREAM_FAILED)}
+        WHEN l.len = 0 THEN {_q(TIState.SKIPPED)}
+        ELSE {queued} END AS new_state
+    FROM decided d LEFT JOIN lengths l ON l.ti_id = d.ti_id
+    WHERE d.new_state IS NOT NULL
+),
+changed AS (
+    UPDATE {ti} SET
+        state = outcome.new_state,
+        map_index = CASE WHEN outcome.len > 0 THEN 0 ELSE {ti}.map_index END,{set_times}
+    FROM outcome
+    WHERE {ti}.id = outcome.ti_id AND {ti}.state = {waiting}
+    RETURNING {ti}.*, outcome.len AS expand_length
+),
+expanded AS (
+    INSERT INTO {ti} ({", ".join(copied)})
+    SELECT {", ".join(copied.values())}
+    FROM changed CROSS JOIN generate_series(1, changed.expand_length - 1) AS g(i)
+    WHERE changed.expand_length > 1
+)
+SELECT task_id, state FROM changed
 """
 
 
@@ -155,9 +228,9 @@ def evaluate_waiting_task_instances(
 ) -> list[tuple[str, str]]:
     """Decide the run's waiting TIs downstream of `finished_task_ids` (None: every waiting TI of
     the run) and write the decided ones: one statement, autocommit or in the caller's
-    transaction. Returns (task_id, new state) of the TIs it changed; `scheduled` is a mapped
-    task's TI of map index -1 whose rule is met: left waiting, its row locked by this statement
-    until the transaction ends, for the caller to expand (`mapping.expand`)."""
+    transaction. Returns (task_id, new state) of the TIs it changed, a mapped task's expanded
+    TIs once (its map index 0's row); on SQLite `scheduled` is a mapped task's TI of map index
+    -1 whose rule is met, left waiting for the caller to expand (`mapping.expand`)."""
     at = connection.ops.adapt_datetimefield_value(now)
     with prepared_cursor() as cursor:
         if finished_task_ids is None:

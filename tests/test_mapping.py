@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from assets_app import definitions, dependencies, mapping, runs, xcoms
 from assets_app.models import Dag, DagRun, Task, TaskInstance, TIState, XCom
-from assets_app.task_state import claims, finishing, starting, success
+from assets_app.task_state import claims, finishing, retries, starting, success
 
 pytestmark = pytest.mark.django_db
 
@@ -266,6 +266,58 @@ def test_downstream_of_a_mapped_task_applies_its_rule_over_every_map_index(rule,
         succeed(ti, returned=map_index) if outcome == "success" else fail(ti)
         seen.append(tis(run, "after")[0][1])
     assert seen == after
+
+
+def test_retries_are_per_map_index():
+    sync(
+        {
+            "dag_id": "r",
+            "tasks": [
+                {"task_id": "list_files"},
+                {
+                    "task_id": "each",
+                    "upstream": ["list_files"],
+                    "retries": 1,
+                    "retry_delay_seconds": 0,
+                    "expand": {"path": {"xcom": "list_files"}},
+                },
+                {"task_id": "after", "upstream": ["each"]},
+            ],
+        }
+    )
+    run = runs.trigger_dag(dag_id="r")
+    succeed(one(run, "list_files"), returned=["a", "b", "c"], mapped_length=3)
+    assert {ti.max_tries for ti in TaskInstance.objects.filter(dag_run=run, task_id="each")} == {1}
+    succeed(one(run, "each", 0), returned=0)
+    flaky = one(run, "each", 1)
+    retries.retry(**start(flaky), end_date=timezone.now())
+    succeed(one(run, "each", 2), returned=2)
+    tries = dict(
+        TaskInstance.objects.filter(dag_run=run, task_id="each").values_list(
+            "map_index", "try_number"
+        )
+    )
+    assert tries == {0: 1, 1: 2, 2: 1}
+    assert tis(run, "each") == [(0, "success"), (1, "queued"), (2, "success")]
+    assert tis(run, "after") == [(-1, "scheduled")]
+    succeed(one(run, "each", 1), returned=1)
+    assert tis(run, "after") == [(-1, "queued")]
+
+
+def test_clearing_one_map_index_runs_only_it_again_and_its_downstream_waits_for_it():
+    run = mapped_dag("all_success")
+    for map_index in range(3):
+        succeed(one(run, "each", map_index), returned=map_index)
+    succeed(one(run, "after"), returned=None)
+    cleared = one(run, "each", 1)
+    after = one(run, "after")
+    result = runs.clear_task_instances(dag_run_id=run.pk, ti_ids=[cleared.id, after.id])
+    assert result.cleared == ("after", "each")
+    assert tis(run, "each") == [(0, "success"), (1, "queued"), (2, "success")]
+    assert one(run, "each", 1).try_number == 2
+    assert tis(run, "after") == [(-1, "scheduled")]
+    succeed(one(run, "each", 1), returned=1)
+    assert tis(run, "after") == [(-1, "queued")]
 
 
 def test_the_run_finishes_only_after_every_map_index_and_its_downstream():

@@ -85,7 +85,7 @@ class NewTask(NamedTuple):
     # A task mapped over a literal list of this many values (issue 25): its TIs are map
     # indexes 0..n-1 from the start, as Airflow's `DagRun._create_tasks` does; None (not mapped,
     # or mapped over an upstream's return value) and 0 get the one TI of map index -1, which
-    # `mapping.expand` replaces once its trigger rule is met.
+    # the evaluation expands once its trigger rule is met (`mapping`).
     map_length: int | None = None
 
     def map_indexes(self) -> range:
@@ -541,6 +541,13 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
         return
     now = timezone.now()
     states = initial_ti_states(dag_id=run.dag_id, task_ids=sorted(tasks))
+    # A new mapped task: its literal's map indexes, else its map-index -1 TI waiting (a root's
+    # too), which the evaluation below expands (issue 25).
+    mapped = {
+        task.task_id: task
+        for task in Task.objects.filter(dag_id=run.dag_id, task_id__in=list(tasks))
+        if task.is_mapped
+    }
     with transaction.atomic(durable=True):
         TaskInstance.objects.bulk_create(
             [
@@ -549,12 +556,20 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
                     dag_id=run.dag_id,
                     run_id=run.run_id,
                     task_id=task_id,
+                    map_index=map_index,
                     try_number=1,
                     max_tries=retries,
-                    state=states[task_id],
+                    state=TIState.SCHEDULED
+                    if task_id in mapped and map_index == -1
+                    else states[task_id],
                     queued_at=now,
                 )
                 for task_id, retries in sorted(tasks.items())
+                for map_index in (
+                    range(mapped[task_id].map_length or 0) or range(-1, 0)
+                    if task_id in mapped
+                    else range(-1, 0)
+                )
             ],
             ignore_conflicts=True,
         )

@@ -155,6 +155,32 @@ def test_an_empty_literal_skips_the_task_and_its_downstream_after_the_commit(
     assert tis(run, "anyway") == [(-1, "queued")]
 
 
+def test_mapped_tasks_added_to_an_existing_run_are_expanded_not_run_unmapped():
+    sync({"dag_id": "grows", "tasks": [{"task_id": "list_files"}]})
+    run = runs.trigger_dag(dag_id="grows")
+    succeed(one(run, "list_files"), returned=["a", "b"], mapped_length=2)
+    sync(
+        {
+            "dag_id": "grows",
+            "tasks": [
+                {"task_id": "list_files"},
+                {
+                    "task_id": "each",
+                    "upstream": ["list_files"],
+                    "expand": {"x": {"xcom": "list_files"}},
+                },
+                {"task_id": "fixed", "expand": {"x": [1, 2, 3]}},
+                {"task_id": "none", "expand": {"x": []}},
+            ],
+        }
+    )
+    result = runs.clear_dag_run(dag_id="grows", run_id=run.run_id, dry_run=False, only_new=True)
+    assert result.new_task_ids == ["each", "fixed", "none"]
+    assert tis(run, "each") == [(0, "queued"), (1, "queued")]
+    assert tis(run, "fixed") == [(0, "queued"), (1, "queued"), (2, "queued")]
+    assert tis(run, "none") == [(-1, "skipped")]
+
+
 def test_an_upstream_return_value_expands_the_mapped_task_into_queued_map_indexes():
     sync(FAN_OUT)
     run = runs.trigger_dag(dag_id="fan_out")

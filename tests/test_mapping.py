@@ -346,6 +346,40 @@ def test_clearing_one_map_index_runs_only_it_again_and_its_downstream_waits_for_
     assert tis(run, "after") == [(-1, "queued")]
 
 
+@pytest.mark.parametrize(
+    ("new_length", "each"),
+    [
+        (2, [(0, "queued", 2), (1, "queued", 2), (2, "removed", 2)]),
+        (
+            5,
+            [
+                (0, "queued", 2),
+                (1, "queued", 2),
+                (2, "queued", 2),
+                (3, "queued", 1),
+                (4, "queued", 1),
+            ],
+        ),
+    ],
+    ids=["shrinks_beyond_are_removed", "grows_new_map_indexes_are_added"],
+)
+def test_a_cleared_run_revises_the_map_indexes_to_the_new_length(new_length, each):
+    """Airflow 3.3.2's DagRun._revise_map_indexes_if_mapped, when the upstream runs again."""
+    run = mapped_dag("all_success")
+    for map_index in range(3):
+        succeed(one(run, "each", map_index), returned=map_index)
+    succeed(one(run, "after"), returned=None)
+    runs.clear_task_instances(dag_run_id=run.pk)
+    assert tis(run, "each") == [(0, "scheduled"), (1, "scheduled"), (2, "scheduled")]
+    succeed(one(run, "list_files"), returned=list(range(new_length)), mapped_length=new_length)
+    got = TaskInstance.objects.filter(dag_run=run, task_id="each").order_by("map_index")
+    assert [(ti.map_index, ti.state, ti.try_number) for ti in got] == each
+    for ti in got.filter(state="queued"):
+        assert tis(run, "after") == [(-1, "scheduled")]
+        succeed(ti, returned=ti.map_index)
+    assert tis(run, "after") == [(-1, "queued")]
+
+
 def test_the_run_finishes_only_after_every_map_index_and_its_downstream():
     run = mapped_dag("all_success")
     for map_index in range(3):

@@ -81,7 +81,7 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
     # met (`_write_sql`).
     unexpanded = (
         "(w.map_index = -1 AND (t.map_length IS NOT NULL OR t.map_upstream <> '')) AS unexpanded,"
-        " t.map_length, t.map_upstream"
+        " t.map_length, t.map_upstream, w.map_index, t.retries"
     )
     # The waiting TIs to look at: downstream of the given tasks (found from them through the
     # indexes: task by (dag, task_id), links by upstream, TI by (run, task_id)), or (the sweep)
@@ -114,7 +114,7 @@ WITH {given}cand AS (
     {cand}
 ),
 counts AS (
-    SELECT c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream,
+    SELECT c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index, c.retries,
         COUNT(u.id) AS n,
         {count(TIState.SUCCESS)} AS s,
         {count(TIState.SKIPPED)} AS k,
@@ -126,10 +126,11 @@ counts AS (
     LEFT JOIN {link} l ON l.task_id = c.task_pk
     LEFT JOIN {task} u ON u.id = l.upstream_id
     LEFT JOIN {ti} ut ON ut.dag_run_id = %s AND ut.task_id = u.task_id
-    GROUP BY c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream
+    GROUP BY c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index, c.retries
 ),
 decided AS (
-    SELECT ti_id, unexpanded, map_length, map_upstream, {_decision_sql()} AS new_state
+    SELECT ti_id, unexpanded, map_length, map_upstream, map_index, retries,
+        {_decision_sql()} AS new_state
     FROM counts
 ){_write_sql()}"""
 
@@ -143,8 +144,12 @@ def _write_sql() -> str:
     (queued) or is skipped (length 0) or upstream_failed (nothing to map over), and map indexes
     1..n-1 are inserted as copies of it, in the same statement: the INSERT reads the UPDATE's
     RETURNING, so of two evaluations racing for one TI only the one whose UPDATE changed it
-    inserts. SQLite (no data-modifying WITH) leaves such a TI waiting and returns it as
-    `scheduled` for `mapping.expand`."""
+    inserts. A map index of a task mapped over a return value, waiting again (a clear) when
+    its rule is met, is revised as Airflow's `DagRun._revise_map_indexes_if_mapped` does: beyond
+    the new length it is removed, and map index 0's row inserts the map indexes the new length
+    adds. New TIs are a first try (try 1, the task's retries). SQLite (no data-modifying WITH)
+    leaves a -1 TI waiting and returns it as `scheduled` for `mapping.expand`, and does not
+    revise."""
     ti, xcom = TaskInstance._meta.db_table, XCom._meta.db_table
     waiting, queued = _q(TIState.SCHEDULED), _q(TIState.QUEUED)
     set_times = f"""
@@ -170,6 +175,10 @@ RETURNING {ti}.task_id, {ti}.state
             if field.column == "id"
             else "g.i"
             if field.column == "map_index"
+            else "1"
+            if field.column == "try_number"
+            else "changed.task_retries"
+            if field.column == "max_tries"
             else f"changed.{field.column}"
         )
         for field in TaskInstance._meta.concrete_fields
@@ -178,17 +187,22 @@ RETURNING {ti}.task_id, {ti}.state
 lengths AS (
     SELECT d.ti_id, COALESCE(d.map_length, x.mapped_length, CASE jsonb_typeof(x.value)
         WHEN 'array' THEN jsonb_array_length(x.value)
-        WHEN 'object' THEN (SELECT COUNT(*) FROM jsonb_object_keys(x.value)) END) AS len
+        WHEN 'object' THEN (SELECT COUNT(*) FROM jsonb_object_keys(x.value)) END) AS len,
+        CASE WHEN d.unexpanded THEN 1 WHEN d.map_index = 0 THEN (
+            SELECT MAX(o.map_index) + 1 FROM {ti} o
+            WHERE o.dag_run_id = w.dag_run_id AND o.task_id = w.task_id) END AS grow_from
     FROM decided d
     JOIN {ti} w ON w.id = d.ti_id
     LEFT JOIN {xcom} x ON d.map_upstream <> '' AND x.dag_id = w.dag_id
         AND x.run_id = w.run_id AND x.task_id = d.map_upstream AND x.map_index = -1
         AND x.key = {_q(RETURN_VALUE_KEY)}
-    WHERE d.unexpanded AND d.new_state = {queued}
+    WHERE d.new_state = {queued} AND (d.unexpanded OR d.map_upstream <> '')
 ),
 outcome AS (
-    SELECT d.ti_id, l.len, CASE
+    SELECT d.ti_id, d.unexpanded, d.retries, l.len, l.grow_from, CASE
         WHEN l.ti_id IS NULL THEN d.new_state
+        WHEN NOT d.unexpanded AND (l.len IS NULL OR d.map_index < l.len) THEN {queued}
+        WHEN NOT d.unexpanded THEN {_q(TIState.REMOVED)}
         WHEN l.len IS NULL THEN {_q(TIState.UPSTREAM_FAILED)}
         WHEN l.len = 0 THEN {_q(TIState.SKIPPED)}
         ELSE {queued} END AS new_state
@@ -198,16 +212,19 @@ outcome AS (
 changed AS (
     UPDATE {ti} SET
         state = outcome.new_state,
-        map_index = CASE WHEN outcome.len > 0 THEN 0 ELSE {ti}.map_index END,{set_times}
+        map_index = CASE WHEN outcome.unexpanded AND outcome.len > 0 THEN 0
+            ELSE {ti}.map_index END,{set_times}
     FROM outcome
     WHERE {ti}.id = outcome.ti_id AND {ti}.state = {waiting}
-    RETURNING {ti}.*, outcome.len AS expand_length
+    RETURNING {ti}.*, outcome.len AS expand_length, outcome.grow_from,
+        outcome.retries AS task_retries
 ),
 expanded AS (
     INSERT INTO {ti} ({", ".join(copied)})
     SELECT {", ".join(copied.values())}
-    FROM changed CROSS JOIN generate_series(1, changed.expand_length - 1) AS g(i)
-    WHERE changed.expand_length > 1
+    FROM changed
+    CROSS JOIN generate_series(changed.grow_from, changed.expand_length - 1) AS g(i)
+    WHERE changed.state = {queued} AND changed.grow_from IS NOT NULL
 )
 SELECT task_id, state FROM changed
 """

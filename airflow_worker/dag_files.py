@@ -350,13 +350,49 @@ def _task(task: Any) -> dict[str, Any]:
     return definition
 
 
-def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
-    mapped = [task.task_id for task in dag.tasks if getattr(task, "is_mapped", False)]
-    if mapped:
-        raise DagFileError(
-            f"{where}: Dag {dag.dag_id!r} has mapped task(s) {', '.join(map(repr, mapped))} "
-            "(.expand/.partial), which the service does not run yet"
+def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
+    """The definition's `expand` of a task (issue 25; None: not mapped): `.expand(arg=...)`
+    over one argument, a literal list or dict (its length is what the service needs: the
+    values stand in as nulls, the worker reads the real ones from this file) or an unmapped
+    upstream task's return value. Anything else is refused, naming the task."""
+    from airflow.sdk.definitions._internal.expandinput import DictOfListsExpandInput
+    from airflow.sdk.definitions.xcom_arg import PlainXComArg
+
+    def refuse(how: str) -> DagFileError:
+        return DagFileError(
+            f"{where}: Dag {dag_id!r} maps task {task.task_id!r} {how}, which the service "
+            "does not run yet"
         )
+
+    if task.get_closest_mapped_task_group() is not None:
+        raise refuse("in a mapped task group")
+    if not getattr(task, "is_mapped", False):
+        return None
+    expand_input = task._get_specified_expand_input()
+    if not isinstance(expand_input, DictOfListsExpandInput):
+        raise refuse("with .expand_kwargs")
+    if len(expand_input.value) != 1:
+        raise refuse(f"over {len(expand_input.value)} arguments (a cross product)")
+    ((argument, value),) = expand_input.value.items()
+    if isinstance(value, list | tuple | dict):
+        return {argument: [None] * len(value)}
+    if (
+        isinstance(value, PlainXComArg)
+        and value.key == "return_value"
+        and not getattr(value.operator, "is_mapped", False)
+    ):
+        return {argument: {"xcom": value.operator.task_id}}
+    raise refuse(f"over {type(value).__name__} (only a literal or an unmapped task's output)")
+
+
+def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
+    tasks = []
+    for task in sorted(dag.tasks, key=lambda t: t.task_id):
+        definition = _task(task)
+        expand = _expand(task, where=where, dag_id=dag.dag_id)
+        if expand is not None:
+            definition["expand"] = expand
+        tasks.append(definition)
     timetable = _timetable(dag, where=where)
     with_assets = _is_asset_or_time(dag.timetable)
     definition: dict[str, Any] = {
@@ -368,7 +404,7 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         ),
         "is_paused": bool(dag.is_paused_upon_creation),
         "description": dag.description or "",
-        "tasks": [_task(task) for task in sorted(dag.tasks, key=lambda t: t.task_id)],
+        "tasks": tasks,
     }
     if dag.max_active_runs:
         definition["max_active_runs"] = int(dag.max_active_runs)

@@ -369,6 +369,57 @@ Backoff = Annotated[
 ]
 
 
+# --- dynamic task mapping (issue 25) --------------------------------------------------------
+
+ArgumentName = Annotated[
+    str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+]
+
+
+class XComArg(_Object):
+    """The return value of an upstream task (its XCom `return_value`), as the list to map over."""
+
+    what: ClassVar[str] = "an expand reference"
+    xcom: Identifier = Field(description="task_id of an upstream task (listed in `upstream`).")
+
+
+EXPAND_SHAPES = 'a list of values or {"xcom": "<upstream task_id>"}'
+
+ExpandValue = Annotated[
+    Annotated[list[Any], Tag("~literal")] | Annotated[XComArg, Tag("~xcom")],
+    _tagger(
+        {list: "~literal", dict: "~xcom"},
+        "expand_type",
+        f"an expand argument must be {EXPAND_SHAPES}",
+    ),
+]
+
+
+def _one_argument(value: Any) -> Any:
+    if isinstance(value, dict) and not value:
+        raise PydanticCustomError("expand_arguments", "expand needs one argument, got none")
+    if isinstance(value, dict) and len(value) > 1:
+        raise PydanticCustomError(
+            "expand_arguments",
+            "expand over one argument only (the cross product of several is not served yet), "
+            "got {got}",
+            {"got": ", ".join(sorted(map(str, value)))},
+        )
+    return value
+
+
+Expand = Annotated[
+    dict[ArgumentName, ExpandValue],
+    BeforeValidator(_one_argument),
+    Field(
+        json_schema_extra={"minProperties": 1, "maxProperties": 1, "additionalProperties": False},
+        description="Airflow's `.expand(arg=...)`: the task runs once per value, each run a "
+        f"map index. One argument: {EXPAND_SHAPES} (the values it returned, known when it "
+        "succeeds). At most MAX_MAP_LENGTH values (Airflow's max_map_length, 1024).",
+    ),
+]
+
+
 class Task(_Object):
     """A task of a Dag."""
 
@@ -392,6 +443,7 @@ class Task(_Object):
     )
     retry_exponential_backoff: Backoff = 0.0
     max_retry_delay_seconds: Seconds | None = None
+    expand: Expand | None = None
 
 
 # What a task token may read beyond its own run (issue 26; Airflow lets any token read any XCom).
@@ -633,6 +685,7 @@ _TAGS: dict[str, type[_Object]] = {
     "~any": AnyCondition,
     "~alias": AliasCondition,
     "~asset": AssetCondition,
+    "~xcom": XComArg,
     **{f"~{kind}": model for kind, model in TIMETABLE_KINDS.items()},
 }
 _LISTED: dict[str, type[_Object]] = {"tasks": Task, "~dags": Dag, "watchers": Watcher}
@@ -642,6 +695,7 @@ _TYPE_ERRORS = {
     "float_type": "must be a number",
     "bool_type": "must be true or false",
     "list_type": "must be a list",
+    "dict_type": "must be an object",
 }
 
 
@@ -710,9 +764,17 @@ def problem(exc: ValidationError) -> tuple[str, str]:
     if kind == "model_type":
         model = _model_at(loc)
         return path, f"{model.what if model else 'it'} must be an object, got {_type(value)}"
+    if loc and loc[-1] == "[key]":  # a key of a mapping: only expand's argument names
+        return _path(loc[:-2]), f"argument name {loc[-2]!r} must be a Python identifier"
     if kind in _TYPE_ERRORS:
         return path, f"{_TYPE_ERRORS[kind]}, got {_type(value)}"
-    if kind in ("asset_ref_type", "condition_type", "dag_file_type", "timetable_type"):
+    if kind in (
+        "asset_ref_type",
+        "condition_type",
+        "dag_file_type",
+        "timetable_type",
+        "expand_type",
+    ):
         return path, f"{error['msg']}, got {_type(value)}"
     if kind in ("string_too_short", "too_short") or (
         kind == "string_pattern_mismatch" and not str(value).strip()

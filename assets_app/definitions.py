@@ -9,7 +9,9 @@ A file holds one Dag object or a list of them:
                 "outlet_aliases": ["reports"]},
                {"task_id": "publish", "upstream": ["build"], "trigger_rule": "all_success",
                 "retry_delay_seconds": 60, "retry_exponential_backoff": 2.0,
-                "max_retry_delay_seconds": 600}]}
+                "max_retry_delay_seconds": 600},
+               {"task_id": "per_file", "upstream": ["build"],
+                "expand": {"path": {"xcom": "build"}}}]}
 
 Only `dag_id` is required (a task needs `task_id`). Every problem is a `DefinitionError` naming the
 file, the JSON path and the Dag, e.g.
@@ -25,7 +27,9 @@ Validation, before anything is written:
 - Then what a schema cannot say (`_check_tasks`, `check_definitions`): duplicate task ids in a
   Dag, duplicate outlets or upstream ids in a task, duplicate `dag_id`s across all the files of
   one sync; `upstream` ids that name no task of the Dag, a task upstream of itself, and cycles
-  among a Dag's tasks (the message names them; `graphlib` finds them).
+  among a Dag's tasks (the message names them; `graphlib` finds them); a mapped task's `expand`
+  (`_check_mapping`): at most MAX_MAP_LENGTH literal values, or `{"xcom": id}` naming one of its
+  own upstream tasks, not itself mapped.
 - Asset identity: one name means one uri (and one uri one name) across the files and against the
   assets already stored, since both are unique.
 - Trigger cycles ("cycles of aliases" in DESIGN 6.3). Aliases here resolve only to assets, so an
@@ -59,6 +63,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Count, Exists, OuterRef
 from django.utils import timezone
@@ -96,6 +101,8 @@ TASK_FIELDS = (
     "retry_delay_seconds",
     "retry_exponential_backoff",
     "max_retry_delay_seconds",
+    "map_length",
+    "map_upstream",
 )
 
 
@@ -120,6 +127,11 @@ class TaskDefinition:
     retry_delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
     retry_exponential_backoff: float = 0.0
     max_retry_delay_seconds: float | None = None
+    # Mapped (issue 25): over a literal list of `map_length` values, or over the return value
+    # of the upstream task `map_upstream`; `expand_path` is the JSON path of what it expands.
+    map_length: int | None = None
+    map_upstream: str = ""
+    expand_path: str = field(default="", compare=False)
     path: str = field(default="", compare=False)
 
 
@@ -280,6 +292,7 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
                 else backoff
             ),
             max_retry_delay_seconds=task.max_retry_delay_seconds,
+            **_mapping(task.expand, path=f"{join(path, 'tasks')}[{i}]"),
             path=f"{join(path, 'tasks')}[{i}]",
         )
         for i, task in enumerate(model.tasks)
@@ -311,6 +324,19 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         fileloc=fileloc,
         path=path,
     )
+
+
+def _mapping(expand: dict[str, Any] | None, *, path: str) -> dict[str, Any]:
+    """What the service keeps of a task's `expand` (one argument, `dag_schema`): the literal's
+    length or the upstream task whose return value it maps over. The values themselves are the
+    worker's (it reads them from the Dag's own file)."""
+    if expand is None:
+        return {}
+    ((argument, value),) = expand.items()
+    where = join(join(path, "expand"), argument)
+    if isinstance(value, dag_schema.XComArg):
+        return {"map_upstream": value.xcom, "expand_path": join(where, "xcom")}
+    return {"map_length": len(value), "expand_path": where}
 
 
 def _max_events_per_run(consumption: str | dag_schema.MaxEvents) -> int | None:
@@ -446,6 +472,7 @@ def _check_tasks(dag: DagDefinition) -> None:
                     f"{join(task.path, 'upstream')}[{i}]",
                     f"unknown upstream task {upstream_id!r} (dag {dag.dag_id!r} has no such task)",
                 )
+    _check_mapping(dag, error)
     order = {task.task_id: i for i, task in enumerate(dag.tasks)}
     cycle = _cycle({task.task_id: task.upstream for task in dag.tasks}, order)
     if cycle:
@@ -455,6 +482,35 @@ def _check_tasks(dag: DagDefinition) -> None:
             + " -> ".join([*cycle, cycle[0]])
             + " (each runs after the one before it)",
         )
+
+
+def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> None:
+    """A mapped task expands over at most MAX_MAP_LENGTH literal values (Airflow's
+    max_map_length, which Airflow applies to pushed values only), or over the return value of
+    one of its own upstream tasks, an unmapped one."""
+    tasks = {task.task_id: task for task in dag.tasks}
+    for task in dag.tasks:
+        if task.map_length is not None and task.map_length > settings.MAX_MAP_LENGTH:
+            raise error(
+                task.expand_path,
+                f"expand over {task.map_length} values, more than max_map_length "
+                f"{settings.MAX_MAP_LENGTH} (MAX_MAP_LENGTH)",
+            )
+        if not task.map_upstream:
+            continue
+        if task.map_upstream not in task.upstream:
+            known = "" if task.map_upstream in tasks else " (dag has no such task)"
+            raise error(
+                task.expand_path,
+                f"task {task.task_id!r} expands over the return value of {task.map_upstream!r}, "
+                f"which is not one of its upstream tasks{known}: list it in upstream",
+            )
+        if tasks[task.map_upstream].map_length is not None or tasks[task.map_upstream].map_upstream:
+            raise error(
+                task.expand_path,
+                f"task {task.task_id!r} expands over the return values of the mapped task "
+                f"{task.map_upstream!r}: mapping over a mapped task is not served yet",
+            )
 
 
 def _cycle(predecessors: Mapping[str, Iterable[str]], order: Mapping[str, int]) -> list[str]:

@@ -23,6 +23,11 @@ that both find a TI ready, the second matches nothing. No missed queueing: each 
 one statement run after its finishing TI committed, so of two upstream finishing together the
 later evaluation's snapshot sees both finished.
 
+Mapped tasks (issue 25, `mapping`): the same statement expands a mapped task's map-index -1
+TI whose rule is met (its map indexes queued, or it is skipped / upstream_failed), and a
+downstream of a mapped task counts every map index of it among its upstream TIs, so it waits
+for all of them and its rule applies over all of them.
+
 Propagation: the TIs a round marks upstream_failed / skipped are finished tasks too, so their own
 downstream are evaluated in a next round (one statement per level of such a cascade; the common
 finish is one round). A crash between a TI's commit and its evaluation (or between rounds)
@@ -43,7 +48,7 @@ from django.db import transaction
 from django.db.models import Case, Exists, OuterRef, QuerySet, Value, When
 from django.utils import timezone
 
-from . import nudges, webhooks
+from . import mapping, nudges, webhooks
 from .models import AssetDagRunQueue, DagRun, DagRunState, TaskInstance, TaskUpstream, TIState
 from .models.runs import TI_UNFINISHED_STATES
 from .sql import dependencies as dependencies_sql
@@ -68,10 +73,20 @@ def evaluate_round(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) 
     """One statement (autocommit, or inside the caller's transaction): decide the waiting TIs of
     the run downstream of `finished_task_ids` (None: every waiting TI of the run). Returns the
     (task_id, new state) of the TIs it changed
-    (`dependencies_sql.evaluate_waiting_task_instances`)."""
-    return dependencies_sql.evaluate_waiting_task_instances(
-        dag_run_id=dag_run_id, finished_task_ids=finished_task_ids, now=timezone.now()
+    (`dependencies_sql.evaluate_waiting_task_instances`). The same statement expands a mapped
+    task's map-index -1 TI whose rule is met (issue 25): its map indexes queued, or it is
+    skipped / upstream_failed (`mapping`). On SQLite, which cannot write in a WITH, that TI is
+    left waiting and expanded by `mapping.expand` in a transaction of its own."""
+    now = timezone.now()
+    changed = dependencies_sql.evaluate_waiting_task_instances(
+        dag_run_id=dag_run_id, finished_task_ids=finished_task_ids, now=now
     )
+    ready = sorted({task_id for task_id, state in changed if state == TIState.SCHEDULED})
+    if ready:
+        with transaction.atomic():
+            expanded = mapping.expand(dag_run_id=dag_run_id, task_ids=ready, now=now)
+        changed = [*(row for row in changed if row[1] != TIState.SCHEDULED), *expanded]
+    return changed
 
 
 def evaluate(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) -> Evaluation:

@@ -13,6 +13,7 @@ manual run is created regardless of how many runs are active; only the asset sch
 active runs before it creates one.
 """
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -81,18 +82,26 @@ class NewTask(NamedTuple):
     task_id: str
     retries: int
     has_upstream: bool
+    # A task mapped over a literal list of this many values (issue 25): its TIs are map
+    # indexes 0..n-1 from the start, as Airflow's `DagRun._create_tasks` does; None (not mapped,
+    # or mapped over an upstream's return value) and 0 get the one TI of map index -1, which
+    # the evaluation expands once its trigger rule is met (`mapping`).
+    map_length: int | None = None
+
+    def map_indexes(self) -> range:
+        return range(self.map_length) if self.map_length else range(-1, 0)
 
 
 def dag_tasks(dag_ids: Sequence[str]) -> dict[str, list[NewTask]]:
     """Each of `dag_ids`' tasks by task id (a Dag without tasks: []), in one query."""
     tasks: dict[str, list[NewTask]] = {dag_id: [] for dag_id in dag_ids}
-    for dag_id, task_id, retries, has_upstream in (
+    for dag_id, task_id, retries, has_upstream, map_length in (
         Task.objects.filter(dag_id__in=list(dag_ids))
         .annotate(has_upstream=Exists(TaskUpstream.objects.filter(task_id=OuterRef("pk"))))
         .order_by("dag_id", "task_id")
-        .values_list("dag_id", "task_id", "retries", "has_upstream")
+        .values_list("dag_id", "task_id", "retries", "has_upstream", "map_length")
     ):
-        tasks[dag_id].append(NewTask(task_id, retries, has_upstream))
+        tasks[dag_id].append(NewTask(task_id, retries, has_upstream, map_length))
     return tasks
 
 
@@ -112,7 +121,8 @@ def create_dag_run(
     triggered_by: str | None = None,
 ) -> DagRun:
     """Insert a queued DagRun, its consumed-event links and one TI per task of `dag` (queued for
-    roots, waiting for the others: `initial_ti_states`).
+    roots, waiting for the others: `initial_ti_states`), one per map index for a task mapped
+    over a literal (`NewTask.map_indexes`).
 
     Runs inside the caller's transaction and takes no locks. Queries: 1 for the tasks, 1 for
     the run, 1 for the consumed-event links when there are any, 1 for the TIs when there are
@@ -231,18 +241,35 @@ def _insert_runs(
             task_ids=[task.task_id for task in tasks],
             with_upstream={task.task_id for task in tasks if task.has_upstream},
         )
+        # A root mapped over an empty literal has nothing to wait for: its map-index -1 TI is
+        # skipped at once (Airflow expands it to skipped on the scheduler's first look), and its
+        # downstream evaluated after the commit.
+        empty = [t.task_id for t in tasks if t.map_length == 0 and not t.has_upstream]
+        if empty:
+            states.update(dict.fromkeys(empty, TIState.SKIPPED))
+            transaction.on_commit(
+                functools.partial(
+                    dependencies.follow_finishes,
+                    dag_run_id=run.pk,
+                    dag_id=run.dag_id,
+                    finished_task_ids=empty,
+                )
+            )
         tis += [
             TaskInstance(
                 dag_run_id=run.pk,
                 dag_id=run.dag_id,
                 run_id=run.run_id,
                 task_id=task.task_id,
+                map_index=map_index,
                 try_number=1,
                 max_tries=task.retries,
                 state=states[task.task_id],
                 queued_at=now,
+                end_date=now if states[task.task_id] == TIState.SKIPPED else None,
             )
             for task in tasks
+            for map_index in task.map_indexes()
         ]
     if tis:
         TaskInstance.objects.bulk_create(tis)
@@ -514,6 +541,13 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
         return
     now = timezone.now()
     states = initial_ti_states(dag_id=run.dag_id, task_ids=sorted(tasks))
+    # A new mapped task: its literal's map indexes, else its map-index -1 TI waiting (a root's
+    # too), which the evaluation below expands (issue 25).
+    mapped = {
+        task.task_id: task
+        for task in Task.objects.filter(dag_id=run.dag_id, task_id__in=list(tasks))
+        if task.is_mapped
+    }
     with transaction.atomic(durable=True):
         TaskInstance.objects.bulk_create(
             [
@@ -522,12 +556,20 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
                     dag_id=run.dag_id,
                     run_id=run.run_id,
                     task_id=task_id,
+                    map_index=map_index,
                     try_number=1,
                     max_tries=retries,
-                    state=states[task_id],
+                    state=TIState.SCHEDULED
+                    if task_id in mapped and map_index == -1
+                    else states[task_id],
                     queued_at=now,
                 )
                 for task_id, retries in sorted(tasks.items())
+                for map_index in (
+                    range(mapped[task_id].map_length or 0) or range(-1, 0)
+                    if task_id in mapped
+                    else range(-1, 0)
+                )
             ],
             ignore_conflicts=True,
         )

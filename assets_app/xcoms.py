@@ -33,7 +33,8 @@ def push(
     when `value` passes a `limits` JSON rule (depth, width, size). `mapped_length` is what the
     Task SDK sends with the return value of an unmapped task that has mapped downstreams
     (`len(value)`, task-sdk 1.3.2 `_push_xcom_if_needed`); beyond MAX_MAP_LENGTH the push is
-    refused before anything is written, as Airflow 3.3.2's `set_xcom` does."""
+    refused before anything is written, as Airflow 3.3.2's `set_xcom` does; within it, it is
+    stored with the value (Airflow's TaskMap row) for `mapping.expand`."""
     if not key:
         raise exceptions.BadRequest("XCom key must be a non-empty string.", reason="invalid_key")
     if mapped_length is not None and mapped_length > settings.MAX_MAP_LENGTH:
@@ -50,7 +51,9 @@ def push(
         )
     with transaction.atomic(durable=True):
         xcom, _ = XCom.objects.update_or_create(
-            **_address(dag_id, run_id, task_id, key), map_index=map_index, defaults={"value": value}
+            **_address(dag_id, run_id, task_id, key),
+            map_index=map_index,
+            defaults={"value": value, "mapped_length": mapped_length},
         )
     return xcom
 

@@ -53,7 +53,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("registration", frozenset({"registration", "asset_events", "queued_events", "watchers"})),
     (
         "scheduling",
-        frozenset({"scheduling", "runs", "dependencies", "time_scheduling", "backfills"}),
+        frozenset(
+            {"scheduling", "runs", "dependencies", "mapping", "time_scheduling", "backfills"}
+        ),
     ),
     # Issue 30: the one writer that deletes history; it reads and deletes every history table
     # through the models, and imports only shared modules.

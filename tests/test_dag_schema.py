@@ -69,6 +69,10 @@ def test_every_example_validates_against_the_published_schema(example):
         (lambda dag: dag.update(schedule={"every": ["orders"]}), "an unknown condition operator"),
         (lambda dag: dag["tasks"][0].update(trigger_rule="sometimes"), "an unknown trigger rule"),
         (lambda dag: dag.update(dag_id="a/b"), "a dag_id with a slash"),
+        (lambda dag: dag["tasks"][0].update(expand={"x": "ab"}), "an expand over a string"),
+        (lambda dag: dag["tasks"][0].update(expand={"x": {"xcom": "a", "k": 1}}), "expand key"),
+        (lambda dag: dag["tasks"][0].update(expand={}), "an empty expand"),
+        (lambda dag: dag["tasks"][0].update(expand={"x": [1], "y": [2]}), "two expand args"),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )
@@ -79,3 +83,16 @@ def test_a_broken_example_fails_against_the_published_schema(change, why):
     change(dag)
     with pytest.raises(invalid_errors()):
         validate(dag)
+
+
+def test_a_mapped_task_validates_against_the_published_schema():
+    validate(
+        {
+            "dag_id": "fan_out",
+            "tasks": [
+                {"task_id": "files"},
+                {"task_id": "each", "upstream": ["files"], "expand": {"path": {"xcom": "files"}}},
+                {"task_id": "fixed", "expand": {"n": [1, "two", {"three": 3}]}},
+            ],
+        }
+    )

@@ -512,6 +512,64 @@ BAD_CASES = {
         "tasks[0].retry_delay_seconds",
         "must be a finite number of at least 0, got -1",
     ),
+    "expand_not_a_list_or_xcom": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": "abc"}}]},
+        "tasks[0].expand.x",
+        'an expand argument must be a list of values or {"xcom": "<upstream task_id>"}, got a '
+        "string",
+    ),
+    "expand_xcom_unknown_key": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": {"xcom": "b", "key": "k"}}}]},
+        "tasks[0].expand.x.key",
+        "unknown key 'key' in an expand reference (allowed: xcom)",
+    ),
+    "expand_two_arguments": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": [1], "y": [2]}}]},
+        "tasks[0].expand",
+        "expand over one argument only (the cross product of several is not served yet), got x, y",
+    ),
+    "expand_empty": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {}}]},
+        "tasks[0].expand",
+        "expand needs one argument, got none",
+    ),
+    "expand_argument_not_an_identifier": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"my arg": [1]}}]},
+        "tasks[0].expand",
+        "argument name 'my arg' must be a Python identifier",
+    ),
+    "expand_xcom_of_an_unknown_task": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": {"xcom": "nope"}}}]},
+        "tasks[0].expand.x.xcom",
+        "task 'a' expands over the return value of 'nope', which is not one of its upstream "
+        "tasks (dag has no such task): list it in upstream (dag 'd')",
+    ),
+    "expand_xcom_of_a_task_not_upstream": (
+        {
+            "dag_id": "d",
+            "tasks": [{"task_id": "a"}, {"task_id": "b", "expand": {"x": {"xcom": "a"}}}],
+        },
+        "tasks[1].expand.x.xcom",
+        "task 'b' expands over the return value of 'a', which is not one of its upstream "
+        "tasks: list it in upstream (dag 'd')",
+    ),
+    "expand_xcom_of_a_mapped_task": (
+        {
+            "dag_id": "d",
+            "tasks": [
+                {"task_id": "a", "expand": {"x": [1, 2]}},
+                {"task_id": "b", "upstream": ["a"], "expand": {"x": {"xcom": "a"}}},
+            ],
+        },
+        "tasks[1].expand.x.xcom",
+        "task 'b' expands over the return values of the mapped task 'a': mapping over a "
+        "mapped task is not served yet",
+    ),
+    "expand_literal_beyond_max_map_length": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": list(range(1025))}}]},
+        "tasks[0].expand.x",
+        "expand over 1025 values, more than max_map_length 1024 (MAX_MAP_LENGTH) (dag 'd')",
+    ),
     "retry_delay_not_a_number": (
         {"dag_id": "d", "tasks": [{"task_id": "a", "max_retry_delay_seconds": "60"}]},
         "tasks[0].max_retry_delay_seconds",

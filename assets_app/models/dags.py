@@ -143,6 +143,12 @@ class Task(models.Model):
     retry_delay_seconds = models.FloatField(default=DEFAULT_RETRY_DELAY_SECONDS)
     retry_exponential_backoff = models.FloatField(default=0.0)
     max_retry_delay_seconds = models.FloatField(null=True, blank=True)
+    # Dynamic task mapping (issue 25): a mapped task runs once per value of what it expands
+    # over, each TI a map index: a literal list (its length, known when a run is created) or the
+    # return value of one of its upstream tasks (its task_id; the length is known when that
+    # task succeeds, `mapping`). Neither: not mapped.
+    map_length = models.PositiveIntegerField(null=True, blank=True)
+    map_upstream = models.CharField(max_length=DAG_ID_MAX_LENGTH, blank=True, default="")
     upstream = models.ManyToManyField(
         "self",
         through="TaskUpstream",
@@ -175,10 +181,18 @@ class Task(models.Model):
                 ),
                 name="task_retry_delays_not_negative",
             ),
+            models.CheckConstraint(
+                condition=models.Q(map_length__isnull=True) | models.Q(map_upstream=""),
+                name="task_maps_over_one_source",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.dag_id}.{self.task_id}"
+
+    @property
+    def is_mapped(self) -> bool:
+        return self.map_length is not None or bool(self.map_upstream)
 
 
 class TaskUpstream(models.Model):

@@ -22,6 +22,9 @@ class XCom(models.Model):
     key = models.CharField(max_length=KEY_MAX_LENGTH)
     # The JSON the Task SDK sent (already serialized by it); null is a stored None.
     value = models.JSONField(null=True, blank=True)
+    # The length the Task SDK sends with the return value of a task a mapped task expands over
+    # (`?mapped_length=`, Airflow's TaskMap.length): `mapping` reads it when expanding.
+    mapped_length = models.PositiveIntegerField(null=True, blank=True)
     timestamp = models.DateTimeField(default=timezone.now)
 
     class Meta:

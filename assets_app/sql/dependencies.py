@@ -14,9 +14,11 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.db.models.sql import UpdateQuery
 
-from ..models import DagRun, Task, TaskInstance, TaskUpstream, TIState, TriggerRule
+from ..models import DagRun, Task, TaskInstance, TaskUpstream, TIState, TriggerRule, XCom
 from ..models.runs import TI_FINISHED_STATES
 from .connection import prepared_cursor
+
+RETURN_VALUE_KEY = "return_value"
 
 # --- task dependencies (dependencies.evaluate) --------------------------------------------------
 #
@@ -75,11 +77,17 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
         return f"SUM(CASE WHEN ut.state = {_q(state)} THEN 1 ELSE 0 END)"
 
     run = DagRun._meta.db_table
+    # A mapped task's TI of map index -1 (issue 25): expanded, not queued, once its rule is
+    # met (`_write_sql`).
+    unexpanded = (
+        "(w.map_index = -1 AND (t.map_length IS NOT NULL OR t.map_upstream <> '')) AS unexpanded,"
+        " t.map_length, t.map_upstream, w.map_index, t.retries"
+    )
     # The waiting TIs to look at: downstream of the given tasks (found from them through the
     # indexes: task by (dag, task_id), links by upstream, TI by (run, task_id)), or (the sweep)
     # every waiting TI of the run.
     cand = (
-        f"""SELECT DISTINCT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule
+        f"""SELECT DISTINCT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded}
     FROM {task} u0
     JOIN {link} l0 ON l0.upstream_id = u0.id
     JOIN {task} t ON t.id = l0.task_id
@@ -87,7 +95,7 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
     WHERE u0.dag_id = (SELECT dag_id FROM {run} WHERE id = %s)
       AND u0.task_id IN (SELECT value FROM given) AND w.state = {waiting}"""
         if from_tasks
-        else f"""SELECT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule
+        else f"""SELECT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded}
     FROM {ti} w
     JOIN {task} t ON t.dag_id = w.dag_id AND t.task_id = w.task_id
     WHERE w.dag_run_id = %s AND w.state = {waiting}"""
@@ -106,7 +114,7 @@ WITH {given}cand AS (
     {cand}
 ),
 counts AS (
-    SELECT c.ti_id, c.rule,
+    SELECT c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index, c.retries,
         COUNT(u.id) AS n,
         {count(TIState.SUCCESS)} AS s,
         {count(TIState.SKIPPED)} AS k,
@@ -118,19 +126,107 @@ counts AS (
     LEFT JOIN {link} l ON l.task_id = c.task_pk
     LEFT JOIN {task} u ON u.id = l.upstream_id
     LEFT JOIN {ti} ut ON ut.dag_run_id = %s AND ut.task_id = u.task_id
-    GROUP BY c.ti_id, c.rule
+    GROUP BY c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index, c.retries
 ),
 decided AS (
-    SELECT ti_id, {_decision_sql()} AS new_state FROM counts
+    SELECT ti_id, unexpanded, map_length, map_upstream, map_index, retries,
+        {_decision_sql()} AS new_state
+    FROM counts
+){_write_sql()}"""
+
+
+def _write_sql() -> str:
+    """The write of the evaluation statement, after its `decided` (ti_id, unexpanded,
+    map_length, map_upstream, new_state). On PostgreSQL it also expands the mapped tasks' TIs
+    of map index -1 whose rule is met (issue 25; the rules of `mapping`, Airflow 3.3.2's
+    `TaskMap.expand_mapped_task`): their length (the literal's, the one the Task SDK pushed with
+    the upstream's return value, else that value's length), the -1 TI becomes map index 0
+    (queued) or is skipped (length 0) or upstream_failed (nothing to map over), and map indexes
+    1..n-1 are inserted as copies of it, in the same statement: the INSERT reads the UPDATE's
+    RETURNING, so of two evaluations racing for one TI only the one whose UPDATE changed it
+    inserts. A map index of a task mapped over a return value, waiting again (a clear) when
+    its rule is met, is revised as Airflow's `DagRun._revise_map_indexes_if_mapped` does: beyond
+    the new length it is removed, and map index 0's row inserts the map indexes the new length
+    adds. New TIs are a first try (try 1, the task's retries). SQLite (no data-modifying WITH)
+    leaves a -1 TI waiting and returns it as `scheduled` for `mapping.expand`, and does not
+    revise."""
+    ti, xcom = TaskInstance._meta.db_table, XCom._meta.db_table
+    waiting, queued = _q(TIState.SCHEDULED), _q(TIState.QUEUED)
+    set_times = f"""
+    queued_at = CASE WHEN outcome.new_state = {queued} THEN %s ELSE {ti}.queued_at END,
+    end_date = CASE WHEN outcome.new_state = {queued} THEN {ti}.end_date ELSE %s END,
+    updated_at = %s"""
+    if connection.vendor != "postgresql":
+        return f""",
+outcome AS (
+    SELECT ti_id, CASE WHEN unexpanded AND new_state = {queued} THEN {waiting}
+        ELSE new_state END AS new_state
+    FROM decided WHERE new_state IS NOT NULL
 )
 UPDATE {ti} SET
-    state = decided.new_state,
-    queued_at = CASE WHEN decided.new_state = {_q(TIState.QUEUED)} THEN %s ELSE queued_at END,
-    end_date = CASE WHEN decided.new_state = {_q(TIState.QUEUED)} THEN end_date ELSE %s END,
-    updated_at = %s
-FROM decided
-WHERE {ti}.id = decided.ti_id AND {ti}.state = {waiting} AND decided.new_state IS NOT NULL
+    state = outcome.new_state,{set_times}
+FROM outcome
+WHERE {ti}.id = outcome.ti_id AND {ti}.state = {waiting}
 RETURNING {ti}.task_id, {ti}.state
+"""
+    copied: dict[str, str] = {
+        str(field.column): (
+            "gen_random_uuid()"
+            if field.column == "id"
+            else "g.i"
+            if field.column == "map_index"
+            else "1"
+            if field.column == "try_number"
+            else "changed.task_retries"
+            if field.column == "max_tries"
+            else f"changed.{field.column}"
+        )
+        for field in TaskInstance._meta.concrete_fields
+    }
+    return f""",
+lengths AS (
+    SELECT d.ti_id, COALESCE(d.map_length, x.mapped_length, CASE jsonb_typeof(x.value)
+        WHEN 'array' THEN jsonb_array_length(x.value)
+        WHEN 'object' THEN (SELECT COUNT(*) FROM jsonb_object_keys(x.value)) END) AS len,
+        CASE WHEN d.unexpanded THEN 1 WHEN d.map_index = 0 THEN (
+            SELECT MAX(o.map_index) + 1 FROM {ti} o
+            WHERE o.dag_run_id = w.dag_run_id AND o.task_id = w.task_id) END AS grow_from
+    FROM decided d
+    JOIN {ti} w ON w.id = d.ti_id
+    LEFT JOIN {xcom} x ON d.map_upstream <> '' AND x.dag_id = w.dag_id
+        AND x.run_id = w.run_id AND x.task_id = d.map_upstream AND x.map_index = -1
+        AND x.key = {_q(RETURN_VALUE_KEY)}
+    WHERE d.new_state = {queued} AND (d.unexpanded OR d.map_upstream <> '')
+),
+outcome AS (
+    SELECT d.ti_id, d.unexpanded, d.retries, l.len, l.grow_from, CASE
+        WHEN l.ti_id IS NULL THEN d.new_state
+        WHEN NOT d.unexpanded AND (l.len IS NULL OR d.map_index < l.len) THEN {queued}
+        WHEN NOT d.unexpanded THEN {_q(TIState.REMOVED)}
+        WHEN l.len IS NULL THEN {_q(TIState.UPSTREAM_FAILED)}
+        WHEN l.len = 0 THEN {_q(TIState.SKIPPED)}
+        ELSE {queued} END AS new_state
+    FROM decided d LEFT JOIN lengths l ON l.ti_id = d.ti_id
+    WHERE d.new_state IS NOT NULL
+),
+changed AS (
+    UPDATE {ti} SET
+        state = outcome.new_state,
+        map_index = CASE WHEN outcome.unexpanded AND outcome.len > 0 THEN 0
+            ELSE {ti}.map_index END,{set_times}
+    FROM outcome
+    WHERE {ti}.id = outcome.ti_id AND {ti}.state = {waiting}
+    RETURNING {ti}.*, outcome.len AS expand_length, outcome.grow_from,
+        outcome.retries AS task_retries
+),
+expanded AS (
+    INSERT INTO {ti} ({", ".join(copied)})
+    SELECT {", ".join(copied.values())}
+    FROM changed
+    CROSS JOIN generate_series(changed.grow_from, changed.expand_length - 1) AS g(i)
+    WHERE changed.state = {queued} AND changed.grow_from IS NOT NULL
+)
+SELECT task_id, state FROM changed
 """
 
 
@@ -149,7 +245,9 @@ def evaluate_waiting_task_instances(
 ) -> list[tuple[str, str]]:
     """Decide the run's waiting TIs downstream of `finished_task_ids` (None: every waiting TI of
     the run) and write the decided ones: one statement, autocommit or in the caller's
-    transaction. Returns (task_id, new state) of the TIs it changed."""
+    transaction. Returns (task_id, new state) of the TIs it changed, a mapped task's expanded
+    TIs once (its map index 0's row); on SQLite `scheduled` is a mapped task's TI of map index
+    -1 whose rule is met, left waiting for the caller to expand (`mapping.expand`)."""
     at = connection.ops.adapt_datetimefield_value(now)
     with prepared_cursor() as cursor:
         if finished_task_ids is None:

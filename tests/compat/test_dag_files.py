@@ -221,7 +221,8 @@ def test_sync_endpoint_is_sync_dags_idempotent_and_all_or_nothing(client, exampl
     )
 
 
-def test_a_mapped_task_is_refused_naming_the_task(tmp_path):
+@pytest.mark.django_db
+def test_mapped_tasks_become_expand_definitions_the_service_syncs(tmp_path):
     (tmp_path / "fanout.py").write_text(
         textwrap.dedent(
             """
@@ -229,11 +230,71 @@ def test_a_mapped_task_is_refused_naming_the_task(tmp_path):
 
             @dag(dag_id="fanout", schedule=None)
             def fanout():
-                @task(task_id="square")
+                @task
+                def files():
+                    return ["a", "b"]
+
+                @task(retries=2)
+                def each(path):
+                    return path
+
+                @task
                 def square(x):
                     return x * x
 
+                @task
+                def total(values):
+                    return sum(values)
+
+                total(each.expand(path=files()))
                 square.expand(x=[1, 2, 3])
+
+            fanout()
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    ((dag,),) = converted.values()
+    tasks = {t["task_id"]: t for t in dag["tasks"]}
+    assert tasks["each"]["expand"] == {"path": {"xcom": "files"}}
+    assert tasks["each"]["upstream"] == ["files"] and tasks["each"]["retries"] == 2
+    assert tasks["square"]["expand"] == {"x": [None, None, None]}
+    assert "expand" not in tasks["total"] and "expand" not in tasks["files"]
+    definitions.sync_definitions(dags=definitions.parse_document(dag, file="fanout.py"))
+    stored = Task.objects.filter(dag_id="fanout")
+    assert {(t.task_id, t.map_length, t.map_upstream) for t in stored if t.is_mapped} == {
+        ("each", None, "files"),
+        ("square", 3, ""),
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "how"),
+    [
+        ("square.expand_kwargs([{'x': 1}, {'x': 2}])", "with .expand_kwargs"),
+        ("square.expand(x=[1], y=[2])", "over 2 arguments (a cross product)"),
+        ("square.expand(x=numbers().map(lambda n: n + 1))", "over MapXComArg"),
+    ],
+    ids=["expand_kwargs", "cross_product", "map"],
+)
+def test_a_mapping_the_service_cannot_run_is_refused_naming_the_task(tmp_path, body, how):
+    (tmp_path / "fanout.py").write_text(
+        textwrap.dedent(
+            f"""
+            from airflow.sdk import dag, task
+
+            @dag(dag_id="fanout", schedule=None)
+            def fanout():
+                @task
+                def numbers():
+                    return [1, 2]
+
+                @task(task_id="square")
+                def square(x, y=0):
+                    return x * x
+
+                {body}
 
             fanout()
             """
@@ -241,7 +302,7 @@ def test_a_mapped_task_is_refused_naming_the_task(tmp_path):
     )
     error = _convert(tmp_path)["import_errors"]["fanout.py"]
     assert "fanout.py" in error and "'fanout'" in error
-    assert "mapped task(s) 'square'" in error, error
+    assert f"maps task 'square' {how}" in error, error
 
 
 def test_a_file_that_does_not_import_is_reported_and_the_others_still_convert(tmp_path):

@@ -1,0 +1,121 @@
+"""Dynamic task mapping (issue 25): a mapped task's TI of map index -1 becomes its map indexes.
+
+A mapped task (`Task.map_length`, a literal list; `Task.map_upstream`, an upstream task's
+return value) whose length is not known when its run is created has one TI of map index -1, as
+in Airflow, waiting (`scheduled`) like any task with upstream tasks. When the dependency
+evaluation (`dependencies.evaluate_round`) finds its trigger rule met, it expands it, as
+Airflow 3.3.2's `TaskMap.expand_mapped_task` (airflow-core `models/taskmap.py`) does, called
+from `DagRun._get_ready_tis` once the TI's dependencies are met. On PostgreSQL the evaluation
+statement itself does it (`sql/dependencies._write_sql`: no statement more); on SQLite it
+leaves the TI waiting and `expand` below does it, with the same rules:
+
+- the length is the one the Task SDK pushed with the upstream's return value (`?mapped_length=`,
+  `XCom.mapped_length`, Airflow's TaskMap.length), else the length of a list or object value
+  (a worker that did not send one), or the literal's;
+- n >= 1: the TI becomes map index 0 and map indexes 1..n-1 are inserted, all queued (their
+  trigger rule is the one just met);
+- n = 0: the TI is skipped (Airflow: "Marking ... as SKIPPED since the map has 0 values");
+- no value pushed (or one that is neither a list nor an object): upstream_failed (Airflow's
+  NotFullyPopulated, `unmapped_ti.state = UPSTREAM_FAILED`).
+
+`expand`: four statements whatever n (the run, the lengths, one UPDATE of the -1 TIs, one
+INSERT of the others).
+"""
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from django.db.models import Case, F, OuterRef, Subquery, Value, When
+
+from .models import DagRun, Task, TaskInstance, TIState, XCom
+from .sql.dependencies import RETURN_VALUE_KEY
+
+
+def _length(
+    *, literal: int | None, pushed: int | None, value: object, has_value: bool
+) -> int | None:
+    if literal is not None:
+        return literal
+    if pushed is not None:
+        return pushed
+    if has_value and isinstance(value, list | dict):
+        return len(value)
+    return None
+
+
+def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[tuple[str, str]]:
+    """Expand the waiting map-index -1 TIs of `task_ids` in the run, whose trigger rule is met
+    (see the module docstring). Inside the caller's transaction; a TI expanded meanwhile is
+    left alone (the UPDATE matches only a waiting -1 TI, the INSERT ignores map indexes that
+    exist). Returns (task_id, new state) per task: queued (expanded), skipped or
+    upstream_failed."""
+    dag_id, run_id = DagRun.objects.values_list("dag_id", "run_id").get(pk=dag_run_id)
+    pushed = XCom.objects.filter(
+        dag_id=dag_id,
+        run_id=run_id,
+        task_id=OuterRef("map_upstream"),
+        map_index=-1,
+        key=RETURN_VALUE_KEY,
+    )
+    rows = (
+        Task.objects.filter(dag_id=dag_id, task_id__in=list(task_ids))
+        .annotate(
+            pushed_length=Subquery(pushed.values("mapped_length")[:1]),
+            pushed_value=Subquery(pushed.values("value")[:1]),
+            pushed_id=Subquery(pushed.values("id")[:1]),
+        )
+        .values_list(
+            "task_id", "retries", "map_length", "pushed_length", "pushed_value", "pushed_id"
+        )
+    )
+    lengths: dict[str, int | None] = {}
+    retries: dict[str, int] = {}
+    for task_id, task_retries, literal, length, value, xcom_id in rows:
+        retries[task_id] = task_retries
+        lengths[task_id] = _length(
+            literal=literal, pushed=length, value=value, has_value=xcom_id is not None
+        )
+    outcome = {
+        task_id: (
+            TIState.UPSTREAM_FAILED
+            if length is None
+            else TIState.SKIPPED
+            if length == 0
+            else TIState.QUEUED
+        )
+        for task_id, length in lengths.items()
+    }
+    if not outcome:
+        return []
+    expanded = [task_id for task_id, state in outcome.items() if state == TIState.QUEUED]
+    finished = [task_id for task_id, state in outcome.items() if state != TIState.QUEUED]
+    TaskInstance.objects.filter(
+        dag_run_id=dag_run_id,
+        task_id__in=list(outcome),
+        map_index=-1,
+        state=TIState.SCHEDULED,
+    ).update(
+        state=Case(*(When(task_id=t, then=Value(s)) for t, s in outcome.items())),
+        map_index=Case(When(task_id__in=expanded, then=Value(0)), default=F("map_index")),
+        queued_at=Case(When(task_id__in=expanded, then=Value(now)), default=F("queued_at")),
+        end_date=Case(When(task_id__in=finished, then=Value(now)), default=F("end_date")),
+        updated_at=now,
+    )
+    new = [
+        TaskInstance(
+            dag_run_id=dag_run_id,
+            dag_id=dag_id,
+            run_id=run_id,
+            task_id=task_id,
+            map_index=map_index,
+            try_number=1,
+            max_tries=retries[task_id],
+            state=TIState.QUEUED,
+            queued_at=now,
+        )
+        for task_id in expanded
+        for map_index in range(1, lengths[task_id] or 0)
+    ]
+    if new:
+        TaskInstance.objects.bulk_create(new, ignore_conflicts=True)
+    return sorted(outcome.items())

@@ -1,0 +1,159 @@
+"""Issue 25 end to end: the stock Task SDK worker (`bin/airflow-worker`, task-sdk 1.3.2, Airflow's
+own supervisor) runs a DAG file that expands a task over an upstream's returned list: the
+service expands it when the upstream succeeds (the length the SDK pushed), every map index
+runs, the downstream sums their XComs through the lazy sequence, and each map index's outlet
+event reaches the consumer Dag exactly once. The access log shows no refused route.
+MAPPING_E2E_WIDTH (default 50) sets the width."""
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from cryptography.fernet import Fernet
+from django.contrib.auth import get_user_model
+
+from assets_app.api.public_auth import create_api_token
+from assets_app.models import AssetEvent, DagRunAssetEvent, TaskInstance, XCom
+from tests import servers
+from tests.proof.conftest import database_url, figure
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+WIDTH = int(os.environ.get("MAPPING_E2E_WIDTH", "50"))
+
+DAG_FILE = """
+from airflow.sdk import Asset, dag, task
+
+PARTS = Asset(name="mapped_parts", uri="file:///tmp/mapped_parts")
+
+
+@dag(dag_id="mapped_fan_out", schedule=None)
+def mapped_fan_out():
+    @task
+    def numbers():
+        return list(range(WIDTH))
+
+    @task(outlets=[PARTS])
+    def square(n):
+        return n * n
+
+    @task
+    def total(values):
+        return sum(values)
+
+    total(square.expand(n=numbers()))
+
+
+@dag(dag_id="mapped_parts_consumer", schedule=[PARTS])
+def mapped_parts_consumer():
+    @task
+    def count(**context):
+        return len(context["triggering_asset_events"][PARTS])
+
+    count()
+
+
+mapped_fan_out()
+mapped_parts_consumer()
+"""
+
+
+@pytest.fixture
+def service(tmp_path):
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "WEB_WORKERS": "2",
+        "WORKER_API_KEY": "mapping-worker-key",
+        "FERNET_KEY": Fernet.generate_key().decode(),
+        "ADMIN_PASSWORD": "mapping-admin",
+    }
+    log = tmp_path / "serve.log"
+    with servers.bin_serve(env, log, ready_path="/api/v2/version", ready_timeout=120) as serve:
+        yield {"url": serve.url, "env": serve.env, "log": log}
+
+
+def _worker(service, tmp_path, dags: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            str(ROOT / "bin/airflow-worker"),
+            "--dags",
+            str(dags),
+            "--url",
+            service["url"],
+            "--logs",
+            str(tmp_path / "airflow-logs"),
+            *args,
+        ],
+        env={**service["env"], "AIRFLOW_HOME": str(tmp_path / "airflow-home")},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+
+
+@pytest.mark.timeout(1800)
+def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_path):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "fan_out.py").write_text(DAG_FILE.replace("WIDTH", str(WIDTH)))
+    get_user_model().objects.create_superuser("operator", password="x")
+    _, key = create_api_token(username="operator", name="mapping")
+    synced = _worker(service, tmp_path, dags, "--sync-only")
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    answer = requests.post(
+        f"{service['url']}/api/v2/dags/mapped_fan_out/dagRuns",
+        json={"logical_date": None, "conf": {}},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert answer.status_code == 200, answer.text
+
+    started = time.monotonic()
+    ran = _worker(
+        service,
+        tmp_path,
+        dags,
+        "--no-sync",
+        "--concurrency",
+        "4",
+        "--idle-exit",
+        "20",
+        "--max-seconds",
+        "1000",
+    )
+    elapsed = time.monotonic() - started
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+    fan_out = TaskInstance.objects.filter(dag_id="mapped_fan_out")
+    assert sorted(fan_out.filter(task_id="square").values_list("map_index", "state")) == [
+        (i, "success") for i in range(WIDTH)
+    ], ran.stderr[-4000:]
+    assert set(fan_out.exclude(task_id="square").values_list("task_id", "map_index", "state")) == {
+        ("numbers", -1, "success"),
+        ("total", -1, "success"),
+    }
+    assert XCom.objects.get(task_id="numbers").mapped_length == WIDTH
+    assert XCom.objects.get(task_id="total").value == sum(i * i for i in range(WIDTH))
+    # Each map index's outlet event, registered once with its map index, consumed once.
+    events = AssetEvent.objects.filter(asset__name="mapped_parts")
+    assert sorted(events.values_list("source_map_index", flat=True)) == list(range(WIDTH))
+    consumed = DagRunAssetEvent.objects.filter(dag_id="mapped_parts_consumer")
+    assert sorted(consumed.values_list("asset_event_id", flat=True)) == sorted(
+        events.values_list("id", flat=True)
+    )
+    counts = XCom.objects.filter(dag_id="mapped_parts_consumer", task_id="count")
+    assert sum(counts.values_list("value", flat=True)) == WIDTH
+    figure(f"airflow worker: {WIDTH}-wide mapped task end to end in {elapsed:.0f}s, concurrency 4")
+
+    lines = service["log"].read_text().splitlines()
+    seen = [line for line in lines if re.search(r'"[A-Z]+ /(execution|api/v2)/', line)]
+    # The lazy sequence of `values` ends where its next item is a 404 (the Task SDK's
+    # LazyXComIterator stops on XCOM_NOT_FOUND, as against Airflow): that one is expected.
+    end = f"/square/return_value/item/{WIDTH} "
+    bad = [line for line in seen if re.search(r'" (404|405|5\d\d) ', line) and end not in line]
+    assert not bad, "\n".join(bad[:20])

@@ -1,0 +1,510 @@
+"""Dynamic task mapping (issue 25) against real PostgreSQL: mapped tasks in the definition
+format and their sync."""
+
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from assets_app import definitions, dependencies, mapping, runs, xcoms
+from assets_app.models import Dag, DagRun, Task, TaskInstance, TIState, XCom
+from assets_app.task_state import claims, finishing, retries, starting, success
+
+pytestmark = pytest.mark.django_db
+
+FAN_OUT = {
+    "dag_id": "fan_out",
+    "tasks": [
+        {"task_id": "list_files"},
+        {"task_id": "each", "upstream": ["list_files"], "expand": {"path": {"xcom": "list_files"}}},
+        {"task_id": "fixed", "expand": {"n": [1, "two", {"three": 3}]}},
+        {"task_id": "none", "expand": {"n": []}},
+        {"task_id": "sum", "upstream": ["each"]},
+    ],
+}
+
+
+def sync(*dags: dict) -> definitions.SyncResult:
+    return definitions.sync_definitions(
+        dags=[d for dag in dags for d in definitions.parse_text(json.dumps(dag), file="t.json")]
+    )
+
+
+def mapped_over(dag_id: str) -> dict[str, tuple[int | None, str]]:
+    return {
+        task_id: (length, upstream)
+        for task_id, length, upstream in Task.objects.filter(dag_id=dag_id).values_list(
+            "task_id", "map_length", "map_upstream"
+        )
+    }
+
+
+def test_sync_stores_what_each_task_maps_over_and_a_second_sync_changes_nothing():
+    sync(FAN_OUT)
+    assert mapped_over("fan_out") == {
+        "list_files": (None, ""),
+        "each": (None, "list_files"),
+        "fixed": (3, ""),
+        "none": (0, ""),
+        "sum": (None, ""),
+    }
+    assert [t.task_id for t in Task.objects.filter(dag_id="fan_out") if t.is_mapped] == [
+        "each",
+        "fixed",
+        "none",
+    ]
+    assert sync(FAN_OUT).tasks_unchanged == 5
+
+
+def test_a_changed_expand_updates_the_task_and_a_removed_one_unmaps_it():
+    sync(FAN_OUT)
+    changed = json.loads(json.dumps(FAN_OUT))
+    changed["tasks"][1].pop("expand")
+    changed["tasks"][2]["expand"] = {"n": [1]}
+    result = sync(changed)
+    assert result.tasks_updated == 2
+    assert mapped_over("fan_out")["each"] == (None, "")
+    assert mapped_over("fan_out")["fixed"] == (1, "")
+
+
+def test_a_literal_of_exactly_max_map_length_values_is_accepted(settings):
+    settings.MAX_MAP_LENGTH = 4
+    sync({"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": [1, 2, 3, 4]}}]})
+    assert mapped_over("d") == {"a": (4, "")}
+    with pytest.raises(definitions.DefinitionError, match="expand over 5 values, more than"):
+        sync({"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": [1, 2, 3, 4, 5]}}]})
+    assert mapped_over("d") == {"a": (4, "")}
+
+
+# --- expansion --------------------------------------------------------------------------------
+
+
+def tis(run: DagRun, task_id: str) -> list[tuple[int, str]]:
+    return list(
+        TaskInstance.objects.filter(dag_run=run, task_id=task_id)
+        .order_by("map_index")
+        .values_list("map_index", "state")
+    )
+
+
+def start(ti: TaskInstance) -> dict:
+    tries = {"ti_id": ti.id, "try_number": ti.try_number}
+    starting.start(**tries, hostname="h", unixname="u", pid=1, start_date=timezone.now())
+    return tries
+
+
+def succeed(ti: TaskInstance, *, returned=None, mapped_length=None, push=True) -> None:
+    """Run a queued TI as the Task SDK does: start, push its return value (with the length it
+    sends when a mapped task expands over it), succeed."""
+    tries = start(ti)
+    if push:
+        xcoms.push(
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            task_id=ti.task_id,
+            key="return_value",
+            value=returned,
+            map_index=ti.map_index,
+            mapped_length=mapped_length,
+        )
+    success.succeed(**tries, end_date=timezone.now(), task_outlets=[], outlet_events=[])
+
+
+def fail(ti: TaskInstance) -> None:
+    finishing.finish(**start(ti), state=TIState.FAILED, end_date=timezone.now())
+
+
+def one(run: DagRun, task_id: str, map_index: int = -1) -> TaskInstance:
+    return TaskInstance.objects.get(dag_run=run, task_id=task_id, map_index=map_index)
+
+
+def test_a_literal_expands_when_the_run_is_created_in_the_same_ti_insert(
+    django_assert_num_queries,
+):
+    sync(FAN_OUT)
+    dag = Dag.objects.get(dag_id="fan_out")
+    # tasks, run, TIs (one INSERT for all of them, map indexes included)
+    with django_assert_num_queries(3):
+        run = runs.create_dag_run(dag=dag, run_type="manual", run_after=timezone.now())
+    assert tis(run, "fixed") == [(0, "queued"), (1, "queued"), (2, "queued")]
+    assert tis(run, "each") == [(-1, "scheduled")]
+    assert tis(run, "list_files") == [(-1, "queued")]
+    # A root over an empty literal: skipped at once (nothing downstream of it here).
+    assert tis(run, "none") == [(-1, "skipped")]
+
+
+def test_an_empty_literal_skips_the_task_and_its_downstream_after_the_commit(
+    django_capture_on_commit_callbacks,
+):
+    sync(
+        {
+            "dag_id": "empty",
+            "tasks": [
+                {"task_id": "none", "expand": {"n": []}},
+                {"task_id": "after", "upstream": ["none"]},
+                {"task_id": "anyway", "upstream": ["none"], "trigger_rule": "all_done"},
+            ],
+        }
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        run = runs.trigger_dag(dag_id="empty")
+    assert tis(run, "none") == [(-1, "skipped")]
+    assert tis(run, "after") == [(-1, "skipped")]
+    assert tis(run, "anyway") == [(-1, "queued")]
+
+
+def test_mapped_tasks_added_to_an_existing_run_are_expanded_not_run_unmapped():
+    sync({"dag_id": "grows", "tasks": [{"task_id": "list_files"}]})
+    run = runs.trigger_dag(dag_id="grows")
+    succeed(one(run, "list_files"), returned=["a", "b"], mapped_length=2)
+    sync(
+        {
+            "dag_id": "grows",
+            "tasks": [
+                {"task_id": "list_files"},
+                {
+                    "task_id": "each",
+                    "upstream": ["list_files"],
+                    "expand": {"x": {"xcom": "list_files"}},
+                },
+                {"task_id": "fixed", "expand": {"x": [1, 2, 3]}},
+                {"task_id": "none", "expand": {"x": []}},
+            ],
+        }
+    )
+    result = runs.clear_dag_run(dag_id="grows", run_id=run.run_id, dry_run=False, only_new=True)
+    assert result.new_task_ids == ["each", "fixed", "none"]
+    assert tis(run, "each") == [(0, "queued"), (1, "queued")]
+    assert tis(run, "fixed") == [(0, "queued"), (1, "queued"), (2, "queued")]
+    assert tis(run, "none") == [(-1, "skipped")]
+
+
+def test_an_upstream_return_value_expands_the_mapped_task_into_queued_map_indexes():
+    sync(FAN_OUT)
+    run = runs.trigger_dag(dag_id="fan_out")
+    succeed(one(run, "list_files"), returned=["a", "b", "c"], mapped_length=3)
+    assert XCom.objects.get(task_id="list_files").mapped_length == 3
+    assert tis(run, "each") == [(0, "queued"), (1, "queued"), (2, "queued")]
+    assert tis(run, "sum") == [(-1, "scheduled")]
+    # The expanded TIs are those tasks' own: their retries, a first try.
+    assert set(
+        TaskInstance.objects.filter(dag_run=run, task_id="each").values_list(
+            "try_number", "max_tries", "dag_id", "run_id"
+        )
+    ) == {(1, 0, "fan_out", run.run_id)}
+    # A second evaluation (the sweep, a racing finish) finds nothing to expand.
+    dependencies.evaluate(dag_run_id=run.pk, finished_task_ids=None)
+    assert len(tis(run, "each")) == 3
+
+
+def test_without_a_pushed_length_the_length_of_the_returned_list_is_used():
+    sync(FAN_OUT)
+    run = runs.trigger_dag(dag_id="fan_out")
+    succeed(one(run, "list_files"), returned=[1, 2])
+    assert tis(run, "each") == [(0, "queued"), (1, "queued")]
+
+
+@pytest.mark.parametrize(
+    ("returned", "push", "each", "downstream"),
+    [
+        # Airflow 3.3.2 TaskMap.expand_mapped_task: "Marking ... as SKIPPED since the map has
+        # 0 values to expand"; all_success downstream of a skipped task is skipped.
+        ([], True, "skipped", "skipped"),
+        # Nothing to map over (NotFullyPopulated): the -1 TI is upstream_failed.
+        (None, False, "upstream_failed", "upstream_failed"),
+        ("a string", True, "upstream_failed", "upstream_failed"),
+    ],
+    ids=["zero_length_skips", "no_value_pushed_upstream_failed", "not_a_list_upstream_failed"],
+)
+def test_zero_length_or_missing_return_values(returned, push, each, downstream):
+    sync(FAN_OUT)
+    run = runs.trigger_dag(dag_id="fan_out")
+    succeed(
+        one(run, "list_files"),
+        returned=returned,
+        mapped_length=len(returned) if isinstance(returned, list) else None,
+        push=push,
+    )
+    assert tis(run, "each") == [(-1, each)]
+    assert tis(run, "sum") == [(-1, downstream)]
+
+
+def test_a_mapped_task_whose_rule_fails_is_not_expanded():
+    sync(FAN_OUT)
+    run = runs.trigger_dag(dag_id="fan_out")
+    fail(one(run, "list_files"))
+    assert tis(run, "each") == [(-1, "upstream_failed")]
+    assert tis(run, "sum") == [(-1, "upstream_failed")]
+
+
+# --- downstream of a mapped task ----------------------------------------------------------------
+
+
+def mapped_dag(rule: str) -> DagRun:
+    sync(
+        {
+            "dag_id": "m",
+            "tasks": [
+                {"task_id": "list_files"},
+                {
+                    "task_id": "each",
+                    "upstream": ["list_files"],
+                    "expand": {"path": {"xcom": "list_files"}},
+                },
+                {"task_id": "after", "upstream": ["each"], "trigger_rule": rule},
+            ],
+        }
+    )
+    run = runs.trigger_dag(dag_id="m")
+    succeed(one(run, "list_files"), returned=["a", "b", "c"], mapped_length=3)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("rule", "finishes", "after"),
+    [
+        # Waits for every map index, then runs.
+        ("all_success", ["success", "success", "success"], ["scheduled", "scheduled", "queued"]),
+        # One failed map index is enough to know (Airflow's flag_upstream_failed).
+        ("all_success", ["success", "failed"], ["scheduled", "upstream_failed"]),
+        ("all_done", ["success", "failed", "success"], ["scheduled", "scheduled", "queued"]),
+        ("one_failed", ["success", "failed"], ["scheduled", "queued"]),
+        (
+            "one_success",
+            ["failed", "failed", "failed"],
+            ["scheduled", "scheduled", "upstream_failed"],
+        ),
+        (
+            "none_failed",
+            ["success", "success", "failed"],
+            ["scheduled", "scheduled", "upstream_failed"],
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_downstream_of_a_mapped_task_applies_its_rule_over_every_map_index(rule, finishes, after):
+    run = mapped_dag(rule)
+    seen = []
+    for map_index, outcome in enumerate(finishes):
+        ti = one(run, "each", map_index)
+        succeed(ti, returned=map_index) if outcome == "success" else fail(ti)
+        seen.append(tis(run, "after")[0][1])
+    assert seen == after
+
+
+def test_retries_are_per_map_index():
+    sync(
+        {
+            "dag_id": "r",
+            "tasks": [
+                {"task_id": "list_files"},
+                {
+                    "task_id": "each",
+                    "upstream": ["list_files"],
+                    "retries": 1,
+                    "retry_delay_seconds": 0,
+                    "expand": {"path": {"xcom": "list_files"}},
+                },
+                {"task_id": "after", "upstream": ["each"]},
+            ],
+        }
+    )
+    run = runs.trigger_dag(dag_id="r")
+    succeed(one(run, "list_files"), returned=["a", "b", "c"], mapped_length=3)
+    assert {ti.max_tries for ti in TaskInstance.objects.filter(dag_run=run, task_id="each")} == {1}
+    succeed(one(run, "each", 0), returned=0)
+    flaky = one(run, "each", 1)
+    retries.retry(**start(flaky), end_date=timezone.now())
+    succeed(one(run, "each", 2), returned=2)
+    tries = dict(
+        TaskInstance.objects.filter(dag_run=run, task_id="each").values_list(
+            "map_index", "try_number"
+        )
+    )
+    assert tries == {0: 1, 1: 2, 2: 1}
+    assert tis(run, "each") == [(0, "success"), (1, "queued"), (2, "success")]
+    assert tis(run, "after") == [(-1, "scheduled")]
+    succeed(one(run, "each", 1), returned=1)
+    assert tis(run, "after") == [(-1, "queued")]
+
+
+def test_clearing_one_map_index_runs_only_it_again_and_its_downstream_waits_for_it():
+    run = mapped_dag("all_success")
+    for map_index in range(3):
+        succeed(one(run, "each", map_index), returned=map_index)
+    succeed(one(run, "after"), returned=None)
+    cleared = one(run, "each", 1)
+    after = one(run, "after")
+    result = runs.clear_task_instances(dag_run_id=run.pk, ti_ids=[cleared.id, after.id])
+    assert result.cleared == ("after", "each")
+    assert tis(run, "each") == [(0, "success"), (1, "queued"), (2, "success")]
+    assert one(run, "each", 1).try_number == 2
+    assert tis(run, "after") == [(-1, "scheduled")]
+    succeed(one(run, "each", 1), returned=1)
+    assert tis(run, "after") == [(-1, "queued")]
+
+
+@pytest.mark.parametrize(
+    ("new_length", "each"),
+    [
+        (2, [(0, "queued", 2), (1, "queued", 2), (2, "removed", 2)]),
+        (
+            5,
+            [
+                (0, "queued", 2),
+                (1, "queued", 2),
+                (2, "queued", 2),
+                (3, "queued", 1),
+                (4, "queued", 1),
+            ],
+        ),
+    ],
+    ids=["shrinks_beyond_are_removed", "grows_new_map_indexes_are_added"],
+)
+def test_a_cleared_run_revises_the_map_indexes_to_the_new_length(new_length, each):
+    """Airflow 3.3.2's DagRun._revise_map_indexes_if_mapped, when the upstream runs again."""
+    run = mapped_dag("all_success")
+    for map_index in range(3):
+        succeed(one(run, "each", map_index), returned=map_index)
+    succeed(one(run, "after"), returned=None)
+    runs.clear_task_instances(dag_run_id=run.pk)
+    assert tis(run, "each") == [(0, "scheduled"), (1, "scheduled"), (2, "scheduled")]
+    succeed(one(run, "list_files"), returned=list(range(new_length)), mapped_length=new_length)
+    got = TaskInstance.objects.filter(dag_run=run, task_id="each").order_by("map_index")
+    assert [(ti.map_index, ti.state, ti.try_number) for ti in got] == each
+    for ti in got.filter(state="queued"):
+        assert tis(run, "after") == [(-1, "scheduled")]
+        succeed(ti, returned=ti.map_index)
+    assert tis(run, "after") == [(-1, "queued")]
+
+
+def test_the_run_finishes_only_after_every_map_index_and_its_downstream():
+    run = mapped_dag("all_success")
+    for map_index in range(3):
+        run.refresh_from_db()
+        assert run.state != "success"
+        succeed(one(run, "each", map_index), returned=map_index)
+    succeed(one(run, "after"), returned=None)
+    run.refresh_from_db()
+    assert run.state == "success"
+
+
+def test_the_expansion_of_the_sqlite_path_follows_the_same_rules():
+    """`mapping.expand`, which SQLite's evaluation leaves the expansion to (PostgreSQL's does it
+    in its statement), called as it is there: on waiting -1 TIs whose rule is met."""
+    sync(FAN_OUT, {**FAN_OUT, "dag_id": "other"})
+    run = runs.trigger_dag(dag_id="fan_out")
+    TaskInstance.objects.filter(dag_run=run, task_id="list_files").update(state="success")
+    xcoms.push(
+        dag_id="fan_out",
+        run_id=run.run_id,
+        task_id="list_files",
+        key="return_value",
+        value=["a", "b"],
+        mapped_length=2,
+    )
+    now = timezone.now()
+    assert mapping.expand(dag_run_id=run.pk, task_ids=["each"], now=now) == [("each", "queued")]
+    assert tis(run, "each") == [(0, "queued"), (1, "queued")]
+    # Expanded already: the -1 TI is gone, nothing changes.
+    mapping.expand(dag_run_id=run.pk, task_ids=["each"], now=now)
+    assert tis(run, "each") == [(0, "queued"), (1, "queued")]
+    other = runs.trigger_dag(dag_id="other")
+    assert mapping.expand(dag_run_id=other.pk, task_ids=["each"], now=now) == [
+        ("each", "upstream_failed")
+    ]
+    xcoms.push(
+        dag_id="other", run_id=other.run_id, task_id="list_files", key="return_value", value={}
+    )
+    TaskInstance.objects.filter(dag_run=other, task_id="each").update(state="scheduled")
+    assert mapping.expand(dag_run_id=other.pk, task_ids=["each"], now=now) == [("each", "skipped")]
+    assert tis(other, "each") == [(-1, "skipped")]
+
+
+# --- end to end through the worker API's functions, committing for real ----------------------
+
+
+def wide_dag(dag_id: str, *, mapped: bool) -> None:
+    each = {"task_id": "each", "upstream": ["list_files"]}
+    if mapped:
+        each["expand"] = {"path": {"xcom": "list_files"}}
+    sync(
+        {
+            "dag_id": dag_id,
+            "tasks": [{"task_id": "list_files"}, each, {"task_id": "sum", "upstream": ["each"]}],
+        }
+    )
+
+
+def claimed(dag_id: str, limit: int) -> list[TaskInstance]:
+    tis_ = [w.ti for w in claims.claim_workloads(hostname="w", limit=limit)]
+    assert {ti.dag_id for ti in tis_} <= {dag_id}
+    return tis_
+
+
+def statements_of_the_upstream_success(dag_id: str, *, returned: list) -> tuple[DagRun, int]:
+    run = runs.trigger_dag(dag_id=dag_id)
+    (root,) = claimed(dag_id, 10)
+    tries = start(root)
+    xcoms.push(
+        dag_id=dag_id,
+        run_id=run.run_id,
+        task_id="list_files",
+        key="return_value",
+        value=returned,
+        mapped_length=len(returned),
+    )
+    with CaptureQueriesContext(connection) as queries:
+        success.succeed(**tries, end_date=timezone.now(), task_outlets=[], outlet_events=[])
+    return run, len(queries.captured_queries)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_50_wide_expansion_costs_the_statements_of_a_5_wide_one_and_runs_end_to_end():
+    wide_dag("plain", mapped=False)
+    # A first success enqueues the scheduler's nudge; the ones measured find it pending.
+    statements_of_the_upstream_success("plain", returned=["x"])
+    claimed("plain", 10)
+    counts = {}
+    for n in (5, 50):
+        dag_id = f"wide{n}"
+        wide_dag(dag_id, mapped=True)
+        run, counts[n] = statements_of_the_upstream_success(dag_id, returned=list(range(n)))
+        assert tis(run, "each") == [(i, "queued") for i in range(n)]
+        mapped_tis = claimed(dag_id, 100)
+        assert sorted(ti.map_index for ti in mapped_tis) == list(range(n))
+        for ti in sorted(mapped_tis, key=lambda ti: ti.map_index):
+            assert tis(run, "sum") == [(-1, "scheduled")]
+            tries = start(ti)
+            xcoms.push(
+                dag_id=dag_id,
+                run_id=run.run_id,
+                task_id="each",
+                key="return_value",
+                value=ti.map_index * 10,
+                map_index=ti.map_index,
+            )
+            success.succeed(**tries, end_date=timezone.now(), task_outlets=[], outlet_events=[])
+        assert tis(run, "sum") == [(-1, "queued")]
+        # What the downstream's lazy xcom_pull reads: every map index's value, in order.
+        values = xcoms.value_slice(
+            dag_id=dag_id,
+            run_id=run.run_id,
+            task_id="each",
+            key="return_value",
+            start=None,
+            stop=None,
+            step=None,
+        )
+        assert sum(values) == 10 * n * (n - 1) // 2
+        (last,) = claimed(dag_id, 10)
+        assert last.task_id == "sum"
+        succeed(last, returned=sum(values))
+        run.refresh_from_db()
+        assert run.state == "success"
+    # The same success of an unmapped upstream.
+    _, unmapped = statements_of_the_upstream_success("plain", returned=["x"])
+    # The expansion is in the evaluation's one statement: no statement more, whatever n.
+    assert counts[5] == counts[50] == unmapped == 7, (unmapped, counts)

@@ -123,6 +123,10 @@ def test_a_clean_deletes_old_history_with_its_dependent_rows_and_keeps_the_last_
 
 def test_dry_run_counts_equal_the_rows_then_deleted_and_a_second_clean_deletes_nothing():
     dag = DagFactory()
+    # Kept by a rule the clean checks per batch, after its scan (`run_scan`), dry run too.
+    busy, _ = old_run(dag, ti_state=TIState.RUNNING)
+    held, held_tis = old_run(dag)
+    AssetEventQueueFactory(ti_id=held_tis[0].id)
     runs = [old_run(dag, tis=2)[0] for _ in range(5)]
     events = [old_event() for _ in range(5)]
     # Events consumed only by runs the clean deletes go in the same clean.
@@ -135,7 +139,7 @@ def test_dry_run_counts_equal_the_rows_then_deleted_and_a_second_clean_deletes_n
         AuditEntry.objects.filter(pk=entry.pk).update(at=ago(timedelta(days=800)))
 
     dry = retention.clean(dry_run=True)
-    assert DagRun.objects.count() == 5  # nothing deleted
+    assert DagRun.objects.count() == 7  # nothing deleted
     real = retention.clean()
     assert dry.counts == real.counts
     assert real.counts["dag_run"] == 4 and real.counts["asset_event"] == 4
@@ -143,6 +147,36 @@ def test_dry_run_counts_equal_the_rows_then_deleted_and_a_second_clean_deletes_n
     again = retention.clean()
     assert again.total == 0
     assert exists(AssetEvent, events[-1].pk)
+    assert exists(DagRun, busy.pk) and exists(DagRun, held.pk)
+
+
+def test_a_batch_commits_without_waiting_for_its_wal_flush_and_only_it(monkeypatch):
+    """`sql.retention.commit_without_waiting_for_flush`: each deleting batch's transaction runs
+    with synchronous_commit off (SET LOCAL), the connection's own setting is untouched after it,
+    and a dry run does not change it."""
+    from django.db import connection
+
+    from assets_app.sql import retention as retention_sql
+
+    seen = []
+    real_delete = retention_sql.delete_rows
+
+    def recording_delete(queryset):
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            seen.append(cursor.fetchone()[0])
+        return real_delete(queryset)
+
+    monkeypatch.setattr(retention_sql, "delete_rows", recording_delete)
+    dag = DagFactory()
+    old_run(dag)
+    old_run(dag)
+    old_event()
+    retention.clean()
+    assert seen and set(seen) == {"off"}
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
 
 
 def test_events_queued_for_a_dag_are_kept():
@@ -361,7 +395,8 @@ def test_periodic_clean_is_off_by_default_and_waits_for_its_interval(settings):
     assert retention.periodic_clean() is None
     assert DagRun.objects.count() == 2
     settings.RETENTION_PERIODIC = True
-    assert retention.periodic_clean().counts["dag_run"] == 1
+    result = retention.periodic_clean()
+    assert result is not None and result.counts["dag_run"] == 1
     old_run(dag)
     assert retention.periodic_clean() is None  # within RETENTION_INTERVAL_MINUTES
     assert DagRun.objects.count() == 2

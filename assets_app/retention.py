@@ -12,7 +12,8 @@ still needed (`docs/retention.md` says who may delete what):
 - runs that are queued or running, or have a task instance that is not finished;
 - the last `RETENTION_KEEP_LAST_RUNS` runs of every Dag (at least one: the last run);
 - runs, task instances and events a kept audit entry points at (`AuditTarget`: kind "dag_run" /
-  "asset_event" by id, any kind by `ti_id`).
+  "asset_event" by id, any kind by `ti_id`);
+- runs planned by a backfill that is not completed (a pending date may reprocess its run).
 
 A run is deleted with its task instances, their rendered fields, reschedules and shipped log
 chunks, its consumed-event links and its XComs; an event with its alias links; an audit entry
@@ -48,6 +49,7 @@ from .models import (
     AssetEventQueue,
     AuditEntry,
     AuditTarget,
+    BackfillDagRun,
     ComponentHeartbeat,
     DagRun,
     DagRunAssetEvent,
@@ -267,6 +269,15 @@ def run_candidates(*, cutoff: datetime, keep: int, audit_from: datetime | None) 
             Exists(kept_targets.filter(kind="dag_run", object_id=Cast(OuterRef("pk"), CharField())))
         )
         .exclude(Exists(tis.filter(Exists(kept_targets.filter(ti_id=OuterRef("id"))))))
+        # A backfill still going may clear (reprocess) a run it planned when that date's turn
+        # comes.
+        .exclude(
+            Exists(
+                BackfillDagRun.objects.filter(
+                    dag_run=OuterRef("pk"), backfill__completed_at__isnull=True
+                )
+            )
+        )
     )
 
 
@@ -418,6 +429,10 @@ class _Clean:
             # Rechecked under lock: a run (or a task instance) cleared, or held by anyone, since
             # it was selected stays.
             runs, ti_ids = locks.lock_runs_for_retention(candidates.filter(id__in=ids))
+            # A completed backfill's planned dates keep their row without the run (the model's
+            # SET_NULL; these deletes are raw, and the deferred foreign key would fail the
+            # commit).
+            BackfillDagRun.objects.filter(dag_run_id__in=runs).update(dag_run=None)
         pairs = list(DagRun.objects.filter(id__in=runs).values_list("dag_id", "run_id"))
         if self.dry_run:
             self.assumed_deleted_pairs.update(pairs)

@@ -445,3 +445,39 @@ def test_finished_webhook_messages_go_after_their_days_and_pending_ones_never(se
     settings.RETENTION_WEBHOOK_DAYS = 0
     with pytest.raises(retention.RetentionError, match="RETENTION_WEBHOOK_DAYS"):
         retention.clean(tables=["webhook_delivery"])
+
+
+def test_runs_of_a_backfill_still_going_are_kept_and_a_completed_ones_links_are_cleared():
+    """A pending planned date may reprocess (clear) an existing old run when its turn comes: the
+    runs of a backfill not completed are kept. A completed backfill's planned dates lose their
+    link to a deleted run (the model's SET_NULL, done by the clean: its deletes are raw), so
+    the deferred foreign key does not fail the batch at commit."""
+    from assets_app.models import Backfill, BackfillDagRun
+
+    dag = DagFactory()
+    planned, _ = old_run(dag)
+    done, _ = old_run(dag)
+    old_run(dag)  # the last run
+    when = ago()
+    dates = {
+        "logical_date": when,
+        "data_interval_start": when,
+        "data_interval_end": when,
+        "run_after": when,
+    }
+    going = Backfill.objects.create(dag=dag, from_date=when, to_date=when)
+    BackfillDagRun.objects.create(backfill=going, dag_run=planned, sort_ordinal=1, **dates)
+    over = Backfill.objects.create(
+        dag=DagFactory(), from_date=when, to_date=when, completed_at=timezone.now()
+    )
+    link = BackfillDagRun.objects.create(
+        backfill=over, dag_run=done, sort_ordinal=1, started_at=when, **dates
+    )
+
+    dry = retention.clean(dry_run=True)
+    result = retention.clean()
+    assert exists(DagRun, planned.pk)
+    assert not exists(DagRun, done.pk)
+    assert result.counts["dag_run"] == 1 == dry.counts["dag_run"]
+    link.refresh_from_db()
+    assert link.dag_run_id is None and link.started_at is not None

@@ -9,6 +9,10 @@ of the runs consuming an event, 1,000 recent events queued (ADRQ). Then, against
 outlets on running TIs, one client) twice: alone, and while `manage.py db_clean -y` deletes
 everything older than the default policy (runs and events older than 90 days, XComs 30, the last
 10 runs per Dag kept) with its per-batch lines (`--verbose`) giving every transaction's duration.
+The cutoff is one `--clean-before-timestamp` (now - 90 days, what the policy gives the seeded
+runs and events) for three runs: a `--dry-run` before, the measured clean, and a second clean
+after it, so that the dry run's counts compare exactly with the rows deleted and the second
+clean must delete nothing. The 1-minute load is sampled every 5 s during the clean.
 
 Targets: every clean transaction under 500 ms; the success path's p99 during the clean within
 20 % of the p99 without it. `--scale 0.05` seeds 1/20 of the rows.
@@ -16,11 +20,12 @@ Targets: every clean transaction under 500 ms; the success path's p99 during the
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import _harness as h
 
@@ -30,6 +35,7 @@ DAGS = 50
 ASSETS = 200
 TARGET_TX_MS = 500.0
 TARGET_P99_RATIO = 1.2
+CLEAN = [h.PYTHON, "manage.py", "db_clean"]
 
 
 def seed(cursor, *, events: int, runs: int, tis_per_run: int) -> dict[str, float]:
@@ -99,6 +105,28 @@ def seed(cursor, *, events: int, runs: int, tis_per_run: int) -> dict[str, float
     return timings
 
 
+def deleted_counts(lines: list[str]) -> dict[str, int]:
+    """The per-table counts `db_clean` prints at its end ("  <table>  <n>")."""
+    return {
+        m.group(1): int(m.group(2)) for line in lines if (m := re.match(r"\s+(\w+)\s+(\d+)$", line))
+    }
+
+
+def db_clean(url: str, *args: str) -> list[str]:
+    """Run `manage.py db_clean ARGS` to its end; its output lines (exit on failure)."""
+    done = subprocess.run(
+        [*CLEAN, *args],
+        cwd=h.ROOT,
+        env=h.server_env(url, LOG_LEVEL="WARNING"),
+        capture_output=True,
+        text=True,
+    )
+    lines = (done.stdout + done.stderr).splitlines()
+    if done.returncode:
+        raise SystemExit(f"db_clean {' '.join(args)} failed:\n" + "\n".join(lines[-20:]))
+    return lines
+
+
 def success_latencies(http, base, tis, outlets, issue_token) -> list[float]:
     latencies = []
     for ti in tis:
@@ -158,14 +186,23 @@ def main() -> None:
     tis = fx.make_tis_in_runs(dag=producer.dag, count=2 * n + 20, state=TIState.RUNNING)
     connection.close()
 
+    # One cutoff for the dry run, the clean and the second clean, so that their counts compare
+    # exactly (the policy's 90 days for runs and events, the only seeded history; with the
+    # policy's ages the cutoff would move on between the runs).
+    before = (datetime.now(UTC) - timedelta(days=90)).isoformat()
+    started = time.monotonic()
+    dry_counts = deleted_counts(db_clean(url, "--dry-run", "--clean-before-timestamp", before))
+    dry_seconds = time.monotonic() - started
+
     server, base = h.start_gunicorn(url, workers=2, log=h.log_path(NAME, "gunicorn"))
     clean_lines: list[str] = []
+    loads: list[float] = []
     try:
         with requests.Session() as http:
             success_latencies(http, base, tis[:20], outlets, issue_token)  # warm-up
             alone = success_latencies(http, base, tis[20 : 20 + n], outlets, issue_token)
             clean = subprocess.Popen(
-                [h.PYTHON, "manage.py", "db_clean", "-y", "--verbose"],
+                [*CLEAN, "-y", "--verbose", "--clean-before-timestamp", before],
                 cwd=h.ROOT,
                 env=h.server_env(url, LOG_LEVEL="WARNING"),
                 stdout=subprocess.PIPE,
@@ -173,11 +210,20 @@ def main() -> None:
                 text=True,
             )
             reader = threading.Thread(
-                target=lambda: clean_lines.extend(line.rstrip() for line in clean.stdout),
+                target=lambda: clean_lines.extend(
+                    f"{datetime.now(UTC):%H:%M:%S.%f} {line.rstrip()}" for line in clean.stdout
+                ),
                 daemon=True,
             )
             clean_started = time.monotonic()
             reader.start()
+
+            def sample_load() -> None:
+                while clean.poll() is None:
+                    loads.append(os.getloadavg()[0])
+                    time.sleep(5)
+
+            threading.Thread(target=sample_load, daemon=True).start()
             during = []
             rest = iter(tis[20 + n :])
             # Successes while the clean runs (at most n of them; the clean usually outlasts them).
@@ -195,15 +241,19 @@ def main() -> None:
         raise SystemExit("db_clean failed:\n" + "\n".join(clean_lines[-20:]))
     h.log_path(NAME, "db_clean").write_text("\n".join(clean_lines) + "\n")
     per_table: dict[str, list[float]] = {}
+    # When each transaction over the target ended (as read from the clean's output): to set
+    # against the server's log (a forced checkpoint of another database's CREATE / DROP).
+    slow: list[dict[str, object]] = []
     for line in clean_lines:
-        if m := re.match(r"\s+(\w+): \d+ rows so far \(batch (\d+) ms\)", line):
-            per_table.setdefault(m.group(1), []).append(float(m.group(2)))
+        if m := re.match(r"(\S+)\s+(\w+): \d+ rows so far \(batch (\d+) ms\)", line):
+            per_table.setdefault(m.group(2), []).append(float(m.group(3)))
+            if float(m.group(3)) >= TARGET_TX_MS:
+                slow.append({"at_utc": m.group(1), "table": m.group(2), "ms": float(m.group(3))})
     batch_ms = [ms for values in per_table.values() for ms in values]
-    deleted = {
-        m.group(1): int(m.group(2))
-        for line in clean_lines
-        if (m := re.match(r"\s+(\w+)\s+(\d+)$", line))
-    }
+    deleted = deleted_counts([line.split(" ", 1)[1] for line in clean_lines])
+    started = time.monotonic()
+    again = deleted_counts(db_clean(url, "-y", "--clean-before-timestamp", before))
+    again_seconds = time.monotonic() - started
     with h._admin_connect() as conn:
         size_after = conn.execute(
             f"SELECT pg_size_pretty(pg_database_size('{h.DB_PREFIX}_{NAME}'))"
@@ -230,6 +280,10 @@ def main() -> None:
             ["successes during the clean", len(during)],
             ["p99 during / alone", round(ratio, 2)],
             ["database before / after", f"{size_before} / {size_after}"],
+            ["dry run s", round(dry_seconds, 1)],
+            ["dry-run counts == rows deleted", dry_counts == deleted],
+            ["second clean s / rows deleted", f"{again_seconds:.1f} / {sum(again.values())}"],
+            ["1-minute load during the clean (min-max)", f"{min(loads):.1f}-{max(loads):.1f}"],
             *[
                 [
                     f"{table}: batches, median, max ms",
@@ -254,10 +308,18 @@ def main() -> None:
             "seed_seconds": round(seed_seconds, 1),
             "seed_timings_s": seed_timings,
             "clean_seconds": round(clean_seconds, 1),
+            "clean_before_timestamp": before,
             "deleted": deleted,
+            "dry_run_seconds": round(dry_seconds, 1),
+            "dry_run_counts": dry_counts,
+            "dry_run_equals_deleted": dry_counts == deleted,
+            "second_clean_seconds": round(again_seconds, 1),
+            "second_clean_deleted": again,
+            "load_1m_during_clean": h.stats(loads),
             "transactions": len(batch_ms),
             "transaction_ms_by_table": {t: h.stats(v) for t, v in sorted(per_table.items())},
             "transaction_ms": h.stats(batch_ms) if batch_ms else {},
+            "transactions_over_target": slow,
             "success_ms_alone": h.stats(alone),
             "success_ms_during": h.stats(during) if during else {},
             "p99_ratio": ratio,

@@ -123,6 +123,10 @@ def test_a_clean_deletes_old_history_with_its_dependent_rows_and_keeps_the_last_
 
 def test_dry_run_counts_equal_the_rows_then_deleted_and_a_second_clean_deletes_nothing():
     dag = DagFactory()
+    # Kept by a rule the clean checks per batch, after its scan (`run_scan`), dry run too.
+    busy, _ = old_run(dag, ti_state=TIState.RUNNING)
+    held, held_tis = old_run(dag)
+    AssetEventQueueFactory(ti_id=held_tis[0].id)
     runs = [old_run(dag, tis=2)[0] for _ in range(5)]
     events = [old_event() for _ in range(5)]
     # Events consumed only by runs the clean deletes go in the same clean.
@@ -135,7 +139,7 @@ def test_dry_run_counts_equal_the_rows_then_deleted_and_a_second_clean_deletes_n
         AuditEntry.objects.filter(pk=entry.pk).update(at=ago(timedelta(days=800)))
 
     dry = retention.clean(dry_run=True)
-    assert DagRun.objects.count() == 5  # nothing deleted
+    assert DagRun.objects.count() == 7  # nothing deleted
     real = retention.clean()
     assert dry.counts == real.counts
     assert real.counts["dag_run"] == 4 and real.counts["asset_event"] == 4
@@ -143,6 +147,36 @@ def test_dry_run_counts_equal_the_rows_then_deleted_and_a_second_clean_deletes_n
     again = retention.clean()
     assert again.total == 0
     assert exists(AssetEvent, events[-1].pk)
+    assert exists(DagRun, busy.pk) and exists(DagRun, held.pk)
+
+
+def test_a_batch_commits_without_waiting_for_its_wal_flush_and_only_it(monkeypatch):
+    """`sql.retention.commit_without_waiting_for_flush`: each deleting batch's transaction runs
+    with synchronous_commit off (SET LOCAL), the connection's own setting is untouched after it,
+    and a dry run does not change it."""
+    from django.db import connection
+
+    from assets_app.sql import retention as retention_sql
+
+    seen = []
+    real_delete = retention_sql.delete_rows
+
+    def recording_delete(queryset):
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            seen.append(cursor.fetchone()[0])
+        return real_delete(queryset)
+
+    monkeypatch.setattr(retention_sql, "delete_rows", recording_delete)
+    dag = DagFactory()
+    old_run(dag)
+    old_run(dag)
+    old_event()
+    retention.clean()
+    assert seen and set(seen) == {"off"}
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
 
 
 def test_events_queued_for_a_dag_are_kept():
@@ -361,7 +395,8 @@ def test_periodic_clean_is_off_by_default_and_waits_for_its_interval(settings):
     assert retention.periodic_clean() is None
     assert DagRun.objects.count() == 2
     settings.RETENTION_PERIODIC = True
-    assert retention.periodic_clean().counts["dag_run"] == 1
+    result = retention.periodic_clean()
+    assert result is not None and result.counts["dag_run"] == 1
     old_run(dag)
     assert retention.periodic_clean() is None  # within RETENTION_INTERVAL_MINUTES
     assert DagRun.objects.count() == 2
@@ -410,3 +445,39 @@ def test_finished_webhook_messages_go_after_their_days_and_pending_ones_never(se
     settings.RETENTION_WEBHOOK_DAYS = 0
     with pytest.raises(retention.RetentionError, match="RETENTION_WEBHOOK_DAYS"):
         retention.clean(tables=["webhook_delivery"])
+
+
+def test_runs_of_a_backfill_still_going_are_kept_and_a_completed_ones_links_are_cleared():
+    """A pending planned date may reprocess (clear) an existing old run when its turn comes: the
+    runs of a backfill not completed are kept. A completed backfill's planned dates lose their
+    link to a deleted run (the model's SET_NULL, done by the clean: its deletes are raw), so
+    the deferred foreign key does not fail the batch at commit."""
+    from assets_app.models import Backfill, BackfillDagRun
+
+    dag = DagFactory()
+    planned, _ = old_run(dag)
+    done, _ = old_run(dag)
+    old_run(dag)  # the last run
+    when = ago()
+    dates = {
+        "logical_date": when,
+        "data_interval_start": when,
+        "data_interval_end": when,
+        "run_after": when,
+    }
+    going = Backfill.objects.create(dag=dag, from_date=when, to_date=when)
+    BackfillDagRun.objects.create(backfill=going, dag_run=planned, sort_ordinal=1, **dates)
+    over = Backfill.objects.create(
+        dag=DagFactory(), from_date=when, to_date=when, completed_at=timezone.now()
+    )
+    link = BackfillDagRun.objects.create(
+        backfill=over, dag_run=done, sort_ordinal=1, started_at=when, **dates
+    )
+
+    dry = retention.clean(dry_run=True)
+    result = retention.clean()
+    assert exists(DagRun, planned.pk)
+    assert not exists(DagRun, done.pk)
+    assert result.counts["dag_run"] == 1 == dry.counts["dag_run"]
+    link.refresh_from_db()
+    assert link.dag_run_id is None and link.started_at is not None

@@ -505,6 +505,28 @@ def get_task_instance_log(
 
 
 @router.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}/listMapped",
+    response=responses(TaskInstanceCollectionResponse, 400, 404),
+)
+@needs("view", TaskInstance)
+def get_mapped_task_instances(
+    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, filters: Query[TIFilters]
+) -> TaskInstanceCollectionResponse:
+    """A mapped task's map indexes in one run, filtered, ordered (by map_index unless asked)
+    and paged by offset (Airflow: same path)."""
+    page = run_reads.list_mapped_task_instances(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        task_id=task_id,
+        filters=filters.domain(),
+        order_by=filters.order_by,
+        limit=filters.limit,
+        offset=filters.offset,
+    )
+    return _ti_collection(page)
+
+
+@router.get(
     "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}/{map_index}",
     response=responses(TaskInstanceResponse, 404),
 )

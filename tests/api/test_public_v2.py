@@ -15,7 +15,13 @@ from assets_app.api.public_auth import create_api_token
 from assets_app.api.public_permissions import permission_of
 from assets_app.models import Asset, DagRun, Task, TaskInstance, TIState
 from tests.asset_flow import scheduled_dag
-from tests.factories import AssetFactory, DagFactory, DagRunFactory, TaskInstanceFactory
+from tests.factories import (
+    AssetFactory,
+    DagFactory,
+    DagRunFactory,
+    TaskFactory,
+    TaskInstanceFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -217,3 +223,40 @@ def test_a_mapped_task_asked_for_without_its_map_index_is_airflows_404(api):
         "task_id: `nothing` and map_index: `-1` was not found"
         in missing.json()["detail"]["message"]
     )
+
+
+def test_list_mapped_pages_a_mapped_tasks_map_indexes_as_airflow(api):
+    """Airflow 3.3.2's GET .../taskInstances/{task_id}/listMapped: a mapped task's map indexes
+    (ordered by map_index, filtered and paged like the run's list), an empty page for a mapped
+    task not expanded yet, 404 for a task that is not mapped or does not exist."""
+    dag = DagFactory(dag_id="fan")
+    TaskFactory(dag=dag, task_id="each", map_upstream="make")
+    TaskFactory(dag=dag, task_id="later", map_upstream="make")
+    TaskFactory(dag=dag, task_id="plain")
+    run = DagRunFactory(dag=dag, run_id="r1")
+    for i in (2, 0, 1, 3):
+        TaskInstanceFactory(
+            dag_run=run, task_id="each", map_index=i, state="success" if i < 3 else "failed"
+        )
+    TaskInstanceFactory(dag_run=run, task_id="later")  # map index -1: not expanded yet
+    TaskInstanceFactory(dag_run=run, task_id="plain")
+    base = "/api/v2/dags/fan/dagRuns/r1/taskInstances"
+
+    page = api.get(f"{base}/each/listMapped").json()
+    assert [ti["map_index"] for ti in page["task_instances"]] == [0, 1, 2, 3]
+    assert page["total_entries"] == 4
+    failed = api.get(f"{base}/each/listMapped", {"state": "failed"}).json()
+    assert [ti["map_index"] for ti in failed["task_instances"]] == [3]
+    second = api.get(f"{base}/each/listMapped", {"limit": 2, "offset": 2}).json()
+    assert [ti["map_index"] for ti in second["task_instances"]] == [2, 3]
+    newest = api.get(f"{base}/each/listMapped", {"order_by": "-map_index", "limit": 1}).json()
+    assert [ti["map_index"] for ti in newest["task_instances"]] == [3]
+
+    assert api.get(f"{base}/later/listMapped").json()["total_entries"] == 0
+    plain = api.get(f"{base}/plain/listMapped")
+    assert plain.status_code == 404
+    assert plain.json()["detail"]["message"] == "Task id plain is not mapped"
+    assert api.get(f"{base}/nothing/listMapped").json()["detail"]["message"] == (
+        "Task id nothing not found"
+    )
+    assert api.get("/api/v2/dags/fan/dagRuns/nope/taskInstances/each/listMapped").status_code == 404

@@ -3,7 +3,8 @@ own supervisor) runs a DAG file that expands a task over an upstream's returned 
 service expands it when the upstream succeeds (the length the SDK pushed), every map index
 runs, the downstream sums their XComs through the lazy sequence, and each map index's outlet
 event reaches the consumer Dag exactly once. The access log shows no refused route.
-MAPPING_E2E_WIDTH (default 50) sets the width."""
+MAPPING_E2E_WIDTH (default 50) sets the width and MAPPING_E2E_CONCURRENCY (default 4) the
+worker's concurrency: the issue's size is `MAPPING_E2E_WIDTH=1000 MAPPING_E2E_CONCURRENCY=16`."""
 
 import os
 import re
@@ -25,6 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTH = int(os.environ.get("MAPPING_E2E_WIDTH", "50"))
+CONCURRENCY = int(os.environ.get("MAPPING_E2E_CONCURRENCY", "4"))
+# The worker's bound on its own run: a stock supervisor takes about 2 s of CPU per TI here.
+MAX_SECONDS = max(1000, 6 * WIDTH)
 
 DAG_FILE = """
 from airflow.sdk import Asset, dag, task
@@ -93,11 +97,11 @@ def _worker(service, tmp_path, dags: Path, *args: str) -> subprocess.CompletedPr
         env={**service["env"], "AIRFLOW_HOME": str(tmp_path / "airflow-home")},
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=MAX_SECONDS + 200,
     )
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(MAX_SECONDS + 800)
 def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_path):
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -120,11 +124,11 @@ def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_p
         dags,
         "--no-sync",
         "--concurrency",
-        "4",
+        str(CONCURRENCY),
         "--idle-exit",
         "20",
         "--max-seconds",
-        "1000",
+        str(MAX_SECONDS),
     )
     elapsed = time.monotonic() - started
     assert ran.returncode == 0, ran.stderr[-3000:]
@@ -148,7 +152,10 @@ def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_p
     )
     counts = XCom.objects.filter(dag_id="mapped_parts_consumer", task_id="count")
     assert sum(counts.values_list("value", flat=True)) == WIDTH
-    figure(f"airflow worker: {WIDTH}-wide mapped task end to end in {elapsed:.0f}s, concurrency 4")
+    figure(
+        f"airflow worker: {WIDTH}-wide mapped task end to end in {elapsed:.0f}s, "
+        f"concurrency {CONCURRENCY}"
+    )
 
     lines = service["log"].read_text().splitlines()
     seen = [line for line in lines if re.search(r'"[A-Z]+ /(execution|api/v2)/', line)]

@@ -351,11 +351,24 @@ def _task(task: Any) -> dict[str, Any]:
 
 
 def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
-    """The definition's `expand` of a task (issue 25; None: not mapped): `.expand(arg=...)`
-    over one argument, a literal list or dict (its length is what the service needs: the
-    values stand in as nulls, the worker reads the real ones from this file) or an unmapped
-    upstream task's return value. Anything else is refused, naming the task."""
-    from airflow.sdk.definitions._internal.expandinput import DictOfListsExpandInput
+    """The definition's `expand` of a task (issue 25; None: not mapped). The service needs only
+    how many map indexes there are and where that number comes from; the worker resolves each
+    map index's arguments itself, from this file and the upstream's XCom, as Airflow's Task SDK
+    does. So:
+
+    - `.expand(arg=...)` over a literal list or dict: that length (the values stand in as
+      nulls); over several literals: the cross product's length (their lengths multiplied),
+      under the first argument's name;
+    - `.expand(arg=upstream())` over an unmapped upstream task's return value: `{"xcom": ...}`;
+    - `.expand_kwargs(...)` over a literal list of dicts or an unmapped upstream's return value:
+      the same, under the name `kwargs` (one map index per dict).
+
+    Anything else (an XCom among several arguments, `.map`/`zip`/`concat` outputs, a mapped
+    task group) is refused, naming the task."""
+    from airflow.sdk.definitions._internal.expandinput import (
+        DictOfListsExpandInput,
+        ListOfDictsExpandInput,
+    )
     from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
     def refuse(how: str) -> DagFileError:
@@ -364,25 +377,50 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
             "does not run yet"
         )
 
+    def source(value: Any) -> list[None] | dict[str, str] | None:
+        if isinstance(value, list | tuple | dict):
+            return [None] * len(value)
+        if (
+            isinstance(value, PlainXComArg)
+            and value.key == "return_value"
+            and not getattr(value.operator, "is_mapped", False)
+        ):
+            return {"xcom": value.operator.task_id}
+        return None
+
     if task.get_closest_mapped_task_group() is not None:
         raise refuse("in a mapped task group")
     if not getattr(task, "is_mapped", False):
         return None
     expand_input = task._get_specified_expand_input()
+    if isinstance(expand_input, ListOfDictsExpandInput):
+        found = source(expand_input.value)
+        if found is None:
+            raise refuse(
+                f"with .expand_kwargs over {type(expand_input.value).__name__} (only a literal "
+                "list or an unmapped task's output)"
+            )
+        return {"kwargs": found}
     if not isinstance(expand_input, DictOfListsExpandInput):
-        raise refuse("with .expand_kwargs")
-    if len(expand_input.value) != 1:
-        raise refuse(f"over {len(expand_input.value)} arguments (a cross product)")
-    ((argument, value),) = expand_input.value.items()
-    if isinstance(value, list | tuple | dict):
-        return {argument: [None] * len(value)}
-    if (
-        isinstance(value, PlainXComArg)
-        and value.key == "return_value"
-        and not getattr(value.operator, "is_mapped", False)
-    ):
-        return {argument: {"xcom": value.operator.task_id}}
-    raise refuse(f"over {type(value).__name__} (only a literal or an unmapped task's output)")
+        raise refuse(f"with {type(expand_input).__name__}")
+    sources = {argument: source(value) for argument, value in expand_input.value.items()}
+    for argument, found in sources.items():
+        if found is None:
+            value = expand_input.value[argument]
+            raise refuse(
+                f"over {type(value).__name__} (only a literal or an unmapped task's output)"
+            )
+    if len(sources) == 1:
+        return sources
+    if any(isinstance(found, dict) for found in sources.values()):
+        raise refuse(
+            f"over {len(sources)} arguments, one of them an XCom (a cross product the service "
+            "can count only over literals)"
+        )
+    length = 1
+    for found in sources.values():
+        length *= len(found or [])
+    return {next(iter(sources)): [None] * length}
 
 
 def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:

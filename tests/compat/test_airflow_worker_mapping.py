@@ -60,6 +60,26 @@ def mapped_fan_out():
 
     total(square.expand(n=numbers()))
 
+    # expand_kwargs over an upstream's list of dicts, and a cross product of two literals: the
+    # service counts the map indexes, the Task SDK resolves each one's arguments.
+    @task
+    def pairs():
+        return [{"a": i, "b": i + 1} for i in range(3)]
+
+    @task
+    def add(a, b):
+        return a + b
+
+    @task
+    def mul(x, y):
+        return x * y
+
+    @task
+    def collect(sums, products):
+        return {"sums": sorted(sums), "products": sorted(products)}
+
+    collect(add.expand_kwargs(pairs()), mul.expand(x=[1, 2], y=[10, 20, 30]))
+
 
 @dag(dag_id="mapped_parts_consumer", schedule=[PARTS])
 def mapped_parts_consumer():
@@ -173,9 +193,18 @@ def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_p
     assert sorted(fan_out.filter(task_id="square").values_list("map_index", "state")) == [
         (i, "success") for i in range(WIDTH)
     ], ran.stderr[-4000:]
-    assert set(fan_out.exclude(task_id="square").values_list("task_id", "map_index", "state")) == {
+    others = fan_out.exclude(task_id="square").values_list("task_id", "map_index", "state")
+    assert set(others) == {
         ("numbers", -1, "success"),
         ("total", -1, "success"),
+        ("pairs", -1, "success"),
+        *(("add", i, "success") for i in range(3)),
+        *(("mul", i, "success") for i in range(6)),
+        ("collect", -1, "success"),
+    }, ran.stderr[-4000:]
+    assert XCom.objects.get(task_id="collect").value == {
+        "sums": [1, 3, 5],
+        "products": [10, 20, 20, 30, 40, 60],
     }
     assert XCom.objects.get(task_id="numbers").mapped_length == WIDTH
     assert XCom.objects.get(task_id="total").value == sum(i * i for i in range(WIDTH))
@@ -197,6 +226,14 @@ def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_p
     seen = [line for line in lines if re.search(r'"[A-Z]+ /(execution|api/v2)/', line)]
     # The lazy sequence of `values` ends where its next item is a 404 (the Task SDK's
     # LazyXComIterator stops on XCOM_NOT_FOUND, as against Airflow): that one is expected.
-    end = f"/square/return_value/item/{WIDTH} "
-    bad = [line for line in seen if re.search(r'" (404|405|5\d\d) ', line) and end not in line]
+    ends = (
+        f"/square/return_value/item/{WIDTH} ",
+        "/add/return_value/item/3 ",
+        "/mul/return_value/item/6 ",
+    )
+    bad = [
+        line
+        for line in seen
+        if re.search(r'" (404|405|5\d\d) ', line) and not any(end in line for end in ends)
+    ]
     assert not bad, "\n".join(bad[:20])

@@ -246,8 +246,27 @@ def test_mapped_tasks_become_expand_definitions_the_service_syncs(tmp_path):
                 def total(values):
                     return sum(values)
 
+                @task
+                def pairs():
+                    return [{"x": 1}, {"x": 2}]
+
+                @task(task_id="grid")
+                def grid(x, y):
+                    return x * y
+
+                @task(task_id="by_kwargs")
+                def by_kwargs(x):
+                    return x
+
+                @task(task_id="literal_kwargs")
+                def literal_kwargs(x):
+                    return x
+
                 total(each.expand(path=files()))
                 square.expand(x=[1, 2, 3])
+                grid.expand(x=[1, 2, 3], y=[10, 20])
+                by_kwargs.expand_kwargs(pairs())
+                literal_kwargs.expand_kwargs([{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}])
 
             fanout()
             """
@@ -260,23 +279,34 @@ def test_mapped_tasks_become_expand_definitions_the_service_syncs(tmp_path):
     assert tasks["each"]["expand"] == {"path": {"xcom": "files"}}
     assert tasks["each"]["upstream"] == ["files"] and tasks["each"]["retries"] == 2
     assert tasks["square"]["expand"] == {"x": [None, None, None]}
+    # The service counts map indexes; the worker resolves each one's arguments (Airflow's SDK):
+    # a cross product of literals is their lengths multiplied, expand_kwargs one per dict.
+    assert tasks["grid"]["expand"] == {"x": [None] * 6}
+    assert tasks["by_kwargs"]["expand"] == {"kwargs": {"xcom": "pairs"}}
+    assert tasks["literal_kwargs"]["expand"] == {"kwargs": [None] * 4}
     assert "expand" not in tasks["total"] and "expand" not in tasks["files"]
     definitions.sync_definitions(dags=definitions.parse_document(dag, file="fanout.py"))
     stored = Task.objects.filter(dag_id="fanout")
     assert {(t.task_id, t.map_length, t.map_upstream) for t in stored if t.is_mapped} == {
         ("each", None, "files"),
         ("square", 3, ""),
+        ("grid", 6, ""),
+        ("by_kwargs", None, "pairs"),
+        ("literal_kwargs", 4, ""),
     }
 
 
 @pytest.mark.parametrize(
     ("body", "how"),
     [
-        ("square.expand_kwargs([{'x': 1}, {'x': 2}])", "with .expand_kwargs"),
-        ("square.expand(x=[1], y=[2])", "over 2 arguments (a cross product)"),
+        (
+            "square.expand_kwargs(numbers().map(lambda n: {'x': n}))",
+            "with .expand_kwargs over MapXComArg",
+        ),
+        ("square.expand(x=numbers(), y=[2])", "over 2 arguments, one of them an XCom"),
         ("square.expand(x=numbers().map(lambda n: n + 1))", "over MapXComArg"),
     ],
-    ids=["expand_kwargs", "cross_product", "map"],
+    ids=["expand_kwargs_map", "cross_product_xcom", "map"],
 )
 def test_a_mapping_the_service_cannot_run_is_refused_naming_the_task(tmp_path, body, how):
     (tmp_path / "fanout.py").write_text(

@@ -10,7 +10,6 @@ asset-triggered run consumed, the sensor's reschedule and the triggered run are 
 the access log must show no 404, 405 or 5xx on either API.
 """
 
-import os
 import re
 import subprocess
 import time
@@ -18,13 +17,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import DagRun, DagRunType, TaskInstance, TaskReschedule, Variable, XCom
-from tests import servers
-from tests.proof.conftest import database_url, figure
+from tests.proof.conftest import figure
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -48,21 +45,6 @@ EXPECTED = {
 
 def _xcom(dag_id: str, task_id: str):
     return XCom.objects.get(dag_id=dag_id, task_id=task_id, key="return_value").value
-
-
-@pytest.fixture
-def service(tmp_path):
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "WEB_WORKERS": "2",
-        "WORKER_API_KEY": "acceptance-worker-key",
-        "FERNET_KEY": Fernet.generate_key().decode(),
-        "ADMIN_PASSWORD": "acceptance-admin",
-    }
-    log = tmp_path / "serve.log"
-    with servers.bin_serve(env, log, ready_path="/api/v2/version", ready_timeout=120) as serve:
-        yield {"url": serve.url, "env": serve.env, "log": log}
 
 
 def _worker(service, tmp_path, *args: str) -> subprocess.CompletedProcess:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import requests
-from cryptography.fernet import Fernet
 from django.contrib.auth import get_user_model
 
 from assets_app.api.public_auth import create_api_token
@@ -27,8 +26,7 @@ from assets_app.models import (
     TaskInstance,
     XCom,
 )
-from tests import servers
-from tests.proof.conftest import database_url, figure
+from tests.proof.conftest import figure
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -93,21 +91,6 @@ def mapped_parts_consumer():
 mapped_fan_out()
 mapped_parts_consumer()
 """
-
-
-@pytest.fixture
-def service(tmp_path):
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "WEB_WORKERS": "2",
-        "WORKER_API_KEY": "mapping-worker-key",
-        "FERNET_KEY": Fernet.generate_key().decode(),
-        "ADMIN_PASSWORD": "mapping-admin",
-    }
-    log = tmp_path / "serve.log"
-    with servers.bin_serve(env, log, ready_path="/api/v2/version", ready_timeout=120) as serve:
-        yield {"url": serve.url, "env": serve.env, "log": log}
 
 
 def _worker(service, tmp_path, dags: Path, *args: str) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ import pytest
 
 from assets_app import time_scheduling
 from assets_app.models import DagRun, TaskInstance, XCom
-from tests.compat.test_airflow_worker import ROOT, service  # noqa: F401 (the fixture)
+from tests.compat.test_airflow_worker import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -50,7 +50,7 @@ for dag_id, schedule in (
 
 
 @pytest.mark.timeout(1200)
-def test_time_scheduled_dag_files_run_on_the_stock_supervisor(service, tmp_path):  # noqa: F811
+def test_time_scheduled_dag_files_run_on_the_stock_supervisor(service, tmp_path):
     folder = tmp_path / "dags"
     folder.mkdir()
     (folder / "timed.py").write_text(textwrap.dedent(DAG_FILE.format(prefix="tt")))

@@ -177,11 +177,7 @@ def drain_batch(*, batch_size: int | None = None, outlet_budget: int | None = No
         metrics.incr(metrics.PARKED, parked)
         _before_commit(rows)
     dag_ids = frozenset(dag_id for result in results for dag_id in result.dag_ids)
-    runs = scheduling.schedule_dags(dag_ids=sorted(dag_ids)) if dag_ids else None
-    if runs and runs.dags_locked:
-        # Another scheduler holds these Dags and may have locked their rows before ours
-        # committed: one more pass soon, rather than waiting for the sweep.
-        nudges.nudge_scheduler(dag_ids=runs.dags_locked)
+    runs = scheduling.schedule_nudged(dag_ids=sorted(dag_ids)) if dag_ids else None
     return BatchResult(
         claimed=len(rows),
         registered=done,

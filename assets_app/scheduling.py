@@ -36,7 +36,7 @@ from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from . import conditions, heartbeats, limits, locks, metrics, runs
+from . import conditions, heartbeats, limits, locks, metrics, nudges, runs
 from .models import (
     AssetAliasAsset,
     AssetDagRunQueue,
@@ -421,6 +421,17 @@ def _consumable(
 def _parse(parsed: _Conditions, schedule: Any) -> tuple[conditions.Condition, set[str]]:
     condition = parsed.parse(schedule)
     return condition, set(conditions.referenced_aliases(condition))
+
+
+def schedule_nudged(*, dag_ids: Iterable[str]) -> ScheduleResult:
+    """A pass for the Dags that new events were queued for (a nudge, a drain's batch), and one
+    more nudge for those of them another pass held (`dags_locked`, skipped): that pass may have
+    read their queue before these events committed, and they would otherwise wait for the
+    minute's sweep. A Dag held by pass after pass is nudged again each time, never lost."""
+    result = schedule_dags(dag_ids=dag_ids)
+    if result.dags_locked:
+        nudges.nudge_scheduler(dag_ids=result.dags_locked)
+    return result
 
 
 def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:

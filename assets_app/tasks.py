@@ -42,10 +42,13 @@ def repair() -> None:
 
 
 def schedule(dag_ids: list[str] | None = None) -> None:
-    """django-q2 task: one scheduler pass (over `dag_ids`, or every Dag with queued events)."""
+    """django-q2 task: one scheduler pass (over `dag_ids`, a nudge; or every Dag with queued
+    events, the sweep)."""
     _background_priority()
-    scheduling.schedule_dags(dag_ids=dag_ids)
-    if dag_ids is None:  # the sweep: also the time schedules' due runs (issue 24)
+    if dag_ids is not None:
+        scheduling.schedule_nudged(dag_ids=dag_ids)
+    else:  # the sweep: also the time schedules' due runs (issue 24)
+        scheduling.schedule_dags()
         time_scheduling.create_due_runs()
         backfills.start_runs()
 

@@ -178,6 +178,52 @@ def test_a_dag_held_by_another_scheduler_is_skipped_without_waiting_and_reported
     assert runs_of("d") == [events]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_nudged_pass_that_finds_its_dag_held_nudges_again_for_it():
+    """The held Dag's new events would otherwise wait for the minute's sweep: the other pass may
+    have read its queue before they committed."""
+    import threading
+
+    from django.db import connections, transaction
+    from django_q.models import OrmQ
+
+    from assets_app import locks, nudges, tasks
+
+    def scheduler_nudges() -> list[dict]:
+        return [row.kwargs() for row in OrmQ.objects.all() if row.func() == nudges.SCHEDULE_FUNC]
+
+    scheduled_dag("d", "a")
+    scheduled_dag("free", "b")
+    events = produce("a")
+    produce("b")
+    OrmQ.objects.all().delete()
+    held, release = threading.Event(), threading.Event()
+
+    def other_scheduler():
+        try:
+            with transaction.atomic():
+                assert locks.claim_dag_for_scheduling("d") is not None
+                held.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other_scheduler)
+    thread.start()
+    try:
+        assert held.wait(10)
+        tasks.schedule(dag_ids=["d", "free"])
+        assert runs_of("d") == []
+        assert len(runs_of("free")) == 1
+        assert scheduler_nudges() == [{"dag_ids": ["d"]}]
+    finally:
+        release.set()
+        thread.join(10)
+    tasks.schedule(dag_ids=["d"])
+    assert runs_of("d") == [events]
+    assert scheduler_nudges() == [{"dag_ids": ["d"]}]
+
+
 def test_a_pass_schedules_a_batch_per_transaction_and_gives_each_run_its_own_dags_tasks(
     monkeypatch, django_assert_num_queries
 ):

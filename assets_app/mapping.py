@@ -25,9 +25,9 @@ INSERT of the others).
 from collections.abc import Sequence
 from datetime import datetime
 
-from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
 
-from .models import DagRun, Task, TaskInstance, TIState, XCom
+from .models import DagRun, Task, TaskInstance, TaskUpstream, TIState, XCom
 from .sql.dependencies import RETURN_VALUE_KEY
 
 
@@ -59,9 +59,15 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
     )
     # The tasks to expand, and the other tasks of their mapped groups (spread below).
     groups = Task.objects.filter(dag_id=dag_id, task_id__in=list(task_ids)).exclude(map_group="")
+    in_group_upstream = TaskUpstream.objects.filter(
+        task=OuterRef("pk"), upstream__map_group=OuterRef("map_group")
+    )
     rows = (
         Task.objects.filter(dag_id=dag_id)
-        .filter(Q(task_id__in=list(task_ids)) | Q(map_group__in=groups.values("map_group")))
+        .filter(
+            Q(task_id__in=list(task_ids))
+            | Q(Exists(in_group_upstream), map_group__in=groups.values("map_group"))
+        )
         .annotate(
             pushed_length=Subquery(pushed.values("mapped_length")[:1]),
             pushed_value=Subquery(pushed.values("value")[:1]),

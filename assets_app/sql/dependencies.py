@@ -193,17 +193,22 @@ def _write_sql() -> str:
     the task's retries).
 
     A mapped group (`Task.map_group`) expands as one: when the statement expands (or grows) a
-    task of the group, the group's other tasks get the same map indexes, left waiting
-    (`scheduled`), since map index i of each runs after map index i of its upstream in the group
-    (`ups`): their -1 TI becomes map index 0 (an UPDATE re-checking it is still -1 and waiting,
-    whose RETURNING feeds the INSERT of 1..n-1, so again only one racing statement inserts), and
+    task of the group, the group's tasks downstream of others in it get the same map indexes,
+    left waiting (`scheduled`), since map index i of each runs after map index i of its upstream
+    in the group (`ups`). The group's roots are left to expand by their own rule: one expanded
+    for another here would stay waiting when its own upstream's finish, racing this statement,
+    no longer found it at -1. A non-root's -1 TI becomes map index 0: locked first, in task_id
+    order (`locked`: two roots' statements spreading to the same tasks wait for each other
+    instead of deadlocking), then an UPDATE re-checking it is still -1 and waiting, whose
+    RETURNING feeds the INSERT of 1..n-1, so again only one racing statement inserts; and
     a grown group's tasks get the added map indexes (ON CONFLICT DO NOTHING: a task's grown rows
     are not guarded by a row of its own). Tasks with a TI decided in this statement expand by
     their own rule instead.
 
     SQLite (no data-modifying WITH) leaves a -1 TI waiting and returns it as `scheduled` for
     `mapping.expand`, and does not revise."""
-    ti, xcom, task = TaskInstance._meta.db_table, XCom._meta.db_table, Task._meta.db_table
+    ti, xcom = TaskInstance._meta.db_table, XCom._meta.db_table
+    task, link = Task._meta.db_table, TaskUpstream._meta.db_table
     waiting, queued = _q(TIState.SCHEDULED), _q(TIState.QUEUED)
     set_times = f"""
     queued_at = CASE WHEN outcome.new_state = {queued} THEN %s ELSE {ti}.queued_at END,
@@ -292,14 +297,21 @@ members AS (
     FROM spread s
     JOIN {task} t ON t.dag_id = s.dag_id AND t.map_group = s.map_group
     JOIN {ti} w ON w.dag_run_id = s.dag_run_id AND w.task_id = t.task_id
-    WHERE t.id NOT IN (SELECT task_pk FROM outcome)
+    WHERE t.id NOT IN (SELECT task_pk FROM outcome) AND EXISTS (
+        SELECT 1 FROM {link} lg JOIN {task} ug ON ug.id = lg.upstream_id
+        WHERE lg.task_id = t.id AND ug.map_group = t.map_group)
     ORDER BY w.task_id, w.map_index DESC
+),
+locked AS (
+    SELECT w.id FROM {ti} w JOIN members m ON m.id = w.id
+    WHERE m.map_index = -1 AND m.len > 0 AND w.map_index = -1 AND w.state = {waiting}
+    ORDER BY w.task_id
+    FOR UPDATE OF w
 ),
 grouped AS (
     UPDATE {ti} SET map_index = 0, updated_at = %s
-    FROM members m
-    WHERE {ti}.id = m.id AND m.map_index = -1 AND m.len > 0
-        AND {ti}.map_index = -1 AND {ti}.state = {waiting}
+    FROM members m JOIN locked k ON k.id = m.id
+    WHERE {ti}.id = m.id AND {ti}.map_index = -1 AND {ti}.state = {waiting}
     RETURNING {ti}.*, m.len, m.task_retries
 ),
 member_rows AS (

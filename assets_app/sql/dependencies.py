@@ -116,7 +116,10 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
         else ""
     )
     fast = ", ".join(_q(rule) for rule in _FAST_TRIGGERED)
-    columns = "c.ti_id, c.task_pk, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index, c.retries, c.map_group"
+    columns = (
+        "c.ti_id, c.task_pk, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index,"
+        " c.retries, c.map_group"
+    )
     # Per waiting TI, its upstream TIs' states (`ups`): every TI of an upstream task, except
     # inside a mapped group (issue 25; Airflow 3.3.2 `TriggerRuleDep._iter_upstream_conditions`):
     # map index i of a task counts only map index i of an upstream task of its group (and that

@@ -18,8 +18,13 @@ leaves the TI waiting and `expand` below does it, with the same rules:
 - no value pushed (or one that is neither a list nor an object): upstream_failed (Airflow's
   NotFullyPopulated, `unmapped_ti.state = UPSTREAM_FAILED`).
 
+A mapped task group (`Task.map_group`) over a return value expands as one: when its roots
+expand, the group's other tasks (downstream of another in it) get the same map indexes, left
+waiting (`scheduled`) for their own map index of upstream (`sql/dependencies._write_sql`,
+where the PostgreSQL statement does the same).
+
 `expand`: four statements whatever n (the run, the lengths, one UPDATE of the -1 TIs, one
-INSERT of the others).
+INSERT of the others); two more when a group spreads (its waiting -1 TIs, their UPDATE).
 """
 
 from collections.abc import Sequence

@@ -2,6 +2,10 @@
 format and their sync."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -13,6 +17,8 @@ from assets_app.models import Dag, DagRun, Task, TaskInstance, TIState, XCom
 from assets_app.task_state import claims, finishing, retries, starting, success
 
 pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parent.parent
 
 FAN_OUT = {
     "dag_id": "fan_out",
@@ -736,3 +742,54 @@ def test_a_50_wide_group_expands_with_the_statements_of_an_unmapped_success():
         assert len(claimed(dag_id, 100)) == n
     _, unmapped = statements_of_the_upstream_success("plain", returned=["x"])
     assert counts[5] == counts[50] == unmapped == 7, (unmapped, counts)
+
+
+def test_mapped_groups_on_sqlite_follow_the_same_rules(tmp_path):
+    """The SQLite path (its evaluation statement, `mapping.expand`'s spread), in a process of
+    its own on a migrated SQLite file: `tests/data/sqlite_mapped_groups.py`."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "PYTHONPATH": str(ROOT),
+    }
+    python = sys.executable
+    subprocess.run([python, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    done = subprocess.run(
+        [python, str(ROOT / "tests/data/sqlite_mapped_groups.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    waiting, queued, failed = "scheduled", "queued", "upstream_failed"
+    for dag_id in ("literal", "xcom"):
+        assert seen[f"{dag_id}: expanded"] == [
+            [[i, queued] for i in range(5)],
+            [[i, waiting] for i in range(5)],
+        ]
+        assert [s for _, s in seen[f"{dag_id}: a[2] succeeded"]] == [
+            waiting,
+            waiting,
+            queued,
+            waiting,
+            waiting,
+        ]
+        assert [s for _, s in seen[f"{dag_id}: a[3] failed"]] == [
+            waiting,
+            waiting,
+            queued,
+            failed,
+            waiting,
+        ]
+        assert [s for _, s in seen[f"{dag_id}: a[0] succeeded"]] == [
+            queued,
+            waiting,
+            queued,
+            failed,
+            waiting,
+        ]
+    assert seen["after waits"] == [[[-1, waiting]]] * 3 + [[[-1, queued]]]
+    assert seen["zero length"] == [[[-1, "skipped"]]] * 3

@@ -793,3 +793,44 @@ def test_mapped_groups_on_sqlite_follow_the_same_rules(tmp_path):
         ]
     assert seen["after waits"] == [[[-1, waiting]]] * 3 + [[[-1, queued]]]
     assert seen["zero length"] == [[[-1, "skipped"]]] * 3
+
+
+@pytest.mark.parametrize(
+    ("new_length", "a", "b"),
+    [
+        (
+            2,
+            ["queued", "queued", "removed"],
+            ["scheduled", "scheduled", "removed"],
+        ),
+        (
+            5,
+            ["queued"] * 5,
+            ["scheduled"] * 5,
+        ),
+    ],
+    ids=["shrinks_beyond_are_removed", "grows_every_task_of_the_group"],
+)
+def test_a_cleared_group_revises_every_task_to_the_new_length(new_length, a, b):
+    """Airflow 3.3.2's `_revise_map_indexes_if_mapped` for a group: the root's map index 0
+    grows or removes, the group's other tasks follow (the added ones waiting for their a)."""
+    sync(group_dag({"x": {"xcom": "src"}}))
+    run = runs.trigger_dag(dag_id="g")
+    succeed(one(run, "src"), returned=[1, 2, 3], mapped_length=3)
+    for task_id in ("g.a", "g.b"):
+        for i in range(3):
+            succeed(one(run, task_id, i), returned=i)
+    succeed(one(run, "after"))
+    runs.clear_task_instances(dag_run_id=run.pk)
+    succeed(one(run, "src"), returned=list(range(new_length)), mapped_length=new_length)
+    assert states(run, "g.a") == a
+    assert states(run, "g.b") == b
+    for i in range(min(new_length, 3), new_length):
+        assert one(run, "g.b", i).try_number == 1
+    for i in range(new_length):
+        succeed(one(run, "g.a", i), returned=i)
+        assert states(run, "g.b")[i] == "queued"
+    for i in range(new_length):
+        assert states(run, "after") == ["scheduled"]
+        succeed(one(run, "g.b", i), returned=i)
+    assert states(run, "after") == ["queued"]

@@ -363,8 +363,12 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
     - `.expand_kwargs(...)` over a literal list of dicts or an unmapped upstream's return value:
       the same, under the name `kwargs` (one map index per dict).
 
+    A task in a mapped task group (`@task_group` ... `.expand(...)` / `.expand_kwargs(...)`)
+    gets the group's `expand` by the same rules, from the group's expand input, and the
+    group's id as its `map_group` (`_dag`).
+
     Anything else (an XCom among several arguments, `.map`/`zip`/`concat` outputs, a mapped
-    task group) is refused, naming the task."""
+    task inside a mapped group or a mapped group inside another) is refused, naming the task."""
     from airflow.sdk.definitions._internal.expandinput import (
         DictOfListsExpandInput,
         ListOfDictsExpandInput,
@@ -388,11 +392,17 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
             return {"xcom": value.operator.task_id}
         return None
 
-    if task.get_closest_mapped_task_group() is not None:
-        raise refuse("in a mapped task group")
-    if not getattr(task, "is_mapped", False):
+    group = task.get_closest_mapped_task_group()
+    if group is not None:
+        if getattr(task, "is_mapped", False):
+            raise refuse(f"with .expand inside the mapped task group {group.group_id!r}")
+        if len(list(task.iter_mapped_task_groups())) > 1:
+            raise refuse(f"in the mapped task group {group.group_id!r} inside another one")
+        expand_input = group._expand_input
+    elif not getattr(task, "is_mapped", False):
         return None
-    expand_input = task._get_specified_expand_input()
+    else:
+        expand_input = task._get_specified_expand_input()
     if isinstance(expand_input, ListOfDictsExpandInput):
         found = source(expand_input.value)
         if found is None:
@@ -430,6 +440,9 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         expand = _expand(task, where=where, dag_id=dag.dag_id)
         if expand is not None:
             definition["expand"] = expand
+            group = task.get_closest_mapped_task_group()
+            if group is not None:
+                definition["map_group"] = group.group_id
         tasks.append(definition)
     timetable = _timetable(dag, where=where)
     with_assets = _is_asset_or_time(dag.timetable)

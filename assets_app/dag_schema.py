@@ -444,6 +444,14 @@ class Task(_Object):
     retry_exponential_backoff: Backoff = 0.0
     max_retry_delay_seconds: Seconds | None = None
     expand: Expand | None = None
+    map_group: Identifier | None = Field(
+        None,
+        description="Airflow's mapped task group (`@task_group` ... `.expand(...)`): the "
+        "group's id. Every task of the group carries it with the group's `expand` (the same "
+        "source for all of them); map index i of a task runs after map index i of its "
+        "upstream tasks in the group. Its roots (the tasks with no upstream in the group) "
+        'list the `{"xcom": ...}` task upstream.',
+    )
 
 
 # What a task token may read beyond its own run (issue 26; Airflow lets any token read any XCom).

@@ -29,7 +29,9 @@ Validation, before anything is written:
   one sync; `upstream` ids that name no task of the Dag, a task upstream of itself, and cycles
   among a Dag's tasks (the message names them; `graphlib` finds them); a mapped task's `expand`
   (`_check_mapping`): at most MAX_MAP_LENGTH literal values, or `{"xcom": id}` naming one of its
-  own upstream tasks, not itself mapped.
+  own upstream tasks, not itself mapped; the tasks of a mapped group (`map_group`) all expand
+  over the group's one source, a return value listed upstream by the group's roots
+  (`_check_map_groups`).
 - Asset identity: one name means one uri (and one uri one name) across the files and against the
   assets already stored, since both are unique.
 - Trigger cycles ("cycles of aliases" in DESIGN 6.3). Aliases here resolve only to assets, so an
@@ -103,6 +105,7 @@ TASK_FIELDS = (
     "max_retry_delay_seconds",
     "map_length",
     "map_upstream",
+    "map_group",
 )
 
 
@@ -132,6 +135,9 @@ class TaskDefinition:
     map_length: int | None = None
     map_upstream: str = ""
     expand_path: str = field(default="", compare=False)
+    # A task of the mapped task group of this id (its source the one above, as for every task
+    # of the group); "" when not in one.
+    map_group: str = ""
     path: str = field(default="", compare=False)
 
 
@@ -293,6 +299,7 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
             ),
             max_retry_delay_seconds=task.max_retry_delay_seconds,
             **_mapping(task.expand, path=f"{join(path, 'tasks')}[{i}]"),
+            map_group=task.map_group or "",
             path=f"{join(path, 'tasks')}[{i}]",
         )
         for i, task in enumerate(model.tasks)
@@ -487,8 +494,10 @@ def _check_tasks(dag: DagDefinition) -> None:
 def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> None:
     """A mapped task expands over at most MAX_MAP_LENGTH literal values (Airflow's
     max_map_length, which Airflow applies to pushed values only), or over the return value of
-    one of its own upstream tasks, an unmapped one."""
+    one of its own upstream tasks, an unmapped one. The tasks of a mapped group are checked as
+    one (`_check_map_groups`): there the return value is an upstream of the group's roots."""
     tasks = {task.task_id: task for task in dag.tasks}
+    grouped = _check_map_groups(dag, error)
     for task in dag.tasks:
         if task.map_length is not None and task.map_length > settings.MAX_MAP_LENGTH:
             raise error(
@@ -498,7 +507,7 @@ def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionErr
             )
         if not task.map_upstream:
             continue
-        if task.map_upstream not in task.upstream:
+        if task.map_upstream not in task.upstream and task.task_id not in grouped:
             known = "" if task.map_upstream in tasks else " (dag has no such task)"
             raise error(
                 task.expand_path,
@@ -511,6 +520,66 @@ def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionErr
                 f"task {task.task_id!r} expands over the return values of the mapped task "
                 f"{task.map_upstream!r}: mapping over a mapped task is not served yet",
             )
+
+
+def _check_map_groups(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> set[str]:
+    """The tasks of each mapped group (`map_group`) expand over one source, the group's: all
+    the same literal length, or all the same upstream return value, which every root of the
+    group (a task with no upstream in it) lists upstream, as Airflow's `MappedTaskGroup` makes
+    it upstream of the group. Over a return value, no task of the group has the trigger rule
+    `always` (Airflow refuses it: "Task-generated mapping within a mapped task group is not
+    allowed with trigger rule 'always'"). Returns the ids of the tasks in a group whose other
+    upstream need not list the source."""
+    members: dict[str, list[TaskDefinition]] = {}
+    for task in dag.tasks:
+        if task.map_group:
+            if task.map_length is None and not task.map_upstream:
+                raise error(
+                    join(task.path, "map_group"),
+                    f"task {task.task_id!r} is in the mapped group {task.map_group!r} but has "
+                    "no expand: give it the group's expand",
+                )
+            members.setdefault(task.map_group, []).append(task)
+    grouped: set[str] = set()
+    for group, tasks in members.items():
+        first = tasks[0]
+        ids = {task.task_id for task in tasks}
+        for task in tasks:
+            grouped.add(task.task_id)
+            if (task.map_length, task.map_upstream) != (first.map_length, first.map_upstream):
+                raise error(
+                    task.expand_path,
+                    f"task {task.task_id!r} of the mapped group {group!r} expands over "
+                    f"{_source(task)}, task {first.task_id!r} of the group over "
+                    f"{_source(first)}: a group's tasks expand over one source",
+                )
+            if first.map_upstream and task.trigger_rule == TriggerRule.ALWAYS:
+                raise error(
+                    join(task.path, "trigger_rule"),
+                    f"task {task.task_id!r} of the mapped group {group!r}, mapped over a "
+                    "return value, cannot have the trigger rule 'always' (as in Airflow)",
+                )
+            if first.map_upstream in ids:
+                raise error(
+                    task.expand_path,
+                    f"the mapped group {group!r} expands over the return value of its own task "
+                    f"{first.map_upstream!r}: it must come from a task outside the group",
+                )
+            is_root = not ids.intersection(task.upstream)
+            if is_root and first.map_upstream and first.map_upstream not in task.upstream:
+                raise error(
+                    join(task.path, "upstream"),
+                    f"task {task.task_id!r} is a root of the mapped group {group!r} (no upstream "
+                    f"in it), which expands over the return value of {first.map_upstream!r}: "
+                    "list it in upstream",
+                )
+    return grouped
+
+
+def _source(task: TaskDefinition) -> str:
+    if task.map_upstream:
+        return f"the return value of {task.map_upstream!r}"
+    return f"{task.map_length} literal values"
 
 
 def _cycle(predecessors: Mapping[str, Iterable[str]], order: Mapping[str, int]) -> list[str]:

@@ -26,7 +26,9 @@ later evaluation's snapshot sees both finished.
 Mapped tasks (issue 25, `mapping`): the same statement expands a mapped task's map-index -1
 TI whose rule is met (its map indexes queued, or it is skipped / upstream_failed), and a
 downstream of a mapped task counts every map index of it among its upstream TIs, so it waits
-for all of them and its rule applies over all of them.
+for all of them and its rule applies over all of them. Inside a mapped task group map index i
+counts map index i of its upstream in the group only, and the statement that expands a group's
+roots expands its other tasks too, waiting (`sql/dependencies._write_sql`).
 
 Propagation: the TIs a round marks upstream_failed / skipped are finished tasks too, so their own
 downstream are evaluated in a next round (one statement per level of such a cascade; the common

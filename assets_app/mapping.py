@@ -18,16 +18,21 @@ leaves the TI waiting and `expand` below does it, with the same rules:
 - no value pushed (or one that is neither a list nor an object): upstream_failed (Airflow's
   NotFullyPopulated, `unmapped_ti.state = UPSTREAM_FAILED`).
 
+A mapped task group (`Task.map_group`) over a return value expands as one: when its roots
+expand, the group's other tasks (downstream of another in it) get the same map indexes, left
+waiting (`scheduled`) for their own map index of upstream (`sql/dependencies._write_sql`,
+where the PostgreSQL statement does the same).
+
 `expand`: four statements whatever n (the run, the lengths, one UPDATE of the -1 TIs, one
-INSERT of the others).
+INSERT of the others); two more when a group spreads (its waiting -1 TIs, their UPDATE).
 """
 
 from collections.abc import Sequence
 from datetime import datetime
 
-from django.db.models import Case, F, OuterRef, Subquery, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
 
-from .models import DagRun, Task, TaskInstance, TIState, XCom
+from .models import DagRun, Task, TaskInstance, TaskUpstream, TIState, XCom
 from .sql.dependencies import RETURN_VALUE_KEY
 
 
@@ -57,24 +62,43 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
         map_index=-1,
         key=RETURN_VALUE_KEY,
     )
+    # The tasks to expand, and the other tasks of their mapped groups (spread below).
+    groups = Task.objects.filter(dag_id=dag_id, task_id__in=list(task_ids)).exclude(map_group="")
+    in_group_upstream = TaskUpstream.objects.filter(
+        task=OuterRef("pk"), upstream__map_group=OuterRef("map_group")
+    )
     rows = (
-        Task.objects.filter(dag_id=dag_id, task_id__in=list(task_ids))
+        Task.objects.filter(dag_id=dag_id)
+        .filter(
+            Q(task_id__in=list(task_ids))
+            | Q(Exists(in_group_upstream), map_group__in=groups.values("map_group"))
+        )
         .annotate(
             pushed_length=Subquery(pushed.values("mapped_length")[:1]),
             pushed_value=Subquery(pushed.values("value")[:1]),
             pushed_id=Subquery(pushed.values("id")[:1]),
         )
         .values_list(
-            "task_id", "retries", "map_length", "pushed_length", "pushed_value", "pushed_id"
+            "task_id",
+            "retries",
+            "map_length",
+            "pushed_length",
+            "pushed_value",
+            "pushed_id",
+            "map_group",
         )
     )
     lengths: dict[str, int | None] = {}
     retries: dict[str, int] = {}
-    for task_id, task_retries, literal, length, value, xcom_id in rows:
+    group_of: dict[str, str] = {}
+    for task_id, task_retries, literal, length, value, xcom_id, group in rows:
         retries[task_id] = task_retries
+        group_of[task_id] = group
         lengths[task_id] = _length(
             literal=literal, pushed=length, value=value, has_value=xcom_id is not None
         )
+    members = {task_id for task_id in group_of if task_id not in task_ids}
+    lengths_of_members = {task_id: lengths.pop(task_id) for task_id in members}
     outcome = {
         task_id: (
             TIState.UPSTREAM_FAILED
@@ -116,6 +140,38 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
         for task_id in expanded
         for map_index in range(1, lengths[task_id] or 0)
     ]
+    spread = {
+        task_id: length
+        for task_id, length in lengths_of_members.items()
+        if length and any(group_of[t] == group_of[task_id] for t in expanded)
+    }
+    if spread:
+        # The other tasks of an expanded group: the same map indexes, waiting for theirs
+        # upstream in the group (`sql/dependencies._write_sql`). Only a -1 TI still waiting is
+        # renumbered; SQLite runs one writer at a time, so no racing evaluation inserts them.
+        waiting = TaskInstance.objects.filter(
+            dag_run_id=dag_run_id,
+            task_id__in=list(spread),
+            map_index=-1,
+            state=TIState.SCHEDULED,
+        )
+        renumbered = list(waiting.values_list("task_id", flat=True))
+        waiting.update(map_index=0, updated_at=now)
+        new.extend(
+            TaskInstance(
+                dag_run_id=dag_run_id,
+                dag_id=dag_id,
+                run_id=run_id,
+                task_id=task_id,
+                map_index=map_index,
+                try_number=1,
+                max_tries=retries[task_id],
+                state=TIState.SCHEDULED,
+                queued_at=now,
+            )
+            for task_id in renumbered
+            for map_index in range(1, spread[task_id] or 0)
+        )
     if new:
         TaskInstance.objects.bulk_create(new, ignore_conflicts=True)
     return sorted(outcome.items())

@@ -2,6 +2,10 @@
 format and their sync."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -13,6 +17,8 @@ from assets_app.models import Dag, DagRun, Task, TaskInstance, TIState, XCom
 from assets_app.task_state import claims, finishing, retries, starting, success
 
 pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parent.parent
 
 FAN_OUT = {
     "dag_id": "fan_out",
@@ -508,3 +514,323 @@ def test_a_50_wide_expansion_costs_the_statements_of_a_5_wide_one_and_runs_end_t
     _, unmapped = statements_of_the_upstream_success("plain", returned=["x"])
     # The expansion is in the evaluation's one statement: no statement more, whatever n.
     assert counts[5] == counts[50] == unmapped == 7, (unmapped, counts)
+
+
+# --- mapped task groups -------------------------------------------------------------------------
+
+
+def group_dag(expand: dict, *, rule: str = "all_success", dag_id: str = "g") -> dict:
+    """`src >> [a >> b]` with [a >> b] a mapped group over `expand`, `after` downstream of b
+    outside the group (Airflow: `@task_group def g(x): b(a(x))`, `after(g.expand(x=...))`)."""
+    return {
+        "dag_id": dag_id,
+        "tasks": [
+            {"task_id": "src"},
+            {"task_id": "g.a", "upstream": ["src"], "map_group": "g", "expand": expand},
+            {
+                "task_id": "g.b",
+                "upstream": ["g.a"],
+                "map_group": "g",
+                "expand": expand,
+                "trigger_rule": rule,
+            },
+            {"task_id": "after", "upstream": ["g.b"]},
+        ],
+    }
+
+
+def states(run: DagRun, task_id: str) -> list[str]:
+    return [state for _, state in tis(run, task_id)]
+
+
+def test_sync_stores_the_mapped_group_of_its_tasks():
+    sync(group_dag({"x": {"xcom": "src"}}))
+    assert dict(Task.objects.filter(dag_id="g").values_list("task_id", "map_group")) == {
+        "src": "",
+        "g.a": "g",
+        "g.b": "g",
+        "after": "",
+    }
+    assert mapped_over("g")["g.b"] == (None, "src")
+    assert sync(group_dag({"x": {"xcom": "src"}})).tasks_unchanged == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "message"),
+    [
+        (
+            lambda d: d["tasks"][2].update(expand={"x": [1, 2]}),
+            "tasks[2].expand.x",
+            "task 'g.b' of the mapped group 'g' expands over 2 literal values, task 'g.a' of "
+            "the group over the return value of 'src': a group's tasks expand over one source",
+        ),
+        (
+            lambda d: d["tasks"][2].pop("expand"),
+            "tasks[2].map_group",
+            "task 'g.b' is in the mapped group 'g' but has no expand",
+        ),
+        (
+            lambda d: d["tasks"][1].update(upstream=[]),
+            "tasks[1].upstream",
+            "task 'g.a' is a root of the mapped group 'g' (no upstream in it), which expands "
+            "over the return value of 'src': list it in upstream",
+        ),
+        (
+            lambda d: d["tasks"][0].update(map_group="g", expand={"x": {"xcom": "src"}}),
+            "tasks[0].expand.x.xcom",
+            "the mapped group 'g' expands over the return value of its own task 'src'",
+        ),
+        (
+            lambda d: d["tasks"][2].update(trigger_rule="always"),
+            "tasks[2].trigger_rule",
+            "cannot have the trigger rule 'always' (as in Airflow)",
+        ),
+        (
+            lambda d: d["tasks"][2].update(map_group=""),
+            "tasks[2].map_group",
+            "must not be empty",
+        ),
+    ],
+    ids=[
+        "different_sources",
+        "no_expand",
+        "root_without_the_source_upstream",
+        "source_inside_the_group",
+        "always_over_a_return_value",
+        "empty_group_id",
+    ],
+)
+def test_a_mapped_group_that_cannot_run_is_refused_naming_the_path_and_writes_nothing(
+    change, path, message
+):
+    dag = group_dag({"x": {"xcom": "src"}})
+    change(dag)
+    with pytest.raises(definitions.DefinitionError) as refused:
+        sync(dag)
+    assert refused.value.path == path
+    assert message in refused.value.message
+    assert not Dag.objects.exists()
+    assert not Task.objects.exists()
+
+
+def test_a_literal_group_runs_map_index_i_after_map_index_i_of_its_upstream_in_the_group():
+    sync(group_dag({"x": [1, 2, 3, 4, 5]}))
+    run = runs.trigger_dag(dag_id="g")
+    assert states(run, "g.a") == ["scheduled"] * 5
+    assert states(run, "g.b") == ["scheduled"] * 5
+    succeed(one(run, "src"))
+    assert states(run, "g.a") == ["queued"] * 5
+    succeed(one(run, "g.a", 2), returned=2)
+    assert states(run, "g.b") == ["scheduled", "scheduled", "queued", "scheduled", "scheduled"]
+    # A[3] failed: B[3] upstream_failed, the others still run after their own A.
+    fail(one(run, "g.a", 3))
+    assert states(run, "g.b") == [
+        "scheduled",
+        "scheduled",
+        "queued",
+        "upstream_failed",
+        "scheduled",
+    ]
+    succeed(one(run, "g.a", 0), returned=0)
+    assert states(run, "g.b")[0] == "queued"
+    # Outside the group, `after` waits for every map index of b (b[3] upstream_failed: it is
+    # upstream_failed once that is known, as Airflow's flag_upstream_failed has it).
+    assert states(run, "after") == ["upstream_failed"]
+
+
+def test_a_group_over_a_return_value_expands_all_its_tasks_when_its_root_does():
+    sync(group_dag({"x": {"xcom": "src"}}))
+    run = runs.trigger_dag(dag_id="g")
+    assert tis(run, "g.a") == [(-1, "scheduled")]
+    assert tis(run, "g.b") == [(-1, "scheduled")]
+    succeed(one(run, "src"), returned=list("abcde"), mapped_length=5)
+    assert states(run, "g.a") == ["queued"] * 5
+    # b expands in the same statement, each map index waiting for its own a.
+    assert tis(run, "g.b") == [(i, "scheduled") for i in range(5)]
+    assert {
+        (ti.try_number, ti.max_tries, ti.dag_id, ti.run_id)
+        for ti in TaskInstance.objects.filter(dag_run=run, task_id="g.b")
+    } == {(1, 0, "g", run.run_id)}
+    # A second evaluation (the sweep, a racing finish) expands nothing again.
+    dependencies.evaluate(dag_run_id=run.pk, finished_task_ids=None)
+    assert len(tis(run, "g.b")) == 5
+    for i in (4, 1):
+        succeed(one(run, "g.a", i), returned=i)
+    assert states(run, "g.b") == ["scheduled", "queued", "scheduled", "scheduled", "queued"]
+    fail(one(run, "g.a", 3))
+    assert states(run, "g.b")[3] == "upstream_failed"
+    succeed(one(run, "g.a", 0), returned=0)
+    succeed(one(run, "g.a", 2), returned=2)
+    assert states(run, "g.b") == ["queued", "queued", "queued", "upstream_failed", "queued"]
+    assert states(run, "after") == ["upstream_failed"]
+
+
+def test_downstream_outside_the_group_waits_for_every_map_index():
+    sync(group_dag({"x": {"xcom": "src"}}))
+    run = runs.trigger_dag(dag_id="g")
+    succeed(one(run, "src"), returned=[1, 2, 3], mapped_length=3)
+    for i in range(3):
+        succeed(one(run, "g.a", i), returned=i)
+    for i in range(3):
+        assert states(run, "after") == ["scheduled"]
+        succeed(one(run, "g.b", i), returned=i)
+    assert states(run, "after") == ["queued"]
+    succeed(one(run, "after"))
+    run.refresh_from_db()
+    assert run.state == "success"
+
+
+@pytest.mark.parametrize(
+    "expand", [{"x": []}, {"x": {"xcom": "src"}}], ids=["empty_literal", "empty_return_value"]
+)
+def test_a_zero_length_group_skips_all_its_tasks(expand):
+    sync(group_dag(expand, rule="all_done"))
+    run = runs.trigger_dag(dag_id="g")
+    succeed(one(run, "src"), returned=[], mapped_length=0)
+    assert tis(run, "g.a") == [(-1, "skipped")]
+    # b's rule (all_done) is met by a skipped a: it expands to nothing, skipped as well.
+    assert tis(run, "g.b") == [(-1, "skipped")]
+    assert tis(run, "after") == [(-1, "skipped")]
+
+
+def test_a_one_success_task_of_a_group_waits_on_every_map_index_of_its_upstream_in_it():
+    """Airflow 3.3.2 `TriggerRuleDep`: the fast-triggered rules (one_success, one_failed,
+    one_done) inside a mapped group count every map index of an upstream in it."""
+    sync(group_dag({"x": [1, 2, 3]}, rule="one_success"))
+    run = runs.trigger_dag(dag_id="g")
+    succeed(one(run, "src"))
+    succeed(one(run, "g.a", 0), returned=0)
+    assert states(run, "g.b") == ["queued"] * 3
+
+
+def test_the_sqlite_expansion_spreads_to_the_other_tasks_of_the_group():
+    """`mapping.expand` (SQLite's expansion, called as there on the root's ready -1 TI)."""
+    sync(group_dag({"x": {"xcom": "src"}}))
+    run = runs.trigger_dag(dag_id="g")
+    TaskInstance.objects.filter(dag_run=run, task_id="src").update(state="success")
+    xcoms.push(dag_id="g", run_id=run.run_id, task_id="src", key="return_value", value=[1, 2, 3, 4])
+    now = timezone.now()
+    with CaptureQueriesContext(connection) as queries:
+        assert mapping.expand(dag_run_id=run.pk, task_ids=["g.a"], now=now) == [("g.a", "queued")]
+    assert tis(run, "g.a") == [(i, "queued") for i in range(4)]
+    assert tis(run, "g.b") == [(i, "scheduled") for i in range(4)]
+    # Constant in the width: the run, the lengths, the UPDATE of the roots, the waiting -1 TIs
+    # of the group's other tasks and their UPDATE, one INSERT.
+    assert len(queries.captured_queries) == 6
+    mapping.expand(dag_run_id=run.pk, task_ids=["g.a"], now=now)
+    assert len(tis(run, "g.b")) == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_50_wide_group_expands_with_the_statements_of_an_unmapped_success():
+    wide_dag("plain", mapped=False)
+    statements_of_the_upstream_success("plain", returned=["x"])
+    claimed("plain", 10)
+    counts = {}
+    for n in (5, 50):
+        dag_id = f"group{n}"
+        dag = group_dag({"x": {"xcom": "src"}}, dag_id=dag_id)
+        dag["tasks"][0]["task_id"] = "list_files"
+        for task in dag["tasks"][1:2]:
+            task["upstream"] = ["list_files"]
+            task["expand"] = {"x": {"xcom": "list_files"}}
+        dag["tasks"][2]["expand"] = {"x": {"xcom": "list_files"}}
+        sync(dag)
+        run, counts[n] = statements_of_the_upstream_success(dag_id, returned=list(range(n)))
+        assert tis(run, "g.a") == [(i, "queued") for i in range(n)]
+        assert tis(run, "g.b") == [(i, "scheduled") for i in range(n)]
+        assert len(claimed(dag_id, 100)) == n
+    _, unmapped = statements_of_the_upstream_success("plain", returned=["x"])
+    assert counts[5] == counts[50] == unmapped == 7, (unmapped, counts)
+
+
+def test_mapped_groups_on_sqlite_follow_the_same_rules(tmp_path):
+    """The SQLite path (its evaluation statement, `mapping.expand`'s spread), in a process of
+    its own on a migrated SQLite file: `tests/data/sqlite_mapped_groups.py`."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "PYTHONPATH": str(ROOT),
+    }
+    python = sys.executable
+    subprocess.run([python, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    done = subprocess.run(
+        [python, str(ROOT / "tests/data/sqlite_mapped_groups.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    waiting, queued, failed = "scheduled", "queued", "upstream_failed"
+    for dag_id in ("literal", "xcom"):
+        assert seen[f"{dag_id}: expanded"] == [
+            [[i, queued] for i in range(5)],
+            [[i, waiting] for i in range(5)],
+        ]
+        assert [s for _, s in seen[f"{dag_id}: a[2] succeeded"]] == [
+            waiting,
+            waiting,
+            queued,
+            waiting,
+            waiting,
+        ]
+        assert [s for _, s in seen[f"{dag_id}: a[3] failed"]] == [
+            waiting,
+            waiting,
+            queued,
+            failed,
+            waiting,
+        ]
+        assert [s for _, s in seen[f"{dag_id}: a[0] succeeded"]] == [
+            queued,
+            waiting,
+            queued,
+            failed,
+            waiting,
+        ]
+    assert seen["after waits"] == [[[-1, waiting]]] * 3 + [[[-1, queued]]]
+    assert seen["zero length"] == [[[-1, "skipped"]]] * 3
+
+
+@pytest.mark.parametrize(
+    ("new_length", "a", "b"),
+    [
+        (
+            2,
+            ["queued", "queued", "removed"],
+            ["scheduled", "scheduled", "removed"],
+        ),
+        (
+            5,
+            ["queued"] * 5,
+            ["scheduled"] * 5,
+        ),
+    ],
+    ids=["shrinks_beyond_are_removed", "grows_every_task_of_the_group"],
+)
+def test_a_cleared_group_revises_every_task_to_the_new_length(new_length, a, b):
+    """Airflow 3.3.2's `_revise_map_indexes_if_mapped` for a group: the root's map index 0
+    grows or removes, the group's other tasks follow (the added ones waiting for their a)."""
+    sync(group_dag({"x": {"xcom": "src"}}))
+    run = runs.trigger_dag(dag_id="g")
+    succeed(one(run, "src"), returned=[1, 2, 3], mapped_length=3)
+    for task_id in ("g.a", "g.b"):
+        for i in range(3):
+            succeed(one(run, task_id, i), returned=i)
+    succeed(one(run, "after"))
+    runs.clear_task_instances(dag_run_id=run.pk)
+    succeed(one(run, "src"), returned=list(range(new_length)), mapped_length=new_length)
+    assert states(run, "g.a") == a
+    assert states(run, "g.b") == b
+    for i in range(min(new_length, 3), new_length):
+        assert one(run, "g.b", i).try_number == 1
+    for i in range(new_length):
+        succeed(one(run, "g.a", i), returned=i)
+        assert states(run, "g.b")[i] == "queued"
+    for i in range(new_length):
+        assert states(run, "after") == ["scheduled"]
+        succeed(one(run, "g.b", i), returned=i)
+    assert states(run, "after") == ["queued"]

@@ -149,6 +149,12 @@ class Task(models.Model):
     # task succeeds, `mapping`). Neither: not mapped.
     map_length = models.PositiveIntegerField(null=True, blank=True)
     map_upstream = models.CharField(max_length=DAG_ID_MAX_LENGTH, blank=True, default="")
+    # A task of a mapped task group (Airflow's `@task_group ... .expand(...)`): the group's id,
+    # its source in `map_length` / `map_upstream` as every task of the group has it. Map index
+    # i of the task runs after map index i of its upstream tasks of the same group only
+    # (`sql/dependencies`), and a group mapped over a return value expands all its tasks when
+    # its roots expand (`mapping`). "": not in a mapped group.
+    map_group = models.CharField(max_length=DAG_ID_MAX_LENGTH, blank=True, default="")
     upstream = models.ManyToManyField(
         "self",
         through="TaskUpstream",
@@ -184,6 +190,13 @@ class Task(models.Model):
             models.CheckConstraint(
                 condition=models.Q(map_length__isnull=True) | models.Q(map_upstream=""),
                 name="task_maps_over_one_source",
+            ),
+            # A mapped group's task is mapped over the group's source.
+            models.CheckConstraint(
+                condition=models.Q(map_group="")
+                | models.Q(map_length__isnull=False)
+                | ~models.Q(map_upstream=""),
+                name="task_map_group_is_mapped",
             ),
         ]
 

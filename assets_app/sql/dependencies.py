@@ -68,20 +68,26 @@ def _decision_sql() -> str:
     return "CASE " + " ".join(whens) + " ELSE NULL END"
 
 
+# The trigger rules that are met by one upstream TI: inside a mapped group Airflow 3.3.2 has them
+# wait on every map index of an upstream of the group, not the one of their own
+# (`TriggerRuleDep._get_relevant_upstream_map_indexes`, "is_fast_triggered").
+_FAST_TRIGGERED = (TriggerRule.ONE_SUCCESS, TriggerRule.ONE_FAILED, TriggerRule.ONE_DONE)
+
+
 def _evaluate_sql(*, from_tasks: bool) -> str:
     ti, task, link = TaskInstance._meta.db_table, Task._meta.db_table, TaskUpstream._meta.db_table
     waiting = _q(TIState.SCHEDULED)
     finished = ", ".join(_q(s) for s in sorted(TI_FINISHED_STATES))
 
     def count(state: str) -> str:
-        return f"SUM(CASE WHEN ut.state = {_q(state)} THEN 1 ELSE 0 END)"
+        return f"SUM(CASE WHEN p.state = {_q(state)} THEN 1 ELSE 0 END)"
 
     run = DagRun._meta.db_table
     # A mapped task's TI of map index -1 (issue 25): expanded, not queued, once its rule is
     # met (`_write_sql`).
     unexpanded = (
         "(w.map_index = -1 AND (t.map_length IS NOT NULL OR t.map_upstream <> '')) AS unexpanded,"
-        " t.map_length, t.map_upstream, w.map_index, t.retries"
+        " t.map_length, t.map_upstream, w.map_index, t.retries, t.map_group"
     )
     # The waiting TIs to look at: downstream of the given tasks (found from them through the
     # indexes: task by (dag, task_id), links by upstream, TI by (run, task_id)), or (the sweep)
@@ -109,48 +115,103 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
         if from_tasks
         else ""
     )
+    fast = ", ".join(_q(rule) for rule in _FAST_TRIGGERED)
+    columns = (
+        "c.ti_id, c.task_pk, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index,"
+        " c.retries, c.map_group"
+    )
+    # Per waiting TI, its upstream TIs' states (`ups`): every TI of an upstream task, except
+    # inside a mapped group (issue 25; Airflow 3.3.2 `TriggerRuleDep._iter_upstream_conditions`):
+    # map index i of a task counts only map index i of an upstream task of its group (and that
+    # task's -1 TI, while it is not expanded). Two branches, each joining TIs by equality, so
+    # that a 1,000-wide group's evaluation looks up one upstream TI per waiting one instead of
+    # filtering a thousand.
     return f"""
 WITH {given}cand AS (
     {cand}
 ),
+links AS (
+    SELECT c.ti_id, c.map_index, u.id AS up_id, u.task_id AS up_task_id,
+        COALESCE(c.map_group <> '' AND u.map_group = c.map_group AND c.map_index >= 0
+            AND c.rule NOT IN ({fast}), FALSE) AS per_index
+    FROM cand c
+    LEFT JOIN {link} l ON l.task_id = c.task_pk
+    LEFT JOIN {task} u ON u.id = l.upstream_id
+),
+ups AS (
+    SELECT k.ti_id, k.up_id, ut.state
+    FROM links k
+    LEFT JOIN {ti} ut ON ut.dag_run_id = %s AND ut.task_id = k.up_task_id
+    WHERE NOT k.per_index
+    UNION ALL
+    SELECT k.ti_id, k.up_id, COALESCE(ut.state, um.state) AS state
+    FROM links k
+    LEFT JOIN {ti} ut ON ut.dag_run_id = %s AND ut.task_id = k.up_task_id
+        AND ut.map_index = k.map_index
+    LEFT JOIN {ti} um ON um.dag_run_id = %s AND um.task_id = k.up_task_id AND um.map_index = -1
+    WHERE k.per_index
+),
 counts AS (
-    SELECT c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index, c.retries,
-        COUNT(u.id) AS n,
+    SELECT {columns},
+        COUNT(p.up_id) AS n,
         {count(TIState.SUCCESS)} AS s,
         {count(TIState.SKIPPED)} AS k,
         {count(TIState.FAILED)} AS f,
         {count(TIState.UPSTREAM_FAILED)} AS uf,
         {count(TIState.REMOVED)} AS r,
-        SUM(CASE WHEN ut.state IN ({finished}) THEN 1 ELSE 0 END) AS d
+        SUM(CASE WHEN p.state IN ({finished}) THEN 1 ELSE 0 END) AS d
     FROM cand c
-    LEFT JOIN {link} l ON l.task_id = c.task_pk
-    LEFT JOIN {task} u ON u.id = l.upstream_id
-    LEFT JOIN {ti} ut ON ut.dag_run_id = %s AND ut.task_id = u.task_id
-    GROUP BY c.ti_id, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index, c.retries
+    JOIN ups p ON p.ti_id = c.ti_id
+    GROUP BY {columns}
 ),
 decided AS (
-    SELECT ti_id, unexpanded, map_length, map_upstream, map_index, retries,
+    SELECT ti_id, task_pk, unexpanded, map_length, map_upstream, map_index, retries, map_group,
         {_decision_sql()} AS new_state
     FROM counts
 ){_write_sql()}"""
 
 
+def _copy_columns(source: str, **overrides: str) -> tuple[str, str]:
+    """The INSERT column list and SELECT list of TaskInstance rows made from `source`'s row
+    (its columns, as RETURNING gives them): a new id, map index `g.i`, `overrides` by column."""
+    values = {"id": "gen_random_uuid()", "map_index": "g.i", **overrides}
+    columns = [str(field.column) for field in TaskInstance._meta.concrete_fields]
+    return ", ".join(columns), ", ".join(values.get(c, f"{source}.{c}") for c in columns)
+
+
 def _write_sql() -> str:
-    """The write of the evaluation statement, after its `decided` (ti_id, unexpanded,
-    map_length, map_upstream, new_state). On PostgreSQL it also expands the mapped tasks' TIs
-    of map index -1 whose rule is met (issue 25; the rules of `mapping`, Airflow 3.3.2's
-    `TaskMap.expand_mapped_task`): their length (the literal's, the one the Task SDK pushed with
-    the upstream's return value, else that value's length), the -1 TI becomes map index 0
-    (queued) or is skipped (length 0) or upstream_failed (nothing to map over), and map indexes
-    1..n-1 are inserted as copies of it, in the same statement: the INSERT reads the UPDATE's
-    RETURNING, so of two evaluations racing for one TI only the one whose UPDATE changed it
-    inserts. A map index of a task mapped over a return value, waiting again (a clear) when
-    its rule is met, is revised as Airflow's `DagRun._revise_map_indexes_if_mapped` does: beyond
-    the new length it is removed, and map index 0's row inserts the map indexes the new length
-    adds. New TIs are a first try (try 1, the task's retries). SQLite (no data-modifying WITH)
-    leaves a -1 TI waiting and returns it as `scheduled` for `mapping.expand`, and does not
-    revise."""
+    """The write of the evaluation statement, after its `decided` (ti_id, task_pk, unexpanded,
+    map_length, map_upstream, map_index, retries, map_group, new_state). On PostgreSQL it also
+    expands the mapped tasks' TIs of map index -1 whose rule is met (issue 25; the rules of
+    `mapping`, Airflow 3.3.2's `TaskMap.expand_mapped_task`): their length (the literal's, the
+    one the Task SDK pushed with the upstream's return value, else that value's length), the -1
+    TI becomes map index 0 (queued) or is skipped (length 0) or upstream_failed (nothing to map
+    over), and map indexes 1..n-1 are inserted as copies of it, in the same statement: the
+    INSERT reads the UPDATE's RETURNING, so of two evaluations racing for one TI only the one
+    whose UPDATE changed it inserts (the UPDATE re-checks `map_index = -1` too, since a mapped
+    group's task stays waiting when it expands, below). A map index of a task mapped over a
+    return value, waiting again (a clear) when its rule is met, is revised as Airflow's
+    `DagRun._revise_map_indexes_if_mapped` does: beyond the new length it is removed, and map
+    index 0's row inserts the map indexes the new length adds. New TIs are a first try (try 1,
+    the task's retries).
+
+    A mapped group (`Task.map_group`) expands as one: when the statement expands (or grows) a
+    task of the group, the group's tasks downstream of others in it get the same map indexes,
+    left waiting (`scheduled`), since map index i of each runs after map index i of its upstream
+    in the group (`ups`). The group's roots are left to expand by their own rule: one expanded
+    for another here would stay waiting when its own upstream's finish, racing this statement,
+    no longer found it at -1. A non-root's -1 TI becomes map index 0: locked first, in task_id
+    order (`locked`: two roots' statements spreading to the same tasks wait for each other
+    instead of deadlocking), then an UPDATE re-checking it is still -1 and waiting, whose
+    RETURNING feeds the INSERT of 1..n-1, so again only one racing statement inserts; and
+    a grown group's tasks get the added map indexes (ON CONFLICT DO NOTHING: a task's grown rows
+    are not guarded by a row of its own). Tasks with a TI decided in this statement expand by
+    their own rule instead.
+
+    SQLite (no data-modifying WITH) leaves a -1 TI waiting and returns it as `scheduled` for
+    `mapping.expand`, and does not revise."""
     ti, xcom = TaskInstance._meta.db_table, XCom._meta.db_table
+    task, link = Task._meta.db_table, TaskUpstream._meta.db_table
     waiting, queued = _q(TIState.SCHEDULED), _q(TIState.QUEUED)
     set_times = f"""
     queued_at = CASE WHEN outcome.new_state = {queued} THEN %s ELSE {ti}.queued_at END,
@@ -169,20 +230,23 @@ FROM outcome
 WHERE {ti}.id = outcome.ti_id AND {ti}.state = {waiting}
 RETURNING {ti}.task_id, {ti}.state
 """
-    copied: dict[str, str] = {
-        str(field.column): (
-            "gen_random_uuid()"
-            if field.column == "id"
-            else "g.i"
-            if field.column == "map_index"
-            else "1"
-            if field.column == "try_number"
-            else "changed.task_retries"
-            if field.column == "max_tries"
-            else f"changed.{field.column}"
-        )
-        for field in TaskInstance._meta.concrete_fields
+    columns, copies = _copy_columns("changed", try_number="1", max_tries="changed.task_retries")
+    fresh = {
+        "try_number": "1",
+        "max_tries": "src.task_retries",
+        "state": waiting,
+        "hostname": "''",
+        "unixname": "''",
+        "pid": "NULL",
+        "start_date": "NULL",
+        "end_date": "NULL",
+        "last_heartbeat_at": "NULL",
+        "claimed_by": "''",
+        "claimed_at": "NULL",
+        "retry_at": "NULL",
     }
+    _, member_copies = _copy_columns("src", **fresh)
+    row_columns = ", ".join(str(field.column) for field in TaskInstance._meta.concrete_fields)
     return f""",
 lengths AS (
     SELECT d.ti_id, COALESCE(d.map_length, x.mapped_length, CASE jsonb_typeof(x.value)
@@ -199,7 +263,7 @@ lengths AS (
     WHERE d.new_state = {queued} AND (d.unexpanded OR d.map_upstream <> '')
 ),
 outcome AS (
-    SELECT d.ti_id, d.unexpanded, d.retries, l.len, l.grow_from, CASE
+    SELECT d.ti_id, d.task_pk, d.unexpanded, d.retries, d.map_group, l.len, l.grow_from, CASE
         WHEN l.ti_id IS NULL THEN d.new_state
         WHEN NOT d.unexpanded AND (l.len IS NULL OR d.map_index < l.len) THEN {queued}
         WHEN NOT d.unexpanded THEN {_q(TIState.REMOVED)}
@@ -216,15 +280,54 @@ changed AS (
             ELSE {ti}.map_index END,{set_times}
     FROM outcome
     WHERE {ti}.id = outcome.ti_id AND {ti}.state = {waiting}
+        AND (NOT outcome.unexpanded OR {ti}.map_index = -1)
     RETURNING {ti}.*, outcome.len AS expand_length, outcome.grow_from,
-        outcome.retries AS task_retries
+        outcome.retries AS task_retries, outcome.map_group
 ),
 expanded AS (
-    INSERT INTO {ti} ({", ".join(copied)})
-    SELECT {", ".join(copied.values())}
+    INSERT INTO {ti} ({columns})
+    SELECT {copies}
     FROM changed
     CROSS JOIN generate_series(changed.grow_from, changed.expand_length - 1) AS g(i)
     WHERE changed.state = {queued} AND changed.grow_from IS NOT NULL
+),
+spread AS (
+    SELECT DISTINCT dag_run_id, dag_id, map_group, expand_length AS len FROM changed
+    WHERE map_group <> '' AND state = {queued} AND grow_from IS NOT NULL
+),
+members AS (
+    SELECT DISTINCT ON (w.task_id) w.*, s.len, t.retries AS task_retries
+    FROM spread s
+    JOIN {task} t ON t.dag_id = s.dag_id AND t.map_group = s.map_group
+    JOIN {ti} w ON w.dag_run_id = s.dag_run_id AND w.task_id = t.task_id
+    WHERE t.id NOT IN (SELECT task_pk FROM outcome) AND EXISTS (
+        SELECT 1 FROM {link} lg JOIN {task} ug ON ug.id = lg.upstream_id
+        WHERE lg.task_id = t.id AND ug.map_group = t.map_group)
+    ORDER BY w.task_id, w.map_index DESC
+),
+locked AS (
+    SELECT w.id FROM {ti} w JOIN members m ON m.id = w.id
+    WHERE m.map_index = -1 AND m.len > 0 AND w.map_index = -1 AND w.state = {waiting}
+    ORDER BY w.task_id
+    FOR UPDATE OF w
+),
+grouped AS (
+    UPDATE {ti} SET map_index = 0, updated_at = %s
+    FROM members m JOIN locked k ON k.id = m.id
+    WHERE {ti}.id = m.id AND {ti}.map_index = -1 AND {ti}.state = {waiting}
+    RETURNING {ti}.*, m.len, m.task_retries
+),
+member_rows AS (
+    SELECT {row_columns}, len, task_retries, 1 AS grow_from FROM grouped
+    UNION ALL
+    SELECT {row_columns}, len, task_retries, map_index + 1 FROM members WHERE map_index >= 0
+),
+spread_rows AS (
+    INSERT INTO {ti} ({columns})
+    SELECT {member_copies}
+    FROM member_rows src
+    CROSS JOIN generate_series(src.grow_from, src.len - 1) AS g(i)
+    ON CONFLICT DO NOTHING
 )
 SELECT task_id, state FROM changed
 """
@@ -249,13 +352,14 @@ def evaluate_waiting_task_instances(
     TIs once (its map index 0's row); on SQLite `scheduled` is a mapped task's TI of map index
     -1 whose rule is met, left waiting for the caller to expand (`mapping.expand`)."""
     at = connection.ops.adapt_datetimefield_value(now)
+    spread = [at] if connection.vendor == "postgresql" else []  # `grouped`'s updated_at
     with prepared_cursor() as cursor:
         if finished_task_ids is None:
-            params = [dag_run_id, dag_run_id, at, at, at]
+            params = [dag_run_id, *[dag_run_id] * 3, at, at, at, *spread]
             cursor.execute(_evaluate_statement(from_tasks=False), params)
         else:
             given = json.dumps(list(finished_task_ids))
-            params = [given, dag_run_id, dag_run_id, dag_run_id, at, at, at]
+            params = [given, dag_run_id, dag_run_id, *[dag_run_id] * 3, at, at, at, *spread]
             cursor.execute(_evaluate_statement(from_tasks=True), params)
         return list(cursor.fetchall())
 

@@ -32,12 +32,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTH = int(os.environ.get("MAPPING_E2E_WIDTH", "50"))
+GROUP_WIDTH = 8
 CONCURRENCY = int(os.environ.get("MAPPING_E2E_CONCURRENCY", "4"))
 # The worker's bound on its own run: a stock supervisor takes about 2 s of CPU per TI here.
 MAX_SECONDS = max(1000, 6 * WIDTH)
 
 DAG_FILE = """
-from airflow.sdk import Asset, dag, task
+from airflow.sdk import Asset, dag, task, task_group
 
 PARTS = Asset(name="mapped_parts", uri="file:///tmp/mapped_parts")
 
@@ -77,6 +78,30 @@ def mapped_fan_out():
         return {"sums": sorted(sums), "products": sorted(products)}
 
     collect(add.expand_kwargs(pairs()), mul.expand(x=[1, 2], y=[10, 20, 30]))
+
+    # A mapped task group over an upstream's list (issue 25): map index i of `plus_one` runs
+    # after map index i of `times_ten` only, pulling its XCom with ?map_index=i.
+    @task
+    def seeds():
+        return list(range(GROUP_WIDTH))
+
+    @task_group
+    def per_seed(n):
+        @task
+        def times_ten(n):
+            return n * 10
+
+        @task
+        def plus_one(m):
+            return m + 1
+
+        return plus_one(times_ten(n))
+
+    @task
+    def group_total(values):
+        return sorted(values)
+
+    group_total(per_seed.expand(n=seeds()))
 
 
 @dag(dag_id="mapped_parts_consumer", schedule=[PARTS])
@@ -124,7 +149,9 @@ def _settled() -> bool:
 def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_path):
     dags = tmp_path / "dags"
     dags.mkdir()
-    (dags / "fan_out.py").write_text(DAG_FILE.replace("WIDTH", str(WIDTH)))
+    (dags / "fan_out.py").write_text(
+        DAG_FILE.replace("GROUP_WIDTH", str(GROUP_WIDTH)).replace("WIDTH", str(WIDTH))
+    )
     get_user_model().objects.create_superuser("operator", password="x")
     _, key = create_api_token(username="operator", name="mapping")
     synced = _worker(service, tmp_path, dags, "--sync-only")
@@ -184,7 +211,18 @@ def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_p
         *(("add", i, "success") for i in range(3)),
         *(("mul", i, "success") for i in range(6)),
         ("collect", -1, "success"),
+        ("seeds", -1, "success"),
+        *(("per_seed.times_ten", i, "success") for i in range(GROUP_WIDTH)),
+        *(("per_seed.plus_one", i, "success") for i in range(GROUP_WIDTH)),
+        ("group_total", -1, "success"),
     }, ran.stderr[-4000:]
+    assert XCom.objects.get(task_id="group_total").value == [10 * i + 1 for i in range(GROUP_WIDTH)]
+    # Each plus_one ran after its own times_ten (the group's per-index dependency).
+    group = {
+        (ti.task_id, ti.map_index): ti for ti in fan_out.filter(task_id__startswith="per_seed.")
+    }
+    for i in range(GROUP_WIDTH):
+        assert group["per_seed.plus_one", i].start_date >= group["per_seed.times_ten", i].end_date
     assert XCom.objects.get(task_id="collect").value == {
         "sums": [1, 3, 5],
         "products": [10, 20, 20, 30, 40, 60],
@@ -213,6 +251,7 @@ def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_p
         f"/square/return_value/item/{WIDTH} ",
         "/add/return_value/item/3 ",
         "/mul/return_value/item/6 ",
+        f"/per_seed.plus_one/return_value/item/{GROUP_WIDTH} ",
     )
     bad = [
         line

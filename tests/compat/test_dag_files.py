@@ -335,6 +335,128 @@ def test_a_mapping_the_service_cannot_run_is_refused_naming_the_task(tmp_path, b
     assert f"maps task 'square' {how}" in error, error
 
 
+@pytest.mark.django_db
+def test_tasks_of_a_mapped_task_group_become_map_group_definitions_the_service_syncs(tmp_path):
+    (tmp_path / "groups.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import dag, task, task_group
+
+            @dag(dag_id="groups", schedule=None)
+            def groups():
+                @task
+                def numbers():
+                    return [1, 2, 3]
+
+                @task
+                def double(x):
+                    return 2 * x
+
+                @task
+                def add(x, y):
+                    return x + y
+
+                @task
+                def total(values):
+                    return sum(values)
+
+                @task_group
+                def per_number(x):
+                    return add(double(x), x)
+
+                @task_group
+                def per_literal(x, y):
+                    return add.override(task_id="plus")(double.override(task_id="twice")(x), y)
+
+                total(per_number.expand(x=numbers()))
+                per_literal.partial(y=1).expand(x=[10, 20])
+
+            groups()
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    ((dag,),) = converted.values()
+    tasks = {t["task_id"]: t for t in dag["tasks"]}
+    over_numbers = {"x": {"xcom": "numbers"}}
+    assert tasks["per_number.double"]["expand"] == over_numbers
+    assert tasks["per_number.double"]["upstream"] == ["numbers"]
+    assert tasks["per_number.add"]["expand"] == over_numbers
+    # add takes the group's x too: numbers is upstream of it, as Airflow links it.
+    assert tasks["per_number.add"]["upstream"] == ["numbers", "per_number.double"]
+    assert {tasks[t]["map_group"] for t in ("per_number.double", "per_number.add")} == {
+        "per_number"
+    }
+    assert tasks["per_literal.twice"]["expand"] == {"x": [None, None]}
+    assert tasks["per_literal.plus"]["map_group"] == "per_literal"
+    assert "map_group" not in tasks["total"] and "expand" not in tasks["total"]
+    definitions.sync_definitions(dags=definitions.parse_document(dag, file="groups.py"))
+    stored = Task.objects.filter(dag_id="groups").exclude(map_group="")
+    assert {(t.task_id, t.map_length, t.map_upstream, t.map_group) for t in stored} == {
+        ("per_number.double", None, "numbers", "per_number"),
+        ("per_number.add", None, "numbers", "per_number"),
+        ("per_literal.twice", 2, "", "per_literal"),
+        ("per_literal.plus", 2, "", "per_literal"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "how"),
+    [
+        (
+            """
+            @task_group
+            def inner(y):
+                square.override(task_id="sq")(y)
+
+            @task_group
+            def outer(x):
+                inner.expand(y=[1, 2])
+
+            outer.expand(x=[1, 2])
+            """,
+            "maps task 'outer.inner.sq' in the mapped task group 'outer.inner' inside another",
+        ),
+        (
+            """
+            @task_group
+            def g(x):
+                square(x)
+
+            g.expand(x=numbers().map(str))
+            """,
+            "maps task 'g.square' over MapXComArg",
+        ),
+    ],
+    # (A mapped task inside a mapped group the Task SDK itself refuses: "operator expansion
+    # in an expanded task group is not yet supported".)
+    ids=["group_in_group", "group_over_map"],
+)
+def test_a_mapped_group_the_service_cannot_run_is_refused_naming_the_task(tmp_path, body, how):
+    (tmp_path / "nested.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import dag, task, task_group
+
+            @dag(dag_id="nested", schedule=None)
+            def nested():
+                @task
+                def numbers():
+                    return [1, 2]
+
+                @task(task_id="square")
+                def square(x):
+                    return x * x
+            BODY
+            nested()
+            """
+        ).replace("BODY", textwrap.indent(textwrap.dedent(body), "    "))
+    )
+    error = _convert(tmp_path)["import_errors"]["nested.py"]
+    assert "'nested'" in error and how in error, error
+
+
 def test_a_file_that_does_not_import_is_reported_and_the_others_still_convert(tmp_path):
     """Issue 27: one broken file no longer refuses the folder; it is the import error that the
     sync reports (Airflow's own stack trace), beside the files that converted."""

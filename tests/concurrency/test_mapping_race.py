@@ -165,3 +165,75 @@ def test_upstream_finishing_together_expand_their_mapped_downstream_once(queued_
                 "map_index", "state"
             )
         ) == [(i, TIState.QUEUED) for i in range(5)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_roots_of_a_mapped_group_expanding_together_expand_the_group_once(queued_by_evaluations):
+    """A mapped group over `src`'s return value with WIDTH roots, each also after an unmapped
+    task of its own: those finish together, so the roots expand in racing statements, each
+    spreading the expansion to the group's other tasks. Every task of the group gets its map
+    indexes once (a second INSERT would be a unique violation in a thread), and map index 2 of
+    the roots finishing together queues map index 2 of their downstream in the group once."""
+    roots = [f"g.r{i}" for i in range(WIDTH)]
+    over_src = {"x": {"xcom": "src"}}
+    _sync(
+        {
+            "dag_id": "group",
+            "tasks": [
+                {"task_id": "src"},
+                *({"task_id": f"u{i}"} for i in range(WIDTH)),
+                *(
+                    {
+                        "task_id": root,
+                        "upstream": ["src", f"u{i}"],
+                        "map_group": "g",
+                        "expand": over_src,
+                    }
+                    for i, root in enumerate(roots)
+                ),
+                {"task_id": "g.b", "upstream": roots, "map_group": "g", "expand": over_src},
+                {"task_id": "g.c", "upstream": ["g.b"], "map_group": "g", "expand": over_src},
+            ],
+        }
+    )
+    run_ids = []
+    for _ in range(ROUNDS):
+        run = runs.trigger_dag(dag_id="group")
+        run_ids.append(run.pk)
+        src = TaskInstance.objects.get(dag_run=run, task_id="src")
+        _start(src)
+        _push(run, "src", 5)
+        _succeed(src.id)
+        for ti in TaskInstance.objects.filter(dag_run=run, task_id__startswith="u"):
+            _start(ti)
+    queued_by_evaluations.clear()
+    for run_pk in run_ids:
+        _together(
+            list(
+                TaskInstance.objects.filter(dag_run_id=run_pk, task_id__startswith="u").values_list(
+                    "id", flat=True
+                )
+            )
+        )
+    assert sorted(queued_by_evaluations) == sorted(
+        (run_pk, root) for run_pk in run_ids for root in roots
+    )
+    for run_pk in run_ids:
+        group = TaskInstance.objects.filter(dag_run_id=run_pk, task_id__startswith="g.")
+        assert sorted(group.values_list("task_id", "map_index", "state")) == sorted(
+            [(root, i, TIState.QUEUED) for root in roots for i in range(5)]
+            + [(task_id, i, TIState.SCHEDULED) for task_id in ("g.b", "g.c") for i in range(5)]
+        )
+    queued_by_evaluations.clear()
+    for run_pk in run_ids:
+        second = TaskInstance.objects.filter(dag_run_id=run_pk, task_id__in=roots, map_index=2)
+        for ti in second:
+            _start(ti)
+        _together(list(second.values_list("id", flat=True)))
+    assert sorted(queued_by_evaluations) == sorted((run_pk, "g.b") for run_pk in run_ids)
+    for run_pk in run_ids:
+        assert sorted(
+            TaskInstance.objects.filter(dag_run_id=run_pk, task_id="g.b").values_list(
+                "map_index", "state"
+            )
+        ) == [(i, TIState.QUEUED if i == 2 else TIState.SCHEDULED) for i in range(5)]

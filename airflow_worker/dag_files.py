@@ -359,7 +359,8 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
     - `.expand(arg=...)` over a literal list or dict: that length (the values stand in as
       nulls); over several literals: the cross product's length (their lengths multiplied),
       under the first argument's name;
-    - `.expand(arg=upstream())` over an unmapped upstream task's return value: `{"xcom": ...}`;
+    - `.expand(arg=upstream())` over an unmapped upstream task's return value: `{"xcom": ...}`,
+      also through `.map(f)` (`upstream().map(f)`: the same length);
     - `.expand_kwargs(...)` over a literal list of dicts or an unmapped upstream's return value:
       the same, under the name `kwargs` (one map index per dict).
 
@@ -367,13 +368,13 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
     gets the group's `expand` by the same rules, from the group's expand input, and the
     group's id as its `map_group` (`_dag`).
 
-    Anything else (an XCom among several arguments, `.map`/`zip`/`concat` outputs, a mapped
+    Anything else (an XCom among several arguments, `zip`/`concat` outputs, a mapped
     task inside a mapped group or a mapped group inside another) is refused, naming the task."""
     from airflow.sdk.definitions._internal.expandinput import (
         DictOfListsExpandInput,
         ListOfDictsExpandInput,
     )
-    from airflow.sdk.definitions.xcom_arg import PlainXComArg
+    from airflow.sdk.definitions.xcom_arg import MapXComArg, PlainXComArg
 
     def refuse(how: str) -> DagFileError:
         return DagFileError(
@@ -384,6 +385,10 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
     def source(value: Any) -> list[None] | dict[str, str] | None:
         if isinstance(value, list | tuple | dict):
             return [None] * len(value)
+        if isinstance(value, MapXComArg):
+            # `.map(f)` keeps its value's length: one map index per item, as without it (the
+            # Task SDK applies f to each item when it resolves a map index's arguments).
+            value = value.arg
         if (
             isinstance(value, PlainXComArg)
             and value.key == "return_value"

@@ -74,10 +74,18 @@ def mapped_fan_out():
         return x * y
 
     @task
-    def collect(sums, products):
-        return {"sums": sorted(sums), "products": sorted(products)}
+    def collect(sums, products, scaled):
+        return {"sums": sorted(sums), "products": sorted(products), "scaled": sorted(scaled)}
 
-    collect(add.expand_kwargs(pairs()), mul.expand(x=[1, 2], y=[10, 20, 30]))
+    # ... and .map over it: one map index per pair, the function applied by the Task SDK.
+    listed = pairs()
+    collect(
+        add.expand_kwargs(listed),
+        mul.expand(x=[1, 2], y=[10, 20, 30]),
+        add.override(task_id="add_scaled").expand_kwargs(
+            listed.map(lambda p: {"a": p["a"] * 100, "b": p["b"]})
+        ),
+    )
 
     # A mapped task group over an upstream's list (issue 25): map index i of `plus_one` runs
     # after map index i of `times_ten` only, pulling its XCom with ?map_index=i.
@@ -209,6 +217,7 @@ def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_p
         ("total", -1, "success"),
         ("pairs", -1, "success"),
         *(("add", i, "success") for i in range(3)),
+        *(("add_scaled", i, "success") for i in range(3)),
         *(("mul", i, "success") for i in range(6)),
         ("collect", -1, "success"),
         ("seeds", -1, "success"),
@@ -226,6 +235,7 @@ def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_p
     assert XCom.objects.get(task_id="collect").value == {
         "sums": [1, 3, 5],
         "products": [10, 20, 20, 30, 40, 60],
+        "scaled": [1, 102, 203],
     }
     assert XCom.objects.get(task_id="numbers").mapped_length == WIDTH
     assert XCom.objects.get(task_id="total").value == sum(i * i for i in range(WIDTH))
@@ -250,6 +260,7 @@ def test_stock_worker_runs_a_task_expanded_over_an_upstreams_list(service, tmp_p
     ends = (
         f"/square/return_value/item/{WIDTH} ",
         "/add/return_value/item/3 ",
+        "/add_scaled/return_value/item/3 ",
         "/mul/return_value/item/6 ",
         f"/per_seed.plus_one/return_value/item/{GROUP_WIDTH} ",
     )

@@ -262,7 +262,12 @@ def test_mapped_tasks_become_expand_definitions_the_service_syncs(tmp_path):
                 def literal_kwargs(x):
                     return x
 
-                total(each.expand(path=files()))
+                paths = files()
+                total(each.expand(path=paths))
+                by_kwargs.override(task_id="mapped_through").expand(x=paths.map(str.upper))
+                by_kwargs.override(task_id="kwargs_through_map").expand_kwargs(
+                    paths.map(lambda f: {"x": f})
+                )
                 square.expand(x=[1, 2, 3])
                 grid.expand(x=[1, 2, 3], y=[10, 20])
                 by_kwargs.expand_kwargs(pairs())
@@ -284,6 +289,9 @@ def test_mapped_tasks_become_expand_definitions_the_service_syncs(tmp_path):
     assert tasks["grid"]["expand"] == {"x": [None] * 6}
     assert tasks["by_kwargs"]["expand"] == {"kwargs": {"xcom": "pairs"}}
     assert tasks["literal_kwargs"]["expand"] == {"kwargs": [None] * 4}
+    # .map(f) keeps the length of the value it maps: the service counts over files' XCom.
+    assert tasks["mapped_through"]["expand"] == {"x": {"xcom": "files"}}
+    assert tasks["kwargs_through_map"]["expand"] == {"kwargs": {"xcom": "files"}}
     assert "expand" not in tasks["total"] and "expand" not in tasks["files"]
     definitions.sync_definitions(dags=definitions.parse_document(dag, file="fanout.py"))
     stored = Task.objects.filter(dag_id="fanout")
@@ -293,6 +301,8 @@ def test_mapped_tasks_become_expand_definitions_the_service_syncs(tmp_path):
         ("grid", 6, ""),
         ("by_kwargs", None, "pairs"),
         ("literal_kwargs", 4, ""),
+        ("mapped_through", None, "files"),
+        ("kwargs_through_map", None, "files"),
     }
 
 
@@ -300,13 +310,14 @@ def test_mapped_tasks_become_expand_definitions_the_service_syncs(tmp_path):
     ("body", "how"),
     [
         (
-            "square.expand_kwargs(numbers().map(lambda n: {'x': n}))",
+            "square.expand_kwargs(numbers().zip(numbers()).map(lambda p: {'x': p[0]}))",
             "with .expand_kwargs over MapXComArg",
         ),
         ("square.expand(x=numbers(), y=[2])", "over 2 arguments, one of them an XCom"),
-        ("square.expand(x=numbers().map(lambda n: n + 1))", "over MapXComArg"),
+        ("square.expand(x=numbers().zip(numbers()))", "over ZipXComArg"),
+        ("square.expand(x=numbers().concat(numbers()))", "over ConcatXComArg"),
     ],
-    ids=["expand_kwargs_map", "cross_product_xcom", "map"],
+    ids=["expand_kwargs_map_of_zip", "cross_product_xcom", "zip", "concat"],
 )
 def test_a_mapping_the_service_cannot_run_is_refused_naming_the_task(tmp_path, body, how):
     (tmp_path / "fanout.py").write_text(
@@ -424,14 +435,14 @@ def test_tasks_of_a_mapped_task_group_become_map_group_definitions_the_service_s
             def g(x):
                 square(x)
 
-            g.expand(x=numbers().map(str))
+            g.expand(x=numbers().zip(numbers()))
             """,
-            "maps task 'g.square' over MapXComArg",
+            "maps task 'g.square' over ZipXComArg",
         ),
     ],
     # (A mapped task inside a mapped group the Task SDK itself refuses: "operator expansion
     # in an expanded task group is not yet supported".)
-    ids=["group_in_group", "group_over_map"],
+    ids=["group_in_group", "group_over_zip"],
 )
 def test_a_mapped_group_the_service_cannot_run_is_refused_naming_the_task(tmp_path, body, how):
     (tmp_path / "nested.py").write_text(

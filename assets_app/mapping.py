@@ -27,7 +27,7 @@ where the PostgreSQL statement does the same).
 INSERT of the others); two more when a group spreads (its waiting -1 TIs, their UPDATE).
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 
 from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
@@ -125,21 +125,28 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
         end_date=Case(When(task_id__in=finished, then=Value(now)), default=F("end_date")),
         updated_at=now,
     )
-    new = [
-        TaskInstance(
-            dag_run_id=dag_run_id,
-            dag_id=dag_id,
-            run_id=run_id,
-            task_id=task_id,
-            map_index=map_index,
-            try_number=1,
-            max_tries=retries[task_id],
-            state=TIState.QUEUED,
-            queued_at=now,
+
+    def copies(
+        task_ids: Iterable[str], length: Mapping[str, int | None], state: str
+    ) -> Iterator[TaskInstance]:
+        """Map indexes 1..n-1 of each task, first tries."""
+        return (
+            TaskInstance(
+                dag_run_id=dag_run_id,
+                dag_id=dag_id,
+                run_id=run_id,
+                task_id=task_id,
+                map_index=map_index,
+                try_number=1,
+                max_tries=retries[task_id],
+                state=state,
+                queued_at=now,
+            )
+            for task_id in task_ids
+            for map_index in range(1, length[task_id] or 0)
         )
-        for task_id in expanded
-        for map_index in range(1, lengths[task_id] or 0)
-    ]
+
+    new = list(copies(expanded, lengths, TIState.QUEUED))
     spread = {
         task_id: length
         for task_id, length in lengths_of_members.items()
@@ -157,21 +164,7 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
         )
         renumbered = list(waiting.values_list("task_id", flat=True))
         waiting.update(map_index=0, updated_at=now)
-        new.extend(
-            TaskInstance(
-                dag_run_id=dag_run_id,
-                dag_id=dag_id,
-                run_id=run_id,
-                task_id=task_id,
-                map_index=map_index,
-                try_number=1,
-                max_tries=retries[task_id],
-                state=TIState.SCHEDULED,
-                queued_at=now,
-            )
-            for task_id in renumbered
-            for map_index in range(1, spread[task_id] or 0)
-        )
+        new.extend(copies(renumbered, spread, TIState.SCHEDULED))
     if new:
         TaskInstance.objects.bulk_create(new, ignore_conflicts=True)
     return sorted(outcome.items())

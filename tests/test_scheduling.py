@@ -1,3 +1,5 @@
+import contextlib
+import threading
 from datetime import timedelta
 
 import pytest
@@ -144,22 +146,19 @@ def test_events_are_consumed_once_per_dag():
     assert runs_of("d2") == [events]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_dag_held_by_another_scheduler_is_skipped_without_waiting_and_reported():
-    import threading
-
-    from django.db import connections, transaction
+@contextlib.contextmanager
+def held_by_another_scheduler(dag_id: str):
+    """While in the block, another thread's transaction holds `dag_id` as a scheduler pass does."""
+    from django.db import connections
 
     from assets_app import locks
 
-    scheduled_dag("d", "a")
-    events = produce("a")
     held, release = threading.Event(), threading.Event()
 
     def other_scheduler():
         try:
             with transaction.atomic():
-                assert locks.claim_dag_for_scheduling("d") is not None
+                assert locks.claim_dag_for_scheduling(dag_id) is not None
                 held.set()
                 release.wait(10)
         finally:
@@ -169,11 +168,19 @@ def test_a_dag_held_by_another_scheduler_is_skipped_without_waiting_and_reported
     thread.start()
     try:
         assert held.wait(10)
-        result = scheduling.schedule_dags()
-        assert (result.run_ids, result.dags_locked) == ((), ("d",))
+        yield
     finally:
         release.set()
         thread.join(10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dag_held_by_another_scheduler_is_skipped_without_waiting_and_reported():
+    scheduled_dag("d", "a")
+    events = produce("a")
+    with held_by_another_scheduler("d"):
+        result = scheduling.schedule_dags()
+        assert (result.run_ids, result.dags_locked) == ((), ("d",))
     assert scheduling.schedule_dags().dags_locked == ()
     assert runs_of("d") == [events]
 
@@ -182,12 +189,9 @@ def test_a_dag_held_by_another_scheduler_is_skipped_without_waiting_and_reported
 def test_a_nudged_pass_that_finds_its_dag_held_nudges_again_for_it():
     """The held Dag's new events would otherwise wait for the minute's sweep: the other pass may
     have read its queue before they committed."""
-    import threading
-
-    from django.db import connections, transaction
     from django_q.models import OrmQ
 
-    from assets_app import locks, nudges, tasks
+    from assets_app import nudges, tasks
 
     def scheduler_nudges() -> list[dict]:
         return [row.kwargs() for row in OrmQ.objects.all() if row.func() == nudges.SCHEDULE_FUNC]
@@ -197,28 +201,11 @@ def test_a_nudged_pass_that_finds_its_dag_held_nudges_again_for_it():
     events = produce("a")
     produce("b")
     OrmQ.objects.all().delete()
-    held, release = threading.Event(), threading.Event()
-
-    def other_scheduler():
-        try:
-            with transaction.atomic():
-                assert locks.claim_dag_for_scheduling("d") is not None
-                held.set()
-                release.wait(10)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=other_scheduler)
-    thread.start()
-    try:
-        assert held.wait(10)
+    with held_by_another_scheduler("d"):
         tasks.schedule(dag_ids=["d", "free"])
         assert runs_of("d") == []
         assert len(runs_of("free")) == 1
         assert scheduler_nudges() == [{"dag_ids": ["d"]}]
-    finally:
-        release.set()
-        thread.join(10)
     tasks.schedule(dag_ids=["d"])
     assert runs_of("d") == [events]
     assert scheduler_nudges() == [{"dag_ids": ["d"]}]

@@ -66,6 +66,13 @@ def queued_by_evaluations(monkeypatch) -> list[tuple[int, str]]:
     return queued
 
 
+def _together_in(run_pk: int, **filters: str) -> None:
+    """`_together` over the run's TIs that `filters` select."""
+    _together(
+        list(TaskInstance.objects.filter(dag_run_id=run_pk, **filters).values_list("id", flat=True))
+    )
+
+
 def _together(ti_ids: list) -> None:
     """Succeed the (started) TIs at the same moment, one thread and connection each."""
     errors: list[BaseException] = []
@@ -114,13 +121,7 @@ def test_map_indexes_finishing_together_queue_their_downstream_once(queued_by_ev
             _start(ti)
     queued_by_evaluations.clear()
     for run_pk in run_ids:
-        _together(
-            list(
-                TaskInstance.objects.filter(dag_run_id=run_pk, task_id="each").values_list(
-                    "id", flat=True
-                )
-            )
-        )
+        _together_in(run_pk, task_id="each")
     assert sorted(queued_by_evaluations) == sorted((run_pk, "sum") for run_pk in run_ids)
     assert set(TaskInstance.objects.filter(task_id="sum").values_list("state", flat=True)) == {
         TIState.QUEUED
@@ -151,13 +152,7 @@ def test_upstream_finishing_together_expand_their_mapped_downstream_once(queued_
             _start(ti)
     queued_by_evaluations.clear()
     for run_pk in run_ids:
-        _together(
-            list(
-                TaskInstance.objects.filter(dag_run_id=run_pk, task_id__startswith="u").values_list(
-                    "id", flat=True
-                )
-            )
-        )
+        _together_in(run_pk, task_id__startswith="u")
     assert sorted(queued_by_evaluations) == sorted((run_pk, "each") for run_pk in run_ids)
     for run_pk in run_ids:
         assert sorted(
@@ -208,13 +203,7 @@ def test_roots_of_a_mapped_group_expanding_together_expand_the_group_once(queued
             _start(ti)
     queued_by_evaluations.clear()
     for run_pk in run_ids:
-        _together(
-            list(
-                TaskInstance.objects.filter(dag_run_id=run_pk, task_id__startswith="u").values_list(
-                    "id", flat=True
-                )
-            )
-        )
+        _together_in(run_pk, task_id__startswith="u")
     assert sorted(queued_by_evaluations) == sorted(
         (run_pk, root) for run_pk in run_ids for root in roots
     )

@@ -12,7 +12,12 @@ from tests import rabbitmq
 from tests.factories import AssetFactory, QueueWatcherFactory, WatcherRouteFactory
 from tests.test_watchers import consume
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# One xdist worker for the whole file: every test's teardown deletes QUEUE, which on another
+# worker cancelled a running test's consumer and dropped its messages (a fresh-clone CI run).
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("definition-watchers"),
+]
 
 QUEUE = "test-definition-watcher"
 

@@ -224,6 +224,7 @@ RETENTION_AUDIT_DAYS = env.float("RETENTION_AUDIT_DAYS", default=365.0)
 # Webhook messages delivered or failed (never a pending one), with their attempts.
 RETENTION_WEBHOOK_DAYS = env.float("RETENTION_WEBHOOK_DAYS", default=30.0)
 RETENTION_BATCH_SIZE = env.int("RETENTION_BATCH_SIZE", default=500)
+RETENTION_SLEEP_RATIO = env.float("RETENTION_SLEEP_RATIO", default=3.0)
 RETENTION_EXPORT_DIR = env.str("RETENTION_EXPORT_DIR", default="")
 RETENTION_PERIODIC = env.bool("RETENTION_PERIODIC", default=False)
 RETENTION_INTERVAL_MINUTES = env.float("RETENTION_INTERVAL_MINUTES", default=60.0)

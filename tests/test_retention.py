@@ -56,6 +56,7 @@ def _policy(settings, tmp_path):
     settings.RETENTION_EVENT_DAYS = 90
     settings.RETENTION_AUDIT_DAYS = 365
     settings.RETENTION_BATCH_SIZE = 2
+    settings.RETENTION_SLEEP_RATIO = 0  # unpaced here; the pacing tests set their own
     settings.RETENTION_EXPORT_DIR = ""
     settings.RETENTION_PERIODIC = False
 
@@ -177,6 +178,76 @@ def test_a_batch_commits_without_waiting_for_its_wal_flush_and_only_it(monkeypat
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
+
+
+def _recorded_pauses(monkeypatch) -> list[float]:
+    """The seconds each pause of a clean asked to sleep, each checked to fall outside any
+    transaction (a pause must hold no lock and no snapshot)."""
+    from django.db import connection
+
+    pauses: list[float] = []
+
+    def sleep(seconds):
+        assert not connection.in_atomic_block
+        pauses.append(seconds)
+
+    monkeypatch.setattr(retention.time, "sleep", sleep)
+    return pauses
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_clean_pauses_its_sleep_ratio_times_each_batch_after_it(settings, monkeypatch, dry_run):
+    """After each batch, a clean sleeps RETENTION_SLEEP_RATIO times as long as the batch took
+    (its transaction's duration, as the progress lines give it), dry runs too."""
+    settings.RETENTION_SLEEP_RATIO = 2.5
+    pauses = _recorded_pauses(monkeypatch)
+    batch_ms: list[float] = []
+    dag = DagFactory()
+    for _ in range(4):
+        old_run(dag)
+    for _ in range(3):
+        old_event()
+    result = retention.clean(dry_run=dry_run, progress=lambda table, rows, ms: batch_ms.append(ms))
+    assert result.counts["dag_run"] == 3 and result.counts["asset_event"] == 3
+    assert result.batches == len(batch_ms) >= 3
+    assert pauses == pytest.approx([2.5 * ms / 1000 for ms in batch_ms])
+    assert result.paused_seconds == pytest.approx(sum(pauses))
+    assert result.summary()["paused_seconds"] == round(sum(pauses), 1)
+
+
+def test_a_sleep_ratio_of_zero_never_pauses_and_a_negative_one_is_refused(monkeypatch):
+    pauses = _recorded_pauses(monkeypatch)
+    dag = DagFactory()
+    for _ in range(3):
+        old_run(dag)
+    with pytest.raises(retention.RetentionError, match="sleep ratio must be 0 or more"):
+        retention.clean(sleep_ratio=-1)
+    assert DagRun.objects.count() == 3  # refused before any batch
+    result = retention.clean(sleep_ratio=0)
+    assert result.counts["dag_run"] == 2 and pauses == [] and result.paused_seconds == 0
+
+
+def test_a_pause_never_runs_past_the_time_budget(monkeypatch):
+    """The periodic clean's budget bounds the pauses too: with a ratio far above it, the first
+    pause is cut to what is left of the budget (slept for real), and the clean stops there,
+    incomplete, with the rest left for the next one."""
+    real_sleep = retention.time.sleep
+    pauses: list[float] = []
+
+    def sleep(seconds):
+        pauses.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(retention.time, "sleep", sleep)
+    dag = DagFactory()
+    for _ in range(4):
+        old_run(dag)
+    started = retention.time.monotonic()
+    result = retention.clean(sleep_ratio=1_000_000, time_budget_seconds=0.5)
+    took = retention.time.monotonic() - started
+    assert result.batches == 1 and len(pauses) == 1 and 0 < pauses[0] < 0.5
+    assert took < 1.5 and not result.complete
+    assert DagRun.objects.count() == 3  # one batch: one run (batch size 2 / RUN_BATCH_DIVISOR)
 
 
 def test_events_queued_for_a_dag_are_kept():
@@ -384,8 +455,11 @@ def test_command_dry_run_and_yes(monkeypatch):
         call_command("db_clean", stdout=io.StringIO())
     assert DagRun.objects.count() == 2
     out = io.StringIO()
-    call_command("db_clean", "-y", "--batch-size", "1", stdout=out)
+    call_command("db_clean", "-y", "--batch-size", "1", "--sleep-ratio", "0", stdout=out)
     assert "deleted" in out.getvalue() and DagRun.objects.count() == 1
+    assert "paused 0.0 s" in out.getvalue()
+    with pytest.raises(CommandError, match="sleep ratio must be 0 or more"):
+        call_command("db_clean", "-y", "--sleep-ratio", "-0.5", stdout=io.StringIO())
 
 
 def test_periodic_clean_is_off_by_default_and_waits_for_its_interval(settings):

@@ -32,6 +32,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
         parser.add_argument("--batch-size", type=int, help="rows per transaction")
+        parser.add_argument(
+            "--sleep-ratio",
+            type=float,
+            help="after each batch, sleep this many times as long as it took (default: "
+            "RETENTION_SLEEP_RATIO; 0: as fast as it can)",
+        )
         parser.add_argument("--export-dir", help="write deleted rows here first (JSON Lines)")
         parser.add_argument("-y", "--yes", action="store_true", help="do not ask to confirm")
         parser.add_argument("--verbose", action="store_true", help="a line per batch")
@@ -47,6 +53,7 @@ class Command(BaseCommand):
                 before=before,
                 dry_run=options["dry_run"],
                 batch_size=options["batch_size"],
+                sleep_ratio=options["sleep_ratio"],
                 export_dir=options["export_dir"],
                 actor=audit.Actor.os_user(),
                 progress=self._progress(options["verbose"]),
@@ -58,7 +65,8 @@ class Command(BaseCommand):
         for table, n in sorted(result.counts.items()):
             self.stdout.write(f"  {table:<22} {n}")
         self.stdout.write(
-            f"{result.batches} batches, longest transaction {result.longest_transaction_ms:.0f} ms"
+            f"{result.batches} batches, longest transaction "
+            f"{result.longest_transaction_ms:.0f} ms, paused {result.paused_seconds:.1f} s"
         )
         for path in result.export_files:
             self.stdout.write(f"exported to {path}")

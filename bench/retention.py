@@ -6,8 +6,10 @@ generate_series: at --scale 1 (the default) 5,000,000 asset events, 500,000 fini
 Dags and 2,000,000 task instances (4 per run), spread evenly over the last 365 days, a quarter
 of the runs consuming an event, 1,000 recent events queued (ADRQ). Then, against one gunicorn
 (2 sync workers, queue mode), measures the success path (`PATCH .../state` success with 10
-outlets on running TIs, one client, one started every 1/--rate s) twice: --requests alone, and
-for the whole time that `manage.py db_clean -y` deletes
+outlets on running TIs, one client, one started every 1/--rate s): alone, after a CHECKPOINT,
+for as long as the dry run took (at least --requests) before the clean and as many again after
+it, and for the whole time that `manage.py db_clean -y` (paced by RETENTION_SLEEP_RATIO unless
+--sleep-ratio says otherwise) deletes
 everything older than the default policy (runs and events older than 90 days, XComs 30, the last
 10 runs per Dag kept) with its per-batch lines (`--verbose`) giving every transaction's duration.
 The cutoff is one `--clean-before-timestamp` (now - 90 days, what the policy gives the seeded
@@ -22,6 +24,19 @@ Why paced and through the whole clean: back to back, 1,000 successes took about 
 1 % of a 15-minute clean (its first run batches only), and their p99 moved by a quarter from
 one run to the next on a quiet machine; at 20 per second the clean's every table is measured,
 with thousands of samples at full size, and the two phases load the service alike.
+
+Why the phase alone is long and on both sides of the clean: a p99 over 1,000 samples is their
+tenth slowest, and at --scale 0.1 it moved from 13.0 to 17.4 ms between quiet runs, as much as
+the 20 % the target allows; the machine's own speed drifts too (the p50 alone moved from 6.5 to
+9.7 ms between runs, and in a run with `sleep` in place of the clean the later phase was the
+faster by a tenth). The dry run reads what the clean deletes, so its time is the closest
+length to the clean's known before it; the phase after it evens out a drift over the clean's
+time. Each CHECKPOINT first writes out the dirty pages of what came before (the seed and dry
+run; the clean), which would otherwise load the phase alone and flatter the ratio. The clean's
+output is timestamped by a process of its own, not by a thread of the measuring client.
+
+`--breakdown` runs gunicorn with bench/lockmeter.py and splits each success into the time in
+the server and its COMMIT (the WAL flush), per phase.
 """
 
 from __future__ import annotations
@@ -134,6 +149,36 @@ def db_clean(url: str, *args: str) -> list[str]:
     return lines
 
 
+# Copies its standard input to its standard output, each line behind the time it was read.
+STAMP_LINES = (
+    "import sys, datetime\n"
+    "for line in sys.stdin:\n"
+    "    now = datetime.datetime.now(datetime.UTC)\n"
+    "    sys.stdout.write(f'{now:%H:%M:%S.%f} {line}')\n"
+    "    sys.stdout.flush()\n"
+)
+
+
+def breakdown(path, first: int, counts: dict[str, int]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per phase, the server's time and the COMMIT's of the successes (bench/lockmeter.py's
+    lines, one per request in the order sent: `first` warm-up, then each phase's count)."""
+    import json
+
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    records = [r for r in lines if r["method"] == "PATCH"][first:]
+    phases, at = {}, 0
+    for phase, count in counts.items():
+        phases[phase], at = records[at : at + count], at + count
+    return {
+        phase: {
+            "server_ms": h.stats(r["server_ms"] for r in rows),
+            "commit_ms": h.stats(r["locks"][0]["commit_ms"] for r in rows if r["locks"]),
+        }
+        for phase, rows in phases.items()
+        if rows
+    }
+
+
 def success_latencies(http, base, tis, outlets, issue_token, *, rate: float, until=None):
     """Successes of `tis` in order, started at `rate` per second (each at its slot; a late one
     at once), until `until()` is true if given; their latencies in ms."""
@@ -166,7 +211,18 @@ def success_latencies(http, base, tis, outlets, issue_token, *, rate: float, unt
 def main() -> None:
     def extra(parser):
         parser.add_argument("--scale", type=float, default=1.0, help="fraction of full size")
-        parser.add_argument("--requests", type=int, default=1000, help="successes alone")
+        parser.add_argument("--requests", type=int, default=1000, help="successes alone, at least")
+        parser.add_argument(
+            "--sleep-ratio",
+            type=float,
+            help="the measured clean's (default: RETENTION_SLEEP_RATIO); the dry run and the "
+            "second clean run unpaced",
+        )
+        parser.add_argument(
+            "--breakdown",
+            action="store_true",
+            help="server and COMMIT time per success (gunicorn with bench/lockmeter.py)",
+        )
         parser.add_argument(
             "--rate", type=float, default=20.0, help="successes per second, both phases"
         )
@@ -205,38 +261,65 @@ def main() -> None:
     # policy's ages the cutoff would move on between the runs).
     before = (datetime.now(UTC) - timedelta(days=90)).isoformat()
     started = time.monotonic()
-    dry_counts = deleted_counts(db_clean(url, "--dry-run", "--clean-before-timestamp", before))
+    dry_counts = deleted_counts(
+        db_clean(url, "--dry-run", "--sleep-ratio", "0", "--clean-before-timestamp", before)
+    )
     dry_seconds = time.monotonic() - started
-    # Running TIs to succeed: the warm-up, the n alone, and at the same pace enough for twice the
-    # dry run's time (the clean took 1.4 x the dry run at --scale 0.05), so that the successes
-    # during the clean cover all of it.
-    during_pool = max(n, math.ceil(rate * dry_seconds * 2))
-    tis = fx.make_tis_in_runs(dag=producer.dag, count=20 + n + during_pool, state=TIState.RUNNING)
+    # Running TIs to succeed: the warm-up, the n alone before (as long as the dry run), at the
+    # same pace enough for twice the dry run's time (the unpaced clean took 1.4 x the dry run at
+    # --scale 0.05, 1.7 x at full size) times the pacing's (1 + ratio), so that the successes
+    # during the clean cover all of it, and the n alone after.
+    from django.conf import settings
+
+    sleep_ratio = settings.RETENTION_SLEEP_RATIO if args.sleep_ratio is None else args.sleep_ratio
+    n = max(n, math.ceil(rate * dry_seconds))
+    during_pool = max(n, math.ceil(rate * dry_seconds * 2 * (1 + sleep_ratio)))
+    tis = fx.make_tis_in_runs(
+        dag=producer.dag, count=20 + 2 * n + during_pool, state=TIState.RUNNING
+    )
+    after_tis = tis[20 + n + during_pool :]
     connection.close()
 
-    server, base = h.start_gunicorn(url, workers=2, log=h.log_path(NAME, "gunicorn"))
-    clean_lines: list[str] = []
+    lockmeter = h.log_path(NAME, "lockmeter")
+    lockmeter.unlink(missing_ok=True)
+    meter = {"BENCH_LOCKMETER_FILE": str(lockmeter)} if args.breakdown else {}
+    server, base = h.start_gunicorn(url, workers=2, log=h.log_path(NAME, "gunicorn"), **meter)
     loads: list[float] = []
+
+    def checkpoint() -> None:
+        with h._admin_connect() as conn:
+            conn.execute("CHECKPOINT")
+
     try:
         with requests.Session() as http:
             success_latencies(http, base, tis[:20], outlets, issue_token, rate=rate)  # warm-up
-            alone = success_latencies(http, base, tis[20 : 20 + n], outlets, issue_token, rate=rate)
+            checkpoint()
+            alone_before = success_latencies(
+                http, base, tis[20 : 20 + n], outlets, issue_token, rate=rate
+            )
+            clean_log = h.log_path(NAME, "db_clean")
             clean = subprocess.Popen(
-                [*CLEAN, "-y", "--verbose", "--clean-before-timestamp", before],
+                [
+                    *CLEAN,
+                    "-y",
+                    "--verbose",
+                    "--sleep-ratio",
+                    str(sleep_ratio),
+                    "--clean-before-timestamp",
+                    before,
+                ],
                 cwd=h.ROOT,
                 env=h.server_env(url, LOG_LEVEL="WARNING"),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                text=True,
             )
-            reader = threading.Thread(
-                target=lambda: clean_lines.extend(
-                    f"{datetime.now(UTC):%H:%M:%S.%f} {line.rstrip()}" for line in clean.stdout
-                ),
-                daemon=True,
-            )
+            with clean_log.open("w") as stamped:
+                stamper = subprocess.Popen(
+                    [h.PYTHON, "-c", STAMP_LINES], stdin=clean.stdout, stdout=stamped
+                )
+            assert clean.stdout is not None
+            clean.stdout.close()  # the stamper's now
             clean_started = time.monotonic()
-            reader.start()
 
             def sample_load() -> None:
                 while clean.poll() is None:
@@ -248,7 +331,7 @@ def main() -> None:
             during = success_latencies(
                 http,
                 base,
-                tis[20 + n :],
+                tis[20 + n : 20 + n + during_pool],
                 outlets,
                 issue_token,
                 rate=rate,
@@ -257,12 +340,14 @@ def main() -> None:
             during_covered_clean = clean.poll() is not None
             clean.wait()
             clean_seconds = time.monotonic() - clean_started
-            reader.join()
+            stamper.wait()
+            checkpoint()
+            alone_after = success_latencies(http, base, after_tis, outlets, issue_token, rate=rate)
     finally:
         server.stop()
+    clean_lines = clean_log.read_text().splitlines()
     if clean.returncode:
         raise SystemExit("db_clean failed:\n" + "\n".join(clean_lines[-20:]))
-    h.log_path(NAME, "db_clean").write_text("\n".join(clean_lines) + "\n")
     per_table: dict[str, list[float]] = {}
     # When each transaction over the target ended (as read from the clean's output): to set
     # against the server's log (a forced checkpoint of another database's CREATE / DROP).
@@ -275,12 +360,17 @@ def main() -> None:
     batch_ms = [ms for values in per_table.values() for ms in values]
     deleted = deleted_counts([line.split(" ", 1)[1] for line in clean_lines])
     started = time.monotonic()
-    again = deleted_counts(db_clean(url, "-y", "--clean-before-timestamp", before))
+    again = deleted_counts(
+        db_clean(url, "-y", "--sleep-ratio", "0", "--clean-before-timestamp", before)
+    )
     again_seconds = time.monotonic() - started
     with h._admin_connect() as conn:
         size_after = conn.execute(
             f"SELECT pg_size_pretty(pg_database_size('{h.DB_PREFIX}_{NAME}'))"
         ).fetchone()[0]
+    alone = alone_before + alone_after
+    phases = {"alone before": len(alone_before), "during": len(during), "alone after": n}
+    split = breakdown(lockmeter, 20, phases) if args.breakdown else {}
     p99_alone = h.percentile(alone, 99)
     p99_during = h.percentile(during, 99) if during else float("nan")
     ratio = p99_during / p99_alone
@@ -291,11 +381,20 @@ def main() -> None:
         ["what", "value"],
         [
             ["seed s", round(seed_seconds, 1)],
-            ["clean s", round(clean_seconds, 1)],
+            ["clean s (sleep ratio)", f"{clean_seconds:.1f} ({sleep_ratio:g})"],
             ["clean transactions", len(batch_ms)],
             ["transaction median ms", h.percentile(batch_ms, 50) if batch_ms else 0],
             ["transaction p99 ms", h.percentile(batch_ms, 99) if batch_ms else 0],
             ["transaction max ms", longest],
+            ["successes alone (before + after)", f"{len(alone_before):,} + {len(alone_after):,}"],
+            [
+                "success p50 / p99 alone before ms",
+                f"{h.percentile(alone_before, 50):.2f} / {h.percentile(alone_before, 99):.2f}",
+            ],
+            [
+                "success p50 / p99 alone after ms",
+                f"{h.percentile(alone_after, 50):.2f} / {h.percentile(alone_after, 99):.2f}",
+            ],
             ["success p50 alone ms", h.percentile(alone, 50)],
             ["success p99 alone ms", p99_alone],
             ["success p50 during ms", h.percentile(during, 50) if during else 0],
@@ -305,6 +404,15 @@ def main() -> None:
                 f"{len(during):,} ({during_covered_clean})",
             ],
             ["p99 during / alone", round(ratio, 2)],
+            [
+                "p99 during / alone before only",
+                round(p99_during / h.percentile(alone_before, 99), 2),
+            ],
+            *[
+                [f"{what} {phase} p50 / p99 ms", f"{v['median']:.2f} / {v['p99']:.2f}"]
+                for phase, parts in split.items()
+                for what, v in (("server", parts["server_ms"]), ("COMMIT", parts["commit_ms"]))
+            ],
             ["database before / after", f"{size_before} / {size_after}"],
             ["dry run s", round(dry_seconds, 1)],
             ["dry-run counts == rows deleted", dry_counts == deleted],
@@ -334,6 +442,7 @@ def main() -> None:
             "seed_seconds": round(seed_seconds, 1),
             "seed_timings_s": seed_timings,
             "clean_seconds": round(clean_seconds, 1),
+            "sleep_ratio": sleep_ratio,
             "clean_before_timestamp": before,
             "deleted": deleted,
             "dry_run_seconds": round(dry_seconds, 1),
@@ -347,10 +456,13 @@ def main() -> None:
             "transaction_ms": h.stats(batch_ms) if batch_ms else {},
             "transactions_over_target": slow,
             "success_ms_alone": h.stats(alone),
+            "success_ms_alone_before": h.stats(alone_before),
+            "success_ms_alone_after": h.stats(alone_after),
             "success_ms_during": h.stats(during) if during else {},
             "success_rate_per_second": rate,
             "successes_cover_the_clean": during_covered_clean,
             "p99_ratio": ratio,
+            "success_breakdown": split,
             "database_size": {"before": size_before, "after": size_after},
             "target": {
                 "transaction_ms_max": TARGET_TX_MS,

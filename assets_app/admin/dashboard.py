@@ -178,7 +178,15 @@ def _retention_line(now) -> dict[str, Any]:
     deleted = {
         k: v
         for k, v in last.detail.items()
-        if k not in ("deleted", "batches", "longest_transaction_ms", "complete", "error")
+        if k
+        not in (
+            "deleted",
+            "batches",
+            "longest_transaction_ms",
+            "paused_seconds",
+            "complete",
+            "error",
+        )
     }
     return {
         "last": last,

@@ -337,6 +337,26 @@ def test_dashboard_renders_gauges_chart_and_health_with_fixed_queries(
     assert '<div class="aes-label">Parked</div><div class="aes-value">6</div>' in page
 
 
+def test_dashboard_retention_line_names_the_tables_deleted_from_and_nothing_else(staff_client):
+    """The line lists the per-table counts of the last clean's summary; its other fields (the
+    batches, the longest transaction, the pauses, whether it finished) are not tables."""
+    from assets_app import heartbeats, retention
+
+    result = retention.CleanResult(
+        dry_run=False,
+        tables=retention.TABLES,
+        cutoffs={},
+        counts={"dag_run": 1, "task_instance": 2},
+        batches=2,
+        longest_transaction_ms=4.0,
+        paused_seconds=0.3,
+    )
+    heartbeats.record(component="retention", ok=True, detail=result.summary())
+    page = staff_client.get(reverse("asset_dashboard")).content.decode()
+    line = re.search(r'<p id="retention-last">(.*?)</p>', page).group(1)
+    assert line.endswith("deleted 3 rows (1 dag_run, 2 task_instance).")
+
+
 def test_dashboard_shows_the_newest_errors_and_warns_when_the_drain_failed_rows(staff_client):
     from assets_app import heartbeats
 

@@ -101,6 +101,9 @@ DELETED_MODELS = (
     WebhookAttempt,
     WebhookDelivery,
 )
+# The keys of `CleanResult.summary()` (and so of the retention heartbeat's detail) that are not
+# per-table counts; a failed clean's detail has "error" instead.
+SUMMARY_FIELDS = ("deleted", "batches", "longest_transaction_ms", "paused_seconds", "complete")
 # Webhook messages whose delivery is over (delivered, or failed after its retries): a pending
 # one is never deleted, however old.
 FINISHED_DELIVERY_STATES = (DeliveryState.DELIVERED, DeliveryState.FAILED)

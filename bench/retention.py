@@ -369,7 +369,11 @@ def main() -> None:
             f"SELECT pg_size_pretty(pg_database_size('{h.DB_PREFIX}_{NAME}'))"
         ).fetchone()[0]
     alone = alone_before + alone_after
-    phases = {"alone before": len(alone_before), "during": len(during), "alone after": n}
+    phases = {
+        "alone before": len(alone_before),
+        "during": len(during),
+        "alone after": len(alone_after),
+    }
     split = breakdown(lockmeter, 20, phases) if args.breakdown else {}
     p99_alone = h.percentile(alone, 99)
     p99_during = h.percentile(during, 99) if during else float("nan")

@@ -9,7 +9,7 @@ from django.db.models import Count, Min
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from .. import metrics, observability
+from .. import metrics, observability, retention
 from ..models import (
     AssetDagRunQueue,
     AssetEventQueue,
@@ -176,17 +176,7 @@ def _retention_line(now) -> dict[str, Any]:
     """What the last retention clean deleted, per table, or its error (issue 30)."""
     last = observability.last_retention_clean()
     deleted = {
-        k: v
-        for k, v in last.detail.items()
-        if k
-        not in (
-            "deleted",
-            "batches",
-            "longest_transaction_ms",
-            "paused_seconds",
-            "complete",
-            "error",
-        )
+        k: v for k, v in last.detail.items() if k not in (*retention.SUMMARY_FIELDS, "error")
     }
     return {
         "last": last,

@@ -3,7 +3,7 @@
 The service (`project/settings.py`) takes `WORKER_API_KEY` from the environment, else from the
 repository's `.env` (the environment wins), else generates one once and keeps it in
 `KEY_DIR/worker_api_key` (`KEY_DIR` from the same places, default `var/keys`, relative to the
-repository, where bin/serve runs; `assets_app/keys.py`). The worker looks in the same order,
+repository, where bin/serve runs; `assets_app/guards/keys.py`). The worker looks in the same order,
 after `--api-key`, and says which one it used. It never generates a key: a key file that does
 not exist yet means the service has not started on this machine (bin/serve's `migrate` creates
 it), and a worker on another host must be given the key. A published value (the old
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# assets_app/keys.py PUBLISHED_VALUES (the worker's virtualenv does not import assets_app).
+# assets_app/guards/keys.py PUBLISHED_VALUES (the worker's virtualenv does not import assets_app).
 PUBLISHED_WORKER_KEYS = frozenset({"dev-worker-api-key"})
 
 

@@ -1,3 +1,5 @@
+"""The Django app: registers the service's system checks when the apps are ready."""
+
 from django.apps import AppConfig
 from django.core import checks
 
@@ -8,7 +10,7 @@ class AssetsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks as rules
+        from .guards import checks as rules
 
         checks.register(rules.check_settings, "assets_app")
         checks.register(rules.check_keys, checks.Tags.security)

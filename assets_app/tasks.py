@@ -1,8 +1,8 @@
 """django-q2 entry points, each thin: it calls one domain function.
 
-With `schedules.py` (the sweep Schedule rows), `broker.py` (the cluster's broker) and `nudges.py`
-(which enqueues these entry points by name, `nudges.DRAIN_FUNC` and `nudges.SCHEDULE_FUNC`), the
-only modules that import django_q; no domain module imports this one
+With `schedules.py` (the sweep Schedule rows), `cluster/broker.py` (the cluster's broker) and
+`cluster/nudges.py` (which enqueues these entry points by name, `nudges.DRAIN_FUNC` and
+`nudges.SCHEDULE_FUNC`), the only modules that import django_q; no domain module imports this one
 (tests/test_architecture.py).
 """
 
@@ -10,10 +10,14 @@ import os
 
 from django.conf import settings
 
-from . import backfills, freshness, scheduling, time_scheduling, webhook_delivery
-from . import drain as outbox_drain
-from . import repair as ti_repair
-from . import retention as history_retention
+from .events_out import delivery as webhook_delivery
+from .events_out import freshness
+from .operations import retention as history_retention
+from .outbox import drain as outbox_drain
+from .scheduling import asset_runs as scheduling
+from .scheduling import backfills
+from .scheduling import time_runs as time_scheduling
+from .task_state import repair as ti_repair
 
 _reniced: list[int] = []
 

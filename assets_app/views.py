@@ -9,9 +9,9 @@ from django.views import defaults
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
-from . import observability
 from .api import errors
-from .database_errors import database_unavailable_reason
+from .operations import observability
+from .sql.errors import database_unavailable_reason
 
 PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 

@@ -28,7 +28,7 @@ def child(url: str) -> None:
     h.setup_django(url)
     from django.db import connection
 
-    from assets_app import drain
+    from assets_app.outbox import drain
 
     connection.ensure_connection()
     print("ready", flush=True)

@@ -31,8 +31,8 @@ def main() -> None:
     import _fixtures as fx
     from django.db import connection
 
-    from assets_app import drain
     from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue
+    from assets_app.outbox import drain
 
     rounds = args.rounds or (1 if args.quick else 3)
     warmup = 0 if args.quick else 1

@@ -31,7 +31,8 @@ def main() -> None:
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
-    from assets_app import freshness, webhook_delivery, webhooks
+    from assets_app.events_out import delivery as webhook_delivery
+    from assets_app.events_out import freshness, webhooks
     from assets_app.models import Asset, AssetEvent, FreshnessPolicy, WebhookDelivery
     from tests.webhook_receiver import Receiver
 

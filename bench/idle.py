@@ -5,9 +5,9 @@ Real processes, as `bin/serve` runs them: gunicorn (2 sync workers) and a django
 warm-up, for SECONDS seconds: the bench database's transactions per second (pg_stat_database
 xact_commit + xact_rollback, read from another database) and the CPU
 the service's processes used (psutil, user + system, as a share of one core). Each broker is
-measured: `assets_app.broker.ListeningORM` (the default: NOTIFY wakes the cluster, an idle one
-looks once per Q_CLUSTER_IDLE_WAIT_SECONDS) and django-q2's polling `ORM` (Q_CLUSTER_POLL 0.02 s,
-the default before issue 15).
+measured: `assets_app.cluster.broker.ListeningORM` (the default: NOTIFY wakes the cluster, an idle
+one looks once per Q_CLUSTER_IDLE_WAIT_SECONDS) and django-q2's polling `ORM` (Q_CLUSTER_POLL 0.02
+s, the default before issue 15).
 
 Targets (issue 15): at most 2 queries a second per cluster and under 2 % of a core for the whole
 service (an idle query is one SELECT in its own transaction, so transactions/s bound queries/s).
@@ -25,7 +25,7 @@ NAME = "idle"
 TARGET_TPS = 2.0
 TARGET_CPU_PERCENT = 2.0
 BROKERS = {
-    "ListeningORM (NOTIFY)": "assets_app.broker.ListeningORM",
+    "ListeningORM (NOTIFY)": "assets_app.cluster.broker.ListeningORM",
     "django-q2 ORM (poll 0.02 s)": "django_q.brokers.orm.ORM",
 }
 

@@ -26,8 +26,9 @@ def _prepare(dag_id: str, n: int, count: int) -> list:
     """`count` runs with `list_files` running and its return value of `n` items pushed."""
     from django.utils import timezone
 
-    from assets_app import runs, xcoms
     from assets_app.models import TaskInstance, TIState
+    from assets_app.runtime import xcoms
+    from assets_app.scheduling import runs
 
     prepared = []
     for _ in range(count):
@@ -83,7 +84,7 @@ def main() -> None:
     h.setup_django(url)
     from django.db import connection
 
-    from assets_app import definitions
+    from assets_app.definitions import sync as definitions
     from assets_app.models import TaskInstance, TIState
 
     warmup, rounds = (1, 4) if args.quick else (3, 20)

@@ -29,8 +29,8 @@ def main() -> None:
     import _fixtures as fx
     from django.db import connection
 
-    from assets_app import scheduling
     from assets_app.models import AssetEvent, DagRun, DagRunState
+    from assets_app.scheduling import asset_runs as scheduling
 
     dags_count = 300 if args.quick else 1000
     rounds = args.rounds or (1 if args.quick else 5)

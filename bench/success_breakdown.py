@@ -41,7 +41,7 @@ FANOUT = 4
 COMPONENTS = [
     (
         "latency middleware (whole stack below it)",
-        "assets_app.middleware:WorkerApiLatencyMiddleware.__call__",
+        "assets_app.api.service_middleware:WorkerApiLatencyMiddleware.__call__",
     ),
     ("body guard (413/415/NUL)", "assets_app.api.middleware:ApiRequestGuardMiddleware.__call__"),
     ("  of it: NUL scan", "assets_app.api.middleware:_has_nul"),
@@ -54,23 +54,23 @@ COMPONENTS = [
     ("    task_state.succeed", "assets_app.task_state.success:succeed"),
     ("      QuerySet.first (TI read + TI lock)", "django.db.models.query:QuerySet.first"),
     ("      TI read (plain SQL)", "assets_app.task_state.success:_read_task_instance"),
-    ("      outbox INSERT (enqueue)", "assets_app.outbox:enqueue"),
-    ("        payload build", "assets_app.payloads:build"),
-    ("      TI lock (SELECT FOR UPDATE)", "assets_app.locks:lock_task_instance"),
+    ("      outbox INSERT (enqueue)", "assets_app.outbox.rows:enqueue"),
+    ("        payload build", "assets_app.registration.payloads:build"),
+    ("      TI lock (SELECT FOR UPDATE)", "assets_app.sql.locks:lock_task_instance"),
     ("      TI UPDATE", "assets_app.task_state.success:_set_success"),
     (
         "      TI lock + UPDATE (one conditional UPDATE)",
         "assets_app.task_state.success:_set_success_if_running",
     ),
     ("      COMMIT", "django.db.backends.base.base:BaseDatabaseWrapper.commit"),
-    ("      on-commit: drain nudge", "assets_app.nudges:nudge_drain"),
-    ("      on-commit: counter upsert", "assets_app.metrics:_add"),
+    ("      on-commit: drain nudge", "assets_app.cluster.nudges:nudge_drain"),
+    ("      on-commit: counter upsert", "assets_app.operations.metrics:_add"),
     ("      after_ti_finished", "assets_app.task_state.success:after_ti_finished"),
     (
         "histogram: record (schedules the upsert / observes)",
-        "assets_app.observability:record_api_latency",
+        "assets_app.operations.observability:record_api_latency",
     ),
-    ("histogram: upsert after commit", "assets_app.observability:_write_latency"),
+    ("histogram: upsert after commit", "assets_app.operations.observability:_write_latency"),
     ("response build", "django.http.response:HttpResponse.__init__"),
 ]
 

@@ -31,8 +31,8 @@ def _prepare(dag_id: str, k: int, count: int) -> list:
     """`count` runs with t0..t(k-1) succeeded and t(k) running; their t(k) (id, try number)."""
     from django.utils import timezone
 
-    from assets_app import runs
     from assets_app.models import TaskInstance, TIState
+    from assets_app.scheduling import runs
 
     prepared = []
     before = [f"t{i:04d}" for i in range(k)]
@@ -90,7 +90,7 @@ def main() -> None:
     h.setup_django(url)
     from django.db import connection
 
-    from assets_app import definitions
+    from assets_app.definitions import sync as definitions
 
     warmup, rounds = (2, 8) if args.quick else (5, 40)
     rounds = args.rounds or rounds

@@ -38,8 +38,9 @@ def main() -> None:
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
-    from assets_app import time_scheduling, timetables
+    from assets_app.definitions import timetables
     from assets_app.models import Dag, DagRun, Task
+    from assets_app.scheduling import time_runs as time_scheduling
 
     dags_count = 100 if args.quick else 1000
     ticks = args.rounds or (1 if args.quick else 3)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import environ
 
-from assets_app import keys
+from assets_app.guards import keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -16,10 +16,11 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 # Keys: configured (environment or .env), else generated once and kept under KEY_DIR (0600, the
-# same for every process of this installation; assets_app/keys.py). None is in the repository.
+# same for every process of this installation; assets_app/guards/keys.py). None is in the
+# repository.
 KEY_DIR = Path(env.str("KEY_DIR", default=str(BASE_DIR / "var" / "keys")))
 # The settings whose value the service generated (a service exposed beyond loopback refuses to
-# start with any: assets_app/checks.py).
+# start with any: assets_app/guards/checks.py).
 GENERATED_KEYS: list[str] = []
 
 
@@ -67,10 +68,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # First, so the worker API latency histogram (/metrics) times the whole stack.
-    "assets_app.middleware.WorkerApiLatencyMiddleware",
+    "assets_app.api.service_middleware.WorkerApiLatencyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # A view that fails because the database is full or away: 503 + Retry-After, not a 500.
-    "assets_app.middleware.DatabaseUnavailableMiddleware",
+    "assets_app.api.service_middleware.DatabaseUnavailableMiddleware",
     # Before anything reads the body: oversized (413) and non-JSON (415) API requests.
     "assets_app.api.middleware.ApiRequestGuardMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -79,7 +80,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "assets_app.middleware.OperatorTimezoneMiddleware",
+    "assets_app.api.service_middleware.OperatorTimezoneMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -149,7 +150,7 @@ else:
 DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
 # What a client is told (Retry-After, seconds) when the database is full or away: 503.
 DATABASE_RETRY_AFTER_SECONDS = env.int("DATABASE_RETRY_AFTER_SECONDS", default=5)
-# GET /api/v2/.../dagRuns/{id}/wait (assets_app/run_waits.py): a stream ends after
+# GET /api/v2/.../dagRuns/{id}/wait (assets_app/catalog/run_waits.py): a stream ends after
 # RUN_WAIT_MAX_SECONDS; at most RUN_WAIT_MAX_CONCURRENT streams at once per server (file locks
 # under RUN_WAIT_SLOT_DIR, shared by the host's web workers), beyond them 503 + Retry-After.
 RUN_WAIT_MAX_SECONDS = env.float("RUN_WAIT_MAX_SECONDS", default=10.0)
@@ -213,8 +214,8 @@ ASSET_HEALTH_MAX_AGE_SECONDS = env.int("ASSET_HEALTH_MAX_AGE_SECONDS", default=1
 # For this long after a web process starts, a drain or scheduler not seen yet (or last seen
 # before the start) is "starting", not a failure: the cluster's first sweep comes within a minute.
 ASSET_HEALTH_STARTUP_GRACE_SECONDS = env.int("ASSET_HEALTH_STARTUP_GRACE_SECONDS", default=90)
-# Retention (issue 30, assets_app/retention.py; README "Retention"): how long each kind of
-# history row is kept, the runs always kept per Dag, and the periodic clean (off by default:
+# Retention (issue 30, assets_app/operations/retention.py; README "Retention"): how long each kind
+# of history row is kept, the runs always kept per Dag, and the periodic clean (off by default:
 # deleting history is irreversible, so an operator turns it on after choosing the policy).
 RETENTION_RUN_DAYS = env.float("RETENTION_RUN_DAYS", default=90.0)
 RETENTION_KEEP_LAST_RUNS = env.int("RETENTION_KEEP_LAST_RUNS", default=10)
@@ -229,7 +230,7 @@ RETENTION_EXPORT_DIR = env.str("RETENTION_EXPORT_DIR", default="")
 RETENTION_PERIODIC = env.bool("RETENTION_PERIODIC", default=False)
 RETENTION_INTERVAL_MINUTES = env.float("RETENTION_INTERVAL_MINUTES", default=60.0)
 RETENTION_TIME_BUDGET_SECONDS = env.float("RETENTION_TIME_BUDGET_SECONDS", default=30.0)
-# Events out (issue 29, assets_app/webhooks.py, webhook_delivery.py, freshness.py): outgoing
+# Events out (issue 29, assets_app/events_out/): outgoing
 # webhooks and freshness policies. The SSRF guard refuses loopback, private, link-local and
 # metadata addresses unless a host name or CIDR here names them.
 WEBHOOK_ALLOWED_HOSTS = env.list("WEBHOOK_ALLOWED_HOSTS", default=[])
@@ -245,9 +246,9 @@ WEBHOOK_TIME_BUDGET_SECONDS = env.float("WEBHOOK_TIME_BUDGET_SECONDS", default=4
 # During a secret rotation the old secret signs too (two signatures) for this long.
 WEBHOOK_SECRET_OVERLAP_SECONDS = env.float("WEBHOOK_SECRET_OVERLAP_SECONDS", default=86400.0)
 FRESHNESS_BATCH_SIZE = env.int("FRESHNESS_BATCH_SIZE", default=1000)
-# Queue watchers (issue 28, assets_app/watchers.py, `manage.py watch_queues`): the RabbitMQ URL a
-# watcher with an empty broker_url connects to; the consumer's periodic check (queue depth, the
-# watcher rows re-read) every CHECK seconds; reconnects back off from BASE doubling to CAP.
+# Queue watchers (issue 28, assets_app/watchers/messages.py, `manage.py watch_queues`): the RabbitMQ
+# URL a watcher with an empty broker_url connects to; the consumer's periodic check (queue depth,
+# the watcher rows re-read) every CHECK seconds; reconnects back off from BASE doubling to CAP.
 ASSET_WATCHER_BROKER_URL = env.str(
     "ASSET_WATCHER_BROKER_URL", default="amqp://guest:guest@localhost:5672/%2F"
 )
@@ -276,7 +277,7 @@ WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", defau
 # sweep (Airflow's `[scheduler] task_instance_heartbeat_timeout`).
 TASK_HEARTBEAT_TIMEOUT_SECONDS = env.float("TASK_HEARTBEAT_TIMEOUT_SECONDS", default=300)
 # A finished TI's token reads Connections this long after (its callbacks; Airflow's
-# `[core] task_success_overtime`); `assets_app/task_scopes.py`.
+# `[core] task_success_overtime`); `assets_app/runtime/scopes.py`.
 TASK_SUCCESS_OVERTIME_SECONDS = env.float("TASK_SUCCESS_OVERTIME_SECONDS", default=20)
 # Task logs workers ship (PUT /execution/task-instances/{id}/logs/{try}): bytes per chunk, and
 # bytes kept per try (a chunk beyond it is refused, 413 log_too_large).
@@ -300,10 +301,12 @@ Q_CLUSTER = {
     "timeout": env.int("Q_CLUSTER_TIMEOUT", default=60),
     "retry": env.int("Q_CLUSTER_RETRY", default=90),
     "max_attempts": 1,
-    # The ORM broker, woken by NOTIFY on PostgreSQL (assets_app/broker.py): a task is picked up
-    # when its enqueue commits, and an idle cluster looks once per Q_CLUSTER_IDLE_WAIT_SECONDS.
+    # The ORM broker, woken by NOTIFY on PostgreSQL (assets_app/cluster/broker.py): a task is picked
+    # up when its enqueue commits, and an idle cluster looks once per Q_CLUSTER_IDLE_WAIT_SECONDS.
     # `django_q.brokers.orm.ORM` is django-q2's own, polling every Q_CLUSTER_POLL (bench/idle.py).
-    "broker_class": env.str("Q_CLUSTER_BROKER_CLASS", default="assets_app.broker.ListeningORM"),
+    "broker_class": env.str(
+        "Q_CLUSTER_BROKER_CLASS", default="assets_app.cluster.broker.ListeningORM"
+    ),
     # SQLite only (no NOTIFY there): how often an idle cluster asks the broker for work.
     "poll": env.float("Q_CLUSTER_POLL", default=0.02),
     "catch_up": False,
@@ -318,7 +321,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "filters": {
         # A request the database could not take: one warning line, not a traceback.
-        "database_unavailable": {"()": "assets_app.database_errors.QuietDatabaseUnavailable"}
+        "database_unavailable": {"()": "assets_app.sql.errors.QuietDatabaseUnavailable"}
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from assets_app import conditions
+from assets_app.definitions import conditions
 from assets_app.models import (
     Asset,
     AssetAlias,

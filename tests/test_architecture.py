@@ -1,18 +1,21 @@
-"""Data flows one way (STYLE.md, issue 15): api -> task_state -> outbox -> registration ->
-scheduling, and only the django-q2 modules touch django-q2.
+"""Data flows one way (STYLE.md, issues 15 and 37): doors -> task_state -> runtime -> outbox ->
+watchers -> registration -> scheduling -> events_out, over shared packages; only the django-q2
+modules touch django-q2.
 
-Every `assets_app` module's imports are read with `ast` (at module level and inside functions;
-`import assets_app.x`, `from assets_app import x`, `from . import x`, `from .x import y`) and
-checked against two rules:
+`assets_app/` holds Django's own modules at its top (`apps`, `tasks`: the django-q2 entry points,
+`views`) and otherwise one package per capability, each `__init__` saying what it owns, which
+tables it writes and what it may import. Every module's imports are read with `ast` (at module
+level and inside functions; `import assets_app.x`, `from assets_app import x`, `from . import x`,
+`from .x import y`) and checked against two rules:
 
-1. Layers. Each module belongs to one layer of the flow (`LAYERS`, leftmost first) or to the
-   shared lower modules (`SHARED`). A module may import its own layer, the layers to its right
-   and shared modules; never a layer to its left. A shared module imports only shared modules.
-2. django-q2. Only `tasks`, `nudges`, `broker` and `sweeps` (and the `qcluster` command)
-   import `django_q`, and no module but those imports `tasks` (the entry points: the domain
-   sends nudges through `nudges`).
+1. Layers. Each package belongs to one layer of the flow (`LAYERS`, leftmost first) or is shared
+   (`SHARED`). A module may import its own layer, the layers to its right and shared packages;
+   never a layer to its left. A shared package imports only shared packages.
+2. django-q2. Only `tasks`, the `cluster` package (nudges, broker, sweeps) and the `qcluster`
+   command import `django_q`, and no module but those imports `tasks` (the entry points: the
+   domain sends nudges through `cluster.nudges`).
 
-A module in neither `LAYERS` nor `SHARED` fails the test: a new module is placed on purpose.
+A package in neither `LAYERS` nor `SHARED` fails the test: a new package is placed on purpose.
 """
 
 from __future__ import annotations
@@ -24,91 +27,51 @@ from pathlib import Path
 PACKAGE = "assets_app"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
-# Left to right along the flow. Names are module paths under assets_app; a name also covers
-# the modules of its package (`api` covers `api.execution`).
+# Left to right along the flow. Names are package (or top-level module) paths under assets_app;
+# a name covers every module of its package (`api` covers `api.execution`).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    (
-        "api",  # the doors: HTTP APIs, admin, commands, django-q2 entry points, app set-up
-        frozenset(
-            {
-                "api",
-                "admin",
-                "management",
-                "templatetags",
-                "views",
-                "middleware",
-                "apps",
-                "tasks",
-                "sweeps",
-                # Issue 28: the RabbitMQ consumer loop, a door like the HTTP API.
-                "watcher_consumer",
-            }
-        ),
-    ),
-    # `task_state` is a package, one module per state change: starting, success, finishing,
-    # retries, liveness, claims (issue 23); its __init__ holds what they share.
-    ("task_state", frozenset({"task_state", "task_runtime", "task_logs", "repair"})),
-    ("outbox", frozenset({"drain", "outbox"})),
-    # Issue 28: queue watchers register events through `registration` (a message's events).
-    ("registration", frozenset({"registration", "asset_events", "queued_events", "watchers"})),
-    (
-        "scheduling",
-        frozenset(
-            {"scheduling", "runs", "dependencies", "mapping", "time_scheduling", "backfills"}
-        ),
-    ),
-    # Issue 30: the one writer that deletes history; it reads and deletes every history table
-    # through the models, and imports only shared modules.
-    ("retention", frozenset({"retention"})),
-    # Issue 29, events out: sending webhooks and evaluating freshness, run by the cluster; they
-    # read what the flow wrote and write only their own tables (messages via `webhooks`).
-    ("events_out", frozenset({"webhook_delivery", "freshness"})),
+    # The doors: HTTP APIs (and their middleware), admin, commands, the django-q2 entry points,
+    # plain views, app set-up. The RabbitMQ consumer loop is a door too, but it lives with the
+    # watchers it runs (`watchers.consumer`) and imports only rightwards.
+    ("doors", frozenset({"api", "admin", "management", "templatetags", "views", "apps", "tasks"})),
+    # One module per TI state change (issue 23), and the repair sweep of what crashes left.
+    ("task_state", frozenset({"task_state"})),
+    # What a running task reads and writes besides its state: XComs, Variables, Connections,
+    # logs, run-time requests and the token's scopes.
+    ("runtime", frozenset({"runtime"})),
+    ("outbox", frozenset({"outbox"})),
+    # Issue 28: queue watchers register a message's events through `registration`.
+    ("watchers", frozenset({"watchers"})),
+    ("registration", frozenset({"registration"})),
+    ("scheduling", frozenset({"scheduling"})),
+    # Issue 29, events out: webhooks and freshness; they read what the flow wrote and write only
+    # their own tables.
+    ("events_out", frozenset({"events_out"})),
 )
 SHARED = frozenset(
     {
         "__init__",
         "models",
         "migrations",
-        "locks",
-        "metrics",
-        "limits",
-        "exceptions",
-        "audit",
-        "heartbeats",
-        "observability",
-        "nudges",
-        "broker",
-        "payloads",
         "sql",
-        "conditions",
-        "timetables",
-        "dag_schema",
+        # The django-q2 side: nudges, the broker, the sweeps' Schedule rows.
+        "cluster",
+        # Bounds, keys, secrets, exposure, settings checks, domain exceptions.
+        "guards",
+        # Retention (the one deleter of history), audit, metrics, heartbeats, observability and
+        # the reference worker: each imports only shared packages.
+        "operations",
+        # Dag definition documents, conditions and timetables.
         "definitions",
-        "run_ids",
-        "dags",
-        "run_reads",
-        "run_waits",
-        "task_scopes",
-        "listing",
-        "lineage",
-        "xcoms",
-        "variables",
-        "masking",
-        "encryption",
-        "database_errors",
-        "keys",
-        "exposure",
-        "checks",
-        "reference_worker",
+        # The read side: Dags, runs, TIs, assets, events, queued events, lineage, listing.
+        "catalog",
         "formats",
-        "webhooks",
-        "egress",
     }
 )
+# Django's own modules at the top of the package; everything else lives in a package.
+TOP_LEVEL_MODULES = frozenset({"__init__", "apps", "tasks", "views"})
 # ... and the `qcluster` command, which subclasses django-q2's to run fewer system checks.
-DJANGO_Q_MODULES = frozenset(
-    {"tasks", "nudges", "broker", "sweeps", "management.commands.qcluster"}
-)
+DJANGO_Q_MODULES = frozenset({"tasks", "cluster", "management.commands.qcluster"})
 
 
 @dataclass(frozen=True)
@@ -186,6 +149,11 @@ def layer_of(module: str) -> int | None:
     raise KeyError(module)
 
 
+def touches_django_q(module: str) -> bool:
+    """`module` is one of DJANGO_Q_MODULES or a module of one of those packages."""
+    return any(module == name or module.startswith(name + ".") for name in DJANGO_Q_MODULES)
+
+
 def check(imports: list[Import], *, known: set[str]) -> list[Violation]:
     """The violations of both rules among `imports`. An internal target that is a name of a
     package rather than a submodule (`from .models import Dag`) is checked as that package."""
@@ -193,17 +161,17 @@ def check(imports: list[Import], *, known: set[str]) -> list[Violation]:
     for imp in imports:
         if not imp.internal:
             top = imp.target.split(".")[0]
-            if top == "django_q" and imp.importer not in DJANGO_Q_MODULES:
+            if top == "django_q" and not touches_django_q(imp.importer):
                 violations.append(
-                    Violation(imp.path, imp.line, imp.importer, imp.target, "only tasks, nudges, "
-                              "broker and sweeps import django_q")
+                    Violation(imp.path, imp.line, imp.importer, imp.target, "only tasks, the "
+                              "cluster package and the qcluster command import django_q")
                 )  # fmt: skip
             continue
         target = imp.target
         while target and target not in known:
             target = target.rpartition(".")[0]
         target = target or "__init__"
-        if target == "tasks" and imp.importer not in DJANGO_Q_MODULES - {"tasks"}:
+        if target == "tasks" and (imp.importer == "tasks" or not touches_django_q(imp.importer)):
             violations.append(
                 Violation(
                     imp.path,
@@ -211,7 +179,7 @@ def check(imports: list[Import], *, known: set[str]) -> list[Violation]:
                     imp.importer,
                     target,
                     "the entry points are imported by no domain module (send nudges through "
-                    "nudges.py)",
+                    "cluster/nudges.py)",
                 )
             )
             continue
@@ -266,33 +234,94 @@ def test_imports_follow_the_flow_and_only_the_django_q2_modules_touch_django_q()
     assert not violations, "\n".join(map(str, violations))
 
 
+def test_only_djangos_own_modules_sit_at_the_top_of_the_package():
+    top = {path.stem for path in ROOT.glob("*.py")}
+    assert top <= TOP_LEVEL_MODULES, (
+        "move these modules into the package of their capability: "
+        f"{sorted(top - TOP_LEVEL_MODULES)}"
+    )
+
+
+def test_every_package_says_what_it_owns_writes_and_may_import():
+    """Each package of `assets_app/` (Django's `migrations` aside) opens with a docstring that
+    has an `Owns:`, a `Writes:` and a `May import:` part, and every layer or shared name is a
+    package or top-level module that exists."""
+    packages = sorted(
+        path.parent for path in ROOT.glob("*/__init__.py") if path.parent.name != "migrations"
+    )
+    missing = []
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        parts = [part for part in ("Owns:", "Writes:", "May import:") if part not in doc]
+        if parts:
+            missing.append(f"{package.relative_to(ROOT.parent)}/__init__.py lacks {parts}")
+    assert not missing, "\n".join(missing)
+    placed = {name for _, members in LAYERS for name in members} | SHARED
+    existing = {p.name for p in packages} | {"migrations"} | {p.stem for p in ROOT.glob("*.py")}
+    assert placed == existing, (placed - existing, existing - placed)
+
+
 def test_the_checker_catches_a_violating_source():
     source = (
-        "from . import audit\n"
-        "from .models import Dag\n"
+        "from ..operations import audit\n"
+        "from ..models import Dag\n"
         "import assets_app.task_state\n"
         "\n"
         "def late():\n"
-        "    from . import tasks\n"
-        "    from .api.errors import to_response\n"
+        "    from .. import tasks\n"
+        "    from ..api.errors import to_response\n"
         "    from django_q.tasks import async_task\n"
+        "    from ..cluster import nudges\n"
     )
-    known = {"registration", "audit", "models", "task_state", "tasks", "api", "api.errors"}
+    known = {
+        "registration",
+        "registration.outlets",
+        "operations",
+        "operations.audit",
+        "models",
+        "task_state",
+        "tasks",
+        "api",
+        "api.errors",
+        "cluster",
+        "cluster.nudges",
+    }
     imports = imports_of(
-        source, importer="registration", is_package=False, path="assets_app/registration.py"
+        source,
+        importer="registration.outlets",
+        is_package=False,
+        path="assets_app/registration/outlets.py",
     )
     caught = {(v.line, v.target) for v in check(imports, known=known)}
     assert caught == {(3, "task_state"), (6, "tasks"), (7, "api.errors"), (8, "django_q.tasks")}
     # The message names the file, the line and the forbidden target.
     (message,) = [str(v) for v in check(imports, known=known) if v.line == 3]
-    assert message.startswith("assets_app/registration.py:3: registration imports task_state:")
+    assert message.startswith(
+        "assets_app/registration/outlets.py:3: registration.outlets imports task_state:"
+    )
 
+    # A shared package imports no layer, whichever module of it does.
     shared = imports_of(
-        "from ..outbox import enqueue\n",
+        "from ..outbox import rows\n",
         importer="models.queue",
         is_package=False,
         path="assets_app/models/queue.py",
     )
-    assert [(v.line, v.target) for v in check(shared, known={"outbox", "models"})] == [
-        (1, "outbox")
-    ]
+    assert [
+        (v.line, v.target) for v in check(shared, known={"outbox", "outbox.rows", "models"})
+    ] == [(1, "outbox.rows")]
+    # The cluster package may import django_q; a sibling shared package may not.
+    cluster = imports_of(
+        "from django_q.tasks import async_task\n",
+        importer="cluster.nudges",
+        is_package=False,
+        path="assets_app/cluster/nudges.py",
+    )
+    assert check(cluster, known={"cluster", "cluster.nudges", "tasks"}) == []
+    guards = imports_of(
+        "from django_q.tasks import async_task\n",
+        importer="guards.keys",
+        is_package=False,
+        path="assets_app/guards/keys.py",
+    )
+    assert [v.target for v in check(guards, known={"guards", "guards.keys"})] == ["django_q.tasks"]

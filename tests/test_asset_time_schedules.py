@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from assets_app import definitions, scheduling, time_scheduling
-from assets_app.definitions import DefinitionError
+from assets_app.definitions import sync as definitions
+from assets_app.definitions.sync import DefinitionError
 from assets_app.models import (
     Asset,
     AssetDagRunQueue,
@@ -26,6 +26,8 @@ from assets_app.models import (
     DagRunState,
     ScheduleMode,
 )
+from assets_app.scheduling import asset_runs as scheduling
+from assets_app.scheduling import time_runs as time_scheduling
 
 pytestmark = pytest.mark.django_db
 

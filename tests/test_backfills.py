@@ -15,8 +15,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from assets_app import backfills, definitions, exceptions, runs
 from assets_app.api.public_auth import create_api_token
+from assets_app.definitions import sync as definitions
+from assets_app.guards import exceptions
 from assets_app.models import (
     AuditEntry,
     Backfill,
@@ -27,6 +28,7 @@ from assets_app.models import (
     TaskInstance,
     TIState,
 )
+from assets_app.scheduling import backfills, runs
 from tests.factories import DagRunFactory
 
 pytestmark = pytest.mark.django_db

@@ -1,11 +1,12 @@
-"""assets_app.broker.ListeningORM: NOTIFY on enqueue, a bounded LISTEN instead of polling."""
+"""assets_app.cluster.broker.ListeningORM: NOTIFY on enqueue, a bounded LISTEN instead of
+polling."""
 
 import threading
 import time
 
 import pytest
 
-from assets_app.broker import ListeningORM, channel_for, listen
+from assets_app.cluster.broker import ListeningORM, channel_for, listen
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

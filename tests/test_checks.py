@@ -13,7 +13,7 @@ from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from assets_app import checks as rules
+from assets_app.guards import checks as rules
 
 ROOT = Path(__file__).resolve().parent.parent
 

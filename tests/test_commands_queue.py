@@ -7,8 +7,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from django_q.models import Schedule
 
-from assets_app import outbox
 from assets_app.models import AssetEvent, AssetEventQueue, AuditEntry, Dag, DagRun
+from assets_app.outbox import rows as outbox
 from tests.asset_flow import asset_outlet, outbox_row, payload, scheduled_dag
 from tests.factories import AssetEventQueueFactory, AssetFactory
 

@@ -3,8 +3,8 @@ evaluation."""
 
 import pytest
 
-from assets_app import conditions
-from assets_app.conditions import AliasRef, AllOf, AnyOf, AssetRef, ConditionError
+from assets_app.definitions import conditions
+from assets_app.definitions.conditions import AliasRef, AllOf, AnyOf, AssetRef, ConditionError
 
 NESTED = {"all": ["a", {"any": [{"name": "b", "uri": "s3://b"}, {"alias": "x"}]}]}
 

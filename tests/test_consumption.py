@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from assets_app import definitions, registration, scheduling
+from assets_app.definitions import sync as definitions
 from assets_app.models import AssetDagRunQueue, Dag, DagRun, DagRunState
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import asset_runs as scheduling
 from tests.asset_flow import alias_event, alias_outlet, asset_outlet, payload, scheduled_dag
 from tests.factories import AssetFactory, DagRunFactory, TaskFactory
 
@@ -126,7 +128,7 @@ def test_a_consumption_that_cannot_work_is_refused_naming_it_and_nothing_is_writ
 
 
 def test_a_schedule_one_event_meets_alone():
-    from assets_app import conditions
+    from assets_app.definitions import conditions
 
     def alone(raw) -> bool:
         return conditions.met_by_any_one_event(conditions.parse(raw))

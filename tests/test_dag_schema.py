@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 from pydantic import ValidationError
 
-from assets_app import dag_schema
+from assets_app.definitions import schema as dag_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "docs" / "dag-definition.schema.json"

@@ -5,8 +5,8 @@ uses, and the consumer registers a published message on the declared assets (rea
 
 import pytest
 
-from assets_app import definitions
-from assets_app.definitions import DefinitionError
+from assets_app.definitions import sync as definitions
+from assets_app.definitions.sync import DefinitionError
 from assets_app.models import AssetEvent, QueueWatcher, WatcherRoute
 from tests import rabbitmq
 from tests.factories import AssetFactory, QueueWatcherFactory, WatcherRouteFactory

@@ -12,8 +12,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from assets_app import definitions, runs
-from assets_app.definitions import DefinitionError
+from assets_app.definitions import sync as definitions
+from assets_app.definitions.sync import DefinitionError
 from assets_app.models import (
     Asset,
     AssetAlias,
@@ -30,6 +30,7 @@ from assets_app.models import (
     TaskOutletAssetReference,
     TaskUpstream,
 )
+from assets_app.scheduling import runs
 from tests.factories import AssetAliasFactory, AssetFactory, DagFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db

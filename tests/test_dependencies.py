@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import definitions, dependencies, repair, runs
+from assets_app.definitions import sync as definitions
 from assets_app.models import (
     DagRun,
     DagRunState,
@@ -20,7 +20,8 @@ from assets_app.models import (
     TIState,
     TriggerRule,
 )
-from assets_app.task_state import claims, finishing, starting, success
+from assets_app.scheduling import dependencies, runs
+from assets_app.task_state import claims, finishing, repair, starting, success
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,8 @@ from django.db import DataError, IntegrityError, OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import asset_events, drain, metrics, nudges, outbox, registration
+from assets_app.catalog import asset_events
+from assets_app.cluster import nudges
 from assets_app.models import (
     Asset,
     AssetDagRunQueue,
@@ -22,6 +23,10 @@ from assets_app.models import (
     TaskInstance,
     TIState,
 )
+from assets_app.operations import metrics
+from assets_app.outbox import drain
+from assets_app.outbox import rows as outbox
+from assets_app.registration import outlets as registration
 from tests.asset_flow import asset_event, asset_outlet, outbox_row, payload, scheduled_dag
 from tests.factories import AssetFactory, TaskFactory, TaskInstanceFactory
 
@@ -411,7 +416,7 @@ def test_drain_nudges_coalesce_while_one_is_waiting():
 
 
 def test_changing_an_asset_uri_refuses_a_taken_or_empty_uri_and_writes_nothing():
-    from assets_app import exceptions
+    from assets_app.guards import exceptions
 
     orders = AssetFactory(name="orders", uri="s3://old")
     AssetFactory(name="other", uri="s3://taken")
@@ -488,7 +493,7 @@ def test_a_savepoint_rollback_that_fails_is_never_followed_by_per_row_retries(mo
     transaction rolls back, and no row records a failure."""
     from django.db import DatabaseError, connections
 
-    from assets_app import registration
+    from assets_app.registration import outlets as registration
 
     rows = _rows_with_outlets(1, 1, 1)
 
@@ -579,3 +584,24 @@ def test_a_drain_starts_with_a_short_batch_and_doubles_it_up_to_the_whole(settin
     assert [ramp.next(yielded=False) for _ in range(5)] == [2, 4, 8, 16, 16]
     assert ramp.next(yielded=True) == 2
     assert ramp.next(yielded=False) == 4
+
+
+@pytest.mark.parametrize(
+    "stored_type",
+    [outbox.DRAIN_DIED_TYPE, "assets_app.outbox.DrainDied"],
+    ids=["current-name", "name-stored-before-the-module-moved"],
+)
+def test_a_row_whose_drain_died_is_claimed_alone_under_either_stored_name(stored_type):
+    """`last_error_type` is stored; issue 37 moved `DrainDied` (assets_app/outbox.py ->
+    outbox/rows.py), and a row recorded under the old name is still taken alone."""
+    assets = [AssetFactory(name=f"alone-{i}") for i in range(3)]
+    rows = [
+        outbox_row(payload(outlets=[asset_outlet(asset)], task_id=f"t{i}"))
+        for i, asset in enumerate(assets)
+    ]
+    AssetEventQueue.objects.filter(id=rows[0].id).update(last_error_type=stored_type)
+    claim = outbox.claim_batch(limit=10, outlet_budget=100)
+    assert claim.row_ids == [rows[0].id]
+    assert claim.more
+    other = outbox.claim_batch(limit=10, outlet_budget=100)
+    assert other.row_ids == [rows[1].id, rows[2].id]

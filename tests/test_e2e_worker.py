@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from assets_app import runs
 from assets_app.models import AssetEventQueue, DagRunState, TIState
+from assets_app.scheduling import runs
 from tests import servers
 from tests.factories import AssetAliasFactory, AssetFactory, DagFactory, TaskFactory
 from tests.proof.conftest import database_url

@@ -10,7 +10,7 @@ from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from assets_app import exposure
+from assets_app.guards import exposure
 
 ROOT = Path(__file__).resolve().parent.parent
 

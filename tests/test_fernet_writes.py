@@ -5,8 +5,9 @@ key: once the right key is back, every Connection reads as before."""
 import pytest
 from cryptography.fernet import Fernet
 
-from assets_app import encryption, variables
+from assets_app.guards import encryption
 from assets_app.models import Connection
+from assets_app.runtime import variables
 
 RIGHT = Fernet.generate_key().decode()
 WRONG = Fernet.generate_key().decode()

@@ -11,8 +11,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook
 
-from assets_app import freshness, registration, webhook_delivery, webhooks
+from assets_app.events_out import delivery as webhook_delivery
+from assets_app.events_out import freshness, webhooks
 from assets_app.models import FreshnessPolicy, FreshnessState, WebhookDelivery
+from assets_app.registration import outlets as registration
 from tests.asset_flow import asset_outlet, payload
 from tests.factories import AssetFactory
 from tests.webhook_receiver import Receiver

@@ -24,10 +24,15 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from assets_app import definitions, drain, limits, outbox, registration, scheduling
 from assets_app.api import auth
 from assets_app.api.public_auth import create_api_token
+from assets_app.definitions import sync as definitions
+from assets_app.guards import limits
 from assets_app.models import Asset, AssetEvent, ComponentHeartbeat, Dag, DagRun
+from assets_app.outbox import drain
+from assets_app.outbox import rows as outbox
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import asset_runs as scheduling
 from tests.api.snapshots import db_snapshot
 from tests.asset_flow import scheduled_dag
 from tests.factories import AssetFactory, TaskInstanceFactory

@@ -24,7 +24,6 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from assets_app import drain, registration, runs, scheduling
 from assets_app.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -33,6 +32,10 @@ from assets_app.models import (
     DagRunState,
     TIState,
 )
+from assets_app.outbox import drain
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import asset_runs as scheduling
+from assets_app.scheduling import runs
 from assets_app.task_state import claims, starting
 from tests.asset_flow import asset_event, asset_outlet, outbox_row, payload, scheduled_dag
 from tests.factories import AssetFactory, DagRunFactory, TaskInstanceFactory

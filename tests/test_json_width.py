@@ -16,10 +16,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from assets_app import exceptions, limits, runs, xcoms
 from assets_app.api import auth
 from assets_app.api.public_auth import create_api_token
+from assets_app.guards import exceptions, limits
 from assets_app.models import DagRun, XCom
+from assets_app.runtime import xcoms
+from assets_app.scheduling import runs
 from tests.api.snapshots import db_snapshot
 from tests.factories import DagFactory, TaskFactory, TaskInstanceFactory
 

@@ -13,7 +13,7 @@ import jwt
 import pytest
 from django.test import Client
 
-from assets_app import keys
+from assets_app.guards import keys
 from assets_app.models import TIState
 from tests.factories import TaskInstanceFactory
 
@@ -75,7 +75,7 @@ def test_configured_keys_win_and_are_not_generated(tmp_path):
 
 def test_processes_starting_together_agree_on_one_key(tmp_path):
     code = (
-        "import sys; from pathlib import Path; from assets_app.keys import generated_key; "
+        "import sys; from pathlib import Path; from assets_app.guards.keys import generated_key; "
         "print(generated_key('k', directory=Path(sys.argv[1])))"
     )
     procs = [

@@ -12,8 +12,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import definitions, dependencies, mapping, runs, xcoms
+from assets_app.definitions import sync as definitions
 from assets_app.models import Dag, DagRun, Task, TaskInstance, TIState, XCom
+from assets_app.runtime import xcoms
+from assets_app.scheduling import dependencies, mapping, runs
 from assets_app.task_state import claims, finishing, retries, starting, success
 
 pytestmark = pytest.mark.django_db

@@ -1,5 +1,5 @@
-"""Issue 26, masking as Airflow's secrets masker does it (`assets_app.masking`): sensitive keys
-at any depth of a Connection's `extra`, Variables whose key (or a key inside their JSON value)
+"""Issue 26, masking as Airflow's secrets masker does it (`assets_app.guards.masking`): sensitive
+keys at any depth of a Connection's `extra`, Variables whose key (or a key inside their JSON value)
 names a secret, in the admin (list and change pages) and every public API answer; the worker
 API still gives running tasks the real values (as Airflow's does)."""
 
@@ -9,9 +9,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from assets_app import audit, masking, runs, variables
 from assets_app.api.public_auth import create_api_token
+from assets_app.guards import masking
 from assets_app.models import AuditEntry, Variable
+from assets_app.operations import audit
+from assets_app.runtime import variables
+from assets_app.scheduling import runs
 from tests.api.conftest import WorkerClient
 from tests.factories import DagFactory, TaskInstanceFactory
 

@@ -1,4 +1,4 @@
-"""assets_app.nudges: the names it enqueues, and robust on-commit scheduler nudges."""
+"""assets_app.cluster.nudges: the names it enqueues, and robust on-commit scheduler nudges."""
 
 import logging
 
@@ -6,8 +6,11 @@ import pytest
 from django.db import OperationalError
 from django.utils.module_loading import import_string
 
-from assets_app import nudges, registration, scheduling, sweeps, tasks
+from assets_app import tasks
+from assets_app.cluster import nudges, sweeps
 from assets_app.models import Asset, AssetDagRunQueue, DagRun
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import asset_runs as scheduling
 from tests.asset_flow import scheduled_dag
 
 
@@ -37,11 +40,11 @@ def test_a_scheduler_nudge_that_raises_after_commit_keeps_the_event_and_its_queu
     consumer = scheduled_dag("consumer", "orders")
     asset = Asset.objects.get(name="orders")
 
-    with caplog.at_level(logging.WARNING, logger="assets_app.nudges"):
+    with caplog.at_level(logging.WARNING, logger="assets_app.cluster.nudges"):
         event, created = registration.register_external_event(asset=asset, extra={})
 
     assert created
-    (warning,) = [r for r in caplog.records if r.name == "assets_app.nudges"]
+    (warning,) = [r for r in caplog.records if r.name == "assets_app.cluster.nudges"]
     assert "broker_away" in warning.getMessage()
     assert AssetDagRunQueue.objects.filter(target_dag=consumer, asset_event=event).count() == 1
 

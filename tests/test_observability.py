@@ -13,8 +13,8 @@ from django.utils import timezone
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from assets_app import metrics, observability
 from assets_app.models import AssetDagRunQueue, ComponentHeartbeat, MetricCounter
+from assets_app.operations import metrics, observability
 from tests.factories import AssetEventFactory, AssetEventQueueFactory, DagFactory
 
 
@@ -159,7 +159,7 @@ def test_latency_histogram_sums_the_processes_of_a_multiprocess_directory(tmp_pa
         "PYTHONPATH": str(root),
     }
     record = (
-        "import sys, django; django.setup(); from assets_app import observability as o; "
+        "import sys, django; django.setup(); from assets_app.operations import observability as o; "
         "o.record_api_latency(method='PATCH', route='r', seconds=float(sys.argv[1]))"
     )
     for seconds in ("0.003", "0.2"):
@@ -321,7 +321,7 @@ def test_healthz_grace_zero_is_the_old_rule(monkeypatch, settings):
 @pytest.mark.django_db
 def test_queue_watcher_gauges_on_metrics():
     """Issue 28: per watcher, the lag (queue depth a consumer saw), its age and the parked."""
-    from assets_app import watchers
+    from assets_app.watchers import messages as watchers
     from tests.factories import QueueWatcherFactory
 
     watcher = QueueWatcherFactory(name="sales")

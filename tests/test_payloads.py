@@ -1,4 +1,4 @@
-"""assets_app.payloads: the outbox payload, one definition for the API, the outbox and
+"""assets_app.registration.payloads: the outbox payload, one definition for the API, the outbox and
 registration."""
 
 import functools
@@ -7,9 +7,11 @@ import typing
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from assets_app import drain, payloads, registration
 from assets_app.api import schemas
 from assets_app.models import AssetEvent, AssetEventQueue
+from assets_app.outbox import drain
+from assets_app.registration import outlets as registration
+from assets_app.registration import payloads
 from tests.api.conftest import WorkerClient
 from tests.api.test_execution_state import SUCCESS, patch_state
 from tests.factories import TaskInstanceFactory

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from assets_app.reference_worker import ReferenceWorker, WorkerConfig
+from assets_app.operations.reference_worker import ReferenceWorker, WorkerConfig
 
 
 class Server:

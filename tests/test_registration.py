@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from assets_app import exceptions, metrics, registration
+from assets_app.guards import exceptions
 from assets_app.models import (
     Asset,
     AssetAlias,
@@ -13,6 +13,8 @@ from assets_app.models import (
     AssetDagRunQueue,
     AssetEvent,
 )
+from assets_app.operations import metrics
+from assets_app.registration import outlets as registration
 from tests.asset_flow import (
     alias_event,
     alias_outlet,

@@ -1,7 +1,7 @@
 """Retention (issue 30): what a clean deletes, and every rule that keeps a row.
 
 Each "never deletes" rule has a test here that fails when its exclusion is taken out of
-`assets_app/retention.py` (or `locks.lock_runs_for_retention`)."""
+`assets_app/operations/retention.py` (or `locks.lock_runs_for_retention`)."""
 
 import io
 import json
@@ -12,7 +12,6 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from assets_app import audit, metrics, observability, retention
 from assets_app.models import (
     AssetAliasEvent,
     AssetDagRunQueue,
@@ -33,6 +32,7 @@ from assets_app.models import (
     WebhookEndpoint,
     XCom,
 )
+from assets_app.operations import audit, metrics, observability, retention
 from tests.factories import (
     AssetAliasFactory,
     AssetEventFactory,

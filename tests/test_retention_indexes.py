@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from assets_app import retention
 from assets_app.models import AssetEvent, AuditEntry, Dag, DagRun, WebhookDelivery, XCom
+from assets_app.operations import retention
 
 pytestmark = pytest.mark.django_db
 

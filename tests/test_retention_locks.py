@@ -7,8 +7,8 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from assets_app import retention
 from assets_app.models import DagRun, TaskInstance
+from assets_app.operations import retention
 from tests.factories import DagFactory
 from tests.test_retention import _policy, exists, old_run  # noqa: F401 (the policy fixture)
 

@@ -6,7 +6,6 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from assets_app import metrics, registration, scheduling
 from assets_app.models import (
     Asset,
     AssetDagRunQueue,
@@ -16,6 +15,9 @@ from assets_app.models import (
     DagRunState,
     DagRunType,
 )
+from assets_app.operations import metrics
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import asset_runs as scheduling
 from assets_app.sql import scheduling as scheduling_sql
 from tests.asset_flow import alias_event, alias_outlet, asset_outlet, payload, scheduled_dag
 from tests.factories import AssetFactory, DagRunFactory, TaskFactory
@@ -151,7 +153,7 @@ def held_by_another_scheduler(dag_id: str):
     """While in the block, another thread's transaction holds `dag_id` as a scheduler pass does."""
     from django.db import connections
 
-    from assets_app import locks
+    from assets_app.sql import locks
 
     held, release = threading.Event(), threading.Event()
 
@@ -191,7 +193,8 @@ def test_a_nudged_pass_that_finds_its_dag_held_nudges_again_for_it():
     have read its queue before they committed."""
     from django_q.models import OrmQ
 
-    from assets_app import nudges, tasks
+    from assets_app import tasks
+    from assets_app.cluster import nudges
 
     def scheduler_nudges() -> list[dict]:
         return [row.kwargs() for row in OrmQ.objects.all() if row.func() == nudges.SCHEDULE_FUNC]

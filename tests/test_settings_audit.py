@@ -9,9 +9,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from assets_app import variables
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import AuditEntry, Connection, TaskInstance, Variable
+from assets_app.runtime import variables
 from tests.api.conftest import WorkerClient
 from tests.factories import DagFactory, TaskFactory, TaskInstanceFactory
 

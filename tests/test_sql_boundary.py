@@ -104,8 +104,10 @@ def import_violations(path: Path, siblings: set[str]) -> list[str]:
     bad = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
-            # A sibling of the package: `from .connection import prepared_cursor`.
-            if (node.module or "").split(".")[0] not in siblings:
+            # A sibling of the package: `from .connection import prepared_cursor`, or
+            # `from . import connection as connection_sql`.
+            names = [node.module] if node.module else [alias.name for alias in node.names]
+            if any(name.split(".")[0] not in siblings for name in names):
                 bad.append(f"line {node.lineno}: from .{node.module or ''}")
         elif isinstance(node, ast.ImportFrom) and node.level:
             if node.level != 2 or not (node.module or "").startswith("models"):
@@ -136,8 +138,8 @@ def test_the_import_checker_refuses_a_domain_module(tmp_path):
     module = tmp_path / "x.py"
     module.write_text(
         "from ..models import Dag\nfrom .connection import prepared_cursor\n"
-        "from .. import locks\nfrom ..task_state import succeed\nfrom . import x\n"
-        "import assets_app.outbox\nfrom assets_app import runs\n"
+        "from .. import locks\nfrom ..task_state import succeed\nfrom . import y\n"
+        "import assets_app.outbox\nfrom assets_app import runs\nfrom . import connection\n"
     )
     assert import_violations(module, {"connection", "x"}) == [
         "line 3: from ..",

@@ -14,9 +14,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from assets_app import definitions, exceptions, runs, time_scheduling
 from assets_app.api.public_auth import create_api_token
+from assets_app.definitions import sync as definitions
+from assets_app.guards import exceptions
 from assets_app.models import Dag, DagRun, DagRunState, TaskInstance, TIState
+from assets_app.scheduling import runs
+from assets_app.scheduling import time_runs as time_scheduling
 from tests.factories import DagRunFactory
 
 pytestmark = pytest.mark.django_db

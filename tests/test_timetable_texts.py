@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from assets_app import timetables
+from assets_app.definitions import timetables
 
 CASES = json.loads((Path(__file__).parent / "data/timetable_texts/texts.json").read_text())
 

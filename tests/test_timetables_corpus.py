@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from assets_app.timetables import Restriction, RunInfo, Timetable, TimetableError
+from assets_app.definitions.timetables import Restriction, RunInfo, Timetable, TimetableError
 
 CORPUS = Path(__file__).parent / "data" / "timetables"
 UTC = dt.UTC

@@ -12,9 +12,10 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
-from assets_app import exceptions, runs
 from assets_app.api.public_auth import create_api_token
+from assets_app.guards import exceptions
 from assets_app.models import ApiToken, DagRun, TaskInstance
+from assets_app.scheduling import runs
 from tests.factories import AssetEventFactory, DagFactory, DagRunFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,6 @@ import time
 import pytest
 from django.db.models import Count
 
-from assets_app import audit, metrics, watcher_consumer, watchers
 from assets_app.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -20,6 +19,9 @@ from assets_app.models import (
     QueueWatcher,
     WatcherMessage,
 )
+from assets_app.operations import audit, metrics
+from assets_app.watchers import consumer as watcher_consumer
+from assets_app.watchers import messages as watchers
 from tests import rabbitmq
 from tests.asset_flow import scheduled_dag
 from tests.factories import AssetFactory, QueueWatcherFactory, WatcherRouteFactory

@@ -14,16 +14,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from assets_app import (
-    egress,
-    encryption,
-    outbox,
-    registration,
-    runs,
-    webhook_delivery,
-    webhooks,
-)
 from assets_app.api import public_auth
+from assets_app.events_out import delivery as webhook_delivery
+from assets_app.events_out import egress, webhooks
+from assets_app.guards import encryption
 from assets_app.models import (
     AuditEntry,
     AuditTarget,
@@ -34,6 +28,9 @@ from assets_app.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from assets_app.outbox import rows as outbox
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import runs
 from assets_app.task_state import finishing, starting
 from tests.asset_flow import asset_outlet, outbox_row, payload
 from tests.factories import AssetFactory
@@ -337,7 +334,7 @@ def test_a_message_too_old_fails_and_replay_sends_it_again_with_its_id(local):
 def test_registration_never_waits_for_a_claim_in_progress(local):
     """While a deliverer holds an endpoint's lock (its claim transaction), a registration that
     writes messages to that endpoint commits at once (FOR KEY SHARE vs FOR NO KEY UPDATE)."""
-    from assets_app import locks
+    from assets_app.sql import locks
 
     saved = endpoint("http://127.0.0.1:9/a")
     with transaction.atomic():

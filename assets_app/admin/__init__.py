@@ -1,4 +1,13 @@
-"""The operator admin: one module per area. Importing them registers every model."""
+"""The operator admin: one module per area. Importing them registers every model.
+
+Owns: the admin pages (lists, change pages, the dashboard, the lineage page) and their actions
+(requeue, park, clear, pause, replay, rotate, revoke).
+
+Writes: nothing itself: every action calls the domain function that owns the write (`outbox`,
+`catalog.queued_events`, `scheduling`, `events_out`, `watchers`...), audited there.
+
+May import: every layer and shared package (a door); no domain module imports it.
+"""
 
 from django.contrib import admin
 

@@ -5,7 +5,7 @@ from django.db.models import Max, OuterRef, Prefetch, Subquery
 from django.template.loader import render_to_string
 from django.utils.html import format_html
 
-from .. import asset_events
+from ..catalog import asset_events
 from ..models import (
     Asset,
     AssetAlias,

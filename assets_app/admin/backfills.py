@@ -3,8 +3,9 @@ same domain functions as the command line and the public API (`backfills`), audi
 
 from django.contrib import admin, messages
 
-from .. import backfills, exceptions
+from ..guards import exceptions
 from ..models import Backfill, BackfillDagRun
+from ..scheduling import backfills
 from .base import LinkTableAdmin, ReadOnlyAdmin, actor_of
 
 

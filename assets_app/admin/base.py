@@ -11,8 +11,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import audit, limits
+from ..guards import limits
 from ..models import DagRunState, TIState
+from ..operations import audit
 
 # Run and TI states as colours, one mapping over the state values (Airflow's palette, roughly).
 # A state not listed here (a new TIState) is drawn in NEUTRAL_COLOUR, so nothing breaks.

@@ -14,7 +14,9 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import conditions, exceptions, limits, queued_events, runs, timetables
+from ..catalog import queued_events
+from ..definitions import conditions, timetables
+from ..guards import exceptions, limits
 from ..models import (
     AssetAliasAsset,
     AssetDagRunQueue,
@@ -32,6 +34,7 @@ from ..models import (
     TaskUpstream,
     TIState,
 )
+from ..scheduling import runs
 from .base import (
     STATE_COLOURS,
     LinkTableAdmin,

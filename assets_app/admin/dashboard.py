@@ -9,7 +9,6 @@ from django.db.models import Count, Min
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from .. import metrics, observability, retention
 from ..models import (
     AssetDagRunQueue,
     AssetEventQueue,
@@ -19,6 +18,7 @@ from ..models import (
     WatcherMessage,
     WebhookDelivery,
 )
+from ..operations import metrics, observability, retention
 from .base import ReadOnlyAdmin, changelist_url, duration, pretty_json, relative
 
 CHART_WIDTH = 520

@@ -20,7 +20,7 @@ from grandalf.graphs import Edge as GEdge
 from grandalf.graphs import Vertex, graph_core
 from grandalf.layouts import SugiyamaLayout
 
-from .. import lineage
+from ..catalog import lineage
 from .base import NEUTRAL_COLOUR, relative, state_colour
 
 NODE_WIDTH = 190

@@ -9,7 +9,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from ..middleware import TIMEZONE_SESSION_KEY
+from ..api.service_middleware import TIMEZONE_SESSION_KEY
 
 
 def timezone_view(request):

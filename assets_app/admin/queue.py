@@ -15,8 +15,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from .. import outbox, queued_events
+from ..catalog import queued_events
 from ..models import Asset, AssetDagRunQueue, AssetEventQueue, AuditEntry
+from ..outbox import rows as outbox
 from .base import actor_of, admin_link, duration, first_line, pretty_json, relative
 
 CONFIRM_PREVIEW_ROWS = 20

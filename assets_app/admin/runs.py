@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from .. import run_reads, runs, task_logs
+from ..catalog import run_reads
 from ..models import (
     AssetAliasEvent,
     AssetEvent,
@@ -31,6 +31,8 @@ from ..models import (
     TaskLogChunk,
     TIState,
 )
+from ..runtime import logs as task_logs
+from ..scheduling import runs
 from .base import (
     LinkTableAdmin,
     actor_of,

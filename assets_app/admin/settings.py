@@ -13,8 +13,9 @@ atomic()).
 from django import forms
 from django.contrib import admin, messages
 
-from .. import encryption, masking, variables
+from ..guards import encryption, masking
 from ..models import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
+from ..runtime import variables
 from .base import ReadOnlyAdmin, actor_of
 
 

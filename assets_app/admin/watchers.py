@@ -11,8 +11,8 @@ from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils.html import format_html, format_html_join
 
-from .. import watchers
 from ..models import MessageState, QueueWatcher, WatcherMessage, WatcherRoute
+from ..watchers import messages as watchers
 from .base import LinkTableAdmin, ReadOnlyAdmin, actor_of
 
 

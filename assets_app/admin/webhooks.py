@@ -9,7 +9,9 @@ the SSRF guard."""
 from django import forms
 from django.contrib import admin, messages
 
-from .. import egress, exceptions, freshness, webhook_delivery, webhooks
+from ..events_out import delivery as webhook_delivery
+from ..events_out import egress, freshness, webhooks
+from ..guards import exceptions
 from ..models import (
     FreshnessPolicy,
     WebhookAttempt,

@@ -1,6 +1,14 @@
-"""The two HTTP APIs: the worker-facing execution API and the public API.
+"""The two HTTP APIs (the worker-facing execution API, the public API) and request middleware.
 
-Routers live in `execution.py` and `public.py`; both APIs share the error mapping in `errors.py`.
+Owns: the worker API (`execution`, `execution_runtime`, `schemas`, `runtime_schemas`, `auth`), the
+public API (`public*`), the error mapping both share (`errors`), the JSON parser (`parser`) and
+the middleware (`middleware`: the JSON APIs' request guards; `service_middleware`: the latency
+histogram, the operator's time zone, 503 when the database is away).
+
+Writes: nothing itself but `ApiToken` use (`public_auth`); views are thin and call the domain
+functions that own each write.
+
+May import: every layer and shared package (a door); no domain module imports it.
 """
 
 from ninja import NinjaAPI

@@ -30,8 +30,10 @@ from django.conf import settings
 from django.http import HttpRequest
 from ninja.security import HttpBearer
 
-from assets_app import audit, exceptions, task_scopes
+from assets_app.guards import exceptions
 from assets_app.models import AuditVia
+from assets_app.operations import audit
+from assets_app.runtime import scopes as task_scopes
 
 from . import public_auth
 

@@ -31,8 +31,8 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from assets_app import exceptions
-from assets_app.database_errors import database_unavailable_reason
+from assets_app.guards import exceptions
+from assets_app.sql.errors import database_unavailable_reason
 
 logger = logging.getLogger(__name__)
 

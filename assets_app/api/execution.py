@@ -10,8 +10,10 @@ from uuid import UUID
 from django.http import HttpRequest, HttpResponse
 from ninja import Body, Query, Router
 
-from assets_app import asset_events, definitions, task_logs
+from assets_app.catalog import asset_events
+from assets_app.definitions import sync as definitions
 from assets_app.models import TIState
+from assets_app.runtime import logs as task_logs
 from assets_app.task_state import claims, finishing, liveness, retries, starting, success
 
 from . import auth, schemas

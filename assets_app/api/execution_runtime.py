@@ -15,7 +15,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Body, Query, Router, Status
 from pydantic import Field
 
-from assets_app import task_runtime, task_scopes, variables, xcoms
+from assets_app.runtime import requests as task_runtime
+from assets_app.runtime import scopes as task_scopes
+from assets_app.runtime import variables, xcoms
 
 from . import auth
 from . import runtime_schemas as rs

@@ -5,7 +5,7 @@ Python's json module also accepts `NaN`, `Infinity` and `-Infinity`, turns `1e40
 infinite float, and decodes a lone UTF-16 surrogate escape (`"\\ud800"`) into a string no UTF-8
 encoder accepts. Passed through, each ended as a DataError (500) when written to a jsonb column.
 Here the first three are invalid JSON (400 `invalid_json`, like any parse error) and a lone
-surrogate is a 422 `invalid_characters`, like a NUL (see `middleware.py`). Still one parse per
+surrogate is a 422 `invalid_characters`, like a NUL (see `api/middleware.py`). Still one parse per
 request; the surrogate check re-encodes the parsed body only when it holds a `\\ud...` escape.
 
 First orjson tries the body (a 300-outlet success: 0.14 -> ~0.04 ms of CPU). It refuses all of
@@ -37,7 +37,7 @@ from ninja.parser import Parser
 from ninja.renderers import JSONRenderer
 from ninja.responses import NinjaJSONEncoder
 
-from assets_app import exceptions, limits
+from assets_app.guards import exceptions, limits
 
 
 def _reject_constant(name: str) -> Any:

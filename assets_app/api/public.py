@@ -14,16 +14,8 @@ from datetime import datetime
 from django.http import HttpRequest
 from ninja import Field, Header, Query, Router, Schema, Status
 
-from assets_app import (
-    asset_events,
-    audit,
-    exceptions,
-    listing,
-    observability,
-    queued_events,
-    registration,
-)
-from assets_app import runs as run_writes
+from assets_app.catalog import asset_events, listing, queued_events
+from assets_app.guards import exceptions
 from assets_app.models import (
     Asset,
     AssetAlias,
@@ -32,6 +24,9 @@ from assets_app.models import (
     DagRun,
     DagRunTriggeredBy,
 )
+from assets_app.operations import audit, observability
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import runs as run_writes
 
 from . import public_auth
 from .public_auth import caller_scope, public_api_auth

@@ -30,8 +30,9 @@ from ninja.errors import AuthenticationError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
-from assets_app import audit, exceptions
+from assets_app.guards import exceptions
 from assets_app.models import ApiToken
+from assets_app.operations import audit
 
 # last_used_at is a hint for operators, not an audit log: write it at most once a minute per token
 # so a busy client does not turn every read into a row update.

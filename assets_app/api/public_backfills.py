@@ -6,8 +6,8 @@ thin views over `backfills`.
 from django.http import HttpRequest
 from ninja import Field, Query, Router
 
-from assets_app import backfills
 from assets_app.models import Backfill
+from assets_app.scheduling import backfills
 
 from .public import Page, actor_of
 from .public_auth import public_api_auth

@@ -11,9 +11,12 @@ from typing import Literal
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Field, Header, Query, Router, Schema
 
-from assets_app import asset_events, dags, exceptions, run_reads, run_waits, runs, task_logs
+from assets_app.catalog import asset_events, dags, run_reads, run_waits
+from assets_app.guards import exceptions
 from assets_app.models import Dag, DagImportError, DagRun, DagRunTriggeredBy, TaskInstance
 from assets_app.models.runs import TI_FINISHED_STATES
+from assets_app.runtime import logs as task_logs
+from assets_app.scheduling import runs
 
 from . import public_auth
 from .public import Page, actor_of

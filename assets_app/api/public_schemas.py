@@ -16,8 +16,9 @@ from uuid import UUID
 from ninja import Schema
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from assets_app import dags as dag_reads
-from assets_app import run_reads, timetables
+from assets_app.catalog import dags as dag_reads
+from assets_app.catalog import run_reads
+from assets_app.definitions import timetables
 from assets_app.models import (
     Asset,
     AssetAlias,

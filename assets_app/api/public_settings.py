@@ -10,8 +10,9 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 
-from assets_app import masking, variables
+from assets_app.guards import masking
 from assets_app.models import Connection, Variable
+from assets_app.runtime import variables
 
 from .public import Page, actor_of
 from .public_auth import public_api_auth

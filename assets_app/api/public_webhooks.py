@@ -8,7 +8,8 @@ from datetime import datetime
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
-from assets_app import exceptions, freshness, webhooks
+from assets_app.events_out import freshness, webhooks
+from assets_app.guards import exceptions
 from assets_app.models import (
     Asset,
     FreshnessPolicy,

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from assets_app.models import DagRun
-from assets_app.variables import ConnectionSecrets
+from assets_app.runtime.variables import ConnectionSecrets
 
 from .schemas import DagRunOut, RequestBody, ResponseBody, UtcDatetime
 

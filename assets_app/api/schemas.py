@@ -16,9 +16,10 @@ import orjson
 from django.core.serializers.json import DjangoJSONEncoder
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
-from assets_app import asset_events, run_ids
+from assets_app.catalog import asset_events
+from assets_app.guards import run_ids
 from assets_app.models import Asset, AssetEvent, DagRun, TaskInstance
-from assets_app.payloads import AssetProfile, OutletEvent
+from assets_app.registration.payloads import AssetProfile, OutletEvent
 from assets_app.task_state import claims, starting
 
 JsonDict = dict[str, Any]
@@ -81,8 +82,8 @@ class TIEnterRunningPayload(RequestBody):
 
 
 class TISuccessStatePayload(RequestBody):
-    """Outlets are the outbox payload's own types (`payloads.py`): TypedDicts, kept as they
-    came."""
+    """Outlets are the outbox payload's own types (`registration/payloads.py`): TypedDicts, kept as
+    they came."""
 
     state: Literal["success"] = "success"
     end_date: UtcDatetime

@@ -3,7 +3,7 @@
 """The JSON columns callers fill read a value too deep for Python's parser as a marker instead
 of failing the page or answer (`limits.StoredJsonDecoder`, issue 13). No schema change."""
 
-import assets_app.limits
+import assets_app.guards.limits
 from django.db import migrations, models
 
 
@@ -17,21 +17,21 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='asset',
             name='extra',
-            field=models.JSONField(blank=True, decoder=assets_app.limits.StoredJsonDecoder, default=dict),
+            field=models.JSONField(blank=True, decoder=assets_app.guards.limits.StoredJsonDecoder, default=dict),
         ),
         migrations.AlterField(
             model_name='assetevent',
             name='extra',
-            field=models.JSONField(blank=True, decoder=assets_app.limits.StoredJsonDecoder, default=dict),
+            field=models.JSONField(blank=True, decoder=assets_app.guards.limits.StoredJsonDecoder, default=dict),
         ),
         migrations.AlterField(
             model_name='dag',
             name='schedule',
-            field=models.JSONField(blank=True, decoder=assets_app.limits.StoredJsonDecoder, null=True),
+            field=models.JSONField(blank=True, decoder=assets_app.guards.limits.StoredJsonDecoder, null=True),
         ),
         migrations.AlterField(
             model_name='dagrun',
             name='conf',
-            field=models.JSONField(blank=True, decoder=assets_app.limits.StoredJsonDecoder, default=dict),
+            field=models.JSONField(blank=True, decoder=assets_app.guards.limits.StoredJsonDecoder, default=dict),
         ),
     ]

@@ -1,4 +1,15 @@
-"""The schema of DESIGN.md section 2, one module per area."""
+"""The schema of DESIGN.md section 2, one module per area.
+
+Owns: every table of the service (`migrations/` holds their history). Who writes each table is
+said by the package that owns the write (`registration`: events, alias links and ADRQ rows;
+`scheduling`: runs and their TIs; `task_state`: TI state; `outbox`: outbox rows...); only
+`operations.retention` deletes history (invariant 14, `docs/retention.md`).
+
+Writes: nothing by itself (no model method writes another table).
+
+May import: Django and `guards` (the stored JSON decoder of `guards.limits`), nothing else of the
+service.
+"""
 
 from .assets import Asset, AssetAlias, AssetAliasAsset
 from .audit import AuditEntry, AuditTarget, AuditVia

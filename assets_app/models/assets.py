@@ -1,6 +1,9 @@
+"""Assets and aliases (DESIGN 2): what tasks produce and Dags wait on, and the assets an alias
+resolved to."""
+
 from django.db import models
 
-from ..limits import StoredJsonDecoder
+from ..guards.limits import StoredJsonDecoder
 
 # Airflow allows 1500 characters for an asset's name and uri; a btree index on them still fits.
 ASSET_KEY_MAX_LENGTH = 1500

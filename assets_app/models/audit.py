@@ -1,3 +1,5 @@
+"""The audit trail (DESIGN 2): one entry per operator or API action, with the rows it touched."""
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone

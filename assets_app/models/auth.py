@@ -1,3 +1,5 @@
+"""Public API tokens: a key shown once, stored as its hash."""
+
 import hashlib
 import secrets
 

@@ -10,7 +10,7 @@ rows are the state a crash leaves behind and the pass resumes from.
 
 from django.db import models
 
-from ..limits import StoredJsonDecoder
+from ..guards.limits import StoredJsonDecoder
 from .dags import Dag
 from .runs import DagRun
 

@@ -1,6 +1,9 @@
+"""Dags and their tasks (DESIGN 2): schedules, trigger rules, outlets, schedule references and
+import errors."""
+
 from django.db import models
 
-from ..limits import StoredJsonDecoder
+from ..guards.limits import StoredJsonDecoder
 from .assets import Asset, AssetAlias
 
 DAG_ID_MAX_LENGTH = 250
@@ -32,8 +35,8 @@ class Dag(models.Model):
     description = models.TextField(blank=True, default="")
     is_paused = models.BooleanField(default=False)
     max_active_runs = models.PositiveIntegerField(default=16)
-    # Normalized condition (see conditions.py): {"asset": {"name", "uri"}} | {"alias": name}
-    # | {"all": [...]} | {"any": [...]}; null means manual runs only.
+    # Normalized condition (see definitions/conditions.py): {"asset": {"name", "uri"}} | {"alias":
+    # name} | {"all": [...]} | {"any": [...]}; null means manual runs only.
     schedule = models.JSONField(decoder=StoredJsonDecoder, null=True, blank=True)
     fileloc = models.CharField(max_length=2000, blank=True, default="")
     # Why the scheduler could not evaluate this Dag on its last try ("" when it could), and
@@ -110,7 +113,7 @@ class Dag(models.Model):
 
 class TriggerRule(models.TextChoices):
     """Airflow's trigger rules (`airflow.utils.trigger_rule.TriggerRule`, the ones that do not
-    need setup/teardown tasks); `dependencies.py` evaluates them."""
+    need setup/teardown tasks); `scheduling/dependencies.py` evaluates them."""
 
     ALL_SUCCESS = "all_success"
     ALL_FAILED = "all_failed"

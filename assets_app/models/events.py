@@ -1,7 +1,9 @@
+"""Asset events (append-only, DESIGN 2) and the alias each one was emitted through."""
+
 from django.db import models
 from django.utils import timezone
 
-from ..limits import StoredJsonDecoder
+from ..guards.limits import StoredJsonDecoder
 from .assets import Asset, AssetAlias
 from .dags import DAG_ID_MAX_LENGTH
 

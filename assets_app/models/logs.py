@@ -8,8 +8,9 @@ from .runs import TaskInstance
 
 class TaskLogChunk(models.Model):
     """`content` is the text of bytes [offset, offset + size) of the log of try `try_number` of
-    `ti` (the worker's file, Airflow's JSON lines). Retention deletes by `created_at`
-    (indexed); a TI's chunks go with it (CASCADE)."""
+    `ti` (the worker's file, Airflow's JSON lines). Retention deletes a run's chunks with its task
+    instances (`operations.retention`, by `ti_id`), never by age alone; the database deletes
+    them with their TI too (CASCADE)."""
 
     ti = models.ForeignKey(TaskInstance, on_delete=models.CASCADE, related_name="log_chunks")
     try_number = models.PositiveIntegerField()

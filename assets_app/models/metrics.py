@@ -1,3 +1,5 @@
+"""Counters shared by every process, and the heartbeats of background components."""
+
 from django.db import models
 
 

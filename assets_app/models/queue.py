@@ -1,3 +1,5 @@
+"""The two queues (DESIGN 2): queued events per Dag (ADRQ) and the asset event outbox."""
+
 from django.db import models
 from django.utils import timezone
 

@@ -1,3 +1,5 @@
+"""Dag runs, their task instances and the asset events each run consumed (DESIGN 2)."""
+
 import uuid
 from datetime import datetime
 from typing import Any
@@ -5,7 +7,7 @@ from typing import Any
 from django.db import models
 from django.utils import timezone
 
-from ..limits import StoredJsonDecoder
+from ..guards.limits import StoredJsonDecoder
 from .dags import DAG_ID_MAX_LENGTH, Dag
 
 
@@ -43,8 +45,8 @@ class DagRunState(models.TextChoices):
 
 class TIState(models.TextChoices):
     # Waiting for its upstream tasks' trigger rule: not claimable (Airflow's "no state" /
-    # `scheduled` before the scheduler queues it). `dependencies.py` queues it, or marks it
-    # upstream_failed / skipped.
+    # `scheduled` before the scheduler queues it). `scheduling/dependencies.py` queues it, or marks
+    # it upstream_failed / skipped.
     SCHEDULED = "scheduled"
     QUEUED = "queued"
     RUNNING = "running"
@@ -161,7 +163,7 @@ class DagRunAssetEvent(models.Model):
 
 
 class TaskInstance(models.Model):
-    """One task in one run. Its row lock is owned by `task_state` (see locks.py)."""
+    """One task in one run. Its row lock is owned by `task_state` (see sql/locks.py)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     dag_run = models.ForeignKey(DagRun, on_delete=models.CASCADE, related_name="task_instances")

@@ -27,8 +27,9 @@ class EndpointState(models.TextChoices):
 
 class WebhookEndpoint(models.Model):
     """A receiver. `secret` (and `previous_secret` during a rotation) hold Fernet tokens of the
-    `whsec_...` signing secrets (`encryption.py`, as Connections' passwords), never clear text;
-    while `previous_secret_expires_at` is in the future every message carries two signatures."""
+    `whsec_...` signing secrets (`guards/encryption.py`, as Connections' passwords), never clear
+    text; while `previous_secret_expires_at` is in the future every message carries two
+    signatures."""
 
     url = models.URLField(max_length=2000)
     description = models.TextField(blank=True, default="")

@@ -1,6 +1,8 @@
 """Worker-facing task instance state changes, one module per concern; the package owns the TI
 row lock (`locks.lock_task_instance`, `of=("self",)`).
 
+Owns: one module per state change:
+
 - `starting`: queued -> running, and the run context a started TI gets;
 - `success`: running -> success, its outlets handed to the outbox (or, inline, registered);
 - `finishing`: running -> failed / skipped / removed / upstream_failed, and a branch's
@@ -8,7 +10,8 @@ row lock (`locks.lock_task_instance`, `of=("self",)`).
 - `retries`: back to queued, the next try after its delay (`retry`) or the same try later
   (`reschedule`), with Airflow's retry rule and delay;
 - `liveness`: heartbeats, and the sweep of running TIs whose worker died;
-- `claims`: workers claiming queued TIs.
+- `claims`: workers claiming queued TIs;
+- `repair`: the repair sweep (invariant 11): what dead workers and crashes left behind.
 
 This module holds what they share: the answer (`StateChange`), the refusals, the token's try
 check and the retry eligibility rule.
@@ -39,12 +42,19 @@ Idempotency (invariant 4): a replayed start from the same hostname/unixname/pid 
 replayed success of a TI already in success, and a replayed failed/skipped/... of a TI already in
 that state return "replayed" and write nothing. Any other transition from a non-running TI raises
 `InvalidState` with `previous_state` (HTTP 409) and writes nothing.
+
+Writes: the state of `TaskInstance` rows (created by `scheduling`, changed only here), a run's
+`running` state when its first TI starts, `TaskReschedule`; a success's outbox row through
+`outbox.rows.enqueue`, in the success's own transaction. It deletes nothing.
+
+May import: every layer to its right (`runtime`, `outbox`, `watchers`, `registration`,
+`scheduling`, `events_out`) and the shared packages; never a door.
 """
 
 from dataclasses import dataclass
 from uuid import UUID
 
-from ..exceptions import InvalidState, NotFound, StaleTry
+from ..guards.exceptions import InvalidState, NotFound, StaleTry
 from ..models import TaskInstance
 
 

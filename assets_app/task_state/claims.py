@@ -10,8 +10,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import locks
 from ..models import Dag, Task, TaskInstance
+from ..sql import locks
 
 
 @dataclass(frozen=True)

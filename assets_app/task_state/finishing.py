@@ -10,9 +10,12 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import dependencies, exceptions, locks, task_scopes
-from ..dependencies import after_ti_finished
+from ..guards import exceptions
 from ..models import TaskInstance, TIState
+from ..runtime import scopes as task_scopes
+from ..scheduling import dependencies
+from ..scheduling.dependencies import after_ti_finished
+from ..sql import locks
 from . import StateChange, check_try, not_found, not_running
 
 TERMINAL_NON_SUCCESS = frozenset(

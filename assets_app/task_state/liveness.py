@@ -10,9 +10,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import exceptions, locks
-from ..dependencies import after_ti_finished
+from ..guards import exceptions
 from ..models import TaskInstance, TIState
+from ..scheduling.dependencies import after_ti_finished
+from ..sql import locks
 from . import not_found
 from .retries import requeue_or_fail, retry_policy
 

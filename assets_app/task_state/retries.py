@@ -19,11 +19,11 @@ from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from .. import locks
-from ..dependencies import after_ti_finished
 from ..models import Task, TaskInstance, TaskReschedule, TIState
 from ..models.dags import DEFAULT_RETRY_DELAY_SECONDS
 from ..models.runs import fresh_try_values
+from ..scheduling.dependencies import after_ti_finished
+from ..sql import locks
 from . import StateChange, check_try, is_eligible_to_retry, not_found, not_running
 
 # Airflow's `[core] max_task_retry_delay` default: the cap of an exponential backoff.

@@ -15,7 +15,7 @@ from django.db.models import TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from .. import exceptions, locks, xcoms
+from ..guards import exceptions
 from ..models import (
     AssetAliasEvent,
     AssetEvent,
@@ -25,6 +25,8 @@ from ..models import (
     TaskReschedule,
     TIState,
 )
+from ..runtime import xcoms
+from ..sql import locks
 from . import check_try, is_eligible_to_retry, not_found
 
 

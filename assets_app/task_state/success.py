@@ -10,10 +10,15 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .. import exceptions, locks, nudges, outbox, payloads, registration
-from ..dependencies import after_ti_finished
+from ..cluster import nudges
+from ..guards import exceptions
 from ..models import TaskInstance, TIState
-from ..payloads import AssetProfile, JsonDict
+from ..outbox import rows as outbox
+from ..registration import outlets as registration
+from ..registration import payloads
+from ..registration.payloads import AssetProfile, JsonDict
+from ..scheduling.dependencies import after_ti_finished
+from ..sql import locks
 from ..sql import task_instances as task_instances_sql
 from . import StateChange, check_try, not_found, not_running
 

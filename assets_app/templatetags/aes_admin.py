@@ -2,8 +2,8 @@
 
 from django import template
 
-from assets_app import limits
 from assets_app.admin import base
+from assets_app.guards import limits
 
 register = template.Library()
 

@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from assets_app import audit, encryption, variables
+from assets_app.guards import encryption
 from assets_app.models import (
     ApiToken,
     AssetAliasAsset,
@@ -37,6 +37,8 @@ from assets_app.models import (
     WebhookSubscription,
     XCom,
 )
+from assets_app.operations import audit
+from assets_app.runtime import variables
 from tests.factories import (
     AssetAliasFactory,
     AssetEventFactory,

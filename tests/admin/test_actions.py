@@ -340,7 +340,7 @@ def test_dashboard_renders_gauges_chart_and_health_with_fixed_queries(
 def test_dashboard_retention_line_names_the_tables_deleted_from_and_nothing_else(staff_client):
     """The line lists the per-table counts of the last clean's summary; its other fields (the
     batches, the longest transaction, the pauses, whether it finished) are not tables."""
-    from assets_app import heartbeats, retention
+    from assets_app.operations import heartbeats, retention
 
     result = retention.CleanResult(
         dry_run=False,
@@ -358,7 +358,7 @@ def test_dashboard_retention_line_names_the_tables_deleted_from_and_nothing_else
 
 
 def test_dashboard_shows_the_newest_errors_and_warns_when_the_drain_failed_rows(staff_client):
-    from assets_app import heartbeats
+    from assets_app.operations import heartbeats
 
     AssetEventQueueFactory(source_dag_id="ingest", source_task_id="old", last_error="Old: x")
     newest = AssetEventQueueFactory(

@@ -9,8 +9,8 @@ from django.core.cache import cache
 from django.urls import reverse
 from django.utils import timezone
 
-from assets_app import audit, outbox, run_reads
 from assets_app.admin import base
+from assets_app.catalog import run_reads
 from assets_app.models import (
     Asset,
     AssetAlias,
@@ -29,6 +29,8 @@ from assets_app.models import (
     TaskOutletAssetReference,
     TIState,
 )
+from assets_app.operations import audit
+from assets_app.outbox import rows as outbox
 from tests.factories import (
     AssetEventFactory,
     AssetEventQueueFactory,
@@ -275,7 +277,7 @@ def test_outbox_row_page_shows_the_reason_the_conflicting_asset_and_the_attempts
             {
                 "at": timezone.now().isoformat(),
                 "kind": "permanent",
-                "error_type": "assets_app.registration.RegistrationError",
+                "error_type": "assets_app.registration.outlets.RegistrationError",
                 "error": "conflict",
             }
         ],

@@ -8,7 +8,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from assets_app import definitions
+from assets_app.definitions import sync as definitions
 from assets_app.models import Dag, DagRun, DagRunType
 from tests.factories import DagFactory
 

@@ -7,8 +7,8 @@ import json
 from django.contrib.messages import get_messages
 from django.urls import reverse
 
-from assets_app import watchers
 from assets_app.models import AssetEvent, AuditEntry, QueueWatcher, WatcherMessage
+from assets_app.watchers import messages as watchers
 from tests.factories import AssetFactory, DagFactory, QueueWatcherFactory, WatcherRouteFactory
 
 MESSAGES = reverse("admin:assets_app_watchermessage_changelist")

@@ -13,8 +13,8 @@ from django.db import IntegrityError, InterfaceError, OperationalError
 from django.test import Client
 from psycopg_pool import PoolTimeout
 
-from assets_app import observability
-from assets_app.database_errors import database_unavailable_reason
+from assets_app.operations import observability
+from assets_app.sql.errors import database_unavailable_reason
 from assets_app.task_state import claims
 
 pytestmark = pytest.mark.django_db

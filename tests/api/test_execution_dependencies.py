@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from assets_app import definitions, repair, runs
+from assets_app.definitions import sync as definitions
 from assets_app.models import DagRunState, TaskInstance, TIState
-from assets_app.task_state import claims, retries
+from assets_app.scheduling import runs
+from assets_app.task_state import claims, repair, retries
 from tests.api.snapshots import db_snapshot
 
 pytestmark = pytest.mark.django_db

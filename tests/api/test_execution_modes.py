@@ -6,7 +6,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from assets_app import locks, nudges, task_state
+from assets_app import task_state
+from assets_app.cluster import nudges
 from assets_app.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -15,6 +16,7 @@ from assets_app.models import (
     DagScheduleAssetReference,
     TIState,
 )
+from assets_app.sql import locks
 from assets_app.task_state import success
 from tests.factories import AssetFactory, DagFactory, TaskInstanceFactory
 
@@ -175,7 +177,7 @@ def test_success_racing_another_success_is_a_replay_that_writes_nothing(settings
 
 @pytest.mark.django_db(transaction=True)
 def test_inline_success_racing_a_failure_is_409_and_registers_nothing(settings):
-    from assets_app import exceptions
+    from assets_app.guards import exceptions
 
     settings.ASSET_REGISTRATION_MODE = "inline"
     ti = TaskInstanceFactory(running=True)

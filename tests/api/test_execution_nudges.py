@@ -10,8 +10,9 @@ import logging
 import pytest
 from django.db import OperationalError
 
-from assets_app import drain, nudges
+from assets_app.cluster import nudges
 from assets_app.models import AssetEvent, AssetEventQueue, TIState
+from assets_app.outbox import drain
 from tests.factories import TaskInstanceFactory
 
 from .test_execution_state import SUCCESS, patch_state
@@ -28,13 +29,13 @@ def test_a_drain_nudge_that_raises_after_commit_leaves_a_204_and_the_sweep_regis
     monkeypatch.setattr(nudges, "nudge_drain", _broker_away)
     ti = TaskInstanceFactory(running=True)
 
-    with caplog.at_level(logging.WARNING, logger="assets_app.nudges"):
+    with caplog.at_level(logging.WARNING, logger="assets_app.cluster.nudges"):
         response = patch_state(worker_api, ti, SUCCESS)
 
     assert response.status_code == 204
     ti.refresh_from_db()
     assert ti.state == TIState.SUCCESS
-    warnings = [r for r in caplog.records if r.name == "assets_app.nudges"]
+    warnings = [r for r in caplog.records if r.name == "assets_app.cluster.nudges"]
     assert [r.levelno for r in warnings] == [logging.WARNING]
     message = warnings[0].getMessage()
     assert "_broker_away" in message and "OperationalError" in message

@@ -22,7 +22,7 @@ from assets_app.models import (
     Variable,
     XCom,
 )
-from assets_app.variables import save_connection
+from assets_app.runtime.variables import save_connection
 from tests.compat.airflow_worker_env import validate_with_sdk
 from tests.factories import DagFactory, DagRunFactory, TaskInstanceFactory
 

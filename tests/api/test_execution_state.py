@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from assets_app import nudges
-from assets_app.exceptions import InvalidState
+from assets_app.cluster import nudges
+from assets_app.guards.exceptions import InvalidState
 from assets_app.models import (
     AssetDagRunQueue,
     AssetEventQueue,

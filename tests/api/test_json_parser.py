@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ninja.errors import HttpError
 
-from assets_app import exceptions
 from assets_app.api.parser import JsonParser
+from assets_app.guards import exceptions
 
 
 class _Request:

@@ -8,9 +8,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from assets_app import drain, scheduling
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import AssetDagRunQueue, AssetEvent, AuditEntry, DagRun
+from assets_app.outbox import drain
+from assets_app.scheduling import asset_runs as scheduling
 from tests.asset_flow import asset_outlet, outbox_row, payload, scheduled_dag
 from tests.factories import AssetFactory
 

@@ -9,7 +9,7 @@ from django.test import Client
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import Connection, Variable
-from assets_app.variables import get_connection
+from assets_app.runtime.variables import get_connection
 
 pytestmark = pytest.mark.django_db
 

@@ -9,11 +9,13 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from assets_app import registration, run_reads, runs
 from assets_app.api import public_api
 from assets_app.api.public_auth import create_api_token
 from assets_app.api.public_permissions import permission_of
+from assets_app.catalog import run_reads
 from assets_app.models import Asset, DagRun, Task, TaskInstance, TIState
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import runs
 from tests.asset_flow import scheduled_dag
 from tests.factories import (
     AssetFactory,

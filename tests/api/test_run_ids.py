@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import pytest
 from django.contrib.auth import get_user_model
 
-from assets_app import exceptions, run_ids, runs
 from assets_app.api.public_auth import create_api_token
 from assets_app.api.schemas import log_path_of
+from assets_app.guards import exceptions, run_ids
 from assets_app.models import DagRun
+from assets_app.scheduling import runs
 from tests.factories import DagFactory, TaskFactory, TaskInstanceFactory
 
 BAD = [

@@ -1,7 +1,7 @@
-"""GET /api/v2/dags/{id}/dagRuns/{run_id}/wait is bounded (issue 26, `assets_app/run_waits.py`):
-a stream ends after RUN_WAIT_MAX_SECONDS with Airflow's NDJSON lines, at most
-RUN_WAIT_MAX_CONCURRENT stream at once per server, and while ten are asked for, a worker's claim
-through a real gunicorn (as bin/serve runs it) is answered at once."""
+"""GET /api/v2/dags/{id}/dagRuns/{run_id}/wait is bounded (issue 26,
+`assets_app/catalog/run_waits.py`): a stream ends after RUN_WAIT_MAX_SECONDS with Airflow's NDJSON
+lines, at most RUN_WAIT_MAX_CONCURRENT stream at once per server, and while ten are asked for, a
+worker's claim through a real gunicorn (as bin/serve runs it) is answered at once."""
 
 import json
 import threading

@@ -1,4 +1,4 @@
-"""Task tokens are held to their task instance (issue 26, `assets_app/task_scopes.py`; beyond
+"""Task tokens are held to their task instance (issue 26, `assets_app/runtime/scopes.py`; beyond
 Airflow 3.3.2, where any valid task token reads every Connection and writes any Dag's XComs until
 it expires): XCom writes only at its own address, reads within its own run (and the runs whose
 events it consumed) unless its Dag opens them (`xcom_read_scope`), no writes once its TI
@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from assets_app import definitions
+from assets_app.definitions import sync as definitions
 from assets_app.models import Dag, DagRunAssetEvent, TaskInstance, Variable, XCom
-from assets_app.variables import save_connection, set_variable
+from assets_app.runtime.variables import save_connection, set_variable
 from tests.factories import AssetEventFactory, DagFactory, DagRunFactory, TaskInstanceFactory
 
 from .snapshots import db_snapshot

@@ -17,8 +17,11 @@ from django.contrib.admin.utils import quote
 from django.db import connections
 from django.utils import timezone
 
-from assets_app import definitions, drain, heartbeats, observability, runs
+from assets_app.definitions import sync as definitions
 from assets_app.models import Asset, AssetEvent, AssetEventQueue, DagRun, DagRunType, Task
+from assets_app.operations import heartbeats, observability
+from assets_app.outbox import drain
+from assets_app.scheduling import runs
 from assets_app.task_state import finishing, starting, success
 from tests.factories import AssetEventQueueFactory, AssetFactory, DagFactory
 

@@ -12,8 +12,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from assets_app import time_scheduling
 from assets_app.models import DagRun, TaskInstance, XCom
+from assets_app.scheduling import time_runs as time_scheduling
 from tests.compat.test_airflow_worker import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from assets_app import definitions
+from assets_app.definitions import sync as definitions
 from assets_app.models import AssetEvent, Dag, QueueWatcher, Task
 from tests import rabbitmq
 from tests.compat.airflow_worker_env import ROOT, sdk_python
@@ -119,7 +119,7 @@ make("t_events", EventsTimetable([pendulum.datetime(2026, 3, 29, 2, 30, tz="Euro
 
 
 def test_time_schedules_become_timetables_the_service_accepts(tmp_path):
-    from assets_app import definitions
+    from assets_app.definitions import sync as definitions
 
     (tmp_path / "timed.py").write_text(TIME_DAGS)
     converted = {d["dag_id"]: d for d in _convert(tmp_path)["timed.py"]}
@@ -518,7 +518,7 @@ make("aot_list", AssetOrTimeSchedule(
 def test_asset_or_time_schedule_becomes_schedule_and_timetable(tmp_path):
     """Airflow's AssetOrTimeSchedule: its asset condition is the `schedule` (a list of assets
     is Airflow's AssetAll), its timetable the `timetable`, in mode asset_or_time."""
-    from assets_app import definitions
+    from assets_app.definitions import sync as definitions
 
     (tmp_path / "aot.py").write_text(ASSET_OR_TIME_DAGS)
     converted = {d["dag_id"]: d for d in _convert(tmp_path)["aot.py"]}

@@ -1,13 +1,13 @@
-"""Issue 26: our masking (`assets_app.masking`) follows Airflow 3.3.2's secrets masker, checked
-against Airflow's own code in the Task SDK's virtualenv so the two cannot drift: the word list
-(`DEFAULT_SENSITIVE_FIELDS`) is the same set, and Airflow's `redact` gives the same answer as ours
-for every value of a corpus (string leaves; under a sensitive key we also mask numbers, which
+"""Issue 26: our masking (`assets_app.guards.masking`) follows Airflow 3.3.2's secrets masker,
+checked against Airflow's own code in the Task SDK's virtualenv so the two cannot drift: the word
+list (`DEFAULT_SENSITIVE_FIELDS`) is the same set, and Airflow's `redact` gives the same answer as
+ours for every value of a corpus (string leaves; under a sensitive key we also mask numbers, which
 Airflow leaves, see the module docstring)."""
 
 import json
 import subprocess
 
-from assets_app import masking
+from assets_app.guards import masking
 from tests.compat.airflow_worker_env import sdk_python
 
 _AIRFLOW = r"""

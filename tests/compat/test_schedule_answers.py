@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from assets_app import definitions
 from assets_app.api.public_auth import create_api_token
+from assets_app.definitions import sync as definitions
 from tests.compat.airflow_worker_env import sdk_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.timeout(600)]

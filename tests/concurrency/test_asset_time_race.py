@@ -9,8 +9,10 @@ import threading
 import pytest
 from django.db import connections
 
-from assets_app import definitions, scheduling, time_scheduling
+from assets_app.definitions import sync as definitions
 from assets_app.models import Asset, AssetDagRunQueue, AssetEvent, DagRun, DagRunAssetEvent
+from assets_app.scheduling import asset_runs as scheduling
+from assets_app.scheduling import time_runs as time_scheduling
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 

@@ -8,8 +8,9 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from assets_app import definitions, dependencies, runs
+from assets_app.definitions import sync as definitions
 from assets_app.models import TaskInstance, TIState
+from assets_app.scheduling import dependencies, runs
 from assets_app.task_state import starting, success
 
 ROUNDS = 25

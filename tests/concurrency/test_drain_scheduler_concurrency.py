@@ -8,7 +8,6 @@ import psycopg
 import pytest
 from django.db import connection, connections
 
-from assets_app import drain, scheduling
 from assets_app.models import (
     Asset,
     AssetDagRunQueue,
@@ -18,6 +17,8 @@ from assets_app.models import (
     DagRunAssetEvent,
     DagScheduleAssetReference,
 )
+from assets_app.outbox import drain
+from assets_app.scheduling import asset_runs as scheduling
 from tests.asset_flow import alias_event, alias_outlet, asset_outlet, payload, scheduled_dag
 from tests.factories import AssetFactory
 

@@ -9,8 +9,10 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from assets_app import definitions, dependencies, runs, xcoms
+from assets_app.definitions import sync as definitions
 from assets_app.models import DagRun, TaskInstance, TIState
+from assets_app.runtime import xcoms
+from assets_app.scheduling import dependencies, runs
 from assets_app.task_state import starting, success
 
 ROUNDS = 10

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django_q.models import Schedule
 
-from assets_app import nudges, runs
+from assets_app.cluster import nudges
 from assets_app.models import (
     ComponentHeartbeat,
     DagRun,
@@ -21,6 +21,7 @@ from assets_app.models import (
     TaskOutletAssetReference,
     TIState,
 )
+from assets_app.scheduling import runs
 from tests import servers
 from tests.asset_flow import scheduled_dag
 from tests.factories import AssetFactory, DagFactory, TaskFactory

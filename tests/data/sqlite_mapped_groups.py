@@ -11,8 +11,10 @@ django.setup()
 
 from django.utils import timezone  # noqa: E402
 
-from assets_app import definitions, runs, xcoms  # noqa: E402
+from assets_app.definitions import sync as definitions  # noqa: E402
 from assets_app.models import DagRun, TaskInstance, TIState  # noqa: E402
+from assets_app.runtime import xcoms  # noqa: E402
+from assets_app.scheduling import runs  # noqa: E402
 from assets_app.task_state import finishing, starting, success  # noqa: E402
 
 

@@ -192,7 +192,7 @@ def make_scheduled_dag(
     """A Dag scheduled on `schedule` (raw condition) with its schedule references and tasks, the
     way `sync_dags` stores them; assets named by the condition are created (name == uri when only
     one is given)."""
-    from assets_app import conditions
+    from assets_app.definitions import conditions
     from assets_app.models import (
         Asset,
         AssetAlias,

@@ -114,7 +114,7 @@ def _url(path: str, world) -> str:
     )
 
 
-# The refusals of a valid task token's scope (assets_app/task_scopes.py).
+# The refusals of a valid task token's scope (assets_app/runtime/scopes.py).
 TOKEN_SCOPE_REASONS = {
     "xcom_read_outside_scope",
     "xcom_write_not_own",

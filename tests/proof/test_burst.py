@@ -22,8 +22,8 @@ from django.conf import settings
 from django.db.models import Count
 from django.test import Client
 
-from assets_app import drain
 from assets_app.models import AssetDagRunQueue, AssetEvent, AssetEventQueue, TaskInstance
+from assets_app.outbox import drain
 
 from .conftest import (
     consumption_report,

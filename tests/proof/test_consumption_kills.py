@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from assets_app import registration
 from assets_app.models import Asset, AssetDagRunQueue, Dag, DagRun, DagRunState
+from assets_app.registration import outlets as registration
 from assets_app.task_state import claims, starting
 
 from .conftest import (

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from assets_app import drain
 from assets_app.models import AssetEvent, AssetEventQueue, TaskInstance
+from assets_app.outbox import drain
 
 from .conftest import figure, make_running_tis, run_in_threads
 from .workers import patch_state_until_answered, success_body

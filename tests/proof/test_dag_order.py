@@ -22,9 +22,10 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from assets_app import definitions, repair, runs
+from assets_app.definitions import sync as definitions
 from assets_app.models import DagRun, DagRunState, TaskInstance, TaskUpstream, TIState
-from assets_app.task_state import claims, liveness, starting, success
+from assets_app.scheduling import runs
+from assets_app.task_state import claims, liveness, repair, starting, success
 from tests.servers import Server
 
 from .conftest import figure, run_in_threads, wait_until

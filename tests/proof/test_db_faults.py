@@ -10,8 +10,10 @@ import psycopg
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
 
-from assets_app import drain, metrics, outbox
 from assets_app.models import AssetEvent, AssetEventQueue, TaskInstance
+from assets_app.operations import metrics
+from assets_app.outbox import drain
+from assets_app.outbox import rows as outbox
 
 from .conftest import (
     database_url,

@@ -53,8 +53,10 @@ import pytest
 from django.db import OperationalError, connection
 from django.utils import timezone
 
-from assets_app import drain, registration, scheduling
 from assets_app.models import AssetDagRunQueue, AssetEventQueue
+from assets_app.outbox import drain
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import asset_runs as scheduling
 
 from .conftest import consumption_report, figure, make_scheduled_dag, pg_deadlocks, run_in_threads
 

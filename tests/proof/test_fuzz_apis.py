@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from assets_app import registration
 from assets_app.api import public_auth
 from assets_app.api.auth import issue_token
 from assets_app.models import Asset, TaskInstance
+from assets_app.registration import outlets as registration
 
 from .conftest import app_table_counts, figure, make_running_tis, make_scheduled_dag
 

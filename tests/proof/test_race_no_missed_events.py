@@ -19,8 +19,10 @@ from collections import Counter
 
 import pytest
 
-from assets_app import drain, registration, scheduling
 from assets_app.models import Asset, AssetDagRunQueue, AssetEvent, AssetEventQueue
+from assets_app.outbox import drain
+from assets_app.registration import outlets as registration
+from assets_app.scheduling import asset_runs as scheduling
 
 from .conftest import (
     consumption_report,

@@ -23,14 +23,15 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from assets_app import definitions, time_scheduling
+from assets_app.definitions import sync as definitions
 from assets_app.models import DagRun, TaskInstance
+from assets_app.scheduling import time_runs as time_scheduling
 from tests.proof.conftest import ROOT, figure
 
 LOOP = """
 import random, time, django
 django.setup()
-from assets_app import time_scheduling
+from assets_app.scheduling import time_runs as time_scheduling
 while True:
     time_scheduling.create_due_runs()
     time.sleep(random.random() / 50)

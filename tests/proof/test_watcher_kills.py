@@ -28,8 +28,8 @@ from collections import defaultdict
 
 import pytest
 
-from assets_app import metrics
 from assets_app.models import AssetDagRunQueue, AssetEvent, MessageState, WatcherMessage
+from assets_app.operations import metrics
 from tests import rabbitmq
 from tests.factories import AssetFactory, QueueWatcherFactory, WatcherRouteFactory
 from tests.servers import Server

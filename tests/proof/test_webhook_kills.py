@@ -19,8 +19,9 @@ from django.conf import settings
 from django_q.tasks import async_task
 from standardwebhooks.webhooks import Webhook
 
-from assets_app import registration, webhooks
+from assets_app.events_out import webhooks
 from assets_app.models import DeliveryState, WebhookAttempt, WebhookDelivery
+from assets_app.registration import outlets as registration
 from tests.asset_flow import asset_outlet, payload
 from tests.factories import AssetFactory
 from tests.webhook_receiver import Receiver

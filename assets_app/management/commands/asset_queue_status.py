@@ -3,7 +3,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from assets_app import outbox
+from assets_app.outbox import rows as outbox
 
 
 class Command(BaseCommand):

@@ -5,8 +5,10 @@ from datetime import UTC, datetime
 
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import audit, backfills, exceptions
+from assets_app.guards import exceptions
 from assets_app.models import ReprocessBehavior
+from assets_app.operations import audit
+from assets_app.scheduling import backfills
 
 
 def _date(text: str) -> datetime:

@@ -2,7 +2,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import exceptions, exposure
+from assets_app.guards import exceptions, exposure
 
 
 class Command(BaseCommand):

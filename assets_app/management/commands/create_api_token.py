@@ -3,8 +3,8 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import audit
 from assets_app.api import public_auth
+from assets_app.operations import audit
 
 
 class Command(BaseCommand):

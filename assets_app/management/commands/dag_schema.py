@@ -5,7 +5,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from assets_app import dag_schema
+from assets_app.definitions import schema as dag_schema
 
 PUBLISHED = "docs/dag-definition.schema.json"
 

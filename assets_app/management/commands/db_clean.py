@@ -1,5 +1,5 @@
 """`python manage.py db_clean`: delete old history by the retention policy (Airflow's
-`airflow db clean` options where they apply; assets_app/retention.py does the work).
+`airflow db clean` options where they apply; assets_app/operations/retention.py does the work).
 
 Examples:
     python manage.py db_clean --dry-run                       # what the policy would delete
@@ -13,7 +13,7 @@ from datetime import datetime
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import dateparse, timezone
 
-from assets_app import audit, retention
+from assets_app.operations import audit, retention
 
 PROGRESS_EVERY = 20
 

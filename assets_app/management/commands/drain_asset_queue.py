@@ -3,7 +3,7 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from assets_app import drain
+from assets_app.outbox import drain
 
 
 class Command(BaseCommand):

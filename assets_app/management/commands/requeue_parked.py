@@ -12,7 +12,8 @@ from collections import Counter
 
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import audit, outbox
+from assets_app.operations import audit
+from assets_app.outbox import rows as outbox
 
 # Rows per `outbox.requeue` call (one short durable transaction each), so a large requeue
 # reports progress and never holds many row locks at once.

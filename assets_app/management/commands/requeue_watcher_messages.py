@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import audit, watchers
+from assets_app.operations import audit
+from assets_app.watchers import messages as watchers
 
 
 class Command(BaseCommand):

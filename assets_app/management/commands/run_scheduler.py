@@ -2,7 +2,10 @@ import time
 
 from django.core.management.base import BaseCommand
 
-from assets_app import backfills, repair, scheduling, time_scheduling
+from assets_app.scheduling import asset_runs as scheduling
+from assets_app.scheduling import backfills
+from assets_app.scheduling import time_runs as time_scheduling
+from assets_app.task_state import repair
 
 
 class Command(BaseCommand):

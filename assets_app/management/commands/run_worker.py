@@ -1,4 +1,5 @@
-"""`python manage.py run_worker`: the reference worker over HTTP (assets_app/reference_worker.py).
+"""`python manage.py run_worker`: the reference worker over HTTP
+(assets_app/operations/reference_worker.py).
 
 Examples:
     python manage.py run_worker --url http://127.0.0.1:8000                 # until Ctrl-C
@@ -11,7 +12,7 @@ import socket
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from assets_app.reference_worker import ReferenceWorker, WorkerConfig
+from assets_app.operations.reference_worker import ReferenceWorker, WorkerConfig
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from assets_app import sweeps
+from assets_app.cluster import sweeps
 
 
 class Command(BaseCommand):

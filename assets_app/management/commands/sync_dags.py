@@ -2,7 +2,9 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import audit, definitions, queued_events
+from assets_app.catalog import queued_events
+from assets_app.definitions import sync as definitions
+from assets_app.operations import audit
 
 
 class Command(BaseCommand):

@@ -4,8 +4,10 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import audit, exceptions, runs
+from assets_app.guards import exceptions
 from assets_app.models import DagRunTriggeredBy
+from assets_app.operations import audit
+from assets_app.scheduling import runs
 
 
 class Command(BaseCommand):

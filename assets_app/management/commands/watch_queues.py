@@ -3,7 +3,8 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
-from assets_app import watcher_consumer, watchers
+from assets_app.watchers import consumer as watcher_consumer
+from assets_app.watchers import messages as watchers
 
 
 class Command(BaseCommand):

@@ -1,0 +1,352 @@
+"""Reading Dags and pausing them, for the public API (`/api/v2/dags`). Definitions are written by
+`definitions.sync` only; this module changes nothing but `is_paused`.
+
+Reads take no locks and a fixed number of queries. Each Dag is annotated with its latest run (the
+run with the highest id, as Airflow picks it): `last_run_state`, `last_run_start_date`,
+`last_run_end_date`, which Airflow's `dag_run_*` filters and `last_run_*` orderings use.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import (
+    Count,
+    Exists,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+
+from ..definitions import timetables
+from ..guards import exceptions, limits
+from ..models import (
+    Asset,
+    AssetAlias,
+    Dag,
+    DagImportError,
+    DagRun,
+    DagRunState,
+    DagScheduleAliasReference,
+    DagScheduleAssetReference,
+    ScheduleMode,
+)
+from ..operations import audit
+from . import listing
+
+DAG_ORDERING = listing.Ordering(
+    keys={
+        "dag_id": "dag_id",
+        "dag_display_name": "dag_id",
+        # A timetable's next run (issue 24; null for asset and manual Dags).
+        "next_dagrun": "next_dagrun",
+        "last_run_state": "last_run_state",
+        "last_run_start_date": "last_run_start_date",
+    },
+    default=("dag_id",),
+    pk="dag_id",
+)
+ACTIVE_RUN_STATES = (DagRunState.QUEUED, DagRunState.RUNNING)
+
+# Airflow's timetable classes (its `timetable_type` filter: the class name) of the Dags this
+# service runs; a Dag with a timetable is its kind's class (`timetables.AIRFLOW_CLASSES`).
+ASSET_TIMETABLE = "AssetTriggeredTimetable"
+NULL_TIMETABLE = "NullTimetable"
+ASSET_OR_TIME_TIMETABLE = "AssetOrTimeSchedule"
+# Not Airflow's (it has no such class): the service's asset-and-time Dags.
+ASSET_AND_TIME_TIMETABLE = "AssetAndTimeSchedule"
+
+
+def _timetable_type_q(kinds: set[str], scheduled: Q) -> Q:
+    """Dags whose timetable class is one of `kinds`."""
+    timed, untimed = Q(timetable__isnull=False), Q(timetable__isnull=True)
+    both = timed & Q(schedule__isnull=False)
+    match = Q(pk__in=[])
+    if NULL_TIMETABLE in kinds:
+        match |= untimed & ~scheduled
+    if ASSET_TIMETABLE in kinds:
+        match |= untimed & scheduled
+    if ASSET_OR_TIME_TIMETABLE in kinds:
+        match |= both & ~Q(schedule_mode=ScheduleMode.ASSET_AND_TIME)
+    if ASSET_AND_TIME_TIMETABLE in kinds:
+        match |= both & Q(schedule_mode=ScheduleMode.ASSET_AND_TIME)
+    named = [kind for kind, name in timetables.AIRFLOW_CLASSES.items() if name in kinds]
+    if named:
+        match |= timed & Q(schedule__isnull=True) & Q(timetable__kind__in=named)
+    return match
+
+
+def _has_import_errors() -> Exists:
+    """Whether the Dag's file did not import at the last sync that reported import errors."""
+    return Exists(DagImportError.objects.filter(filename=OuterRef("fileloc")))
+
+
+def _with_latest_run(dags: QuerySet[Dag]) -> QuerySet[Dag]:
+    latest = DagRun.objects.filter(dag=OuterRef("pk")).order_by("-id")
+    return dags.annotate(
+        last_run_state=Subquery(latest.values("state")[:1]),
+        last_run_start_date=Subquery(latest.values("start_date")[:1]),
+        last_run_end_date=Subquery(latest.values("end_date")[:1]),
+        has_import_errors=_has_import_errors(),
+    )
+
+
+@dataclass(frozen=True)
+class DagFilters:
+    """Airflow's `GET /dags` filters. Those on concepts this service has no values for (tags,
+    owners, bundles, favorites) match what Airflow matches when nothing has
+    them: asking for a value matches no Dag, asking for its absence matches every Dag."""
+
+    tags: Sequence[str] = ()
+    owners: Sequence[str] = ()
+    dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
+    dag_display_name_pattern: str | None = None
+    dag_display_name_prefix_pattern: str | None = None
+    paused: bool | None = None
+    has_import_errors: bool | None = None
+    last_dag_run_state: str | None = None
+    bundle_name: str | None = None
+    bundle_version: str | None = None
+    has_asset_schedule: bool | None = None
+    asset_dependency: str | None = None
+    dag_run_start_date_gte: datetime | None = None
+    dag_run_start_date_gt: datetime | None = None
+    dag_run_start_date_lte: datetime | None = None
+    dag_run_start_date_lt: datetime | None = None
+    dag_run_end_date_gte: datetime | None = None
+    dag_run_end_date_gt: datetime | None = None
+    dag_run_end_date_lte: datetime | None = None
+    dag_run_end_date_lt: datetime | None = None
+    dag_run_state: Sequence[str] = ()
+    is_favorite: bool | None = None
+    timetable_type: Sequence[str] = ()
+
+
+_NOTHING = Q(pk__in=[])
+
+
+def _filter(dags: QuerySet[Dag], f: DagFilters) -> QuerySet[Dag]:
+    q = (
+        listing.pattern_q("dag_id", f.dag_id_pattern)
+        & listing.prefix_q("dag_id", f.dag_id_prefix_pattern)
+        & listing.pattern_q("dag_id", f.dag_display_name_pattern)
+        & listing.prefix_q("dag_id", f.dag_display_name_prefix_pattern)
+        & listing.range_q(
+            "last_run_start_date",
+            gte=f.dag_run_start_date_gte,
+            gt=f.dag_run_start_date_gt,
+            lte=f.dag_run_start_date_lte,
+            lt=f.dag_run_start_date_lt,
+            param="dag_run_start_date",
+        )
+        & listing.range_q(
+            "last_run_end_date",
+            gte=f.dag_run_end_date_gte,
+            gt=f.dag_run_end_date_gt,
+            lte=f.dag_run_end_date_lte,
+            lt=f.dag_run_end_date_lt,
+            param="dag_run_end_date",
+        )
+    )
+    if f.tags or f.owners or f.is_favorite:
+        q &= _NOTHING
+    if f.has_import_errors is not None:
+        q &= Q(_has_import_errors()) if f.has_import_errors else ~Q(_has_import_errors())
+    if f.bundle_name is not None or f.bundle_version is not None:
+        q &= _NOTHING
+    if f.paused is not None:
+        q &= Q(is_paused=f.paused)
+    if f.last_dag_run_state is not None:
+        q &= Q(last_run_state=f.last_dag_run_state)
+    if f.dag_run_state:
+        states = [s for s in f.dag_run_state if s not in (None, "none")]
+        state_q = Q(last_run_state__in=states)
+        if len(states) < len(f.dag_run_state):
+            state_q |= Q(last_run_state__isnull=True)
+        q &= state_q
+    scheduled = Q(Exists(DagScheduleAssetReference.objects.filter(dag=OuterRef("pk")))) | Q(
+        Exists(DagScheduleAliasReference.objects.filter(dag=OuterRef("pk")))
+    )
+    if f.has_asset_schedule is not None:
+        q &= scheduled if f.has_asset_schedule else ~scheduled
+    if f.timetable_type:
+        q &= _timetable_type_q(set(f.timetable_type), scheduled)
+    if f.asset_dependency is not None:
+        q &= Q(
+            Exists(
+                DagScheduleAssetReference.objects.filter(dag=OuterRef("pk")).filter(
+                    Q(asset__name__icontains=f.asset_dependency)
+                    | Q(asset__uri__icontains=f.asset_dependency)
+                )
+            )
+        )
+    return dags.filter(q)
+
+
+def list_dags(
+    *,
+    filters: DagFilters,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    """A page of Dags, each with its latest run annotated. 2 queries (count, page); no locks."""
+    dags = _filter(_with_latest_run(Dag.objects.all()), filters)
+    return listing.offset_page(dags, DAG_ORDERING, order_by=order_by, limit=limit, offset=offset)
+
+
+def get_dag(dag_id: str, *, details: bool = False) -> Dag:
+    """One Dag with its latest run annotated; with `details`, also its number of active runs and
+    the assets and aliases of its schedule (for `asset_expression`). NotFound otherwise.
+    1 query (3 with details); no locks."""
+    dags = _with_latest_run(Dag.objects.filter(dag_id=dag_id))
+    if details:
+        active = (
+            DagRun.objects.filter(dag=OuterRef("pk"), state__in=ACTIVE_RUN_STATES)
+            .order_by()
+            .values("dag")
+            .annotate(n=Count("*"))
+            .values("n")
+        )
+        dags = dags.annotate(active_runs_count=Subquery(active)).prefetch_related(
+            "schedule_asset_refs__asset", "schedule_alias_refs__alias"
+        )
+    dag = dags.first()
+    if dag is None:
+        raise exceptions.NotFound(
+            f"Dag with id {dag_id} was not found", reason="dag_not_found", dag_id=dag_id
+        )
+    return dag
+
+
+def asset_expression(dag: Dag) -> dict[str, Any] | None:
+    """The Dag's schedule in Airflow's `asset_expression` form ({"asset": {uri, name, group}},
+    {"alias": {name, group}}, {"all": [...]}, {"any": [...]}), from a Dag loaded by
+    `get_dag(details=True)`; None for a Dag without a schedule."""
+    if dag.schedule is None:
+        return None
+    if limits.too_deep_path(dag.schedule, limit=2 * limits.MAX_CONDITION_DEPTH) is not None:
+        return None  # stored before the limit: a schedule no door accepts now nor evaluates
+    groups: dict[tuple[str, str], str] = {}
+    for ref in dag.schedule_asset_refs.all():
+        asset: Asset = ref.asset
+        groups[("asset", asset.name)] = asset.group
+    for alias_ref in dag.schedule_alias_refs.all():
+        alias: AssetAlias = alias_ref.alias
+        groups[("alias", alias.name)] = alias.group
+
+    def convert(node: Any) -> Any:
+        if "asset" in node:
+            name, uri = node["asset"]["name"], node["asset"]["uri"]
+            return {"asset": {"uri": uri, "name": name, "group": groups.get(("asset", name))}}
+        if "alias" in node:
+            name = node["alias"]
+            return {"alias": {"name": name, "group": groups.get(("alias", name), "asset")}}
+        (op, children), *_ = node.items()
+        return {op: [convert(child) for child in children]}
+
+    return convert(dag.schedule)
+
+
+def set_paused(
+    *,
+    is_paused: bool,
+    dag_id: str | None = None,
+    filters: DagFilters | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+    actor: audit.Actor | None = None,
+) -> listing.Page:
+    """Pause or unpause one Dag (`dag_id`; NotFound when unknown), or every Dag matching
+    `filters` (Airflow's `PATCH /dags`: it needs `dag_id_pattern` or `dag_id_prefix_pattern`,
+    `~` for all, or matches nothing) and return a page of them. Own durable transaction, one
+    UPDATE (it waits for a scheduler pass holding one of those Dags, which is short). Idempotent:
+    pausing a paused Dag changes nothing; audited when `actor` is given."""
+    action = "dag.pause" if is_paused else "dag.unpause"
+    with transaction.atomic(durable=True):
+        if dag_id is not None:
+            if not Dag.objects.filter(dag_id=dag_id).update(is_paused=is_paused):
+                raise exceptions.NotFound(
+                    f"Dag with id {dag_id} was not found", reason="dag_not_found", dag_id=dag_id
+                )
+            if actor is not None:
+                audit.record(
+                    actor=actor, action=action, summary=f"{action} {dag_id}", dag_id=dag_id
+                )
+            return listing.Page(rows=[get_dag(dag_id)], total_entries=1)
+        filters = filters or DagFilters()
+        if filters.dag_id_pattern is None and filters.dag_id_prefix_pattern is None:
+            return listing.Page(rows=[], total_entries=0)
+        page = list_dags(filters=filters, limit=limit, offset=offset)
+        matching = _filter(_with_latest_run(Dag.objects.all()), filters)
+        changed = Dag.objects.filter(dag_id__in=matching.values("dag_id")).update(
+            is_paused=is_paused
+        )
+        if actor is not None and changed:
+            audit.record(
+                actor=actor,
+                action=action,
+                summary=f"{action} {changed} dag(s) matching {filters.dag_id_pattern!r} / "
+                f"{filters.dag_id_prefix_pattern!r}",
+            )
+        for dag in page.rows:
+            dag.is_paused = is_paused
+        return page
+
+
+# --- import errors (Airflow's `/api/v2/importErrors`) -----------------------------------------
+
+IMPORT_ERROR_ORDERING = listing.Ordering(
+    keys={
+        "id": "id",
+        "import_error_id": "id",
+        "timestamp": "timestamp",
+        "filename": "filename",
+        "bundle_name": "bundle_name",
+        "stacktrace": "stack_trace",
+        "stack_trace": "stack_trace",
+    },
+    default=("id",),
+)
+
+
+def list_import_errors(
+    *,
+    limit: int,
+    offset: int,
+    order_by: Sequence[str] | None = None,
+    filename: str | None = None,
+    filename_pattern: str | None = None,
+    filename_prefix_pattern: str | None = None,
+    bundle_name: str | None = None,
+) -> listing.Page:
+    """The files that did not import at the last sync, a page by offset (Airflow's filters)."""
+    q = listing.pattern_q("filename", filename_pattern) & listing.prefix_q(
+        "filename", filename_prefix_pattern
+    )
+    if filename is not None:
+        q &= Q(filename=filename)
+    if bundle_name is not None:
+        q &= Q(bundle_name=bundle_name)
+    return listing.offset_page(
+        DagImportError.objects.filter(q),
+        IMPORT_ERROR_ORDERING,
+        order_by=order_by,
+        limit=limit,
+        offset=offset,
+    )
+
+
+def get_import_error(*, import_error_id: int) -> DagImportError:
+    error = DagImportError.objects.filter(pk=import_error_id).first()
+    if error is None:
+        raise exceptions.NotFound(
+            f"The ImportError with import_error_id: `{import_error_id}` was not found",
+            reason="import_error_not_found",
+            import_error_id=import_error_id,
+        )
+    return error

@@ -1,0 +1,13 @@
+"""Dag definitions: the documents that say what exists and when it runs (DESIGN 6.3).
+
+Owns: `sync` (parse, validate and sync DAG definition files: `sync_dags` and the worker's sync),
+`schema` (the document as pydantic models, and the JSON Schema published for DAG authors),
+`conditions` (the schedule condition language: parse, references, evaluate) and `timetables`
+(Airflow's timetables as pure computation: when a run is due, which interval it covers).
+
+Writes: `Dag`, `Task`, `Asset`, `AssetAlias`, the schedule and outlet references, `QueueWatcher` and
+`WatcherRoute` (from the files), `DagImportError`; it deletes the tasks, routes and import errors a
+new version of a file no longer has. Never runs, TIs or events.
+
+May import: the shared packages only.
+"""

@@ -1,0 +1,1429 @@
+"""DAG definitions (DESIGN 6.3): parse and validate JSON files, then sync them into the models.
+
+A file holds one Dag object or a list of them:
+
+    {"dag_id": "report", "schedule": {"all": ["orders", {"alias": "cleaned"}]},
+     "max_active_runs": 16, "is_paused": false, "description": "...",
+     "tasks": [{"task_id": "build", "retries": 2,
+                "outlets": ["report", {"name": "r2", "uri": "s3://b/r2"}],
+                "outlet_aliases": ["reports"]},
+               {"task_id": "publish", "upstream": ["build"], "trigger_rule": "all_success",
+                "retry_delay_seconds": 60, "retry_exponential_backoff": 2.0,
+                "max_retry_delay_seconds": 600},
+               {"task_id": "per_file", "upstream": ["build"],
+                "expand": {"path": {"xcom": "build"}}}]}
+
+Only `dag_id` is required (a task needs `task_id`). Every problem is a `DefinitionError` naming the
+file, the JSON path and the Dag, e.g.
+`dags/report.json: [0].tasks[1].outlets[0].name: must be a string, got an integer (dag 'report')`.
+
+Validation, before anything is written:
+- JSON syntax, then the document's shape by its schema (`dag_schema`, pydantic models; the same
+  models give the JSON Schema published for DAG authors): unknown keys; types (booleans are not
+  integers); empty or blank strings; ids limited to letters, digits, `_`, `.` and `-` (they
+  appear in URLs); `max_active_runs >= 1`, `retries >= 0`; the schedule condition (its kinds,
+  its depth limit); `trigger_rule` one of Airflow's (`TriggerRule`); retry delays finite numbers
+  >= 0 (`retry_exponential_backoff` is Airflow's multiplier, `true` meaning 2.0).
+- Then what a schema cannot say (`_check_tasks`, `check_definitions`): duplicate task ids in a
+  Dag, duplicate outlets or upstream ids in a task, duplicate `dag_id`s across all the files of
+  one sync; `upstream` ids that name no task of the Dag, a task upstream of itself, and cycles
+  among a Dag's tasks (the message names them; `graphlib` finds them); a mapped task's `expand`
+  (`_check_mapping`): at most MAX_MAP_LENGTH literal values, or `{"xcom": id}` naming one of its
+  own upstream tasks, not itself mapped; the tasks of a mapped group (`map_group`) all expand
+  over the group's one source, a return value listed upstream by the group's roots
+  (`_check_map_groups`).
+- Asset identity: one name means one uri (and one uri one name) across the files and against the
+  assets already stored, since both are unique.
+- Trigger cycles ("cycles of aliases" in DESIGN 6.3). Aliases here resolve only to assets, so an
+  alias cannot point at another alias; the loop that matters is a Dag that triggers itself. Dag A
+  *feeds* Dag B when a task of A declares an outlet asset, or an outlet alias, that B's schedule
+  references, or an outlet asset that an alias in B's schedule already resolves to (stored alias
+  links). A cycle in "feeds" among the Dags of one sync, a Dag feeding itself included, is
+  rejected: every run would queue the next one forever. Dags outside the sync are not considered.
+
+Sync (`sync_dags`) writes everything in one durable transaction: Dags are upserted by `dag_id`,
+tasks by (Dag, task_id); tasks missing from a Dag's definition are deleted; task outlets and the
+schedule references (`DagScheduleAssetReference` / `DagScheduleAliasReference`) and the upstream
+links (`TaskUpstream`) are made to match
+the definition exactly; referenced assets and aliases are created if missing. Only rows that differ
+are written, so a second sync of the same files changes nothing (not even `updated_at`). A Dag's
+`watchers` (queue watchers feeding its scheduled assets; Airflow's AssetWatcher) create the
+watcher when missing and make the Dag's routes on it exactly the definition's (`_Sync._watchers`
+says what is refused and what an operator keeps). Dags that
+are stored but absent from the files are left alone: deleting a Dag deletes its runs, so that is an
+operator's explicit act (the admin), never a side effect of syncing a subset of files.
+"""
+
+from __future__ import annotations
+
+import graphlib
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import Count, Exists, OuterRef
+from django.utils import timezone
+from pydantic import BaseModel, ValidationError
+
+from ..guards import exceptions, limits, masking
+from ..models import (
+    Asset,
+    AssetAlias,
+    AssetAliasAsset,
+    AssetDagRunQueue,
+    Dag,
+    DagImportError,
+    DagRun,
+    DagRunType,
+    DagScheduleAliasReference,
+    DagScheduleAssetReference,
+    QueueWatcher,
+    ScheduleMode,
+    Task,
+    TaskOutletAliasReference,
+    TaskOutletAssetReference,
+    TaskUpstream,
+    TriggerRule,
+    WatcherRoute,
+)
+from ..models.dags import DEFAULT_RETRY_DELAY_SECONDS
+from ..operations import audit
+from ..sql import locks
+from . import conditions, timetables
+from . import schema as dag_schema
+from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
+from .schema import join
+
+# Task columns a definition sets (besides its id, outlets and upstream links).
+TASK_FIELDS = (
+    "retries",
+    "trigger_rule",
+    "retry_delay_seconds",
+    "retry_exponential_backoff",
+    "max_retry_delay_seconds",
+    "map_length",
+    "map_upstream",
+    "map_group",
+)
+
+
+class DefinitionError(ValueError):
+    """A definition that cannot be synced: `file`, JSON `path` in it, and a human `message`."""
+
+    def __init__(self, file: str, path: str, message: str) -> None:
+        self.file = file
+        self.path = path or "$"
+        self.message = message
+        super().__init__(f"{file}: {self.path}: {message}")
+
+
+@dataclass(frozen=True)
+class TaskDefinition:
+    task_id: str
+    retries: int = 0
+    outlets: tuple[AssetRef, ...] = ()
+    outlet_aliases: tuple[str, ...] = ()
+    upstream: tuple[str, ...] = ()
+    trigger_rule: str = TriggerRule.ALL_SUCCESS
+    retry_delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
+    retry_exponential_backoff: float = 0.0
+    max_retry_delay_seconds: float | None = None
+    # Mapped (issue 25): over a literal list of `map_length` values, or over the return value
+    # of the upstream task `map_upstream`; `expand_path` is the JSON path of what it expands.
+    map_length: int | None = None
+    map_upstream: str = ""
+    expand_path: str = field(default="", compare=False)
+    # A task of the mapped task group of this id (its source the one above, as for every task
+    # of the group); "" when not in one.
+    map_group: str = ""
+    path: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class WatcherDefinition:
+    """A Dag's queue watcher (the definition's `watchers`; an Airflow AssetWatcher on a queue):
+    one route of the watcher `name`, to assets of the Dag's schedule (canonical refs)."""
+
+    name: str
+    queue: str
+    broker_url: str = ""
+    assets: tuple[AssetRef, ...] = ()
+    routing_key: str = "*"
+    body_field: str = ""
+    body_value: str = ""
+    path: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class DagDefinition:
+    dag_id: str
+    schedule: Condition | None = None
+    max_active_runs: int = dag_schema.DEFAULT_MAX_ACTIVE_RUNS
+    is_paused: bool = False
+    description: str = ""
+    tasks: tuple[TaskDefinition, ...] = ()
+    # A time schedule (issue 24): `Timetable.spec()` of the definition's timetable, the zone,
+    # the bounds (aware UTC) and catchup.
+    timetable: dict | None = None
+    timezone: str = "UTC"
+    start_date: datetime | None = None
+    end_date: datetime | None = None
+    catchup: bool = False
+    # With both a schedule and a timetable: asset_or_time (Airflow's) or asset_and_time.
+    schedule_mode: str = ScheduleMode.ASSET_OR_TIME
+    xcom_read_scope: str = "run"
+    # Events one asset-triggered run consumes at most (issue 28): None is `batch`, 1
+    # `per_event`, N `{"max_events": N}`.
+    max_events_per_run: int | None = None
+    watchers: tuple[WatcherDefinition, ...] = ()
+    # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
+    # path of the object in the file ("" or "[i]").
+    file: str = field(default="", compare=False)
+    fileloc: str = field(default="", compare=False)
+    path: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What a sync did. A Dag counts as updated when any of its fields, tasks or refs changed."""
+
+    dag_ids: tuple[str, ...]
+    dags_created: int
+    dags_updated: int
+    dags_unchanged: int
+    tasks_created: int
+    tasks_updated: int
+    tasks_deleted: int
+    tasks_unchanged: int
+    assets_created: int
+    aliases_created: int
+    # Queue watchers the definitions' `watchers` created, or whose queue or broker they changed.
+    watchers_created: int = 0
+    watchers_updated: int = 0
+    # Dags whose stored pause differs from their definition's `is_paused` and was kept (an
+    # operator paused or unpaused them; `apply_pause` overrides), as (dag_id, kept value).
+    pause_kept: tuple[tuple[str, bool], ...] = ()
+    # Queued events left waiting on assets that are no longer in their Dag's schedule, per Dag.
+    unscheduled_waiting: tuple[tuple[str, int], ...] = ()
+    # The files the sync reported as not importing (None: it reported none, the stored set was
+    # left alone), and whether the stored set changed.
+    import_errors: tuple[str, ...] | None = None
+    import_errors_changed: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.dags_created or self.dags_updated)
+
+    def summary(self) -> str:
+        lines = [
+            f"{len(self.dag_ids)} dags: {self.dags_created} created, {self.dags_updated} updated, "
+            f"{self.dags_unchanged} unchanged; tasks: {self.tasks_created} created, "
+            f"{self.tasks_updated} updated, {self.tasks_deleted} deleted, "
+            f"{self.tasks_unchanged} unchanged; {self.assets_created} assets and "
+            f"{self.aliases_created} aliases created"
+        ]
+        if self.watchers_created or self.watchers_updated:
+            lines.append(
+                f"queue watchers: {self.watchers_created} created, {self.watchers_updated} "
+                "updated (their queue or broker)"
+            )
+        for dag_id, paused in self.pause_kept:
+            lines.append(
+                f"kept dag {dag_id} {'paused' if paused else 'unpaused'} as an operator set it "
+                "(its definition says otherwise; --apply-pause applies the definition)"
+            )
+        if self.import_errors:
+            lines.append(
+                f"{len(self.import_errors)} files did not import, their Dags kept as last synced: "
+                + ", ".join(self.import_errors)
+            )
+        for dag_id, count in self.unscheduled_waiting:
+            lines.append(
+                f"dag {dag_id}: {count} queued events wait on assets no longer in its schedule "
+                "and will never be consumed (--clear-unscheduled clears them, or its queued "
+                "events page in the admin)"
+            )
+        return "\n".join(lines)
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def parse_document(raw: Any, *, file: str, fileloc: str = "") -> list[DagDefinition]:
+    """The Dags of one decoded file: its shape by the schema (`dag_schema`), then the checks
+    between its tasks. Raises DefinitionError naming `file`, the JSON path and the Dag."""
+    try:
+        models = dag_schema.validate_file(raw)
+    except ValidationError as exc:
+        path, message = dag_schema.problem(exc)
+        raise DefinitionError(file, path, message + _naming_dag(raw, path)) from None
+    dags = [
+        _definition(
+            model, file=file, fileloc=fileloc, path=f"[{i}]" if isinstance(raw, list) else ""
+        )
+        for i, model in enumerate(models)
+    ]
+    for dag in dags:
+        _check_tasks(dag)
+        _check_consumption(dag)
+    return [_check_watchers(dag) for dag in dags]
+
+
+def _naming_dag(raw: Any, path: str) -> str:
+    """` (dag 'x')` for a problem inside the Dag object `x` of the file, when it has an id."""
+    match = re.match(r"\[(\d+)\]", path)
+    dag = raw[int(match[1])] if isinstance(raw, list) and match else raw
+    dag_id = dag.get("dag_id") if isinstance(dag, dict) else None
+    if not isinstance(dag_id, str) or path.endswith("dag_id"):
+        return ""
+    return f" (dag {dag_id!r})"
+
+
+def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) -> DagDefinition:
+    tasks = tuple(
+        TaskDefinition(
+            task_id=task.task_id,
+            retries=task.retries,
+            outlets=tuple(conditions.asset_ref(ref) for ref in task.outlets),
+            outlet_aliases=tuple(task.outlet_aliases),
+            upstream=tuple(task.upstream),
+            trigger_rule=task.trigger_rule.value,
+            retry_delay_seconds=task.retry_delay_seconds,
+            # Airflow's multiplier; true is its "standard" exponential backoff (2.0).
+            retry_exponential_backoff=(
+                (2.0 if backoff else 0.0)
+                if isinstance(backoff := task.retry_exponential_backoff, bool)
+                else backoff
+            ),
+            max_retry_delay_seconds=task.max_retry_delay_seconds,
+            **_mapping(task.expand, path=f"{join(path, 'tasks')}[{i}]"),
+            map_group=task.map_group or "",
+            path=f"{join(path, 'tasks')}[{i}]",
+        )
+        for i, task in enumerate(model.tasks)
+    )
+    return DagDefinition(
+        dag_id=model.dag_id,
+        schedule=conditions.from_model(model.schedule) if model.schedule is not None else None,
+        max_active_runs=model.max_active_runs,
+        is_paused=model.is_paused,
+        description=model.description,
+        tasks=tasks,
+        xcom_read_scope=model.xcom_read_scope,
+        max_events_per_run=_max_events_per_run(model.consumption),
+        watchers=tuple(
+            WatcherDefinition(
+                name=w.name,
+                queue=w.queue,
+                broker_url=w.broker_url,
+                assets=tuple(conditions.asset_ref(ref) for ref in w.assets),
+                routing_key=w.routing_key,
+                body_field=w.body_field,
+                body_value=w.body_value,
+                path=f"{join(path, 'watchers')}[{i}]",
+            )
+            for i, w in enumerate(model.watchers)
+        ),
+        **_time_schedule(model),
+        file=file,
+        fileloc=fileloc,
+        path=path,
+    )
+
+
+def _mapping(expand: dict[str, Any] | None, *, path: str) -> dict[str, Any]:
+    """What the service keeps of a task's `expand` (one argument, `dag_schema`): the literal's
+    length or the upstream task whose return value it maps over. The values themselves are the
+    worker's (it reads them from the Dag's own file)."""
+    if expand is None:
+        return {}
+    ((argument, value),) = expand.items()
+    where = join(join(path, "expand"), argument)
+    if isinstance(value, dag_schema.XComArg):
+        return {"map_upstream": value.xcom, "expand_path": join(where, "xcom")}
+    return {"map_length": len(value), "expand_path": where}
+
+
+def _max_events_per_run(consumption: str | dag_schema.MaxEvents) -> int | None:
+    if isinstance(consumption, dag_schema.MaxEvents):
+        return consumption.max_events
+    return 1 if consumption == "per_event" else None
+
+
+def _time_schedule(model: dag_schema.Dag) -> dict[str, Any]:
+    """The definition's time schedule, normalized (dag_schema has checked it parses)."""
+
+    def date(value: str | None) -> datetime | None:
+        return None if value is None else timetables.parse_date(value, timezone=model.timezone)
+
+    spec = model.timetable
+    timetable = None
+    if spec is not None:
+        raw = spec.model_dump() if isinstance(spec, BaseModel) else spec
+        timetable = timetables.Timetable.from_spec(raw, timezone=model.timezone).spec()
+    return {
+        "timetable": timetable,
+        "timezone": model.timezone,
+        "start_date": date(model.start_date),
+        "end_date": date(model.end_date),
+        "catchup": model.catchup,
+        "schedule_mode": model.schedule_mode,
+    }
+
+
+def _check_consumption(dag: DagDefinition) -> None:
+    """A bounded consumption (`per_event`, `max_events`) needs events that asset-triggered runs
+    consume, one of which meets the schedule alone (`conditions.met_by_any_one_event`): with
+    `all` of two assets a run of one event could never be met, and the events would wait."""
+    if dag.max_events_per_run is None:
+        return
+    shown = "per_event" if dag.max_events_per_run == 1 else "max_events"
+    if dag.schedule is None:
+        problem = "needs a schedule (the assets whose events its runs consume)"
+    elif dag.timetable is not None and dag.schedule_mode == ScheduleMode.ASSET_AND_TIME:
+        problem = "cannot be used with schedule_mode 'asset_and_time' (a tick consumes them all)"
+    elif not conditions.met_by_any_one_event(dag.schedule):
+        problem = (
+            "needs a schedule that one event meets alone (an asset, an alias, or `any` of "
+            "them): under `all` of different assets a run of one event could never be met"
+        )
+    else:
+        return
+    raise DefinitionError(
+        dag.file,
+        join(dag.path, "consumption"),
+        f"consumption {shown!r} {problem} (dag {dag.dag_id!r})",
+    )
+
+
+def _check_watchers(dag: DagDefinition) -> DagDefinition:
+    """A watcher feeds assets the Dag waits on: each of its assets must be one of the schedule's
+    (by name or uri; the Dag returned carries the schedule's refs), listed once; a watcher name
+    appears once per Dag (one route each: a message matching it gets an event on each asset)."""
+    if not dag.watchers:
+        return dag
+    scheduled = conditions.referenced_assets(dag.schedule) if dag.schedule is not None else []
+    names: set[str] = set()
+    watchers = []
+    for watcher in dag.watchers:
+        if watcher.name in names:
+            raise DefinitionError(
+                dag.file,
+                join(watcher.path, "name"),
+                f"watcher {watcher.name!r} is declared twice in dag {dag.dag_id!r} (give one "
+                "watcher all its assets, or two watchers two names)",
+            )
+        names.add(watcher.name)
+        refs: list[AssetRef] = []
+        for i, ref in enumerate(watcher.assets):
+            match = next((s for s in scheduled if ref.name == s.name or ref.uri == s.uri), None)
+            if match is None:
+                raise DefinitionError(
+                    dag.file,
+                    f"{join(watcher.path, 'assets')}[{i}]",
+                    f"watcher {watcher.name!r} feeds asset {ref.name!r}, which the schedule of "
+                    f"dag {dag.dag_id!r} does not name (a watcher feeds the assets its Dag "
+                    "waits on)",
+                )
+            if match in refs:
+                raise DefinitionError(
+                    dag.file,
+                    f"{join(watcher.path, 'assets')}[{i}]",
+                    f"watcher {watcher.name!r} lists asset {match.name!r} twice",
+                )
+            refs.append(match)
+        watchers.append(replace(watcher, assets=tuple(refs)))
+    return replace(dag, watchers=tuple(watchers))
+
+
+def _check_tasks(dag: DagDefinition) -> None:
+    """What the schema cannot say about a Dag's tasks: no duplicate task ids, outlets, aliases
+    or upstream ids; every upstream id names another task of the Dag; no cycle (named)."""
+
+    def error(path: str, message: str) -> DefinitionError:
+        named = f"dag {dag.dag_id!r}"
+        return DefinitionError(
+            dag.file, path, message if named in message else f"{message} ({named})"
+        )
+
+    first: dict[str, str] = {}
+    for task in dag.tasks:
+        if task.task_id in first:
+            raise error(
+                join(task.path, "task_id"),
+                f"duplicate task_id {task.task_id!r} in dag {dag.dag_id!r} "
+                f"(first at {first[task.task_id]})",
+            )
+        first[task.task_id] = task.path
+        for key, what, items in (
+            ("outlets", "outlet asset", [(ref, ref.name) for ref in task.outlets]),
+            ("outlet_aliases", "outlet alias", [(name, name) for name in task.outlet_aliases]),
+            ("upstream", "upstream task", [(id_, id_) for id_ in task.upstream]),
+        ):
+            seen: set[object] = set()
+            for i, (item, name) in enumerate(items):
+                if item in seen:
+                    raise error(f"{join(task.path, key)}[{i}]", f"duplicate {what} {name!r}")
+                seen.add(item)
+        if task.task_id in task.upstream:
+            raise error(
+                f"{join(task.path, 'upstream')}[{task.upstream.index(task.task_id)}]",
+                f"task {task.task_id!r} cannot be its own upstream",
+            )
+    for task in dag.tasks:
+        for i, upstream_id in enumerate(task.upstream):
+            if upstream_id not in first:
+                raise error(
+                    f"{join(task.path, 'upstream')}[{i}]",
+                    f"unknown upstream task {upstream_id!r} (dag {dag.dag_id!r} has no such task)",
+                )
+    _check_mapping(dag, error)
+    order = {task.task_id: i for i, task in enumerate(dag.tasks)}
+    cycle = _cycle({task.task_id: task.upstream for task in dag.tasks}, order)
+    if cycle:
+        raise error(
+            join(first[cycle[0]], "upstream"),
+            f"the tasks of dag {dag.dag_id!r} form a cycle: "
+            + " -> ".join([*cycle, cycle[0]])
+            + " (each runs after the one before it)",
+        )
+
+
+def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> None:
+    """A mapped task expands over at most MAX_MAP_LENGTH literal values (Airflow's
+    max_map_length, which Airflow applies to pushed values only), or over the return value of
+    one of its own upstream tasks, an unmapped one. The tasks of a mapped group are checked as
+    one (`_check_map_groups`): there the return value is an upstream of the group's roots."""
+    tasks = {task.task_id: task for task in dag.tasks}
+    grouped = _check_map_groups(dag, error)
+    for task in dag.tasks:
+        if task.map_length is not None and task.map_length > settings.MAX_MAP_LENGTH:
+            raise error(
+                task.expand_path,
+                f"expand over {task.map_length} values, more than max_map_length "
+                f"{settings.MAX_MAP_LENGTH} (MAX_MAP_LENGTH)",
+            )
+        if not task.map_upstream:
+            continue
+        if task.map_upstream not in task.upstream and task.task_id not in grouped:
+            known = "" if task.map_upstream in tasks else " (dag has no such task)"
+            raise error(
+                task.expand_path,
+                f"task {task.task_id!r} expands over the return value of {task.map_upstream!r}, "
+                f"which is not one of its upstream tasks{known}: list it in upstream",
+            )
+        if tasks[task.map_upstream].map_length is not None or tasks[task.map_upstream].map_upstream:
+            raise error(
+                task.expand_path,
+                f"task {task.task_id!r} expands over the return values of the mapped task "
+                f"{task.map_upstream!r}: mapping over a mapped task is not served yet",
+            )
+
+
+def _check_map_groups(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> set[str]:
+    """The tasks of each mapped group (`map_group`) expand over one source, the group's: all
+    the same literal length, or all the same upstream return value, which every root of the
+    group (a task with no upstream in it) lists upstream, as Airflow's `MappedTaskGroup` makes
+    it upstream of the group. Over a return value, no task of the group has the trigger rule
+    `always` (Airflow refuses it: "Task-generated mapping within a mapped task group is not
+    allowed with trigger rule 'always'"). Returns the ids of the tasks in a group whose other
+    upstream need not list the source."""
+    members: dict[str, list[TaskDefinition]] = {}
+    for task in dag.tasks:
+        if task.map_group:
+            if task.map_length is None and not task.map_upstream:
+                raise error(
+                    join(task.path, "map_group"),
+                    f"task {task.task_id!r} is in the mapped group {task.map_group!r} but has "
+                    "no expand: give it the group's expand",
+                )
+            members.setdefault(task.map_group, []).append(task)
+    grouped: set[str] = set()
+    for group, tasks in members.items():
+        first = tasks[0]
+        ids = {task.task_id for task in tasks}
+        for task in tasks:
+            grouped.add(task.task_id)
+            if (task.map_length, task.map_upstream) != (first.map_length, first.map_upstream):
+                raise error(
+                    task.expand_path,
+                    f"task {task.task_id!r} of the mapped group {group!r} expands over "
+                    f"{_source(task)}, task {first.task_id!r} of the group over "
+                    f"{_source(first)}: a group's tasks expand over one source",
+                )
+            if first.map_upstream and task.trigger_rule == TriggerRule.ALWAYS:
+                raise error(
+                    join(task.path, "trigger_rule"),
+                    f"task {task.task_id!r} of the mapped group {group!r}, mapped over a "
+                    "return value, cannot have the trigger rule 'always' (as in Airflow)",
+                )
+            if first.map_upstream in ids:
+                raise error(
+                    task.expand_path,
+                    f"the mapped group {group!r} expands over the return value of its own task "
+                    f"{first.map_upstream!r}: it must come from a task outside the group",
+                )
+            is_root = not ids.intersection(task.upstream)
+            if is_root and first.map_upstream and first.map_upstream not in task.upstream:
+                raise error(
+                    join(task.path, "upstream"),
+                    f"task {task.task_id!r} is a root of the mapped group {group!r} (no upstream "
+                    f"in it), which expands over the return value of {first.map_upstream!r}: "
+                    "list it in upstream",
+                )
+    return grouped
+
+
+def _source(task: TaskDefinition) -> str:
+    if task.map_upstream:
+        return f"the return value of {task.map_upstream!r}"
+    return f"{task.map_length} literal values"
+
+
+def _cycle(predecessors: Mapping[str, Iterable[str]], order: Mapping[str, int]) -> list[str]:
+    """A cycle of the graph (`predecessors[n]`: the nodes with an edge into n), as its nodes in
+    edge order starting from the one first in `order` (so the message is the same every time);
+    [] when there is none. The standard library finds it (`graphlib`)."""
+    try:
+        graphlib.TopologicalSorter(predecessors).prepare()
+    except graphlib.CycleError as exc:
+        found: list[str] = exc.args[1][:-1]  # [a, b, ..., a]: each an edge into the next
+        first = min(range(len(found)), key=lambda i: order[found[i]])
+        return found[first:] + found[:first]
+    return []
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_text(text: str, *, file: str, fileloc: str = "") -> list[DagDefinition]:
+    """Parse one file's text into Dag definitions. Raises DefinitionError; no database access."""
+    try:
+        raw = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        # Python's parser gives up around 1,000 levels; name where the document goes too deep.
+        deep = limits.document_too_deep(text) or ""
+        raise DefinitionError(
+            file,
+            limits.abbreviate(deep.lstrip(".")),
+            f"JSON nests deeper than {limits.MAX_DOCUMENT_DEPTH} levels (a schedule condition "
+            f"may nest {limits.MAX_CONDITION_DEPTH} levels)",
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise DefinitionError(
+            file, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}"
+        ) from exc
+    except ValueError as exc:
+        raise DefinitionError(file, "", f"invalid JSON: {exc}") from exc
+    return parse_document(raw, file=file, fileloc=fileloc)
+
+
+def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
+    """Files as given, and for directories their `*.json` files sorted by name (not recursive)."""
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.json") if p.is_file())
+            if not found:
+                raise DefinitionError(str(path), "", "directory holds no *.json files")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DefinitionError(str(path), "", "no such file or directory")
+    return list(dict.fromkeys(files))
+
+
+def load_paths(paths: Sequence[str | Path]) -> list[DagDefinition]:
+    """Read, parse and cross-check every file; raise the first DefinitionError. No writes."""
+    dags: list[DagDefinition] = []
+    for path in expand_paths(paths):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DefinitionError(str(path), "", f"cannot read the file: {exc}") from exc
+        dags.extend(parse_text(text, file=str(path), fileloc=str(path.resolve())))
+    check_definitions(dags)
+    return dags
+
+
+# --- cross-file checks ---------------------------------------------------------------------
+
+
+def _condition_refs(condition: Condition, path: str) -> Iterator[tuple[AssetRef | AliasRef, str]]:
+    """Each asset/alias reference of a condition with the JSON path of its node."""
+    if isinstance(condition, AllOf | AnyOf):
+        operator = "all" if isinstance(condition, AllOf) else "any"
+        for i, child in enumerate(condition.children):
+            yield from _condition_refs(child, f"{path}.{operator}[{i}]")
+    else:
+        yield condition, path
+
+
+def _asset_refs(dag: DagDefinition) -> Iterator[tuple[AssetRef, str]]:
+    if dag.schedule is not None:
+        for ref, path in _condition_refs(dag.schedule, join(dag.path, "schedule")):
+            if isinstance(ref, AssetRef):
+                yield ref, path
+    for task in dag.tasks:
+        for i, ref in enumerate(task.outlets):
+            yield ref, f"{join(task.path, 'outlets')}[{i}]"
+
+
+def check_definitions(dags: Sequence[DagDefinition]) -> None:
+    """Checks that span Dags: unique dag_ids, one uri per asset name and one name per uri, one
+    queue and broker per watcher name."""
+    first: dict[str, DagDefinition] = {}
+    for dag in dags:
+        if dag.dag_id in first:
+            other = first[dag.dag_id]
+            raise DefinitionError(
+                dag.file,
+                join(dag.path, "dag_id"),
+                f"duplicate dag_id {dag.dag_id!r} (also at {other.file}: "
+                f"{join(other.path, 'dag_id')})",
+            )
+        first[dag.dag_id] = dag
+    uri_of: dict[str, tuple[str, str, str]] = {}
+    name_of: dict[str, tuple[str, str, str]] = {}
+    for dag in dags:
+        for ref, path in _asset_refs(dag):
+            seen = uri_of.setdefault(ref.name, (ref.uri, dag.file, path))
+            if seen[0] != ref.uri:
+                raise DefinitionError(
+                    dag.file,
+                    path,
+                    f"asset {ref.name!r} has uri {ref.uri!r} here but {seen[0]!r} at "
+                    f"{seen[1]}: {seen[2]}",
+                )
+            seen = name_of.setdefault(ref.uri, (ref.name, dag.file, path))
+            if seen[0] != ref.name:
+                raise DefinitionError(
+                    dag.file,
+                    path,
+                    f"uri {ref.uri!r} is named {ref.name!r} here but {seen[0]!r} at "
+                    f"{seen[1]}: {seen[2]}",
+                )
+    _check_watcher_consumers(dags)
+
+
+def _check_watcher_consumers(dags: Sequence[DagDefinition]) -> None:
+    """One watcher name is one consumer of one queue: the Dags naming it agree on its queue and
+    broker."""
+    first: dict[str, tuple[WatcherDefinition, DagDefinition]] = {}
+    for dag in dags:
+        for watcher in dag.watchers:
+            seen, seen_dag = first.setdefault(watcher.name, (watcher, dag))
+            for key in ("queue", "broker_url"):
+                if getattr(seen, key) != getattr(watcher, key):
+                    raise DefinitionError(
+                        dag.file,
+                        join(watcher.path, key),
+                        f"watcher {watcher.name!r} has {key} "
+                        f"{_shown(getattr(watcher, key))} here but "
+                        f"{_shown(getattr(seen, key))} at {seen_dag.file}: {seen.path} (one "
+                        "watcher is one consumer of one queue)",
+                    )
+
+
+def _shown(value: str) -> str:
+    """A queue or broker URL in a message, its password hidden."""
+    return repr(masking.url_without_password(value))
+
+
+def _check_trigger_cycles(dags: Sequence[DagDefinition], alias_assets: dict[str, set[str]]) -> None:
+    """Reject Dags that (transitively) trigger themselves; see the module docstring."""
+    by_asset: dict[str, list[DagDefinition]] = {}
+    by_alias: dict[str, list[DagDefinition]] = {}
+    for dag in dags:
+        if dag.schedule is None:
+            continue
+        for ref in conditions.referenced_assets(dag.schedule):
+            by_asset.setdefault(ref.name, []).append(dag)
+        for alias in conditions.referenced_aliases(dag.schedule):
+            by_alias.setdefault(alias, []).append(dag)
+            for asset_name in alias_assets.get(alias, ()):
+                by_asset.setdefault(asset_name, []).append(dag)
+    # feeds[a] = [(b, "why")]
+    feeds: dict[str, list[tuple[str, str]]] = {dag.dag_id: [] for dag in dags}
+    for dag in dags:
+        for task in dag.tasks:
+            for ref in task.outlets:
+                for consumer in by_asset.get(ref.name, ()):
+                    feeds[dag.dag_id].append(
+                        (
+                            consumer.dag_id,
+                            f"{dag.dag_id}.{task.task_id} produces asset {ref.name!r}",
+                        )
+                    )
+            for alias in task.outlet_aliases:
+                for consumer in by_alias.get(alias, ()):
+                    feeds[dag.dag_id].append(
+                        (consumer.dag_id, f"{dag.dag_id}.{task.task_id} emits alias {alias!r}")
+                    )
+    triggered_by: dict[str, set[str]] = {dag_id: set() for dag_id in feeds}
+    for source, edges in feeds.items():
+        for target, _ in edges:
+            triggered_by[target].add(source)
+    cycle = _cycle(triggered_by, {dag.dag_id: i for i, dag in enumerate(dags)})
+    if cycle:
+        whys = [
+            next(why for target, why in feeds[source] if target == cycle[(i + 1) % len(cycle)])
+            for i, source in enumerate(cycle)
+        ]
+        dag = next(dag for dag in dags if dag.dag_id == cycle[0])
+        raise DefinitionError(
+            dag.file,
+            join(dag.path, "schedule"),
+            f"dag {cycle[0]!r} would trigger itself: " + "; ".join(whys),
+        )
+
+
+# --- sync ----------------------------------------------------------------------------------
+
+
+def sync_dags(
+    *, paths: Sequence[str | Path], apply_pause: bool = False, actor: audit.Actor | None = None
+) -> SyncResult:
+    """Validate every file, then write all their Dags in one durable transaction.
+
+    Nothing is written unless every file is valid (DefinitionError otherwise). Idempotent: a second
+    run over the same files writes nothing. Concurrent syncs serialize on `locks.lock_dag_sync`.
+    A definition's `is_paused` is Airflow's `is_paused_upon_creation`: it sets a new Dag's pause
+    and leaves a stored Dag's pause (an operator's choice) alone, unless `apply_pause`.
+    A sync that changed anything is audited (`sync_dags`, by `actor`).
+    """
+    return sync_definitions(dags=load_paths(paths), apply_pause=apply_pause, actor=actor)
+
+
+def sync_definitions(
+    *,
+    dags: Sequence[DagDefinition],
+    apply_pause: bool = False,
+    actor: audit.Actor | None = None,
+    import_errors: Sequence[ImportErrorReport] | None = None,
+) -> SyncResult:
+    """Write already-parsed definitions (see `sync_dags`); one durable transaction. With
+    `import_errors` (the files of the folder that did not import), the stored import errors
+    become exactly those, in the same transaction."""
+    check_definitions(dags)
+    with transaction.atomic(durable=True):
+        # Concurrent syncs (several hosts at start-up) run one after the other; every read below
+        # happens after the lock, so it sees what an earlier sync committed.
+        locks.lock_dag_sync()
+        result = _Sync(dags, apply_pause=apply_pause).run()
+        if import_errors is not None:
+            result = replace(
+                result,
+                import_errors=tuple(sorted({e.filename for e in import_errors})),
+                import_errors_changed=record_import_errors(import_errors),
+            )
+        if result.changed or result.import_errors_changed:
+            audit.record(
+                actor=actor,
+                action="sync_dags",
+                summary=result.summary().split("\n")[0],
+                targets=[audit.Target(kind="dag", object_id=d) for d in result.dag_ids],
+                detail={"apply_pause": apply_pause, "import_errors": result.import_errors},
+            )
+        return result
+
+
+@dataclass(frozen=True)
+class ImportErrorReport:
+    """A file of the synced folder that did not import: its path relative to the folder (as a
+    Dag's fileloc) and what went wrong (Airflow's stack trace, or why a Dag cannot run here)."""
+
+    filename: str
+    stack_trace: str
+
+
+IMPORT_ERROR_MAX_CHARS = 100_000  # a stack trace is cut to its last characters beyond this
+
+
+def record_import_errors(
+    reports: Sequence[ImportErrorReport], *, now: datetime | None = None
+) -> bool:
+    """Make the stored import errors exactly `reports` (one row per file; the caller holds the
+    sync lock): a file that imports again loses its row, a file whose error is unchanged keeps
+    its row and timestamp (a replayed sync writes nothing), a new or changed error is written
+    with `now`. Returns whether anything changed. Three statements at most."""
+    now = now or timezone.now()
+    wanted: dict[str, str] = {}
+    for report in reports:
+        trace = report.stack_trace[-IMPORT_ERROR_MAX_CHARS:]
+        wanted[report.filename] = (
+            wanted[report.filename] + "\n" + trace if report.filename in wanted else trace
+        )
+    stored = dict(DagImportError.objects.values_list("filename", "stack_trace"))
+    stale = [f for f, trace in stored.items() if wanted.get(f) != trace]
+    fresh = sorted(f for f, trace in wanted.items() if stored.get(f) != trace)
+    if stale:
+        DagImportError.objects.filter(filename__in=stale).delete()
+    if fresh:
+        DagImportError.objects.bulk_create(
+            DagImportError(filename=f, timestamp=now, stack_trace=wanted[f]) for f in fresh
+        )
+    return bool(stale or fresh)
+
+
+def sync_documents(
+    *,
+    documents: Sequence[tuple[str, Any]],
+    apply_pause: bool = False,
+    actor: audit.Actor | None = None,
+    import_errors: Sequence[ImportErrorReport] | None = None,
+) -> SyncResult:
+    """Sync definition documents that arrive decoded, as (file, document) pairs: the Dags of an
+    Airflow DAG file, converted by `bin/airflow-worker` (`file` is its path relative to the Dag
+    folder, stored as the Dag's fileloc: the worker finds the file there again). The same
+    parsing, cross-checks and single transaction as `sync_dags`; an invalid document is
+    InvalidInput (`invalid_definition`, naming the file and the path in it) and writes nothing.
+    Each `file` must be a relative path inside the bundle (`check_fileloc`): workers hand it to
+    the Task SDK as `dag_rel_path`, which loads the file it names. `import_errors` (the worker's
+    files that did not import, same path rule) replace the stored ones (`record_import_errors`);
+    None leaves them alone."""
+    for file, _ in documents:
+        check_fileloc(file)
+    for report in import_errors or ():
+        check_fileloc(report.filename)
+    try:
+        dags = [
+            dag for file, raw in documents for dag in parse_document(raw, file=file, fileloc=file)
+        ]
+        return sync_definitions(
+            dags=dags, apply_pause=apply_pause, actor=actor, import_errors=import_errors
+        )
+    except DefinitionError as exc:
+        raise exceptions.InvalidInput(
+            str(exc), reason="invalid_definition", file=exc.file, json_path=exc.path
+        ) from exc
+
+
+# A Dag file's place in its bundle: relative, forward slashes, no empty, `.` or `..` part.
+_FILELOC_PART = re.compile(r"[^/\\\x00-\x1f:]+")
+FILELOC_MAX_LENGTH = 2000  # Dag.fileloc's column
+
+
+def check_fileloc(fileloc: Any) -> None:
+    """Refuse (InvalidInput `invalid_fileloc`) a fileloc that is not a plain relative path inside
+    the bundle: empty, absolute (`/x`, `//host/x`, `C:x`), with `..` or `.` or empty parts, a
+    backslash, a colon or a control character, or longer than the column."""
+    parts = fileloc.split("/") if isinstance(fileloc, str) else []
+    if (
+        not parts
+        or len(fileloc) > FILELOC_MAX_LENGTH
+        or any(p in ("", ".", "..") or not _FILELOC_PART.fullmatch(p) for p in parts)
+    ):
+        raise exceptions.InvalidInput(
+            f"file {str(fileloc)[:200]!r} is not a relative path inside the Dag bundle (no "
+            "leading '/', no '..' or '.' parts, no backslash, colon or control character, at "
+            f"most {FILELOC_MAX_LENGTH} characters)",
+            reason="invalid_fileloc",
+            file=str(fileloc)[:200],
+        )
+
+
+TIME_FIELDS = ("timetable", "timezone", "start_date", "end_date", "catchup", "schedule_mode")
+NEXT_RUN_FIELDS = (
+    "next_dagrun",
+    "next_dagrun_data_interval_start",
+    "next_dagrun_data_interval_end",
+    "next_dagrun_create_after",
+)
+
+
+def _last_scheduled_run(dag_id: str) -> timetables.RunInfo | None:
+    run = (
+        DagRun.objects.filter(dag_id=dag_id, run_type=DagRunType.SCHEDULED)
+        .order_by("-logical_date")
+        .values_list("run_after", "data_interval_start", "data_interval_end")
+        .first()
+    )
+    if run is None or run[1] is None:
+        return None
+    return timetables.RunInfo(
+        run_after=run[0], data_interval_start=run[1], data_interval_end=run[2]
+    )
+
+
+def _set_next_run(dag: Dag, *, last: timetables.RunInfo | None) -> None:
+    """Airflow's next_dagrun fields of `dag` from its timetable and `last` run, now (the time
+    scheduler recomputes them from the last run when it creates runs)."""
+    info = None
+    if dag.timetable is not None:
+        timetable = timetables.Timetable.from_spec(dag.timetable, timezone=dag.timezone)
+        restriction = timetables.Restriction(
+            earliest=dag.start_date, latest=dag.end_date, catchup=dag.catchup
+        )
+        info = timetable.next_run(last=last, restriction=restriction, now=timezone.now())
+    dag.next_dagrun = info.logical_date if info else None
+    dag.next_dagrun_data_interval_start = info.data_interval_start if info else None
+    dag.next_dagrun_data_interval_end = info.data_interval_end if info else None
+    dag.next_dagrun_create_after = info.run_after if info else None
+
+
+class _Sync:
+    """One sync inside the transaction. A fixed number of queries per step, not per Dag."""
+
+    def __init__(self, dags: Sequence[DagDefinition], *, apply_pause: bool = False) -> None:
+        self.dags = list(dags)
+        self.apply_pause = apply_pause
+        self.changed_dags: set[str] = set()
+        self.pause_kept: list[tuple[str, bool]] = []
+
+    def run(self) -> SyncResult:
+        # Checks that read stored rows come first: nothing is written before all have passed.
+        alias_assets: dict[str, set[str]] = {}
+        for alias_name, asset_name in AssetAliasAsset.objects.filter(
+            alias__name__in=self._alias_names()
+        ).values_list("alias__name", "asset__name"):
+            alias_assets.setdefault(alias_name, set()).add(asset_name)
+        _check_trigger_cycles(self.dags, alias_assets)
+        assets, assets_created = self._assets()
+        aliases, aliases_created = self._aliases()
+        dags_created, dags_updated = self._dags()
+        tasks, task_counts = self._tasks()
+        self._outlet_refs(tasks, assets, aliases)
+        self._upstream_links(tasks)
+        self._schedule_refs(assets, aliases)
+        watchers_created, watchers_updated = self._watchers(assets)
+        unscheduled = self._unscheduled_waiting()
+        created = set(dags_created)
+        updated = (self.changed_dags | set(dags_updated)) - created
+        return SyncResult(
+            dag_ids=tuple(dag.dag_id for dag in self.dags),
+            dags_created=len(created),
+            dags_updated=len(updated),
+            dags_unchanged=len(self.dags) - len(created) - len(updated),
+            assets_created=assets_created,
+            aliases_created=aliases_created,
+            watchers_created=watchers_created,
+            watchers_updated=watchers_updated,
+            pause_kept=tuple(self.pause_kept),
+            unscheduled_waiting=unscheduled,
+            tasks_created=task_counts["tasks_created"],
+            tasks_updated=task_counts["tasks_updated"],
+            tasks_deleted=task_counts["tasks_deleted"],
+            tasks_unchanged=task_counts["tasks_unchanged"],
+        )
+
+    def _unscheduled_waiting(self) -> tuple[tuple[str, int], ...]:
+        """ADRQ rows of the synced Dags whose asset is neither in the Dag's schedule nor behind
+        one of its aliases any more: nothing will consume them. One query."""
+        dag_ids = [dag.dag_id for dag in self.dags]
+        scheduled = DagScheduleAssetReference.objects.filter(
+            dag_id=OuterRef("target_dag_id"), asset_id=OuterRef("asset_id")
+        )
+        via_alias = AssetAliasAsset.objects.filter(
+            asset_id=OuterRef("asset_id"),
+            alias__schedule_dag_refs__dag_id=OuterRef("target_dag_id"),
+        )
+        rows = (
+            AssetDagRunQueue.objects.filter(target_dag_id__in=dag_ids)
+            .filter(~Exists(scheduled), ~Exists(via_alias))
+            .order_by("target_dag_id")
+            .values_list("target_dag_id")
+            .annotate(n=Count("id"))
+        )
+        return tuple((dag_id, n) for dag_id, n in rows)
+
+    def _assets(self) -> tuple[dict[str, Asset], int]:
+        wanted: dict[str, tuple[AssetRef, DagDefinition, str]] = {}
+        for dag in self.dags:
+            for ref, path in _asset_refs(dag):
+                wanted.setdefault(ref.name, (ref, dag, path))
+        if not wanted:
+            return {}, 0
+        uris = [ref.uri for ref, _, _ in wanted.values()]
+        existing = list(
+            Asset.objects.filter(name__in=list(wanted)) | Asset.objects.filter(uri__in=uris)
+        )
+        by_name = {asset.name: asset for asset in existing}
+        by_uri = {asset.uri: asset for asset in existing}
+        for name, (ref, dag, path) in wanted.items():
+            stored = by_name.get(name) or by_uri.get(ref.uri)
+            if stored is not None and (stored.name, stored.uri) != (ref.name, ref.uri):
+                raise DefinitionError(
+                    dag.file,
+                    path,
+                    f"asset {ref.name!r} with uri {ref.uri!r} conflicts with the stored asset "
+                    f"{stored.name!r} with uri {stored.uri!r} (names and uris are unique)",
+                )
+        # Sorted, so concurrent syncs take the unique-index locks in one order (no deadlock).
+        missing = [
+            Asset(name=ref.name, uri=ref.uri)
+            for n, (ref, _, _) in sorted(wanted.items())
+            if n not in by_name
+        ]
+        if missing:
+            # ignore_conflicts: a concurrent sync may insert the same asset; re-read below.
+            Asset.objects.bulk_create(missing, ignore_conflicts=True)
+        assets = {asset.name: asset for asset in Asset.objects.filter(name__in=list(wanted))}
+        for name, (ref, dag, path) in wanted.items():
+            if name not in assets or assets[name].uri != ref.uri:
+                raise DefinitionError(
+                    dag.file, path, f"asset {name!r} was created concurrently with another uri"
+                )
+        return assets, len(missing)
+
+    def _alias_names(self) -> set[str]:
+        names: set[str] = set()
+        for dag in self.dags:
+            if dag.schedule is not None:
+                names.update(conditions.referenced_aliases(dag.schedule))
+            for task in dag.tasks:
+                names.update(task.outlet_aliases)
+        return names
+
+    def _aliases(self) -> tuple[dict[str, AssetAlias], int]:
+        names = self._alias_names()
+        if not names:
+            return {}, 0
+        existing = set(AssetAlias.objects.filter(name__in=names).values_list("name", flat=True))
+        missing = [AssetAlias(name=name) for name in sorted(names - existing)]
+        if missing:
+            AssetAlias.objects.bulk_create(missing, ignore_conflicts=True)
+        return {alias.name: alias for alias in AssetAlias.objects.filter(name__in=names)}, len(
+            missing
+        )
+
+    def _dags(self) -> tuple[list[str], list[str]]:
+        stored = Dag.objects.in_bulk([dag.dag_id for dag in self.dags])
+        created: list[Dag] = []
+        updated: list[str] = []
+        for definition in self.dags:
+            values = {
+                "description": definition.description,
+                "is_paused": definition.is_paused,
+                "max_active_runs": definition.max_active_runs,
+                "schedule": (
+                    conditions.to_json(definition.schedule)
+                    if definition.schedule is not None
+                    else None
+                ),
+                "fileloc": definition.fileloc,
+                "xcom_read_scope": definition.xcom_read_scope,
+                "max_events_per_run": definition.max_events_per_run,
+                **{name: getattr(definition, name) for name in TIME_FIELDS},
+            }
+            dag = stored.get(definition.dag_id)
+            if dag is None:
+                dag = Dag(dag_id=definition.dag_id, **values)
+                _set_next_run(dag, last=None)
+                created.append(dag)
+                continue
+            if not self.apply_pause:
+                # Airflow's is_paused_upon_creation: the stored pause is the operator's.
+                del values["is_paused"]
+                if dag.is_paused != definition.is_paused:
+                    self.pause_kept.append((dag.dag_id, dag.is_paused))
+            changed = [name for name, value in values.items() if getattr(dag, name) != value]
+            if "schedule" in changed and dag.schedule_error:
+                # A new schedule (every door checked it): the scheduler's old verdict is void.
+                values.update(schedule_error="", schedule_error_at=None)
+                changed += ["schedule_error", "schedule_error_at"]
+            if changed:
+                for name in changed:
+                    setattr(dag, name, values[name])
+                if set(changed) & set(TIME_FIELDS):
+                    # A new time schedule: its next run, from the Dag's last scheduled run.
+                    _set_next_run(dag, last=_last_scheduled_run(dag.dag_id))
+                    changed += list(NEXT_RUN_FIELDS)
+                dag.save(update_fields=[*changed, "updated_at"])
+                updated.append(dag.dag_id)
+        Dag.objects.bulk_create(created)
+        return [dag.dag_id for dag in created], updated
+
+    def _tasks(self) -> tuple[dict[tuple[str, str], Task], dict[str, int]]:
+        dag_ids = [dag.dag_id for dag in self.dags]
+        stored = {(t.dag_id, t.task_id): t for t in Task.objects.filter(dag_id__in=dag_ids)}
+        wanted = {(dag.dag_id, task.task_id): task for dag in self.dags for task in dag.tasks}
+        created: list[Task] = []
+        updated: list[Task] = []
+        for key, definition in wanted.items():
+            task = stored.get(key)
+            values = {name: getattr(definition, name) for name in TASK_FIELDS}
+            if task is None:
+                created.append(Task(dag_id=key[0], task_id=definition.task_id, **values))
+                continue
+            changed = [name for name, value in values.items() if getattr(task, name) != value]
+            if changed:
+                for name in changed:
+                    setattr(task, name, values[name])
+                updated.append(task)
+        removed = [task.pk for key, task in stored.items() if key not in wanted]
+        if removed:
+            Task.objects.filter(pk__in=removed).delete()
+        if updated:
+            Task.objects.bulk_update(updated, list(TASK_FIELDS))
+        Task.objects.bulk_create(created)
+        for dag_id, _ in [*(k for k in stored if k not in wanted)]:
+            self.changed_dags.add(dag_id)
+        for task in [*created, *updated]:
+            self.changed_dags.add(task.dag_id)
+        tasks = {key: task for key, task in stored.items() if key in wanted}
+        tasks.update({(task.dag_id, task.task_id): task for task in created})
+        counts = {
+            "tasks_created": len(created),
+            "tasks_updated": len(updated),
+            "tasks_deleted": len(removed),
+            "tasks_unchanged": len(wanted) - len(created) - len(updated),
+        }
+        return tasks, counts
+
+    def _outlet_refs(
+        self,
+        tasks: dict[tuple[str, str], Task],
+        assets: dict[str, Asset],
+        aliases: dict[str, AssetAlias],
+    ) -> None:
+        dag_of = {task.pk: task.dag_id for task in tasks.values()}
+        want_assets: set[tuple[int, int]] = set()
+        want_aliases: set[tuple[int, int]] = set()
+        for dag in self.dags:
+            for definition in dag.tasks:
+                task = tasks[(dag.dag_id, definition.task_id)]
+                want_assets.update((task.pk, assets[ref.name].pk) for ref in definition.outlets)
+                want_aliases.update(
+                    (task.pk, aliases[name].pk) for name in definition.outlet_aliases
+                )
+        self._match(
+            TaskOutletAssetReference,
+            {"task_id__in": list(dag_of)},
+            ("task_id", "asset_id"),
+            want_assets,
+            lambda key: dag_of[key[0]],
+        )
+        self._match(
+            TaskOutletAliasReference,
+            {"task_id__in": list(dag_of)},
+            ("task_id", "alias_id"),
+            want_aliases,
+            lambda key: dag_of[key[0]],
+        )
+
+    def _upstream_links(self, tasks: dict[tuple[str, str], Task]) -> None:
+        dag_of = {task.pk: task.dag_id for task in tasks.values()}
+        wanted = {
+            (tasks[(dag.dag_id, definition.task_id)].pk, tasks[(dag.dag_id, upstream_id)].pk)
+            for dag in self.dags
+            for definition in dag.tasks
+            for upstream_id in definition.upstream
+        }
+        self._match(
+            TaskUpstream,
+            {"task_id__in": list(dag_of)},
+            ("task_id", "upstream_id"),
+            wanted,
+            lambda key: dag_of[key[0]],
+        )
+
+    def _schedule_refs(self, assets: dict[str, Asset], aliases: dict[str, AssetAlias]) -> None:
+        want_assets: set[tuple[str, int]] = set()
+        want_aliases: set[tuple[str, int]] = set()
+        for dag in self.dags:
+            if dag.schedule is None:
+                continue
+            want_assets.update(
+                (dag.dag_id, assets[ref.name].pk)
+                for ref in conditions.referenced_assets(dag.schedule)
+            )
+            want_aliases.update(
+                (dag.dag_id, aliases[name].pk)
+                for name in conditions.referenced_aliases(dag.schedule)
+            )
+        dag_ids = [dag.dag_id for dag in self.dags]
+        self._match(
+            DagScheduleAssetReference,
+            {"dag_id__in": dag_ids},
+            ("dag_id", "asset_id"),
+            want_assets,
+            lambda key: key[0],
+        )
+        self._match(
+            DagScheduleAliasReference,
+            {"dag_id__in": dag_ids},
+            ("dag_id", "alias_id"),
+            want_aliases,
+            lambda key: key[0],
+        )
+
+    def _watchers(self, assets: dict[str, Asset]) -> tuple[int, int]:
+        """The definitions' queue watchers (each Dag's `watchers`): (created, updated).
+
+        A watcher name is one consumer. One the sync creates is `from_definitions`; its queue
+        and broker follow the definitions, changed only when no Dag outside this sync routes
+        through it (that Dag's definition says otherwise). A name taken by a watcher made in
+        the admin is refused: it is the operator's. The routes a synced Dag declared
+        (`WatcherRoute.dag`) become exactly its definition's; routes made in the admin stay.
+        A definitions' watcher left without routes is disabled (every message would park as
+        unroutable) and enabled again when a sync gives it routes. Two queries for Dags
+        without watchers."""
+        declared: dict[str, tuple[WatcherDefinition, DagDefinition]] = {}
+        for dag in self.dags:
+            for watcher in dag.watchers:
+                declared.setdefault(watcher.name, (watcher, dag))
+        dag_ids = [dag.dag_id for dag in self.dags]
+        stored_routes = list(WatcherRoute.objects.filter(dag_id__in=dag_ids).order_by("id"))
+        stored_by_name = {w.name: w for w in QueueWatcher.objects.filter(name__in=list(declared))}
+        created: list[QueueWatcher] = []
+        updated: list[QueueWatcher] = []
+        for name, (definition, dag) in sorted(declared.items()):
+            stored = stored_by_name.get(name)
+            config = {"queue": definition.queue, "broker_url": definition.broker_url}
+            if stored is None:
+                created.append(QueueWatcher(name=name, from_definitions=True, **config))
+                continue
+            if not stored.from_definitions:
+                raise DefinitionError(
+                    dag.file,
+                    join(definition.path, "name"),
+                    f"watcher {name!r} is configured in the admin (queue {stored.queue!r}); a "
+                    "definition cannot take it over: rename this watcher, or delete that one",
+                )
+            if (stored.queue, stored.broker_url) == (definition.queue, definition.broker_url):
+                continue
+            other = (
+                WatcherRoute.objects.filter(watcher=stored, dag__isnull=False)
+                .exclude(dag_id__in=dag_ids)
+                .values_list("dag_id", flat=True)
+                .first()
+            )
+            if other is not None:
+                raise DefinitionError(
+                    dag.file,
+                    definition.path,
+                    f"watcher {name!r} consumes queue {stored.queue!r} at "
+                    f"{_shown(stored.broker_url)} for dag {other!r} (not in this sync); this "
+                    f"definition says queue {definition.queue!r} at "
+                    f"{_shown(definition.broker_url)} (one watcher is one consumer of one "
+                    "queue: sync both Dags together, or rename one)",
+                )
+            for key, value in config.items():
+                setattr(stored, key, value)
+            stored.updated_at = timezone.now()  # bulk_update does not touch auto_now
+            updated.append(stored)
+        if updated:
+            QueueWatcher.objects.bulk_update(updated, ["queue", "broker_url", "updated_at"])
+        if created:
+            QueueWatcher.objects.bulk_create(created)
+        if not declared and not stored_routes:
+            return 0, 0
+        ids = {w.name: w.pk for w in QueueWatcher.objects.filter(name__in=list(declared))}
+        self._watcher_routes(stored_routes, ids, assets)
+        return len(created), len(updated)
+
+    def _watcher_routes(
+        self, stored: list[WatcherRoute], ids: dict[str, int], assets: dict[str, Asset]
+    ) -> None:
+        """Make the synced Dags' watcher routes exactly their definitions'; enable or disable
+        the definitions' watchers whose routes came or went (see `_watchers`)."""
+        RouteKey = tuple[int, str, str, str, str, frozenset[int]]
+        through = WatcherRoute.assets.through
+        links: dict[int, set[int]] = {}
+        for route_id, asset_id in through.objects.filter(
+            watcherroute_id__in=[r.pk for r in stored]
+        ).values_list("watcherroute_id", "asset_id"):
+            links.setdefault(route_id, set()).add(asset_id)
+
+        def key(route: WatcherRoute) -> RouteKey:
+            return (
+                route.watcher_id,
+                str(route.dag_id),
+                route.routing_key_pattern,
+                route.body_field,
+                route.body_value,
+                frozenset(links.get(route.pk, ())),
+            )
+
+        wanted: dict[RouteKey, WatcherDefinition] = {
+            (
+                ids[w.name],
+                dag.dag_id,
+                w.routing_key,
+                w.body_field,
+                w.body_value,
+                frozenset(assets[ref.name].pk for ref in w.assets),
+            ): w
+            for dag in self.dags
+            for w in dag.watchers
+        }
+        have = {key(route): route for route in stored}
+        stale = [route for k, route in have.items() if k not in wanted]
+        missing = sorted(k for k in wanted if k not in have)
+        touched = {route.watcher_id for route in stale} | {k[0] for k in missing}
+        if not touched:
+            return
+        before = dict(
+            WatcherRoute.objects.filter(watcher_id__in=touched)
+            .values_list("watcher_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        if stale:
+            WatcherRoute.objects.filter(pk__in=[route.pk for route in stale]).delete()
+        routes = WatcherRoute.objects.bulk_create(
+            WatcherRoute(
+                watcher_id=k[0],
+                dag_id=k[1],
+                routing_key_pattern=k[2],
+                body_field=k[3],
+                body_value=k[4],
+            )
+            for k in missing
+        )
+        through.objects.bulk_create(
+            through(watcherroute_id=route.pk, asset_id=asset_id)
+            for route, k in zip(routes, missing, strict=True)
+            for asset_id in sorted(k[5])
+        )
+        after = dict(before)
+        for route in stale:
+            after[route.watcher_id] -= 1
+        for k in missing:
+            after[k[0]] = after.get(k[0], 0) + 1
+        emptied = [w for w in touched if after.get(w, 0) == 0]
+        refilled = [w for w in touched if after.get(w, 0) > 0 and before.get(w, 0) == 0]
+        QueueWatcher.objects.filter(pk__in=emptied, from_definitions=True, enabled=True).update(
+            enabled=False, updated_at=timezone.now()
+        )
+        QueueWatcher.objects.filter(pk__in=refilled, from_definitions=True, enabled=False).update(
+            enabled=True, updated_at=timezone.now()
+        )
+        for route in stale:
+            self.changed_dags.add(str(route.dag_id))
+        for k in missing:
+            self.changed_dags.add(k[1])
+
+    def _match(
+        self,
+        model: type[models.Model],
+        scope: dict[str, Any],
+        fields: tuple[str, str],
+        wanted: set[tuple[Any, Any]],
+        dag_of_key: Callable[[tuple[Any, Any]], str],
+    ) -> None:
+        """Make the link rows of `model` within `scope` exactly `wanted` (tuples of `fields`)."""
+        stored = {
+            tuple(row[1:]): row[0]
+            for row in model._default_manager.filter(**scope).values_list("pk", *fields)
+        }
+        stale = [pk for key, pk in stored.items() if key not in wanted]
+        if stale:
+            model._default_manager.filter(pk__in=stale).delete()
+        missing = sorted(key for key in wanted if key not in stored)
+        if missing:
+            model._default_manager.bulk_create(
+                model(**dict(zip(fields, key, strict=True))) for key in missing
+            )
+        for key in [*missing, *(k for k in stored if k not in wanted)]:
+            self.changed_dags.add(dag_of_key(key))

@@ -1,0 +1,240 @@
+"""What a running task asks the worker API besides its own state changes (DESIGN 6.1): rendered
+fields, inlet/outlet validation, its previous successful run, sensor reschedule dates, counts and
+states of other TIs and runs, and runs it triggers or clears (TriggerDagRunOperator).
+
+Reads take no locks. Writes are each their own durable transaction and idempotent: rendered
+fields replace the TI's row; a trigger with a run id that exists is a Conflict and writes nothing.
+"""
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+
+from ..guards import exceptions
+from ..models import (
+    Asset,
+    Dag,
+    DagRun,
+    DagRunState,
+    DagRunTriggeredBy,
+    DagRunType,
+    RenderedTaskFields,
+    Task,
+    TaskInstance,
+    TaskReschedule,
+)
+from ..operations import audit
+from ..scheduling import runs
+
+
+def _task_instance(ti_id: UUID) -> TaskInstance:
+    ti = TaskInstance.objects.filter(id=ti_id).first()
+    if ti is None:
+        raise exceptions.NotFound("Task Instance not found")
+    return ti
+
+
+def set_rendered_fields(*, ti_id: UUID, fields: dict[str, Any]) -> None:
+    """Replace the TI's rendered template fields (one row per TI)."""
+    ti = _task_instance(ti_id)
+    with transaction.atomic(durable=True):
+        RenderedTaskFields.objects.update_or_create(ti=ti, defaults={"fields": fields})
+
+
+def inactive_assets(*, ti_id: UUID) -> list[dict[str, str]]:
+    """The declared asset outlets of the TI's task that the service does not know as assets
+    (Airflow's "inactive": no Dag declares them any more). Inlets are not declared here, so
+    only outlets are checked. Profiles as `{"name", "uri", "type": "Asset"}`."""
+    ti = _task_instance(ti_id)
+    task = Task.objects.filter(dag_id=ti.dag_id, task_id=ti.task_id).first()
+    if task is None:
+        return []
+    declared = {(a.name, a.uri) for a in task.outlet_assets.all()}
+    known = set(Asset.objects.filter(name__in=[n for n, _ in declared]).values_list("name", "uri"))
+    return [{"name": name, "uri": uri, "type": "Asset"} for name, uri in sorted(declared - known)]
+
+
+def previous_successful_run(*, ti_id: UUID) -> DagRun | None:
+    """The Dag's latest successful run with a logical date before this TI's run's (None when
+    the run has no logical date, as in Airflow: asset-triggered and manual runs here have none
+    unless one was given)."""
+    ti = _task_instance(ti_id)
+    run = DagRun.objects.get(id=ti.dag_run_id)
+    if run.logical_date is None:
+        return None
+    return (
+        DagRun.objects.filter(
+            dag_id=ti.dag_id, logical_date__lt=run.logical_date, state=DagRunState.SUCCESS
+        )
+        .order_by("-logical_date")
+        .first()
+    )
+
+
+def first_reschedule_date(*, ti_id: UUID, try_number: int = 1) -> datetime | None:
+    """When the first reschedule of the TI (from `try_number` on) started: the sensor's
+    start, for its timeout; None when it was never rescheduled."""
+    return (
+        TaskReschedule.objects.filter(ti_id=ti_id, try_number__gte=try_number)
+        .order_by("id")
+        .values_list("start_date", flat=True)
+        .first()
+    )
+
+
+def _ti_filter(
+    *,
+    dag_id: str,
+    map_index: int | None,
+    task_ids: Sequence[str] | None,
+    logical_dates: Sequence[datetime] | None,
+    run_ids: Sequence[str] | None,
+):
+    tis = TaskInstance.objects.filter(dag_id=dag_id)
+    if task_ids:
+        tis = tis.filter(task_id__in=task_ids)
+    if map_index is not None:
+        tis = tis.filter(map_index=map_index)
+    if logical_dates:
+        tis = tis.filter(dag_run__logical_date__in=logical_dates)
+    if run_ids:
+        tis = tis.filter(run_id__in=run_ids)
+    return tis
+
+
+def count_task_instances(
+    *,
+    dag_id: str,
+    map_index: int | None = None,
+    task_ids: Sequence[str] | None = None,
+    logical_dates: Sequence[datetime] | None = None,
+    run_ids: Sequence[str] | None = None,
+    states: Sequence[str] | None = None,
+) -> int:
+    """How many TIs match (Airflow's `GET /execution/task-instances/count`). A TI here always
+    has a state, so "null" in `states` matches none."""
+    tis = _ti_filter(
+        dag_id=dag_id,
+        map_index=map_index,
+        task_ids=task_ids,
+        logical_dates=logical_dates,
+        run_ids=run_ids,
+    )
+    if states:
+        tis = tis.filter(state__in=[s for s in states if s != "null"])
+    return tis.count()
+
+
+def task_instance_states(
+    *,
+    dag_id: str,
+    map_index: int | None = None,
+    task_ids: Sequence[str] | None = None,
+    logical_dates: Sequence[datetime] | None = None,
+    run_ids: Sequence[str] | None = None,
+) -> dict[str, dict[str, str]]:
+    """{run_id: {task_id (or `task_id_mapindex` when mapped): state}}."""
+    result: dict[str, dict[str, str]] = defaultdict(dict)
+    rows = _ti_filter(
+        dag_id=dag_id,
+        map_index=map_index,
+        task_ids=task_ids,
+        logical_dates=logical_dates,
+        run_ids=run_ids,
+    ).values_list("run_id", "task_id", "map_index", "state")
+    for run_id, task_id, index, state in rows:
+        result[run_id][task_id if index < 0 else f"{task_id}_{index}"] = state
+    return dict(result)
+
+
+def get_dag(*, dag_id: str) -> Dag:
+    dag = Dag.objects.filter(dag_id=dag_id).first()
+    if dag is None:
+        raise exceptions.NotFound(f"The Dag with dag_id: `{dag_id}` was not found")
+    return dag
+
+
+# --- dag runs ------------------------------------------------------------------------------------
+
+
+def get_run(*, dag_id: str, run_id: str) -> DagRun:
+    run = DagRun.objects.filter(dag_id=dag_id, run_id=run_id).first()
+    if run is None:
+        raise exceptions.NotFound(
+            f"Dag run with dag_id '{dag_id}' and run_id '{run_id}' was not found"
+        )
+    return run
+
+
+def count_runs(
+    *,
+    dag_id: str,
+    logical_dates: Sequence[datetime] | None = None,
+    run_ids: Sequence[str] | None = None,
+    states: Sequence[str] | None = None,
+) -> int:
+    found = DagRun.objects.filter(dag_id=dag_id)
+    if logical_dates:
+        found = found.filter(logical_date__in=logical_dates)
+    if run_ids:
+        found = found.filter(run_id__in=run_ids)
+    if states:
+        found = found.filter(state__in=states)
+    return found.count()
+
+
+def previous_run(*, dag_id: str, logical_date: datetime, state: str | None = None) -> DagRun | None:
+    """The Dag's run with the latest logical date before `logical_date` (in `state`)."""
+    found = DagRun.objects.filter(dag_id=dag_id, logical_date__lt=logical_date)
+    if state:
+        found = found.filter(state=state)
+    return found.order_by("-logical_date").first()
+
+
+def trigger_from_task(
+    *,
+    ti_id: UUID,
+    dag_id: str,
+    run_id: str,
+    conf: dict[str, Any] | None,
+    logical_date: datetime | None,
+    run_after: datetime | None,
+    note: str | None,
+    actor: audit.Actor | None = None,
+) -> DagRun:
+    """A run of `dag_id` asked for by the running TI `ti_id` (run type operator_triggered; the
+    triggering user is that of the TI's own run), audited as `actor` (that TI, issue 26).
+    Conflict (`already_exists`) when `run_id` exists, NotFound for an unknown Dag, BadRequest for
+    a paused one (Airflow would queue it; here its TIs would be claimed at once, so it is
+    refused)."""
+    parent = TaskInstance.objects.filter(id=ti_id).select_related("dag_run").first()
+    try:
+        return runs.trigger_dag(
+            dag_id=dag_id,
+            run_id=run_id,
+            conf=conf,
+            logical_date=logical_date,
+            run_after=run_after,
+            note=note,
+            run_type=DagRunType.OPERATOR_TRIGGERED,
+            triggered_by=DagRunTriggeredBy.OPERATOR,
+            triggering_user_name=parent.dag_run.triggering_user_name if parent else None,
+            actor=actor or audit.Actor.of_task(ti_id),
+        )
+    except exceptions.Conflict as exc:
+        raise exceptions.Conflict(
+            f"A run already exists for Dag '{dag_id}' with run_id '{run_id}'",
+            reason="already_exists",
+        ) from exc
+    except exceptions.InvalidState as exc:
+        raise exceptions.BadRequest(exc.message, reason=exc.reason) from exc
+
+
+def clear_run(*, dag_id: str, run_id: str, actor: audit.Actor | None = None) -> None:
+    """Clear every finished TI of the run (Airflow's `POST /execution/dag-runs/.../clear`),
+    audited as `actor` (the running TI whose token asked, issue 26)."""
+    runs.clear_dag_run(dag_id=dag_id, run_id=run_id, dry_run=False, actor=actor)

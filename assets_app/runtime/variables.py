@@ -1,0 +1,341 @@
+"""Variables and Connections: operator-managed settings tasks read at run time (DESIGN 2).
+
+Connections keep `password` and `extra` encrypted at rest (`encryption`); `reveal` is the one
+place that decrypts them. Every write is its own durable transaction and idempotent (a PUT of the
+same key replaces, a delete of a missing key is NotFound and writes nothing), and is audited in
+that transaction (`audit.record`, issue 26) with the `actor` its door names: the public API's
+user, the admin's, or the running TI of a worker-API call. An entry names the key and the fields
+written, never a value.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+
+from ..catalog import listing
+from ..guards import encryption, exceptions, limits
+from ..models import Connection, Variable
+from ..operations import audit
+
+# --- variables ---------------------------------------------------------------------------------
+
+
+def get_variable(*, key: str) -> Variable:
+    variable = Variable.objects.filter(key=key).first()
+    if variable is None:
+        raise exceptions.NotFound(f"Variable with key '{key}' not found")
+    return variable
+
+
+def variable_keys(*, prefix: str | None = None, limit: int = 1000, offset: int = 0):
+    """(a page of the keys in key order, optionally starting with `prefix`; the total)."""
+    found = Variable.objects.order_by("key")
+    if prefix is not None:
+        found = found.filter(key__startswith=prefix)
+    return list(found.values_list("key", flat=True)[offset : offset + limit]), found.count()
+
+
+def _record(
+    actor: audit.Actor | None, action: str, kind: str, key: str, fields: Sequence[str] = ()
+) -> None:
+    """The audit entry of one Variable / Connection write, inside the caller's transaction."""
+    noun = "variable" if kind == "variable" else "connection"
+    verb = action.rsplit(".", 1)[1]
+    audit.record(
+        actor=actor,
+        action=action,
+        summary=f"{verb}d {noun} {key}" if verb != "set" else f"set {noun} {key}",
+        targets=[audit.Target(kind=kind, object_id=key)],
+        detail={"key": key, "fields": sorted(fields)},
+    )
+
+
+def set_variable(
+    *,
+    key: str,
+    value: str | None,
+    description: str | None = None,
+    actor: audit.Actor | None = None,
+) -> Variable:
+    """Create or replace the Variable `key` (own durable transaction, audited)."""
+    if not key:
+        raise exceptions.InvalidInput("a variable key must not be empty", reason="invalid_key")
+    limits.check_lengths(Variable, {"key": key})
+    with transaction.atomic(durable=True):
+        variable, _ = Variable.objects.update_or_create(
+            key=key, defaults={"val": value, "description": description}
+        )
+        _record(actor, "variable.set", "variable", key, ("value", "description"))
+    return variable
+
+
+def create_variable(
+    *,
+    key: str,
+    value: str | None,
+    description: str | None = None,
+    actor: audit.Actor | None = None,
+) -> Variable:
+    """A new Variable; Conflict when `key` exists (the public API's POST). Audited."""
+    if not key:
+        raise exceptions.InvalidInput("a variable key must not be empty", reason="invalid_key")
+    limits.check_lengths(Variable, {"key": key})
+    try:
+        with transaction.atomic(durable=True):
+            variable = Variable.objects.create(key=key, val=value, description=description)
+            _record(actor, "variable.create", "variable", key, ("value", "description"))
+            return variable
+    except IntegrityError:
+        raise exceptions.Conflict(
+            f"The Variable with key: `{key}` already exists", reason="already_exists"
+        ) from None
+
+
+def delete_variable(*, key: str, actor: audit.Actor | None = None) -> None:
+    """Delete the Variable `key` (NotFound, nothing written, when there is none). Audited."""
+    with transaction.atomic(durable=True):
+        deleted, _ = Variable.objects.filter(key=key).delete()
+        if not deleted:
+            raise exceptions.NotFound(f"Variable with key '{key}' not found")
+        _record(actor, "variable.delete", "variable", key)
+
+
+# --- connections -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConnectionSecrets:
+    """A Connection with its password and extra decrypted."""
+
+    connection: Connection
+    password: str | None
+    extra: str | None
+
+
+def reveal(connection: Connection) -> ConnectionSecrets:
+    """Decrypt a Connection's secrets; `encryption.SecretsUnreadable` (503) with a wrong key."""
+    return ConnectionSecrets(
+        connection=connection,
+        password=encryption.decrypt(connection.password),
+        extra=encryption.decrypt(connection.extra),
+    )
+
+
+def get_connection(*, conn_id: str) -> ConnectionSecrets:
+    connection = Connection.objects.filter(conn_id=conn_id).first()
+    if connection is None:
+        raise exceptions.NotFound(f"Connection with ID {conn_id} not found")
+    return reveal(connection)
+
+
+CONNECTION_FIELDS = ("conn_type", "description", "host", "schema", "login", "port")
+
+
+def save_connection(
+    *,
+    conn_id: str,
+    create: bool,
+    password: str | None = None,
+    extra: str | None = None,
+    actor: audit.Actor | None = None,
+    **fields: object,
+) -> Connection:
+    """Create (`create`: Conflict when it exists) or update (NotFound when it does not) the
+    Connection `conn_id`; `fields` are the plain columns, `password` and `extra` are encrypted
+    before they are stored. Own durable transaction, audited."""
+    unknown = set(fields) - set(CONNECTION_FIELDS)
+    if unknown:
+        raise exceptions.InvalidInput(f"unknown connection fields: {sorted(unknown)}")
+    if not conn_id:
+        raise exceptions.InvalidInput("a connection id must not be empty", reason="invalid_key")
+    limits.check_lengths(Connection, {"conn_id": conn_id, **fields})
+    values = {
+        **fields,
+        "password": encryption.encrypt(password),
+        "extra": encryption.encrypt(extra),
+    }
+    try:
+        with transaction.atomic(durable=True):
+            if password is not None or extra is not None:
+                _check_key_reads_stored()
+            written = [name for name, value in values.items() if value is not None]
+            if create:
+                made = Connection.objects.create(conn_id=conn_id, **values)
+                _record(actor, "connection.create", "connection", conn_id, written)
+                return made
+            connection = Connection.objects.filter(conn_id=conn_id).first()
+            if connection is None:
+                raise exceptions.NotFound(
+                    f"The Connection with connection_id: `{conn_id}` was not found"
+                )
+            for name, value in values.items():
+                setattr(connection, name, value)
+            connection.save()
+            _record(actor, "connection.update", "connection", conn_id, list(values))
+            return connection
+    except IntegrityError:
+        raise exceptions.Conflict(
+            f"The connection with connection_id: `{conn_id}` already exists",
+            reason="already_exists",
+        ) from None
+
+
+def _check_key_reads_stored() -> None:
+    """Before a secret is written (issue 26): the current FERNET_KEY must decrypt a stored one
+    (the newest), or SecretsUnreadable (503) and the caller's transaction writes nothing; a
+    secret encrypted under a wrong key would be unreadable for good once the right key is back.
+    One indexed read; nothing stored yet: any valid key will do."""
+    stored = (
+        Connection.objects.filter(Q(password__isnull=False) | Q(extra__isnull=False))
+        .order_by("-pk")
+        .values_list("password", "extra")
+        .first()
+    )
+    if stored is not None:
+        encryption.decrypt(stored[0] if stored[0] is not None else stored[1])
+
+
+def delete_connection(*, conn_id: str, actor: audit.Actor | None = None) -> None:
+    """Delete the Connection `conn_id` (NotFound, nothing written, when there is none). Audited."""
+    with transaction.atomic(durable=True):
+        deleted, _ = Connection.objects.filter(conn_id=conn_id).delete()
+        if not deleted:
+            raise exceptions.NotFound(
+                f"The Connection with connection_id: `{conn_id}` was not found"
+            )
+        _record(actor, "connection.delete", "connection", conn_id)
+
+
+# --- listing and updates for the public API ------------------------------------------------------
+
+VARIABLE_ORDERING = listing.Ordering(
+    keys={"key": "key", "id": "id", "_val": "val", "description": "description"},
+    default=("id",),
+)
+CONNECTION_ORDERING = listing.Ordering(
+    keys={
+        "conn_id": "conn_id",
+        "connection_id": "conn_id",
+        "conn_type": "conn_type",
+        "description": "description",
+        "host": "host",
+        "port": "port",
+        "id": "id",
+    },
+    default=("id",),
+)
+
+
+def _offset_page(
+    model, field: str, ordering, *, pattern, prefix, order_by, limit: int, offset: int
+) -> listing.Page:
+    found = model.objects.filter(listing.pattern_q(field, pattern), listing.prefix_q(field, prefix))
+    return listing.offset_page(found, ordering, order_by=order_by, limit=limit, offset=offset)
+
+
+def list_variables(
+    *,
+    variable_key_pattern: str | None = None,
+    variable_key_prefix_pattern: str | None = None,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    return _offset_page(
+        Variable,
+        "key",
+        VARIABLE_ORDERING,
+        pattern=variable_key_pattern,
+        prefix=variable_key_prefix_pattern,
+        order_by=order_by,
+        limit=limit,
+        offset=offset,
+    )
+
+
+def list_connections(
+    *,
+    connection_id_pattern: str | None = None,
+    connection_id_prefix_pattern: str | None = None,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    return _offset_page(
+        Connection,
+        "conn_id",
+        CONNECTION_ORDERING,
+        pattern=connection_id_pattern,
+        prefix=connection_id_prefix_pattern,
+        order_by=order_by,
+        limit=limit,
+        offset=offset,
+    )
+
+
+def update_variable(
+    *,
+    key: str,
+    changes: dict[str, Any],
+    update_mask: Sequence[str] | None = None,
+    actor: audit.Actor | None = None,
+) -> Variable:
+    """Change an existing Variable's `value` / `description` (only the `update_mask` fields
+    when given). NotFound when it does not exist; own durable transaction, audited."""
+    fields = _masked(changes, update_mask, allowed=("value", "description"))
+    with transaction.atomic(durable=True):
+        variable = Variable.objects.filter(key=key).first()
+        if variable is None:
+            raise exceptions.NotFound(f"The Variable with key: `{key}` was not found")
+        if "value" in fields:
+            variable.val = fields["value"]
+        if "description" in fields:
+            variable.description = fields["description"]
+        variable.save()
+        _record(actor, "variable.update", "variable", key, list(fields))
+    return variable
+
+
+def update_connection(
+    *,
+    conn_id: str,
+    changes: dict[str, Any],
+    update_mask: Sequence[str] | None = None,
+    actor: audit.Actor | None = None,
+) -> Connection:
+    """Change an existing Connection (only the `update_mask` fields when given); a new password
+    or extra is encrypted. NotFound when it does not exist; own durable transaction, audited."""
+    fields = _masked(changes, update_mask, allowed=(*CONNECTION_FIELDS, "password", "extra"))
+    limits.check_lengths(Connection, {k: v for k, v in fields.items() if k in CONNECTION_FIELDS})
+    with transaction.atomic(durable=True):
+        connection = Connection.objects.filter(conn_id=conn_id).first()
+        if connection is None:
+            raise exceptions.NotFound(
+                f"The Connection with connection_id: `{conn_id}` was not found"
+            )
+        if fields.get("password") is not None or fields.get("extra") is not None:
+            _check_key_reads_stored()
+        for name, value in fields.items():
+            if name in ("password", "extra"):
+                value = encryption.encrypt(value)
+            setattr(connection, name, value)
+        connection.save()
+        _record(actor, "connection.update", "connection", conn_id, list(fields))
+    return connection
+
+
+def _masked(
+    changes: dict[str, Any], update_mask: Sequence[str] | None, *, allowed: Sequence[str]
+) -> dict[str, Any]:
+    if update_mask:
+        unknown = sorted(set(update_mask) - set(allowed))
+        if unknown:
+            raise exceptions.BadRequest(
+                f"update_mask names fields that cannot be updated: {unknown}",
+                reason="invalid_update_mask",
+            )
+        return {name: changes.get(name) for name in update_mask}
+    return {name: value for name, value in changes.items() if name in allowed}

@@ -10,7 +10,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 
-from assets_app.guards import masking
+from assets_app.guards import exceptions, masking
 from assets_app.models import Connection, Variable
 from assets_app.runtime import variables
 
@@ -232,10 +232,18 @@ def patch_connection(
     body: ConnectionBody,
     update_mask: Query[list[str] | None] = None,
 ):
-    changes = {**body.fields(), "password": body.password, "extra": body.extra}
-    connection = variables.update_connection(
+    if body.connection_id != connection_id:
+        raise exceptions.BadRequest(
+            "The connection_id in the request body does not match the URL parameter",
+            reason="connection_id_mismatch",
+        )
+    # Only the fields the body carried: one it left out keeps its stored value (Airflow's
+    # `model_fields_set`), where a null it sent may mean "keep" (password) or "clear".
+    given = {"schema" if name == "schema_" else name for name in body.model_fields_set}
+    fields = {**body.fields(), "password": body.password, "extra": body.extra}
+    connection = variables.patch_connection(
         conn_id=connection_id,
-        changes=changes,
+        sent={name: value for name, value in fields.items() if name in given},
         update_mask=update_mask,
         actor=actor_of(request),
     )

@@ -82,6 +82,43 @@ def redact(value: Any, name: str | None = None) -> Any:
     return root[0]
 
 
+# Airflow's `SecretsMasker.MAX_RECURSION_DEPTH`: below it `merge` restores any `MASK` string.
+MERGE_MAX_DEPTH = 5
+
+
+def merge(new: Any, old: Any, name: str | None = None, *, _depth: int = 0, _hidden: bool = False):
+    """Airflow 3.3.2's `secrets_masker.merge`: a value an operator sent back after reading it
+    masked (`new`), with the stored value (`old`) put back wherever `new` still holds `MASK`
+    under a sensitive key (`name` is the key `new` is stored under). Dicts merge key by key (a
+    key `old` lacks is taken from `new`), lists item by item of the same kind, anything else is
+    `new`. Deeper than `MERGE_MAX_DEPTH`, a `MASK` string is restored whatever its key."""
+    if _depth > MERGE_MAX_DEPTH:
+        return old if new == MASK else new
+    hidden = _hidden or is_sensitive(name)
+    if isinstance(new, dict) and isinstance(old, dict):
+        return {
+            key: (
+                merge(value, old[key], None if hidden else key, _depth=_depth + 1, _hidden=hidden)
+                if key in old
+                else value
+            )
+            for key, value in new.items()
+        }
+    if isinstance(new, list) and isinstance(old, list):
+        merged = []
+        for i, item in enumerate(new):
+            if i >= len(old):
+                merged.append(item)
+            elif hidden and item == MASK:
+                merged.append(old[i])
+            else:
+                merged.append(merge(item, old[i], None, _depth=_depth + 1, _hidden=hidden))
+        return merged
+    if hidden and new == MASK:
+        return old
+    return new
+
+
 def masked_password(password: str | None) -> str | None:
     """A Connection's password as operators see it: `MASK` when one is set."""
     return MASK if password else password

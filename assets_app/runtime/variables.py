@@ -8,6 +8,7 @@ user, the admin's, or the running TI of a worker-API call. An entry names the ke
 written, never a value.
 """
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from ..catalog import listing
-from ..guards import encryption, exceptions, limits
+from ..guards import encryption, exceptions, limits, masking
 from ..models import Connection, Variable
 from ..operations import audit
 
@@ -325,6 +326,84 @@ def update_connection(
         connection.save()
         _record(actor, "connection.update", "connection", conn_id, list(fields))
     return connection
+
+
+def patch_connection(
+    *,
+    conn_id: str,
+    sent: dict[str, Any],
+    update_mask: Sequence[str] | None = None,
+    actor: audit.Actor | None = None,
+) -> Connection:
+    """`PATCH /api/v2/connections/{id}` as Airflow 3.3.2 applies it (`update_orm_from_pydantic`
+    with the Connection's `set_password` / `set_extra`). `sent` holds only the fields the body
+    carried (a field it left out is not a null):
+
+    - a plain field changes when it was sent (and, with an `update_mask`, named by it);
+    - the password, when sent (or named by the mask): null, empty or the mask `***` keep the
+      stored one (Airflow's `set_password` ignores a false value, `merge` puts `***` back);
+      anything else replaces it;
+    - `extra`, when sent (or named by the mask): null or empty clears it, JSON is merged with the
+      stored JSON (`masking.merge`: every `***` under a secret key gets its stored value back),
+      other text replaces it. One deviation, against losing a secret: the mask `***` alone, what
+      the public API shows of an `extra` that is not JSON, keeps the stored text (Airflow would
+      store "***").
+
+    NotFound when the Connection does not exist; own durable transaction, audited with the
+    fields written. The admin's form uses `update_connection`, where a null password clears."""
+    allowed = (*CONNECTION_FIELDS, "password", "extra")
+    if update_mask:
+        _masked({}, update_mask, allowed=allowed)  # refuses a field that cannot be updated
+    named = set(update_mask) if update_mask else None
+    plain = {
+        name: sent[name]
+        for name in CONNECTION_FIELDS
+        if name in sent and (named is None or name in named)
+    }
+    secrets = [
+        name
+        for name in ("password", "extra")
+        if (name in named if named is not None else name in sent)
+    ]
+    limits.check_lengths(Connection, plain)
+    with transaction.atomic(durable=True):
+        connection = Connection.objects.filter(conn_id=conn_id).first()
+        if connection is None:
+            raise exceptions.NotFound(
+                f"The Connection with connection_id: `{conn_id}` was not found"
+            )
+        written = dict(plain)
+        if "password" in secrets and sent.get("password") not in (None, "", masking.MASK):
+            written["password"] = sent["password"]
+        if "extra" in secrets:
+            extra = _merged_extra(sent.get("extra"), connection.extra)
+            if extra is not _KEEP:
+                written["extra"] = extra
+        if written.get("password") is not None or written.get("extra") is not None:
+            _check_key_reads_stored()
+        for name, value in written.items():
+            if name in ("password", "extra"):
+                value = encryption.encrypt(value)
+            setattr(connection, name, value)
+        connection.save()
+        _record(actor, "connection.update", "connection", conn_id, list(written))
+    return connection
+
+
+_KEEP = object()
+
+
+def _merged_extra(new: str | None, stored_token: str | None) -> Any:
+    """The `extra` a patch stores (see `patch_connection`), or `_KEEP` for the stored one."""
+    if new is None or new == "":
+        return new
+    old = encryption.decrypt(stored_token)
+    if old is None:
+        return new
+    try:
+        return json.dumps(masking.merge(json.loads(new), json.loads(old)))
+    except ValueError:
+        return _KEEP if new == masking.MASK else new
 
 
 def _masked(

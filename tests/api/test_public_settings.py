@@ -116,3 +116,93 @@ def test_admin_connection_form_encrypts_and_never_shows_the_password(client):
     assert get_connection(conn_id="admin_made").password == "p4ss"
     listing = client.get("/admin/assets_app/connection/").content.decode()
     assert "p4ss" not in listing
+
+
+# --- PATCH /connections as Airflow 3.3.2 updates (`update_orm_from_pydantic`) ----------------
+
+
+@pytest.fixture
+def warehouse(api):
+    body = {
+        "connection_id": "warehouse",
+        "conn_type": "postgres",
+        "description": "the warehouse",
+        "host": "db",
+        "login": "etl",
+        "password": "hunter2",
+        "extra": '{"sslmode": "require", "api_key": "abc"}',
+    }
+    assert _send(api, "post", "/connections", body).status_code == 201
+    return body
+
+
+def test_a_patch_without_update_mask_keeps_the_password_it_sends_as_null(api, warehouse):
+    """What `airflowctl connections update --connection-id warehouse --conn-type http --host
+    example.org --port 8443` sends (issue 49): `"password": null`, no update_mask. Airflow keeps
+    the stored password and every field the body does not carry."""
+    patched = _send(
+        api,
+        "patch",
+        "/connections/warehouse",
+        {
+            "connection_id": "warehouse",
+            "conn_type": "http",
+            "host": "example.org",
+            "port": 8443,
+            "password": None,
+        },
+    )
+    assert patched.status_code == 200, patched.content
+    shown = patched.json()
+    assert (shown["conn_type"], shown["host"], shown["port"]) == ("http", "example.org", 8443)
+    assert shown["password"] == "***"
+    assert (shown["description"], shown["login"]) == ("the warehouse", "etl")
+    stored = get_connection(conn_id="warehouse")
+    assert stored.password == "hunter2"
+    assert json.loads(stored.extra) == {"sslmode": "require", "api_key": "abc"}
+
+
+def test_a_patch_of_what_a_get_showed_puts_the_masked_secrets_back(api, warehouse):
+    """A client that reads a Connection (password and secret keys of `extra` masked) and sends
+    it back with one change keeps the stored secrets, as Airflow's `merge` does."""
+    shown = api.get("/api/v2/connections/warehouse").json()
+    extra = json.loads(shown["extra"])
+    assert extra == {"sslmode": "require", "api_key": "***"}
+    sent = {**shown, "host": "db2", "extra": json.dumps({**extra, "sslmode": "disable"})}
+    patched = _send(api, "patch", "/connections/warehouse", sent)
+    assert patched.status_code == 200, patched.content
+    stored = get_connection(conn_id="warehouse")
+    assert stored.password == "hunter2"
+    assert json.loads(stored.extra) == {"sslmode": "disable", "api_key": "abc"}
+    assert stored.connection.host == "db2"
+    # An empty password is no password either (Airflow's `set_password` ignores it); a new one
+    # replaces the stored one.
+    _send(api, "patch", "/connections/warehouse", {**sent, "password": ""})
+    assert get_connection(conn_id="warehouse").password == "hunter2"
+    _send(api, "patch", "/connections/warehouse", {**sent, "password": "s3cret"})
+    assert get_connection(conn_id="warehouse").password == "s3cret"
+
+
+def test_a_patch_with_update_mask_changes_only_the_named_fields_it_sends(api, warehouse):
+    patched = _send(
+        api,
+        "patch",
+        "/connections/warehouse?update_mask=host&update_mask=password",
+        {"connection_id": "warehouse", "conn_type": "http", "host": "db3", "login": "x"},
+    )
+    assert patched.status_code == 200, patched.content
+    stored = get_connection(conn_id="warehouse")
+    assert (stored.connection.host, stored.connection.conn_type) == ("db3", "postgres")
+    assert (stored.connection.login, stored.password) == ("etl", "hunter2")
+
+
+def test_a_patch_naming_another_connection_is_refused_and_writes_nothing(api, warehouse):
+    refused = _send(
+        api,
+        "patch",
+        "/connections/warehouse",
+        {"connection_id": "other", "conn_type": "http", "host": "elsewhere"},
+    )
+    assert refused.status_code == 400
+    assert "does not match" in refused.json()["detail"]["message"]
+    assert get_connection(conn_id="warehouse").connection.host == "db"

@@ -12,13 +12,14 @@ from tests.compat.airflow_worker_env import sdk_python
 
 _AIRFLOW = r"""
 import json, sys
-from airflow._shared.secrets_masker import DEFAULT_SENSITIVE_FIELDS, _secrets_masker, redact
+from airflow._shared.secrets_masker import DEFAULT_SENSITIVE_FIELDS, _secrets_masker, merge, redact
 # What airflow.settings._configure_secrets_masker does with no extra configured names.
 _secrets_masker().sensitive_variables_fields = list(DEFAULT_SENSITIVE_FIELDS)
-corpus = json.load(sys.stdin)
+corpus, merges = json.load(sys.stdin)
 print(json.dumps({
     "words": sorted(DEFAULT_SENSITIVE_FIELDS),
     "redacted": [redact(value, name) for name, value in corpus],
+    "merged": [merge(new, old, name) for name, new, old in merges],
 }))
 """
 
@@ -38,10 +39,46 @@ CORPUS = [
 ]
 
 
+# (name, what a client sent back after reading it masked, what is stored): Airflow's `merge`, what
+# a Connection PATCH does with `password` and `extra` (issue 49).
+MERGES = [
+    ("password", "***", "hunter2"),
+    ("password", "new", "hunter2"),
+    ("login", "***", "etl"),
+    (None, {"api_key": "***", "sslmode": "disable"}, {"api_key": "abc", "sslmode": "require"}),
+    (None, {"api_key": "***", "added": "***"}, {"api_key": "abc"}),
+    (None, {"nested": {"token": "***", "keep": "***"}}, {"nested": {"token": "t", "keep": "k"}}),
+    (
+        None,
+        {"private_key": {"pem": "***", "parts": ["***", "y"]}},
+        {"private_key": {"pem": "P", "parts": ["x", "z"]}},
+    ),
+    (
+        None,
+        {"headers": [{"Authorization": "***"}, {"x": "***"}]},
+        {"headers": [{"Authorization": "Bearer t"}, {"x": "1"}]},
+    ),
+    (None, {"secret": ["***", "***", "new"]}, {"secret": ["a"]}),
+    (
+        None,
+        {"a": {"b": {"c": {"d": {"e": {"f": "***"}}}}}},
+        {"a": {"b": {"c": {"d": {"e": {"f": "deep"}}}}}},
+    ),
+    (
+        None,
+        {"a": {"b": {"c": {"d": {"e": {"f": {"g": "***"}}}}}}},
+        {"a": {"b": {"c": {"d": {"e": {"f": {"g": "deeper"}}}}}}},
+    ),
+    (None, {"password": 1234}, {"password": 5678}),
+    (None, {"password": "***"}, {"password": 5678}),
+    (None, ["***"], {"password": "x"}),
+]
+
+
 def _airflow() -> dict:
     done = subprocess.run(
         [str(sdk_python()), "-c", _AIRFLOW],
-        input=json.dumps(CORPUS),
+        input=json.dumps([CORPUS, MERGES]),
         check=True,
         capture_output=True,
         text=True,
@@ -54,3 +91,9 @@ def test_word_list_and_redaction_match_airflows_own_masker():
     assert sorted(masking.SENSITIVE_FIELDS) == theirs["words"]
     ours = [masking.redact(value, name) for name, value in CORPUS]
     assert ours == theirs["redacted"]
+
+
+def test_merge_puts_back_what_airflows_merge_puts_back():
+    theirs = _airflow()["merged"]
+    ours = [masking.merge(new, old, name) for name, new, old in MERGES]
+    assert ours == theirs

@@ -330,3 +330,88 @@ def test_an_unexpected_error_before_the_ack_is_retried_after_a_backoff(watcher, 
     assert consume(watcher, 1, before_ack=fail_once) == 1  # the same consumer, reconnected
     assert seen == ["registered", "duplicate"]
     assert AssetEvent.objects.count() == 1 and rabbitmq.depth(watcher.queue) == 0
+
+
+def test_messages_it_cannot_store_are_parked_and_acked_and_the_rest_flow_without_a_reconnect(
+    watcher, settings, caplog
+):
+    """Issue 38: a message whose id or routing key holds a NUL byte, and one over the HTTP
+    door's size bound (MAX_REQUEST_BODY_BYTES, 10 MB), are parked and acknowledged; the 100
+    good messages around them are registered, and the consumer never reconnects."""
+    settings.ASSET_WATCHER_RECONNECT_BASE_SECONDS = 0.05
+    settings.ASSET_WATCHER_RECONNECT_CAP_SECONDS = 0.05
+    asset = AssetFactory()
+    WatcherRouteFactory(watcher=watcher, routing_key_pattern="*", assets=[asset])
+    big = json.dumps({"blob": "x" * (20 * 1024 * 1024)}).encode()
+    good = [rabbitmq.message({"n": i}, routing_key="k", message_id=f"good-{i}") for i in range(100)]
+    rabbitmq.publish(
+        watcher.queue,
+        [
+            *good[:40],
+            rabbitmq.message({"n": "nul id"}, routing_key="k", message_id="bad\x00id"),
+            *good[40:70],
+            rabbitmq.message(big, routing_key="k", message_id="too-big"),
+            *good[70:90],
+            rabbitmq.message({"n": "nul key"}, routing_key="k\x00ey", message_id="nul-key"),
+            *good[90:],
+        ],
+    )
+
+    with caplog.at_level("WARNING", logger="assets_app.watchers.consumer"):
+        assert consume(watcher, 103) == 103
+
+    assert "reconnecting" not in caplog.text
+    registered = WatcherMessage.objects.filter(state=MessageState.REGISTERED)
+    assert sorted(registered.values_list("message_id", flat=True)) == sorted(
+        f"good-{i}" for i in range(100)
+    )
+    assert AssetEvent.objects.count() == 100
+    parked = {m.message_id: m for m in WatcherMessage.objects.filter(state=MessageState.PARKED)}
+    nul_id = "sha256:" + hashlib.sha256(b"bad\x00id").hexdigest()
+    assert {k: m.reason for k, m in parked.items()} == {
+        nul_id: ParkReason.UNSTORABLE,
+        "too-big": ParkReason.TOO_LARGE,
+        "nul-key": ParkReason.UNSTORABLE,
+    }
+    assert "NUL" in parked[nul_id].detail and "bad\\x00id" in parked[nul_id].detail
+    assert parked["nul-key"].routing_key == "k\\x00ey"
+    assert "10485760" in parked["too-big"].detail
+    assert len(bytes(parked["too-big"].body)) == 0  # the bound holds for what is stored too
+    assert rabbitmq.depth(watcher.queue) == 0
+    # A requeue cannot make them storable: they stay parked, with their reason.
+    result = watchers.requeue_parked(ids=[m.pk for m in parked.values()])
+    assert result.registered == ()
+    assert dict(
+        WatcherMessage.objects.filter(state=MessageState.PARKED).values_list("message_id", "reason")
+    ) == {m: r.reason for m, r in parked.items()}
+
+
+def test_only_a_database_that_is_away_makes_the_consumer_retry_a_message(watcher, monkeypatch):
+    """A database error is an outage (raised: not acked, reconnect) only when the database is
+    away or full; any other refusal parks the message so that it cannot stop the queue."""
+    import psycopg
+    from django.db import IntegrityError, OperationalError
+
+    table = watchers.route_table(watcher_id=watcher.pk)
+    delivery = watchers.Delivery(routing_key="k", body=b'{"n": 1}', message_id="m", headers={})
+    away = OperationalError("server closed the connection")
+    away.__cause__ = psycopg.OperationalError("server closed the connection")
+    refused = IntegrityError("something no check foresaw")
+
+    def raising(error):
+        def handle_message(**kwargs):
+            raise error
+
+        return handle_message
+
+    monkeypatch.setattr(watchers, "handle_message", raising(away))
+    with pytest.raises(OperationalError):
+        watcher_consumer.handle(table, delivery)
+    assert not WatcherMessage.objects.exists()
+
+    monkeypatch.setattr(watchers, "handle_message", raising(refused))
+    outcome = watcher_consumer.handle(table, delivery)
+    assert (outcome.kind, outcome.message_id) == ("parked", "m")
+    row = WatcherMessage.objects.get()
+    assert (row.reason, bytes(row.body)) == (ParkReason.UNSTORABLE, b'{"n": 1}')
+    assert "IntegrityError: something no check foresaw" in row.detail

@@ -116,6 +116,11 @@ class ParkReason(models.TextChoices):
     NOT_JSON = "not_json", "body is not JSON"
     INVALID_BODY = "invalid_body", "body passes a JSON limit"
     UNROUTABLE = "unroutable", "no route matches"
+    # Issue 38: what the database cannot store (a NUL byte in the id or the routing key), and a
+    # body over MAX_REQUEST_BODY_BYTES (the HTTP door's bound; its body is not kept). A requeue
+    # leaves these parked: the same message cannot become storable.
+    UNSTORABLE = "unstorable", "message id or routing key cannot be stored"
+    TOO_LARGE = "too_large", "body is larger than MAX_REQUEST_BODY_BYTES"
 
 
 class WatcherMessage(models.Model):

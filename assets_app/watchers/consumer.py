@@ -14,8 +14,9 @@ unique insert makes a concurrent redelivery wait and then write nothing.
 The broker going away (a restart, a network cut) ends the connection: the thread logs it and
 reconnects with capped exponential backoff and jitter (`ASSET_WATCHER_RECONNECT_BASE_SECONDS`
 doubling to `..._CAP_SECONDS`); messages it had not acknowledged are redelivered. A database
-error while handling a message is treated the same way (not acknowledged, reconnect after the
-backoff). Every `ASSET_WATCHER_CHECK_SECONDS` each thread stores its queue's depth (a passive
+that is away or full while a message is handled is treated the same way (not acknowledged,
+reconnect after the backoff, which only a handled message resets); any other refusal of the
+database parks the message (`handle`), so one message cannot stop a queue (issue 38). Every `ASSET_WATCHER_CHECK_SECONDS` each thread stores its queue's depth (a passive
 queue_declare: the lag gauge), re-reads its routes, and stops when its watcher was disabled or
 deleted, or reconnects when its broker URL, queue or prefetch changed; the main thread starts
 threads for watchers enabled since.
@@ -36,6 +37,7 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 
 from ..models import QueueWatcher
+from ..sql.errors import database_unavailable_reason
 from . import messages as watchers
 
 logger = logging.getLogger(__name__)
@@ -127,7 +129,6 @@ class _Consumer:
                 watcher.queue,
                 watcher.prefetch,
             )
-            self.backoff = settings.ASSET_WATCHER_RECONNECT_BASE_SECONDS
             table = watchers.route_table(watcher_id=watcher.pk)
             check_every = settings.ASSET_WATCHER_CHECK_SECONDS
             next_check = time.monotonic() + check_every
@@ -153,10 +154,11 @@ class _Consumer:
                         return True
                     table = watchers.route_table(watcher_id=watcher.pk)
                 if method is None:  # inactivity_timeout: nothing arrived
+                    self.backoff = settings.ASSET_WATCHER_RECONNECT_BASE_SECONDS
                     continue
-                outcome = watchers.handle_message(
-                    table=table,
-                    delivery=watchers.Delivery(
+                outcome = handle(
+                    table,
+                    watchers.Delivery(
                         routing_key=method.routing_key or "",
                         body=body,
                         message_id=properties.message_id,
@@ -167,6 +169,9 @@ class _Consumer:
                     self.before_ack(outcome)
                 channel.basic_ack(delivery_tag=method.delivery_tag)
                 self.handled += 1
+                # Only a handled message ends a run of failures: a connection that fails on
+                # its first message again keeps backing off.
+                self.backoff = settings.ASSET_WATCHER_RECONNECT_BASE_SECONDS
                 if self._done():
                     return False
             return True
@@ -174,6 +179,25 @@ class _Consumer:
             if connection.is_open:
                 with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                     connection.close()
+
+
+def handle(table: watchers.RouteTable, delivery: watchers.Delivery) -> watchers.Outcome:
+    """`watchers.handle_message`, where a database error is an outage (raised: not acknowledged,
+    reconnect after the backoff) only when the database is really away or full
+    (`sql.errors.database_unavailable_reason`); any other refusal parks the message
+    (`watchers.park_refused`) so that one message cannot stop the queue."""
+    try:
+        return watchers.handle_message(table=table, delivery=delivery)
+    except DatabaseError as exc:
+        if database_unavailable_reason(exc) is not None:
+            raise
+        logger.warning(
+            "watcher %s: the database refused a message (%s: %s); parking it",
+            table.watcher_name,
+            type(exc).__name__,
+            watchers.storable_text(str(exc))[:500],
+        )
+        return watchers.park_refused(table=table, delivery=delivery, error=exc)
 
 
 def consume(

@@ -36,6 +36,7 @@ from datetime import datetime
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
+from django.conf import settings
 from django.db import DataError, transaction
 from django.utils import timezone
 
@@ -151,13 +152,14 @@ def route_table(*, watcher_id: int) -> RouteTable:
 
 def message_id_of(*, delivery: Delivery) -> tuple[str, bool]:
     """(message id, derived?): the message's own `message_id` (`sha256:<hex>` of it when it is
-    longer than 255 characters), else `sha256:<hex>` of the routing key, a NUL byte and the
-    body."""
+    longer than 255 characters or holds a NUL byte, which PostgreSQL's text cannot store), else
+    `sha256:<hex>` of the routing key, a NUL byte and the body."""
     if delivery.message_id:
-        if len(delivery.message_id) <= MESSAGE_ID_MAX_LENGTH:
+        if len(delivery.message_id) <= MESSAGE_ID_MAX_LENGTH and "\x00" not in delivery.message_id:
             return delivery.message_id, False
-        # Longer than the column: its own digest (a prefix could be shared by two ids).
-        return "sha256:" + hashlib.sha256(delivery.message_id.encode()).hexdigest(), False
+        # Its own digest (a prefix could be shared by two ids; a NUL cannot be stored).
+        own = delivery.message_id.encode("utf-8", "surrogatepass")
+        return "sha256:" + hashlib.sha256(own).hexdigest(), False
     digest = hashlib.sha256(delivery.routing_key.encode() + b"\0" + delivery.body).hexdigest()
     return f"sha256:{digest}", True
 
@@ -181,6 +183,36 @@ def _parse(body: bytes) -> Any:
         raise _Unparseable(ParkReason.NOT_JSON, f"body is not JSON: {exc}") from exc
     _check_storable(payload, field="payload")
     return payload
+
+
+def storable_text(value: str) -> str:
+    """`value` with each NUL byte written as the four characters `\\x00` (PostgreSQL's text
+    and jsonb cannot hold a NUL): what a parked row keeps of a routing key or a detail."""
+    return value.replace("\x00", "\\x00")
+
+
+def _unstorable(delivery: Delivery) -> _Unparseable | None:
+    """Why the database cannot keep this message as it is, before anything is parsed: a body
+    over MAX_REQUEST_BODY_BYTES (the HTTP door's bound), a NUL byte in its message id or its
+    routing key. None when it can."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is not None and len(delivery.body) > limit:
+        return _Unparseable(
+            ParkReason.TOO_LARGE,
+            f"body of {len(delivery.body)} bytes is over the bound of {limit} bytes "
+            "(MAX_REQUEST_BODY_BYTES); its body is not kept",
+        )
+    for field, value in (
+        ("message id", delivery.message_id),
+        ("routing key", delivery.routing_key),
+    ):
+        if value and "\x00" in value:
+            return _Unparseable(
+                ParkReason.UNSTORABLE,
+                f"its {field} '{storable_text(value)}' holds a NUL byte, which the database "
+                "cannot store",
+            )
+    return None
 
 
 def _has_nul(value: Any) -> bool:
@@ -230,6 +262,17 @@ def handle_message(*, table: RouteTable, delivery: Delivery) -> Outcome:
         _check_storable(headers, field="headers")
     except _Unparseable:
         headers = {"unstorable": True}  # kept out of the row; the body decides
+    refused = _unstorable(delivery)
+    if refused is not None:
+        return _park(
+            table=table,
+            delivery=delivery,
+            message_id=message_id,
+            derived=derived,
+            headers=headers,
+            reason=refused.reason,
+            detail=refused.detail,
+        )
     try:
         payload = _parse(delivery.body)
     except _Unparseable as exc:
@@ -274,15 +317,26 @@ def handle_message(*, table: RouteTable, delivery: Delivery) -> Outcome:
     except DataError as exc:
         # A value this database refuses that the checks above did not foresee: parked, not
         # redelivered for ever (the transaction rolled back, nothing of it was written).
-        return _park(
-            table=table,
-            delivery=delivery,
-            message_id=message_id,
-            derived=derived,
-            headers={},
-            reason=ParkReason.INVALID_BODY,
-            detail=f"the database refused it: {exc}",
-        )
+        return park_refused(table=table, delivery=delivery, error=exc)
+
+
+def park_refused(*, table: RouteTable, delivery: Delivery, error: Exception) -> Outcome:
+    """The last resort for a message the database refused while it is up (not an outage:
+    `sql.errors.database_unavailable_reason` is None): parked with what can surely be stored
+    (its id, routing key and detail NUL-free, no headers; the body kept unless it is over the
+    bound), so the consumer acknowledges it instead of taking it for ever again."""
+    message_id, derived = message_id_of(delivery=delivery)
+    oversized = _unstorable(delivery)
+    return _park(
+        table=table,
+        delivery=delivery,
+        message_id=message_id,
+        derived=derived,
+        headers={},
+        reason=ParkReason.UNSTORABLE,
+        detail=f"the database refused it: {type(error).__name__}: {error}",
+        keep_body=not (oversized is not None and oversized.reason == ParkReason.TOO_LARGE),
+    )
 
 
 def _register(
@@ -329,7 +383,14 @@ def _park(
     headers: dict[str, Any],
     reason: ParkReason,
     detail: str,
+    keep_body: bool | None = None,
 ) -> Outcome:
+    """Park one message (its own durable transaction): its routing key and detail written
+    NUL-free (`storable_text`), its body kept for a requeue unless it is over the bound
+    (`keep_body` None: kept unless the reason is TOO_LARGE; a parked row always has a body,
+    empty then)."""
+    if keep_body is None:
+        keep_body = reason != ParkReason.TOO_LARGE
     with transaction.atomic(durable=True):
         row_id = watchers_sql.insert_message(
             watcher_id=table.watcher_id,
@@ -337,10 +398,10 @@ def _park(
             message_id_derived=derived,
             state=MessageState.PARKED,
             reason=reason,
-            detail=detail[:2000],
-            routing_key=delivery.routing_key[:255],
+            detail=storable_text(detail)[:2000],
+            routing_key=storable_text(delivery.routing_key)[:255],
             headers=headers,
-            body=delivery.body,
+            body=delivery.body if keep_body else b"",
             now=timezone.now(),
         )
         if row_id is None:
@@ -348,7 +409,11 @@ def _park(
             return Outcome(kind="duplicate", message_id=message_id)
         metrics.incr(metrics.WATCHER_PARKED)
     logger.warning(
-        "watcher %s parked message %s: %s (%s)", table.watcher_name, message_id, reason, detail
+        "watcher %s parked message %s: %s (%s)",
+        table.watcher_name,
+        message_id,
+        reason,
+        storable_text(detail)[:2000],
     )
     return Outcome(kind="parked", message_id=message_id, reason=str(reason))
 
@@ -371,7 +436,11 @@ def requeue_parked(*, ids: Sequence[int], actor: audit.Actor | None = None) -> R
             if table is None:
                 table = tables[row.watcher_id] = route_table(watcher_id=row.watcher_id)
             body = bytes(row.body or b"")
-            reason, detail = _reroute(row=row, table=table, body=body, now=now)
+            if row.reason in (ParkReason.UNSTORABLE, ParkReason.TOO_LARGE):
+                # The same message cannot become storable: it stays as it was parked.
+                reason, detail = ParkReason(row.reason), row.detail
+            else:
+                reason, detail = _reroute(row=row, table=table, body=body, now=now)
             if reason is None:
                 registered.append(row.pk)
                 continue

@@ -16,8 +16,9 @@ reconnects with capped exponential backoff and jitter (`ASSET_WATCHER_RECONNECT_
 doubling to `..._CAP_SECONDS`); messages it had not acknowledged are redelivered. A database
 that is away or full while a message is handled is treated the same way (not acknowledged,
 reconnect after the backoff, which only a handled message resets); any other refusal of the
-database parks the message (`handle`), so one message cannot stop a queue (issue 38). Every `ASSET_WATCHER_CHECK_SECONDS` each thread stores its queue's depth (a passive
-queue_declare: the lag gauge), re-reads its routes, and stops when its watcher was disabled or
+database parks the message (`handle`), so one message cannot stop a queue (issue 38). Every
+`ASSET_WATCHER_CHECK_SECONDS` each thread stores its queue's depth (a passive queue_declare: the
+lag gauge), re-reads its routes, and stops when its watcher was disabled or
 deleted, or reconnects when its broker URL, queue or prefetch changed; the main thread starts
 threads for watchers enabled since.
 """

@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.definitions import sync as definitions
+from assets_app.definitions import timetables
 from assets_app.guards import exceptions
 from assets_app.models import (
     AuditEntry,
@@ -394,3 +395,38 @@ def test_the_public_api_routes_answer_airflows_shapes():
         ("backfill.unpause", "ops"),
         ("backfill.cancel", "ops"),
     ]
+
+
+def test_a_range_far_into_the_future_walks_only_up_to_now(monkeypatch):
+    """Issue 38: a minute schedule to a year ahead used to walk 525,600 future ticks (only past
+    ones count toward the run limit) and held a web worker past gunicorn's timeout. The walk
+    stops at now: the ticks it computes are the past ones, plus the one that ends the walk."""
+    sync(timetable="* * * * *", start_date="2026-01-01")
+    walked = []
+    real = timetables.Timetable.next_run
+
+    def counting(self, *args, **kwargs):
+        walked.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(timetables.Timetable, "next_run", counting)
+    now = at("2026-03-01T12:00:00")
+    planned = backfills.plan_backfill(
+        dag_id="filled",
+        from_date=at("2026-03-01T10:00:00"),
+        to_date=at("2027-03-01T10:00:00"),
+        now=now,
+    )
+    assert len(planned) == 120  # 10:00 .. 11:59, each interval ended by 12:00
+    assert planned[-1].info.data_interval_end <= now
+    assert len(walked) <= len(planned) + 2
+    # The same bound for a dry run through the command.
+    walked.clear()
+    with pytest.raises(exceptions.InvalidInput, match="at most"):
+        backfills.plan_backfill(
+            dag_id="filled",
+            from_date=at("2026-01-01T00:00:00"),
+            to_date=at("2030-01-01T00:00:00"),
+            now=now,
+        )
+    assert len(walked) <= backfills.MAX_PLANNED_RUNS + 2

@@ -165,8 +165,14 @@ def _dates(
     timetable: timetables.Timetable, *, from_date: datetime, to_date: datetime, now: datetime
 ) -> list[timetables.RunInfo]:
     """Airflow's `_get_info_list`: every run of the timetable with catchup between the dates
-    whose data interval ended before now."""
-    restriction = timetables.Restriction(earliest=from_date, latest=to_date, catchup=True)
+    whose data interval ended before now.
+
+    Bounded by now, not by `to_date` (issue 38: a minute schedule to a year ahead walked 525,600
+    future ticks in a web request): no logical date after now can have an interval ended before
+    it, and a periodic timetable's intervals end in logical-date order, so the walk stops at the
+    first run whose interval has not ended (at most MAX_PLANNED_RUNS + 2 ticks in all)."""
+    latest = min(to_date, now)
+    restriction = timetables.Restriction(earliest=from_date, latest=latest, catchup=True)
     infos: list[timetables.RunInfo] = []
     last = None
     while True:
@@ -176,13 +182,19 @@ def _dates(
             raise exceptions.InvalidInput(str(exc), reason="invalid_timetable") from exc
         if info is None or info.logical_date is None:
             return infos
-        if info.data_interval_end is not None and info.data_interval_end < now:
-            infos.append(info)
-            if len(infos) > MAX_PLANNED_RUNS:
-                raise exceptions.InvalidInput(
-                    f"a backfill may plan at most {MAX_PLANNED_RUNS} runs; narrow the range",
-                    reason="too_many_runs",
-                )
+        if info.data_interval_end is None:  # no interval: never planned, as before
+            if info.run_after >= now:
+                return infos
+            last = info
+            continue
+        if info.data_interval_end >= now:
+            return infos
+        infos.append(info)
+        if len(infos) > MAX_PLANNED_RUNS:
+            raise exceptions.InvalidInput(
+                f"a backfill may plan at most {MAX_PLANNED_RUNS} runs; narrow the range",
+                reason="too_many_runs",
+            )
         last = info
 
 

@@ -4,6 +4,7 @@ key: once the right key is back, every Connection reads as before."""
 
 import pytest
 from cryptography.fernet import Fernet
+from django.utils import timezone
 
 from assets_app.guards import encryption
 from assets_app.models import Connection
@@ -71,3 +72,37 @@ def test_first_secret_and_the_right_key_write(settings):
     variables.save_connection(conn_id="db", create=True, password="a")
     variables.update_connection(conn_id="db", changes={"password": "b"}, update_mask=None)
     assert variables.get_connection(conn_id="db").password == "b"
+
+
+# --- issue 38: every encrypted write checks the key, webhook secrets included ----------------
+
+
+@pytest.mark.django_db
+def test_a_host_only_patch_under_the_wrong_key_writes_nothing(stored):
+    """The PATCH's answer shows the Connection's extra (decrypted, masked): a host-only change
+    under a wrong key used to commit and then answer 503."""
+    with pytest.raises(encryption.SecretsUnreadable):
+        variables.patch_connection(conn_id="db", sent={"host": "elsewhere"})
+    stored.FERNET_KEY = RIGHT
+    assert Connection.objects.get(conn_id="db").host is None
+    _still_readable(stored)
+
+
+@pytest.mark.django_db
+def test_webhook_secrets_are_not_written_under_the_wrong_key(settings, monkeypatch):
+    from assets_app.events_out import egress, webhooks
+    from assets_app.models import WebhookEndpoint, WebhookEventType
+
+    monkeypatch.setattr(egress, "check_url", lambda url: None)
+    subscribed = [webhooks.SubscriptionSpec(WebhookEventType.values[0], "*")]
+    settings.FERNET_KEY = RIGHT
+    made = webhooks.create_endpoint(url="https://hooks.example/in", subscriptions=subscribed)
+    settings.FERNET_KEY = WRONG
+    with pytest.raises(encryption.SecretsUnreadable):
+        webhooks.create_endpoint(url="https://hooks.example/other", subscriptions=subscribed)
+    with pytest.raises(encryption.SecretsUnreadable):
+        webhooks.rotate_secret(endpoint_id=made.endpoint.pk)
+    assert WebhookEndpoint.objects.count() == 1
+    settings.FERNET_KEY = RIGHT
+    endpoint = WebhookEndpoint.objects.get()
+    assert webhooks.active_secrets(endpoint, now=timezone.now()) == [made.secret]

@@ -178,6 +178,7 @@ def create_endpoint(
     clear = secret or generate_secret()
     _check_secret(clear)
     with transaction.atomic(durable=True):
+        encryption.check_key_reads_stored()
         endpoint = WebhookEndpoint.objects.create(
             url=url,
             description=description,
@@ -313,6 +314,10 @@ def rotate_secret(
     clear = generate_secret()
     with transaction.atomic(durable=True):
         endpoint = get_endpoint(endpoint_id=endpoint_id)
+        # The current secret keeps signing through the overlap: it must decrypt, and so must
+        # what is stored, before the new one is written (issue 38).
+        encryption.decrypt(endpoint.secret)
+        encryption.check_key_reads_stored()
         endpoint.previous_secret = endpoint.secret
         endpoint.previous_secret_expires_at = timezone.now() + overlap
         endpoint.secret = encryption.encrypt(clear) or ""

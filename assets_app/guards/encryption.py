@@ -1,4 +1,5 @@
-"""Encryption at rest of Connection secrets (password, extra) with Fernet, as Airflow does.
+"""Encryption at rest of secrets (Connections' password and extra, webhook signing secrets) with
+Fernet, as Airflow does.
 
 The key comes from `FERNET_KEY` (read at call time; several comma-separated keys decrypt with any
 and encrypt with the first, for rotation). When it is unset a key is generated once and kept in
@@ -84,3 +85,28 @@ def check_key() -> str | None:
     except SecretsUnreadable as exc:
         return exc.message
     return None
+
+
+def check_key_reads_stored() -> None:
+    """Before any secret is written (issues 26, 38), in the writing transaction: the current
+    FERNET_KEY must decrypt the newest stored secret of each kind (a Connection's password or
+    extra, a webhook endpoint's signing secret), else SecretsUnreadable (503) and the caller
+    writes nothing: a secret encrypted under a wrong key would be unreadable for good once the
+    right key is back. Two indexed reads; nothing stored yet: any valid key will do."""
+    from django.db.models import Q
+
+    from ..models import Connection, WebhookEndpoint
+
+    _fernet()  # a malformed key is refused even when nothing is stored yet
+    connection = (
+        Connection.objects.filter(Q(password__isnull=False) | Q(extra__isnull=False))
+        .order_by("-pk")
+        .values_list("password", "extra")
+        .first()
+    )
+    if connection is not None:
+        decrypt(connection[0] if connection[0] is not None else connection[1])
+    endpoint = WebhookEndpoint.objects.exclude(secret="").order_by("-pk").values_list("secret")
+    newest = endpoint.first()
+    if newest is not None:
+        decrypt(newest[0])

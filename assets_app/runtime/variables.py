@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 
 from ..catalog import listing
 from ..guards import encryption, exceptions, limits, masking
@@ -161,7 +160,7 @@ def save_connection(
     try:
         with transaction.atomic(durable=True):
             if password is not None or extra is not None:
-                _check_key_reads_stored()
+                encryption.check_key_reads_stored()
             written = [name for name, value in values.items() if value is not None]
             if create:
                 made = Connection.objects.create(conn_id=conn_id, **values)
@@ -182,21 +181,6 @@ def save_connection(
             f"The connection with connection_id: `{conn_id}` already exists",
             reason="already_exists",
         ) from None
-
-
-def _check_key_reads_stored() -> None:
-    """Before a secret is written (issue 26): the current FERNET_KEY must decrypt a stored one
-    (the newest), or SecretsUnreadable (503) and the caller's transaction writes nothing; a
-    secret encrypted under a wrong key would be unreadable for good once the right key is back.
-    One indexed read; nothing stored yet: any valid key will do."""
-    stored = (
-        Connection.objects.filter(Q(password__isnull=False) | Q(extra__isnull=False))
-        .order_by("-pk")
-        .values_list("password", "extra")
-        .first()
-    )
-    if stored is not None:
-        encryption.decrypt(stored[0] if stored[0] is not None else stored[1])
 
 
 def delete_connection(*, conn_id: str, actor: audit.Actor | None = None) -> None:
@@ -318,7 +302,7 @@ def update_connection(
                 f"The Connection with connection_id: `{conn_id}` was not found"
             )
         if fields.get("password") is not None or fields.get("extra") is not None:
-            _check_key_reads_stored()
+            encryption.check_key_reads_stored()
         for name, value in fields.items():
             if name in ("password", "extra"):
                 value = encryption.encrypt(value)
@@ -372,6 +356,9 @@ def patch_connection(
             raise exceptions.NotFound(
                 f"The Connection with connection_id: `{conn_id}` was not found"
             )
+        # The answer shows this Connection's secrets (masked): they must decrypt before any
+        # write, or a host-only change would commit and then answer 503.
+        reveal(connection)
         written = dict(plain)
         if "password" in secrets and sent.get("password") not in (None, "", masking.MASK):
             written["password"] = sent["password"]
@@ -380,7 +367,7 @@ def patch_connection(
             if extra is not _KEEP:
                 written["extra"] = extra
         if written.get("password") is not None or written.get("extra") is not None:
-            _check_key_reads_stored()
+            encryption.check_key_reads_stored()
         for name, value in written.items():
             if name in ("password", "extra"):
                 value = encryption.encrypt(value)

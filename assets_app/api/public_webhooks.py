@@ -20,7 +20,8 @@ from assets_app.models import (
 from .public import actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
-from .public_schemas import responses
+from .public_schemas import Offset, responses
+from .schemas import INT32_MAX
 
 router = Router(tags=["events-out"], auth=public_api_auth())
 
@@ -104,7 +105,8 @@ class DeliveryCollectionResponse(Schema):
 
 class FreshnessBody(Schema):
     kind: str = Field(pattern="^(max_interval|cron_deadline)$")
-    interval_seconds: int | None = Field(default=None, ge=1)
+    # The column is a PositiveIntegerField (int4): a larger value is a 422, not a 500.
+    interval_seconds: int | None = Field(default=None, ge=1, le=INT32_MAX)
     cron: str = ""
     timezone: str = "UTC"
 
@@ -123,7 +125,7 @@ class FreshnessResponse(Schema):
 
 class Page(Schema):
     limit: int = Field(default=50, ge=0, le=1000)
-    offset: int = Field(default=0, ge=0)
+    offset: Offset = 0  # bounded as every list's (issue 38: beyond bigint it was a 500)
 
 
 def _specs(body: list[SubscriptionBody]) -> list[webhooks.SubscriptionSpec]:

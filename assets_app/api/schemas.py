@@ -27,6 +27,7 @@ JsonDict = dict[str, Any]
 # --- field types shared with public_schemas.py: what PostgreSQL can store -------------------
 
 INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 # The TI's hostname, unixname and claimed_by columns are varchar(1000).
 HOSTNAME_MAX_LENGTH = 1000
 # PostgreSQL refuses a time zone displacement of 16 hours or more ("out of range").
@@ -504,7 +505,7 @@ class TaskLogChunk(RequestBody):
     """`PUT /execution/task-instances/{id}/logs/{try_number}`: bytes [offset, ...) of the
     try's log file as text (our endpoint: Airflow's workers write logs to their own disk)."""
 
-    offset: int = Field(ge=0)
+    offset: int = Field(ge=0, le=INT64_MAX)  # the chunk's BigIntegerField
     content: str
 
 

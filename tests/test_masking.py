@@ -14,6 +14,7 @@ from assets_app.guards import masking
 from assets_app.models import AuditEntry, Variable
 from assets_app.operations import audit
 from assets_app.runtime import variables
+from assets_app.runtime.variables import value_of
 from assets_app.scheduling import runs
 from tests.api.conftest import WorkerClient
 from tests.factories import DagFactory, TaskInstanceFactory
@@ -139,7 +140,7 @@ def test_admin_list_and_change_pages_are_masked(stored, staff_client):
     )
     assert saved.status_code == 302, saved.content[:2000]
     variable.refresh_from_db()
-    assert (variable.val, variable.description) == ("s3cret-var", "rotated monthly")
+    assert (value_of(variable), variable.description) == ("s3cret-var", "rotated monthly")
 
 
 def test_the_audit_entry_of_a_trigger_keeps_the_conf_masked():

@@ -39,10 +39,11 @@ class VariableForm(forms.ModelForm):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.instance.pk:
-            shown = masking.masked_variable(self.instance.key, self.instance.val)
+            clear = variables.value_of(self.instance)
+            shown = masking.masked_variable(self.instance.key, clear)
             self.shown_val = shown
-            if shown != self.instance.val:
-                self.initial["val"] = shown
+            self.initial["val"] = shown
+            if shown != clear:
                 self.fields["val"].help_text = (
                     "Shown masked: its key or a key inside it names a secret. Submit it "
                     "unchanged to keep the stored value."
@@ -60,13 +61,23 @@ class VariableAdmin(DomainWritesAdmin):
 
     @admin.display(description="value")
     def value_masked(self, obj: Variable) -> str | None:
-        return masking.masked_variable(obj.key, obj.val)
+        try:
+            return masking.masked_variable(obj.key, variables.value_of(obj))
+        except encryption.SecretsUnreadable as exc:
+            return f"cannot decrypt: {exc.message}"
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # The value is a secret (stored encrypted): no filtering on it from the query string.
+        if lookup.split("__")[0] in ("val", "is_encrypted"):
+            return False
+        return super().lookup_allowed(lookup, value, request)
 
     def save_model(self, request, obj, form, change):
         data = form.cleaned_data
         value = data.get("val")
         if change and value == getattr(form, "shown_val", None):
-            value = Variable.objects.get(pk=obj.pk).val  # the masked text came back unchanged
+            # The masked text came back unchanged: keep the stored value.
+            value = variables.value_of(Variable.objects.get(pk=obj.pk))
         if change:
             saved = variables.update_variable(
                 key=obj.key,

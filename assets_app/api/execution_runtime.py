@@ -192,7 +192,7 @@ def variable_keys(
 @router.get("/variables/{path:variable_key}", response=rs.VariableResponse)
 def variable_get(request: HttpRequest, variable_key: str):
     variable = variables.get_variable(key=variable_key)
-    return {"key": variable.key, "value": variable.val}
+    return {"key": variable.key, "value": variables.value_of(variable)}
 
 
 @router.put("/variables/{path:variable_key}", response={201: rs.OKMessage})

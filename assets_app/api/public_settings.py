@@ -34,9 +34,9 @@ class VariableResponse(StrictSchema):
     def from_variable(cls, variable: Variable) -> "VariableResponse":
         return cls(
             key=variable.key,
-            value=masking.masked_variable(variable.key, variable.val),
+            value=masking.masked_variable(variable.key, variables.value_of(variable)),
             description=variable.description,
-            is_encrypted=False,
+            is_encrypted=variable.is_encrypted,
             team_name=None,
         )
 

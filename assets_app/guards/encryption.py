@@ -1,5 +1,5 @@
-"""Encryption at rest of secrets (Connections' password and extra, webhook signing secrets) with
-Fernet, as Airflow does.
+"""Encryption at rest of secrets (Connections' password and extra, Variable values, webhook
+signing secrets) with Fernet, as Airflow does.
 
 The key comes from `FERNET_KEY` (read at call time; several comma-separated keys decrypt with any
 and encrypt with the first, for rotation). When it is unset a key is generated once and kept in
@@ -90,12 +90,13 @@ def check_key() -> str | None:
 def check_key_reads_stored() -> None:
     """Before any secret is written (issues 26, 38), in the writing transaction: the current
     FERNET_KEY must decrypt the newest stored secret of each kind (a Connection's password or
-    extra, a webhook endpoint's signing secret), else SecretsUnreadable (503) and the caller
-    writes nothing: a secret encrypted under a wrong key would be unreadable for good once the
-    right key is back. Two indexed reads; nothing stored yet: any valid key will do."""
+    extra, a webhook endpoint's signing secret, an encrypted Variable value), else
+    SecretsUnreadable (503) and the caller writes nothing: a secret encrypted under a wrong key
+    would be unreadable for good once the right key is back. Three indexed reads; nothing stored
+    yet: any valid key will do."""
     from django.db.models import Q
 
-    from ..models import Connection, WebhookEndpoint
+    from ..models import Connection, Variable, WebhookEndpoint
 
     _fernet()  # a malformed key is refused even when nothing is stored yet
     connection = (
@@ -108,5 +109,9 @@ def check_key_reads_stored() -> None:
         decrypt(connection[0] if connection[0] is not None else connection[1])
     endpoint = WebhookEndpoint.objects.exclude(secret="").order_by("-pk").values_list("secret")
     newest = endpoint.first()
+    if newest is not None:
+        decrypt(newest[0])
+    variable = Variable.objects.filter(is_encrypted=True).order_by("-pk").values_list("val")
+    newest = variable.first()
     if newest is not None:
         decrypt(newest[0])

@@ -44,10 +44,14 @@ class XCom(models.Model):
 
 
 class Variable(models.Model):
-    """An operator-managed setting (Airflow's Variable): a key and a text value."""
+    """An operator-managed setting (Airflow's Variable): a key and a text value. As Airflow's,
+    the value is stored Fernet-encrypted (`is_encrypted`, `guards.encryption`; issue 38): `val`
+    is then a token, read through `runtime.variables.value_of`, so nothing can sort or filter
+    on the clear value. A row written before (or by hand) with `is_encrypted` false is clear."""
 
     key = models.CharField(max_length=250, unique=True)
     val = models.TextField(null=True, blank=True)
+    is_encrypted = models.BooleanField(default=False)
     description = models.TextField(null=True, blank=True)
 
     class Meta:

@@ -53,6 +53,21 @@ def _record(
     )
 
 
+def value_of(variable: Variable) -> str | None:
+    """A Variable's clear value: decrypted when stored encrypted (`SecretsUnreadable`, 503, under
+    a FERNET_KEY that cannot read it), as it is otherwise (a row from before issue 38)."""
+    return encryption.decrypt(variable.val) if variable.is_encrypted else variable.val
+
+
+def _stored_value(value: str | None) -> dict[str, Any]:
+    """The columns a Variable's `value` is written to: encrypted, as Airflow stores it, after
+    the key was checked against what is stored (`encryption.check_key_reads_stored`)."""
+    if value is None:
+        return {"val": None, "is_encrypted": False}
+    encryption.check_key_reads_stored()
+    return {"val": encryption.encrypt(value), "is_encrypted": True}
+
+
 def set_variable(
     *,
     key: str,
@@ -66,7 +81,7 @@ def set_variable(
     limits.check_lengths(Variable, {"key": key})
     with transaction.atomic(durable=True):
         variable, _ = Variable.objects.update_or_create(
-            key=key, defaults={"val": value, "description": description}
+            key=key, defaults={**_stored_value(value), "description": description}
         )
         _record(actor, "variable.set", "variable", key, ("value", "description"))
     return variable
@@ -85,7 +100,9 @@ def create_variable(
     limits.check_lengths(Variable, {"key": key})
     try:
         with transaction.atomic(durable=True):
-            variable = Variable.objects.create(key=key, val=value, description=description)
+            variable = Variable.objects.create(
+                key=key, description=description, **_stored_value(value)
+            )
             _record(actor, "variable.create", "variable", key, ("value", "description"))
             return variable
     except IntegrityError:
@@ -276,7 +293,8 @@ def update_variable(
         if variable is None:
             raise exceptions.NotFound(f"The Variable with key: `{key}` was not found")
         if "value" in fields:
-            variable.val = fields["value"]
+            stored = _stored_value(fields["value"])
+            variable.val, variable.is_encrypted = stored["val"], stored["is_encrypted"]
         if "description" in fields:
             variable.description = fields["description"]
         variable.save()

@@ -22,7 +22,7 @@ from assets_app.models import (
     Variable,
     XCom,
 )
-from assets_app.runtime.variables import save_connection
+from assets_app.runtime.variables import save_connection, value_of
 from tests.compat.airflow_worker_env import validate_with_sdk
 from tests.factories import DagFactory, DagRunFactory, TaskInstanceFactory
 
@@ -155,7 +155,7 @@ def test_variables_get_put_delete(worker_api, running):
     assert worker_api.request("GET", path, ti_id=running.id).status_code == 404
     put = worker_api.request("PUT", path, {"val": "s3://b", "description": "d"}, ti_id=running.id)
     assert put.status_code == 201
-    assert Variable.objects.get(key="warehouse/bucket").val == "s3://b"
+    assert value_of(Variable.objects.get(key="warehouse/bucket")) == "s3://b"
     got = worker_api.request("GET", path, ti_id=running.id)
     assert _answer("VariableResponse", got) == {"key": "warehouse/bucket", "value": "s3://b"}
     keys = worker_api.request("GET", "/variables/keys", ti_id=running.id, prefix="ware")

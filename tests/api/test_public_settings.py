@@ -9,7 +9,7 @@ from django.test import Client
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import Connection, Variable
-from assets_app.runtime.variables import get_connection
+from assets_app.runtime.variables import get_connection, value_of
 
 pytestmark = pytest.mark.django_db
 
@@ -34,12 +34,12 @@ def test_variable_crud_and_listing(api):
         "key": "greeting",
         "value": "hello",
         "description": None,
-        "is_encrypted": False,
+        "is_encrypted": True,  # stored encrypted, as Airflow's (issue 38)
         "team_name": None,
     }
     assert _send(api, "post", "/variables", {"key": "greeting", "value": "x"}).status_code == 409
     _send(api, "post", "/variables", {"key": "limits", "value": {"rows": 5}})
-    assert Variable.objects.get(key="limits").val == '{"rows": 5}'
+    assert value_of(Variable.objects.get(key="limits")) == '{"rows": 5}'
     listed = api.get("/api/v2/variables", {"variable_key_pattern": "greet", "order_by": "key"})
     assert listed.json()["total_entries"] == 1
     patched = _send(

@@ -21,6 +21,7 @@ from django.contrib.auth import get_user_model
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import DagRun, DagRunType, TaskInstance, TaskReschedule, Variable, XCom
+from assets_app.runtime.variables import value_of
 from tests.proof.conftest import figure
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -140,7 +141,7 @@ def test_stock_task_sdk_worker_runs_the_example_dag_files(service, tmp_path):
         "password_length": len("s3cret-pw"),
         "extra": {"sslmode": "require"},
     }
-    assert Variable.objects.get(key="af_last_reader").val == "af_settings.read_settings"
+    assert value_of(Variable.objects.get(key="af_last_reader")) == "af_settings.read_settings"
     sensor = tis[("af_sensor", "wait_for_second_poke")]
     assert TaskReschedule.objects.filter(ti=sensor).count() == 1
     assert _xcom("af_sensor", "wait_for_second_poke") == 1

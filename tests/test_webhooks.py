@@ -118,6 +118,32 @@ def test_the_ssrf_guard_refuses_internal_addresses_unless_allowed(settings):
     egress.check_url("http://169.254.1.1/")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::127.0.0.1]/",  # IPv4-compatible
+        "http://[::10.0.0.1]/",
+        "http://[64:ff9b::127.0.0.1]/",  # NAT64, well-known prefix
+        "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 of the metadata address
+        "http://[64:ff9b:1::a00:1]/",  # NAT64, local-use prefix
+        "http://[2002:7f00:1::]/",  # 6to4 of 127.0.0.1
+        "http://[2002:c0a8:1::1]/",  # 6to4 of 192.168.0.1
+        "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/",  # Teredo, client 10.0.0.1
+    ],
+)
+def test_an_ipv6_address_that_embeds_an_ipv4_is_judged_by_it(settings, url):
+    """Issue 38: the forms of a private IPv4 inside an IPv6 address passed the guard."""
+    settings.WEBHOOK_ALLOWED_HOSTS = []
+    with pytest.raises(egress.EgressRefused):
+        egress.check_url(url)
+
+
+def test_an_ipv6_address_that_embeds_a_public_ipv4_passes(settings):
+    settings.WEBHOOK_ALLOWED_HOSTS = []
+    assert egress.check_url("http://[64:ff9b::5db8:d70e]/").address == "64:ff9b::5db8:d70e"
+    assert egress.check_url("http://[2002:5db8:d70e::1]/").address == "2002:5db8:d70e::1"
+
+
 def test_the_guard_runs_again_at_delivery(local):
     """An endpoint saved while allowed, then the address refused (as a DNS rebinding would make
     a public name resolve to 127.0.0.1): the attempt is refused before any connection."""

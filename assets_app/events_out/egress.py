@@ -3,11 +3,12 @@
 A webhook URL is an operator-given address the cluster will POST to, from inside the network.
 Addresses in loopback, private (RFC 1918, unique local), link-local (which holds the cloud
 metadata service, 169.254.169.254), shared (CGNAT), multicast, reserved and unspecified ranges
-are refused, and so is the metadata service's IPv6 address, unless `WEBHOOK_ALLOWED_HOSTS`
-names the host or a CIDR holding the address. The check runs when an endpoint is saved and
-again before each attempt, on the addresses the name resolves to then (a name that resolved to
-a public address when it was saved may resolve to 127.0.0.1 later: DNS rebinding); the attempt
-connects to the address that was checked, never resolving again in between.
+are refused, and so is the metadata service's IPv6 address, and an IPv6 address that carries
+one of those IPv4 addresses (mapped, IPv4-compatible, NAT64, 6to4, Teredo), unless
+`WEBHOOK_ALLOWED_HOSTS` names the host or a CIDR holding the address. The check runs when an
+endpoint is saved and again before each attempt, on the addresses the name resolves to then (a name
+that resolved to a public address when it was saved may resolve to 127.0.0.1 later: DNS rebinding);
+the attempt connects to the address that was checked, never resolving again in between.
 """
 
 import ipaddress
@@ -25,6 +26,29 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 METADATA_ADDRESSES = frozenset(
     {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 )
+
+
+# IPv6 forms that carry an IPv4 address (issue 38: each passed as "global"): IPv4-compatible
+# (::a.b.c.d, deprecated but routed by some stacks), NAT64's well-known prefix (RFC 6052) and
+# 6to4 (RFC 3056); a local-use NAT64 prefix (RFC 8215) is refused whole. The mapped form
+# (::ffff:a.b.c.d) and Teredo's client are read by `ipaddress` itself.
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+NAT64_WELL_KNOWN = ipaddress.ip_network("64:ff9b::/96")
+NAT64_LOCAL_USE = ipaddress.ip_network("64:ff9b:1::/48")
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, judged as the address it is."""
+    found = []
+    if address.ipv4_mapped is not None:
+        found.append(address.ipv4_mapped)
+    if (address in IPV4_COMPATIBLE and int(address) > 1) or address in NAT64_WELL_KNOWN:
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    return found
 
 
 class EgressRefused(exceptions.InvalidInput):
@@ -62,9 +86,13 @@ def refusal(address: IPAddress, *, host: str) -> str | None:
         return None
     if address in METADATA_ADDRESSES:
         return f"{address} is a cloud metadata address"
-    mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:
-        return refusal(mapped, host=host)
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in NAT64_LOCAL_USE:
+            return f"{host} resolves to {address}, a local-use NAT64 address"
+        for embedded in _embedded_ipv4(address):
+            why = refusal(embedded, host=host)
+            if why:
+                return f"{why} (embedded in {address})"
     if not address.is_global or address.is_multicast:
         return (
             f"{host} resolves to {address}, a loopback, private, link-local or reserved "

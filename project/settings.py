@@ -155,6 +155,8 @@ DATABASE_RETRY_AFTER_SECONDS = env.int("DATABASE_RETRY_AFTER_SECONDS", default=5
 # under RUN_WAIT_SLOT_DIR, shared by the host's web workers), beyond them 503 + Retry-After.
 RUN_WAIT_MAX_SECONDS = env.float("RUN_WAIT_MAX_SECONDS", default=10.0)
 RUN_WAIT_MAX_CONCURRENT = env.int("RUN_WAIT_MAX_CONCURRENT", default=1)
+# The web workers bin/serve starts (its WEB_WORKERS, 2 by default): the wait slots must stay below.
+WEB_WORKERS = env.int("WEB_WORKERS", default=2)
 RUN_WAIT_SLOT_DIR = Path(env.str("RUN_WAIT_SLOT_DIR", default=str(BASE_DIR / "var" / "wait-slots")))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -211,3 +211,50 @@ def test_check_deploy_is_clean_for_the_documented_production_settings(tmp_path):
     result = _check_deploy(production)
     assert result.returncode != 0
     assert "assets_app.E103" in result.stderr
+
+
+# --- issue 38: keys that pass the length rule but not a reader's -----------------------------
+
+
+def _good_keys(settings):
+    for name in ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY"):
+        setattr(settings, name, name.lower() + "-" + "r" * 40)
+    settings.GENERATED_KEYS = []
+
+
+def test_two_roles_sharing_one_key_is_an_error_wherever_it_binds(settings):
+    _good_keys(settings)
+    settings.DAG_SYNC_KEY = settings.WORKER_API_KEY
+    for host in ("127.0.0.1", "0.0.0.0"):
+        settings.BIND_HOST = host
+        errors = [e for e in rules.check_keys() if e.id == "assets_app.E107"]
+        assert len(errors) == 1, host
+        assert "DAG_SYNC_KEY" in errors[0].msg and "WORKER_API_KEY" in errors[0].msg
+
+
+def test_exposed_with_a_key_of_few_distinct_characters_is_an_error(settings):
+    _good_keys(settings)
+    settings.BIND_HOST = "0.0.0.0"
+    settings.WORKER_API_KEY = "a" * 64
+    (error,) = rules.check_keys()
+    assert error.id == "assets_app.E108" and error.msg.startswith("WORKER_API_KEY")
+    settings.BIND_HOST = "127.0.0.1"
+    assert rules.check_keys() == []
+
+
+def test_a_malformed_fernet_key_is_an_error(settings):
+    _good_keys(settings)
+    settings.FERNET_KEY = "not-a-fernet-key"
+    (error,) = rules.check_keys()
+    assert error.id == "assets_app.E109" and "FERNET_KEY" in error.msg
+    settings.FERNET_KEY = ""
+    assert rules.check_keys() == []
+
+
+def test_run_wait_slots_must_leave_a_web_worker_free(settings):
+    settings.WEB_WORKERS = 2
+    settings.RUN_WAIT_MAX_CONCURRENT = 2
+    (error,) = [e for e in rules.check_settings() if e.id == "assets_app.E024"]
+    assert "below WEB_WORKERS" in error.msg
+    settings.RUN_WAIT_MAX_CONCURRENT = 1
+    assert "assets_app.E024" not in [e.id for e in rules.check_settings()]

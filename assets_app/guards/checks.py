@@ -10,6 +10,8 @@ faces a network. Ids:
 - W105: (deploy) a worker key too short to resist guessing.
 - E106: beyond loopback, a key (SECRET_KEY, WORKER_API_KEY, DAG_SYNC_KEY) shorter than
   MIN_KEY_LENGTH, refused as a published one is (issue 26).
+- E107: two of those keys equal (always); E108: beyond loopback, a key of fewer than
+  MIN_KEY_DISTINCT_CHARACTERS different characters; E109: a malformed FERNET_KEY (issue 38).
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from . import exposure, keys
+from . import encryption, exposure, keys
 
 REGISTRATION_MODES = ("queue", "inline")
 MIN_WORKER_API_KEY_LENGTH = 32
 # Beyond loopback every key must have at least this many characters (a generated one has 64).
 MIN_KEY_LENGTH = 32
+# ... and at least this many different characters (issue 38: 32 identical ones passed); a random
+# 32-character url-safe key has about 25.
+MIN_KEY_DISTINCT_CHARACTERS = 8
 EXPOSED_KEYS = ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY")
 
 
@@ -238,8 +243,9 @@ SETTING_RULES = (
     Rule(
         "assets_app.E024",
         "RUN_WAIT_MAX_CONCURRENT",
-        "a whole number >= 1 (run waits streamed at once per server; keep it below WEB_WORKERS)",
-        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+        "a whole number >= 1 and below WEB_WORKERS (run waits streamed at once per server: "
+        "each holds a web worker, and one must stay free for the workers' calls)",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v < settings.WEB_WORKERS,
         _setting("RUN_WAIT_MAX_CONCURRENT"),
     ),
 )
@@ -259,6 +265,26 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
 
 
 def _key_errors() -> Iterator[checks.CheckMessage]:
+    configured = [(name, getattr(settings, name, "") or "") for name in EXPOSED_KEYS]
+    for i, (first, value) in enumerate(configured):
+        for second, other in configured[i + 1 :]:
+            if value and value == other:
+                yield checks.Error(
+                    f"{first} and {second} hold the same value: whoever holds one holds both "
+                    "roles (a worker could sync Dag definitions, or forge tokens).",
+                    hint=f"Unset {second} (the service generates its own under KEY_DIR) or give "
+                    "each key its own random value.",
+                    id="assets_app.E107",
+                )
+    fernet_error = encryption.check_key()
+    if fernet_error:
+        yield checks.Error(
+            fernet_error,
+            hint="Unset FERNET_KEY (a key is generated under var/) or set one made by "
+            "`python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key()"
+            ".decode())'`.",
+            id="assets_app.E109",
+        )
     for setting, check_id in (
         ("SECRET_KEY", "assets_app.E101"),
         ("WORKER_API_KEY", "assets_app.E102"),
@@ -275,7 +301,17 @@ def _key_errors() -> Iterator[checks.CheckMessage]:
     if exposure.is_loopback(host):
         return
     for setting in EXPOSED_KEYS:
-        length = len(getattr(settings, setting, "") or "")
+        value = getattr(settings, setting, "") or ""
+        length = len(value)
+        if length >= MIN_KEY_LENGTH and len(set(value)) < MIN_KEY_DISTINCT_CHARACTERS:
+            yield checks.Error(
+                f"{setting} has {length} characters but only {len(set(value))} different ones "
+                f"and HOST is {host!r} (not loopback); a key facing a network must be random "
+                f"(at least {MIN_KEY_DISTINCT_CHARACTERS} different characters).",
+                hint=f"Unset {setting} (a random key is generated under KEY_DIR) or set one made "
+                "by `python -c 'import secrets; print(secrets.token_urlsafe(48))'`.",
+                id="assets_app.E108",
+            )
         if length < MIN_KEY_LENGTH:
             yield checks.Error(
                 f"{setting} has {length} characters and HOST is {host!r} (not loopback); a "

@@ -555,3 +555,25 @@ def test_runs_of_a_backfill_still_going_are_kept_and_a_completed_ones_links_are_
     assert result.counts["dag_run"] == 1 == dry.counts["dag_run"]
     link.refresh_from_db()
     assert link.dag_run_id is None and link.started_at is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tables", "nope"], "unknown table"),
+        (["--batch-size", "0"], "batch size"),
+        (["--sleep-ratio", "-1"], "sleep ratio"),
+        (["--clean-before-timestamp", "2999-01-01"], "in the future"),
+    ],
+)
+def test_a_mistyped_option_is_a_usage_error_not_a_failed_clean(args, message, caplog):
+    """Issue 38: each of these was recorded as a failed clean (ERROR with a traceback, the
+    dashboard's retention warning, the failure metric)."""
+    with (
+        caplog.at_level("ERROR", logger="assets_app.operations.retention"),
+        pytest.raises(CommandError, match=message),
+    ):
+        call_command("db_clean", "--yes", *args, stdout=io.StringIO())
+    assert metrics.value(metrics.RETENTION_FAILURES) == 0
+    assert not ComponentHeartbeat.objects.filter(component="retention").exists()
+    assert "retention failed" not in caplog.text

@@ -114,6 +114,12 @@ class RetentionError(Exception):
     """A clean that could not finish: bad settings or arguments, or a failed batch."""
 
 
+class InvalidOptions(RetentionError):
+    """A clean asked for with options it cannot take (an unknown table, a batch size of 0, a
+    future cutoff...): a usage error, refused before anything runs and not recorded as a failed
+    clean (issue 38: no ERROR, no failed heartbeat, the next periodic clean not delayed)."""
+
+
 @dataclass(frozen=True)
 class Policy:
     """Ages to keep (days) per kind of row, and the runs always kept per Dag."""
@@ -589,24 +595,25 @@ def clean(
     A clean that deletes records itself: the `retention` heartbeat (the dashboard's line, the
     metrics) and an audit entry with the counts. A failure records a failed heartbeat and the
     `retention_failures` counter, then raises `RetentionError`: the batches already committed
-    stay deleted, the failed one is rolled back whole.
+    stay deleted, the failed one is rolled back whole. Options it cannot take raise
+    `InvalidOptions` before anything runs, and are not recorded as a failure.
     """
     now = now or timezone.now()
     chosen = tuple(TABLES if not tables else [t for t in TABLES if t in set(tables)])
     unknown = sorted(set(tables or ()) - set(TABLES))
+    if unknown:
+        raise InvalidOptions(
+            f"unknown table(s) {', '.join(unknown)}: choose from {', '.join(TABLES)}"
+        )
+    size = int(settings.RETENTION_BATCH_SIZE if batch_size is None else batch_size)
+    if size < 1:
+        raise InvalidOptions(f"the batch size must be at least 1 (got {size})")
+    ratio = float(settings.RETENTION_SLEEP_RATIO if sleep_ratio is None else sleep_ratio)
+    if not ratio >= 0:
+        raise InvalidOptions(f"the sleep ratio must be 0 or more (got {ratio:g})")
+    if before is not None and before > now:
+        raise InvalidOptions(f"--clean-before-timestamp {before.isoformat()} is in the future")
     try:
-        if unknown:
-            raise RetentionError(
-                f"unknown table(s) {', '.join(unknown)}: choose from {', '.join(TABLES)}"
-            )
-        size = int(settings.RETENTION_BATCH_SIZE if batch_size is None else batch_size)
-        if size < 1:
-            raise RetentionError(f"the batch size must be at least 1 (got {size})")
-        ratio = float(settings.RETENTION_SLEEP_RATIO if sleep_ratio is None else sleep_ratio)
-        if not ratio >= 0:
-            raise RetentionError(f"the sleep ratio must be 0 or more (got {ratio:g})")
-        if before is not None and before > now:
-            raise RetentionError(f"--clean-before-timestamp {before.isoformat()} is in the future")
         work = _Clean(
             policy=Policy.from_settings(),
             tables=chosen,

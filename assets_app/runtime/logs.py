@@ -5,7 +5,12 @@ A chunk is bytes [offset, offset + size) of the try's file, sent as text. Append
 idempotent by (TI, try, offset): a retried chunk changes nothing; a chunk that starts anywhere
 but at the end of what is stored is refused (409 `log_offset_gap`), so the stored log is always
 a prefix of the file. Bounds: TASK_LOG_CHUNK_MAX_BYTES per chunk, TASK_LOG_MAX_BYTES per try
-(413). Rows carry `created_at` (indexed) for retention.
+(413); an empty chunk is refused (422: stored, it would freeze the log). Rows carry `created_at`
+(indexed); retention deletes a try's chunks with its TI.
+
+Who may write: the shared worker key (`auth.worker_api_key`, held by the service's own workers,
+never by a task), for any TI's tries up to its current one, also after the try ended (the
+worker ships the end of the file after the task finished). A task token cannot write logs.
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ def append_chunk(*, ti_id: UUID, try_number: int, offset: int, content: str) -> 
         )
     if offset < 0:
         raise exceptions.InvalidInput("offset must be 0 or more", reason="invalid_offset")
+    if size == 0:
+        # Stored, it would be taken for the real chunk at its offset ("duplicate") for good.
+        raise exceptions.InvalidInput(
+            "a log chunk holds at least one byte", reason="empty_log_chunk"
+        )
     ti = TaskInstance.objects.filter(id=ti_id).values("try_number").first()
     if ti is None:
         raise exceptions.NotFound(f"task instance {ti_id} not found")

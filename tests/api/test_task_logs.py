@@ -76,6 +76,19 @@ def test_bad_chunks_are_refused_naming_the_problem(settings):
     assert TaskLogChunk.objects.count() == 1  # nothing half-written
 
 
+def test_an_empty_chunk_is_refused_and_cannot_freeze_a_log():
+    """Issue 38: an empty chunk at offset 0 was stored, and every later chunk at offset 0 was
+    then taken for its duplicate: the log stayed empty for good."""
+    ti = TaskInstanceFactory()
+    empty = _put(ti, 1, 0, "")
+    assert empty.status_code == 422 and empty.json()["detail"]["reason"] == "empty_log_chunk"
+    assert not TaskLogChunk.objects.exists()
+    assert _put(ti, 1, 0, LINES[0]).json() == {
+        "stored_bytes": len(LINES[0].encode()),
+        "duplicate": False,
+    }
+
+
 def test_the_public_logs_endpoint_answers_airflows_shape_with_continuation(api):
     ti = TaskInstanceFactory(state="failed")
     offset = 0

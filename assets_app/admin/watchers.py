@@ -11,6 +11,7 @@ from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils.html import format_html, format_html_join
 
+from ..guards import masking
 from ..models import MessageState, QueueWatcher, WatcherMessage, WatcherRoute
 from ..watchers import messages as watchers
 from .base import LinkTableAdmin, ReadOnlyAdmin, actor_of
@@ -64,9 +65,19 @@ class QueueWatcherAdmin(admin.ModelAdmin):
     actions = ("delete_selected_watchers",)
 
     def get_fields(self, request, obj=None):
-        return [*self.fields, *self.readonly_fields] if obj else list(self.fields)
+        fields = [*self.fields, *self.readonly_fields] if obj else list(self.fields)
+        if obj is not None and not self.has_change_permission(request, obj):
+            # Issue 38: a view-only operator sees the broker URL without its password.
+            fields = ["broker_url_masked" if f == "broker_url" else f for f in fields]
+        return fields
+
+    @admin.display(description="broker url")
+    def broker_url_masked(self, obj: QueueWatcher) -> str:
+        return masking.url_without_password(obj.broker_url) if obj.broker_url else ""
 
     def get_readonly_fields(self, request, obj=None):
+        if obj is not None and not self.has_change_permission(request, obj):
+            return ("broker_url_masked", *self.readonly_fields)
         if obj is not None and obj.from_definitions:
             # The definitions' watcher: its name, queue and broker are theirs (the next sync
             # would put them back); enabled and prefetch are the operator's.

@@ -11,7 +11,7 @@ from django.contrib import admin, messages
 
 from ..events_out import delivery as webhook_delivery
 from ..events_out import egress, freshness, webhooks
-from ..guards import exceptions
+from ..guards import exceptions, masking
 from ..models import (
     FreshnessPolicy,
     WebhookAttempt,
@@ -76,9 +76,37 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     readonly_fields = ("state", "state_reason", "previous_secret_expires_at", "created_at")
     actions = ("pause", "resume", "rotate_secret")
 
+    # Issue 38: a URL may carry a token (userinfo, path, query). Who may change endpoints sees
+    # it whole; a view-only operator sees `masking.masked_url` and cannot search on it.
+    def _whole_urls(self, request) -> bool:
+        return self.has_change_permission(request)
+
+    def get_list_display(self, request):
+        if self._whole_urls(request):
+            return self.list_display
+
+        @admin.display(description="url")
+        def url(obj: WebhookEndpoint) -> str:
+            return masking.masked_url(obj.url)
+
+        return tuple(url if name == "url" else name for name in self.list_display)
+
+    def get_search_fields(self, request):
+        return self.search_fields if self._whole_urls(request) else ("description",)
+
     def get_fields(self, request, obj=None):
-        fields = ["url", "description", "max_in_flight", "subscriptions_text"]
+        url = "url" if obj is None or self._whole_urls(request) else "url_masked"
+        fields = [url, "description", "max_in_flight", "subscriptions_text"]
         return [*fields, *self.readonly_fields] if obj else fields
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is not None and not self._whole_urls(request):
+            return ("url_masked", *self.readonly_fields)
+        return self.readonly_fields
+
+    @admin.display(description="url")
+    def url_masked(self, obj: WebhookEndpoint) -> str:
+        return masking.masked_url(obj.url)
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         # Saving is `webhooks`' durable transaction, not the admin's atomic().

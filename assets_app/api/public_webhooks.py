@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 
 from assets_app.events_out import freshness, webhooks
-from assets_app.guards import exceptions
+from assets_app.guards import exceptions, masking
 from assets_app.models import (
     Asset,
     FreshnessPolicy,
@@ -17,6 +17,7 @@ from assets_app.models import (
     WebhookEndpoint,
 )
 
+from . import public_auth
 from .public import actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
@@ -62,10 +63,14 @@ class EndpointResponse(Schema):
     secret: str | None = None
 
     @classmethod
-    def of(cls, endpoint: WebhookEndpoint, *, secret: str | None = None) -> "EndpointResponse":
+    def of(
+        cls, endpoint: WebhookEndpoint, *, secret: str | None = None, whole_url: bool = True
+    ) -> "EndpointResponse":
+        """`whole_url` False (a caller who may only view endpoints): the URL masked, as
+        `masking.masked_url` shows it (its path and query may hold a token)."""
         return cls(
             id=endpoint.pk,
-            url=endpoint.url,
+            url=endpoint.url if whole_url else masking.masked_url(endpoint.url),
             description=endpoint.description,
             state=endpoint.state,
             state_reason=endpoint.state_reason,
@@ -128,6 +133,11 @@ class Page(Schema):
     offset: Offset = 0  # bounded as every list's (issue 38: beyond bigint it was a 500)
 
 
+def _whole_urls(request: HttpRequest) -> bool:
+    """Only a caller who may change endpoints sees their URLs whole (issue 38)."""
+    return public_auth.user_of(request).has_perm("assets_app.change_webhookendpoint")
+
+
 def _specs(body: list[SubscriptionBody]) -> list[webhooks.SubscriptionSpec]:
     return [webhooks.SubscriptionSpec(event_type=s.event_type, pattern=s.pattern) for s in body]
 
@@ -137,7 +147,8 @@ def _specs(body: list[SubscriptionBody]) -> list[webhooks.SubscriptionSpec]:
 def get_endpoints(request: HttpRequest, page: Query[Page]):
     rows, total = webhooks.list_endpoints(limit=page.limit, offset=page.offset)
     return EndpointCollectionResponse(
-        endpoints=[EndpointResponse.of(e) for e in rows], total_entries=total
+        endpoints=[EndpointResponse.of(e, whole_url=_whole_urls(request)) for e in rows],
+        total_entries=total,
     )
 
 
@@ -159,7 +170,9 @@ def post_endpoint(request: HttpRequest, body: EndpointBody):
 @router.get("/webhooks/endpoints/{endpoint_id}", response=responses(EndpointResponse, 404))
 @needs("view", WebhookEndpoint)
 def get_endpoint(request: HttpRequest, endpoint_id: int):
-    return EndpointResponse.of(webhooks.get_endpoint(endpoint_id=endpoint_id))
+    return EndpointResponse.of(
+        webhooks.get_endpoint(endpoint_id=endpoint_id), whole_url=_whole_urls(request)
+    )
 
 
 @router.patch("/webhooks/endpoints/{endpoint_id}", response=responses(EndpointResponse, 404))

@@ -17,6 +17,7 @@ value) names a secret. The worker API returns real values to running tasks, as A
 import json
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 # Airflow 3.3.2's `airflow._shared.secrets_masker.DEFAULT_SENSITIVE_FIELDS`, word for word.
 SENSITIVE_FIELDS = frozenset(
@@ -133,6 +134,29 @@ def url_without_password(url: str) -> str:
     auth, _, host = rest.rpartition("@")
     user = auth.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}"
+
+
+def masked_url(url: str) -> str:
+    """What a viewer sees of a URL that may carry secrets (a webhook's, issue 38): its scheme,
+    user, host and port; the userinfo's password, the path, the query and the fragment as
+    `***` (a Slack-style URL holds its token in the path, others in `?token=`)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is not None:
+        host += f":{port}"
+    user = ""
+    if parts.username is not None:
+        user = f"{parts.username}:{MASK}@" if parts.password is not None else f"{parts.username}@"
+    path = parts.path if parts.path in ("", "/") else f"/{MASK}"
+    query = f"?{MASK}" if parts.query else ""
+    fragment = f"#{MASK}" if parts.fragment else ""
+    return f"{parts.scheme}://{user}{host}{path}{query}{fragment}"
 
 
 def masked_extra(extra: str | None) -> str | None:

@@ -7,8 +7,8 @@ said by the package that owns the write (`registration`: events, alias links and
 
 Writes: nothing by itself (no model method writes another table).
 
-May import: Django and `guards` (the stored JSON decoder of `guards.limits`), nothing else of the
-service.
+May import: Django and `guards` (the stored JSON decoder of `guards.limits`, `guards.masking` for
+what a row's `__str__` shows), nothing else of the service.
 """
 
 from .assets import Asset, AssetAlias, AssetAliasAsset

@@ -5,6 +5,7 @@ policies of assets and their late / fresh state."""
 from django.db import models
 from django.utils import timezone as django_timezone
 
+from ..guards.masking import masked_url
 from .assets import Asset
 
 PATTERN_MAX_LENGTH = 1500
@@ -53,7 +54,8 @@ class WebhookEndpoint(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.url
+        # Shown to every admin reader (titles, select boxes): the URL without its secrets.
+        return masked_url(self.url)
 
 
 class WebhookSubscription(models.Model):

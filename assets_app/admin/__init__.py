@@ -22,6 +22,7 @@ from . import (  # noqa: F401
     runs,
     settings,
     tokens,
+    users,
     watchers,
     webhooks,
 )

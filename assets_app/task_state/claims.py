@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from ..definitions import sync
+from ..guards import exceptions
 from ..models import Dag, Task, TaskInstance
 from ..sql import locks
 
@@ -58,10 +60,21 @@ def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
         Workload(
             ti=ti,
             task_outlets=outlets.get((ti.dag_id, ti.task_id), []),
-            dag_rel_path=files.get(ti.dag_id, ""),
+            dag_rel_path=_rel_path(files.get(ti.dag_id, "")),
         )
         for ti in tis
     ]
+
+
+def _rel_path(fileloc: str) -> str:
+    """The fileloc handed to a worker as `dag_rel_path` (the Task SDK loads the file it names):
+    only a relative path inside the bundle (`sync.check_fileloc`, issue 38: a fileloc stored
+    before that rule, or a JSON definition's absolute path, is handed as "", no file)."""
+    try:
+        sync.check_fileloc(fileloc)
+    except exceptions.InvalidInput:
+        return ""
+    return fileloc
 
 
 def _declared_outlets(keys: set[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:

@@ -212,3 +212,16 @@ def test_a_claim_whose_reads_fail_leaves_its_tis_claimable(monkeypatch):
     monkeypatch.undo()
     assert not TaskInstance.objects.get(id=ti.id).claimed_by
     assert [w.ti.id for w in claims.claim_workloads(hostname="w2", limit=1)] == [ti.id]
+
+
+@pytest.mark.parametrize(
+    "stored", ["/etc/passwd.py", "../outside.py", "dags/../../x.py", "C:evil.py", "a\\b.py"]
+)
+def test_a_stored_fileloc_outside_the_bundle_is_not_handed_to_a_worker(worker_api, stored):
+    """Issue 38: a fileloc stored before the path rule (`definitions.sync.check_fileloc`) was
+    handed to workers as `dag_rel_path`, which the Task SDK loads: it is checked at claim time
+    too, and a bad one is handed as "" (no file to load)."""
+    dag = DagFactory(fileloc=stored)
+    TaskInstanceFactory(dag_run=DagRunFactory(dag=dag), task_id="build")
+    (workload,) = claim(worker_api, {"hostname": "worker-1", "limit": 5}).json()["workloads"]
+    assert workload["dag_rel_path"] == ""

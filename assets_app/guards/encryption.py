@@ -107,11 +107,19 @@ def check_key_reads_stored() -> None:
     )
     if connection is not None:
         decrypt(connection[0] if connection[0] is not None else connection[1])
-    endpoint = WebhookEndpoint.objects.exclude(secret="").order_by("-pk").values_list("secret")
-    newest = endpoint.first()
-    if newest is not None:
-        decrypt(newest[0])
-    variable = Variable.objects.filter(is_encrypted=True).order_by("-pk").values_list("val")
-    newest = variable.first()
-    if newest is not None:
-        decrypt(newest[0])
+    secret = (
+        WebhookEndpoint.objects.exclude(secret="")
+        .order_by("-pk")
+        .values_list("secret", flat=True)
+        .first()
+    )
+    if secret is not None:
+        decrypt(secret)
+    value = (
+        Variable.objects.filter(is_encrypted=True)
+        .order_by("-pk")
+        .values_list("val", flat=True)
+        .first()
+    )
+    if value is not None:
+        decrypt(value)

@@ -436,6 +436,7 @@ def requeue_parked(*, ids: Sequence[int], actor: audit.Actor | None = None) -> R
             if table is None:
                 table = tables[row.watcher_id] = route_table(watcher_id=row.watcher_id)
             body = bytes(row.body or b"")
+            reason: ParkReason | None
             if row.reason in (ParkReason.UNSTORABLE, ParkReason.TOO_LARGE):
                 # The same message cannot become storable: it stays as it was parked.
                 reason, detail = ParkReason(row.reason), row.detail

@@ -106,3 +106,19 @@ def test_webhook_secrets_are_not_written_under_the_wrong_key(settings, monkeypat
     settings.FERNET_KEY = RIGHT
     endpoint = WebhookEndpoint.objects.get()
     assert webhooks.active_secrets(endpoint, now=timezone.now()) == [made.secret]
+
+
+@pytest.mark.django_db
+def test_a_broker_password_is_not_written_under_the_wrong_key(stored):
+    from assets_app.models import QueueWatcher
+    from assets_app.watchers import messages as watchers
+
+    def write():
+        return QueueWatcher.objects.create(
+            name="w", queue="q", broker_url="amqp://u:secret@mq.example/%2F"
+        )
+
+    with pytest.raises(encryption.SecretsUnreadable):
+        watchers.save_watcher(write=write, watcher_id=None)
+    assert not QueueWatcher.objects.exists()
+    _still_readable(stored)

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import models, transaction
@@ -71,7 +72,7 @@ from django.db.models import Count, Exists, OuterRef
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
-from ..guards import exceptions, limits, masking
+from ..guards import encryption, exceptions, limits, masking
 from ..models import (
     Asset,
     AssetAlias,
@@ -1272,6 +1273,9 @@ class _Sync:
         for dag in self.dags:
             for watcher in dag.watchers:
                 declared.setdefault(watcher.name, (watcher, dag))
+        if any(urlsplit(w.broker_url).password for w, _ in declared.values()):
+            # Broker passwords are written encrypted (`models.fields`): the key first.
+            encryption.check_key_reads_stored()
         dag_ids = [dag.dag_id for dag in self.dags]
         stored_routes = list(WatcherRoute.objects.filter(dag_id__in=dag_ids).order_by("id"))
         stored_by_name = {w.name: w for w in QueueWatcher.objects.filter(name__in=list(declared))}

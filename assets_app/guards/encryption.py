@@ -90,13 +90,13 @@ def check_key() -> str | None:
 def check_key_reads_stored() -> None:
     """Before any secret is written (issues 26, 38), in the writing transaction: the current
     FERNET_KEY must decrypt the newest stored secret of each kind (a Connection's password or
-    extra, a webhook endpoint's signing secret, an encrypted Variable value), else
-    SecretsUnreadable (503) and the caller writes nothing: a secret encrypted under a wrong key
-    would be unreadable for good once the right key is back. Three indexed reads; nothing stored
-    yet: any valid key will do."""
+    extra, a webhook endpoint's signing secret, an encrypted Variable value, a broker URL's
+    password), else SecretsUnreadable (503) and the caller writes nothing: a secret encrypted
+    under a wrong key would be unreadable for good once the right key is back. Four reads of one
+    row each; nothing stored yet: any valid key will do."""
     from django.db.models import Q
 
-    from ..models import Connection, Variable, WebhookEndpoint
+    from ..models import Connection, QueueWatcher, Variable, WebhookEndpoint
 
     _fernet()  # a malformed key is refused even when nothing is stored yet
     connection = (
@@ -123,3 +123,6 @@ def check_key_reads_stored() -> None:
     )
     if value is not None:
         decrypt(value)
+    # A watcher's broker password (`models.fields.PasswordEncryptedURLField`): reading the row
+    # decrypts it.
+    QueueWatcher.objects.filter(broker_url__contains=":fernet:").order_by("-pk").first()

@@ -7,6 +7,7 @@ from django.utils import timezone as django_timezone
 
 from .assets import Asset
 from .dags import Dag
+from .fields import PasswordEncryptedURLField
 
 WATCHER_NAME_MAX_LENGTH = 200
 QUEUE_NAME_MAX_LENGTH = 255  # AMQP 0-9-1: a queue name is a short string (255 bytes)
@@ -24,7 +25,8 @@ class QueueWatcher(models.Model):
     periodic check (a passive queue_declare): the lag an operator sees, not configuration."""
 
     name = models.SlugField(max_length=WATCHER_NAME_MAX_LENGTH, unique=True)
-    broker_url = models.CharField(
+    # Its password is stored encrypted (issue 38), read back clear: `PasswordEncryptedURLField`.
+    broker_url = PasswordEncryptedURLField(
         max_length=BROKER_URL_MAX_LENGTH,
         blank=True,
         default="",

@@ -40,7 +40,7 @@ from django.conf import settings
 from django.db import DataError, transaction
 from django.utils import timezone
 
-from ..guards import exceptions, limits, masking
+from ..guards import encryption, exceptions, limits, masking
 from ..models import MessageState, ParkReason, QueueWatcher, WatcherMessage, WatcherRoute
 from ..models.watchers import MESSAGE_ID_MAX_LENGTH
 from ..operations import audit, metrics
@@ -573,6 +573,8 @@ def save_watcher(
     """Save a watcher's configuration (`write`: the admin's form and route formset saves) and
     audit it, before and after, in one durable transaction."""
     with transaction.atomic(durable=True):
+        # A broker URL's password is written encrypted (`models.fields`): the key first.
+        encryption.check_key_reads_stored()
         before = None
         if watcher_id is not None:
             old = QueueWatcher.objects.filter(pk=watcher_id).first()

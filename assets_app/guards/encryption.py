@@ -71,7 +71,7 @@ def decrypt(token: str | None) -> str | None:
         return _fernet().decrypt(token.encode()).decode()
     except InvalidToken as exc:
         raise SecretsUnreadable(
-            "a stored connection secret cannot be decrypted with FERNET_KEY: the key differs "
+            "a stored secret cannot be decrypted with FERNET_KEY: the key differs "
             "from the one it was encrypted with (set the old key first in FERNET_KEY to rotate)"
         ) from exc
 

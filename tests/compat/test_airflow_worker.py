@@ -20,8 +20,7 @@ import requests
 from django.contrib.auth import get_user_model
 
 from assets_app.api.public_auth import create_api_token
-from assets_app.models import DagRun, DagRunType, TaskInstance, TaskReschedule, Variable, XCom
-from assets_app.runtime.variables import value_of
+from assets_app.models import DagRun, DagRunType, TaskInstance, TaskReschedule, XCom
 from tests.proof.conftest import figure
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -141,7 +140,9 @@ def test_stock_task_sdk_worker_runs_the_example_dag_files(service, tmp_path):
         "password_length": len("s3cret-pw"),
         "extra": {"sslmode": "require"},
     }
-    assert value_of(Variable.objects.get(key="af_last_reader")) == "af_settings.read_settings"
+    # Stored encrypted under the service's FERNET_KEY (not this process's): read through its API.
+    last_reader = api.get(f"{url}/api/v2/variables/af_last_reader").json()
+    assert last_reader["value"] == "af_settings.read_settings"
     sensor = tis[("af_sensor", "wait_for_second_poke")]
     assert TaskReschedule.objects.filter(ti=sensor).count() == 1
     assert _xcom("af_sensor", "wait_for_second_poke") == 1

@@ -811,15 +811,27 @@ def sync_definitions(
     apply_pause: bool = False,
     actor: audit.Actor | None = None,
     import_errors: Sequence[ImportErrorReport] | None = None,
+    refused: Sequence[ImportErrorReport] = (),
 ) -> SyncResult:
     """Write already-parsed definitions (see `sync_dags`); one durable transaction. With
     `import_errors` (the files of the folder that did not import), the stored import errors
-    become exactly those, in the same transaction."""
+    become exactly those, in the same transaction. `refused`: the files the service refused
+    itself (`sync_documents`), import errors too; with `import_errors` None they are added to
+    the stored ones (replacing only their own files' errors)."""
     check_definitions(dags)
     with transaction.atomic(durable=True):
         # Concurrent syncs (several hosts at start-up) run one after the other; every read below
         # happens after the lock, so it sees what an earlier sync committed.
         locks.lock_dag_sync()
+        if refused:
+            if import_errors is None:
+                files = {report.filename for report in refused}
+                import_errors = [
+                    ImportErrorReport(filename=f, stack_trace=trace)
+                    for f, trace in DagImportError.objects.values_list("filename", "stack_trace")
+                    if f not in files
+                ]
+            import_errors = [*import_errors, *refused]
         result = _Sync(dags, apply_pause=apply_pause).run()
         if import_errors is not None:
             result = replace(
@@ -876,6 +888,35 @@ def record_import_errors(
     return bool(stale or fresh)
 
 
+_TASK_PATH = re.compile(r"^(?:\[(\d+)\])?\.?tasks\[(\d+)\](?:\.(\w+))?")
+_DAG_PATH = re.compile(r"^(?:\[(\d+)\])?\.?(\w+)?")
+
+
+def refusal_text(raw: Any, exc: DefinitionError) -> str:
+    """An import error's text for a document the service refuses: the Dag, task and attribute
+    it names (from the error's JSON path into `raw`), then the reason."""
+    documents = raw if isinstance(raw, list) else [raw]
+    where = []
+    task = _TASK_PATH.match(exc.path or "")
+    found = _DAG_PATH.match(exc.path or "")
+    matched = task or found
+    index = int(matched.group(1) or 0) if matched is not None else 0
+    document = documents[index] if 0 <= index < len(documents) else None
+    if isinstance(document, dict) and document.get("dag_id"):
+        where.append(f"Dag {document['dag_id']!r}")
+    if task is not None and isinstance(document, dict):
+        tasks = document.get("tasks")
+        position = int(task.group(2))
+        if isinstance(tasks, list) and position < len(tasks) and isinstance(tasks[position], dict):
+            where.append(f"task {tasks[position].get('task_id')!r}")
+        if task.group(3):
+            where.append(f"attribute {task.group(3)!r}")
+    elif found is not None and found.group(2):
+        where.append(f"attribute {found.group(2)!r}")
+    head = ", ".join(where)
+    return f"refused by the asset service ({head}): {exc}" if head else f"refused: {exc}"
+
+
 def sync_documents(
     *,
     documents: Sequence[tuple[str, Any]],
@@ -886,7 +927,10 @@ def sync_documents(
     """Sync definition documents that arrive decoded, as (file, document) pairs: the Dags of an
     Airflow DAG file, converted by `bin/airflow-worker` (`file` is its path relative to the Dag
     folder, stored as the Dag's fileloc: the worker finds the file there again). The same
-    parsing, cross-checks and single transaction as `sync_dags`; an invalid document is
+    parsing, cross-checks and single transaction as `sync_dags`. A file whose document the
+    service refuses (an attribute it does not know, a value out of its bounds) is an import
+    error of that file (`refusal_text`: its Dag, task and attribute) and the other files sync
+    (issue 39); a refusal across files (two files disagreeing on an asset) is still
     InvalidInput (`invalid_definition`, naming the file and the path in it) and writes nothing.
     Each `file` must be a relative path inside the bundle (`check_fileloc`): workers hand it to
     the Task SDK as `dag_rel_path`, which loads the file it names. `import_errors` (the worker's
@@ -896,12 +940,22 @@ def sync_documents(
         check_fileloc(file)
     for report in import_errors or ():
         check_fileloc(report.filename)
+    # Per-file isolation (issue 39): a file whose Dags the service refuses becomes an import
+    # error of that file naming its Dag, task and attribute, and every other file syncs.
+    dags: list[DagDefinition] = []
+    refused: list[ImportErrorReport] = []
+    for file, raw in documents:
+        try:
+            dags.extend(parse_document(raw, file=file, fileloc=file))
+        except DefinitionError as exc:
+            refused.append(ImportErrorReport(filename=file, stack_trace=refusal_text(raw, exc)))
     try:
-        dags = [
-            dag for file, raw in documents for dag in parse_document(raw, file=file, fileloc=file)
-        ]
         return sync_definitions(
-            dags=dags, apply_pause=apply_pause, actor=actor, import_errors=import_errors
+            dags=dags,
+            apply_pause=apply_pause,
+            actor=actor,
+            import_errors=import_errors,
+            refused=refused,
         )
     except DefinitionError as exc:
         raise exceptions.InvalidInput(

@@ -6,9 +6,10 @@ import subprocess
 import textwrap
 
 import pytest
+from django.utils import timezone
 
 from assets_app.definitions import sync as definitions
-from assets_app.models import AssetEvent, Dag, QueueWatcher, Task
+from assets_app.models import AssetEvent, Dag, DagImportError, QueueWatcher, Task
 from tests import rabbitmq
 from tests.compat.airflow_worker_env import ROOT, sdk_python
 from tests.proof.conftest import app_table_counts
@@ -183,7 +184,7 @@ def test_a_schedule_the_service_cannot_run_is_refused_naming_the_file(tmp_path):
 
 
 @pytest.mark.django_db
-def test_sync_endpoint_is_sync_dags_idempotent_and_all_or_nothing(client, examples, settings):
+def test_sync_endpoint_is_idempotent_and_refuses_a_bad_file_alone(client, examples, settings):
     settings.DAG_SYNC_KEY = "k"
     headers = {"Authorization": "Bearer k"}
     body = {"files": [{"file": f, "definitions": d} for f, d in examples.items()]}
@@ -210,11 +211,23 @@ def test_sync_endpoint_is_sync_dags_idempotent_and_all_or_nothing(client, exampl
             },
         ]
     }
-    refused = sync(broken)
-    assert refused.status_code == 422
-    detail = refused.json()["detail"]
-    assert detail["reason"] == "invalid_definition" and detail["file"] == "bad.py"
-    assert app_table_counts() == before
+    # Issue 39: the file the service refuses is an import error of its own, naming the Dag, the
+    # task and the attribute; every other file syncs (here: unchanged).
+    answered = sync(broken)
+    assert answered.status_code == 200, answered.content
+    assert answered.json()["dags_unchanged"] == 8
+    assert answered.json()["import_errors"] == ["bad.py"]
+    (error,) = DagImportError.objects.all()
+    assert error.filename == "bad.py"
+    assert "Dag 'x', task 't', attribute 'colour'" in error.stack_trace
+    after = app_table_counts()
+    assert {t: after[t] - before[t] for t in before if after[t] != before[t]} == {
+        "assets_app_dagimporterror": 1,
+        "assets_app_auditentry": 1,
+        "assets_app_audittarget": 8,
+    }
+    assert sync(broken).json()["dags_unchanged"] == 8  # replayed: nothing more written
+    assert DagImportError.objects.count() == 1
     assert (
         client.post("/execution/dags/sync", body, content_type="application/json").status_code
         == 401
@@ -753,3 +766,38 @@ def test_an_asset_watcher_on_a_rabbitmq_queue_becomes_the_services_queue_watcher
         "orders",
         "refunds",
     ]
+
+
+@pytest.mark.django_db
+def test_a_refused_file_is_added_to_the_stored_import_errors_when_none_are_sent():
+    """Issue 39: the whole sync was refused (0 Dags) for one file's trigger rule the service does
+    not know (`all_done_setup_success`, Airflow's example_setup_teardown*.py). Now that file is
+    an import error naming its Dag, task and attribute; the others sync, and import errors the
+    worker did not report again (None: not sent) stay."""
+    DagImportError.objects.create(
+        filename="other.py", stack_trace="ImportError: x", timestamp=timezone.now()
+    )
+    good = [{"dag_id": "fine", "tasks": [{"task_id": "a"}]}]
+    bad = [
+        {
+            "dag_id": "setup_teardown",
+            "tasks": [
+                {"task_id": "setup"},
+                {
+                    "task_id": "work",
+                    "upstream": ["setup"],
+                    "trigger_rule": "all_done_setup_success",
+                },
+            ],
+        }
+    ]
+    result = definitions.sync_documents(documents=[("good.py", good), ("teardown.py", bad)])
+    assert result.dags_created == 1 and Dag.objects.filter(dag_id="fine").exists()
+    assert not Dag.objects.filter(dag_id="setup_teardown").exists()
+    errors = dict(DagImportError.objects.values_list("filename", "stack_trace"))
+    assert errors["other.py"] == "ImportError: x"
+    assert errors["teardown.py"].startswith(
+        "refused by the asset service (Dag 'setup_teardown', task 'work', attribute "
+        "'trigger_rule'): "
+    )
+    assert "all_done_setup_success" in errors["teardown.py"]

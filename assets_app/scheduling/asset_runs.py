@@ -46,6 +46,7 @@ from ..models import (
     Dag,
     DagRun,
     DagRunState,
+    DagRunType,
     ScheduleMode,
 )
 from ..operations import heartbeats, metrics
@@ -70,6 +71,9 @@ class ScheduleResult:
     dags_locked: tuple[str, ...] = ()
     # Dags it could not evaluate (their `schedule_error` says why): skipped, the others went on.
     dags_failed: tuple[str, ...] = ()
+    # Bounded Dags whose registration fence stayed held past FENCE_WAIT_SECONDS: the
+    # registration holding it schedules them after its commit (invariant 16).
+    dags_fenced: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,10 @@ MAX_ERROR_LENGTH = 2_000
 # fixed number, so this sets the statements per Dag; it also bounds how long a batch holds its
 # Dag rows (a definition sync's UPDATE of one of them waits for the batch to commit).
 BATCH = 200
+# How long a pass waits for a bounded Dag's registration fence when a registration held it as
+# the batch went by (`_schedule_after_fence`): about one drain batch. Past it, the registration
+# schedules the Dag after its own commit.
+FENCE_WAIT_SECONDS = 5.0
 
 
 @dataclass
@@ -120,11 +128,13 @@ class _Outcome:
     triggered: list[TriggeredRun] = field(default_factory=list)
     locked: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    fenced: list[str] = field(default_factory=list)
 
     def add(self, other: "_Outcome") -> None:
         self.triggered += other.triggered
         self.locked += other.locked
         self.failed += other.failed
+        self.fenced += other.fenced
 
 
 class _Conditions:
@@ -216,23 +226,60 @@ def _schedule_batch(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
     return _Outcome(failed=[dag_id]) if outcome is _FAILED else outcome
 
 
-def _active_runs(dag_ids: Sequence[str]) -> dict[str, int]:
-    """The number of runs in ACTIVE_RUN_STATES of each of these Dags, in one statement.
+@dataclass(frozen=True)
+class _RunsSoFar:
+    """What a batch reads of its Dags' runs: the number in ACTIVE_RUN_STATES, and the last
+    asset-triggered run's `run_after` (the newest: each is never before the one ahead of it),
+    by dag_id (a Dag without any is left out of each)."""
+
+    active: dict[str, int]
+    last_run_after: dict[str, datetime]
+
+
+def _runs_so_far(dag_ids: Sequence[str]) -> _RunsSoFar:
+    """`_RunsSoFar` of these Dags, in one statement.
 
     Read after `locks.claim_dags_for_scheduling`, in a statement of its own: its snapshot is
     taken once the Dag locks are held, so it includes every run another scheduler committed
     before it released one of them (max_active_runs holds under concurrency; a count read in
     the lock statement itself would use a snapshot from before the lock)."""
-    return dict(
-        DagRun.objects.filter(dag_id__in=list(dag_ids), state__in=ACTIVE_RUN_STATES)
+    active = (
+        DagRun.objects.filter(dag=OuterRef("pk"), state__in=ACTIVE_RUN_STATES)
         .order_by()
-        .values("dag_id")
+        .values("dag")
         .annotate(count=Count("*"))
-        .values_list("dag_id", "count")
+        .values("count")
     )
+    last = (
+        DagRun.objects.filter(dag=OuterRef("pk"), run_type=DagRunType.ASSET_TRIGGERED)
+        .order_by("-id")
+        .values("run_after")[:1]
+    )
+    found = _RunsSoFar(active={}, last_run_after={})
+    for dag_id, count, run_after in (
+        Dag.objects.filter(dag_id__in=list(dag_ids))
+        .annotate(active=Subquery(active, output_field=IntegerField()), last=Subquery(last))
+        .values_list("dag_id", "active", "last")
+    ):
+        if count:
+            found.active[dag_id] = count
+        if run_after is not None:
+            found.last_run_after[dag_id] = run_after
+    return found
 
 
-def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
+def _schedule_after_fence(dag_id: str, parsed: _Conditions) -> _Outcome:
+    """Schedule a bounded Dag that a registration's fence kept out of its batch: wait for the
+    fence first (at most FENCE_WAIT_SECONDS, holding nothing else), then the batch's steps for
+    that Dag alone, in the same transaction (`_schedule_together`). Still held: left to the
+    registration, which schedules it after its commit."""
+    outcome = _isolated(dag_id, lambda: _schedule_together([dag_id], parsed, wait_for_fence=True))
+    return _Outcome(failed=[dag_id]) if outcome is _FAILED else outcome
+
+
+def _schedule_together(
+    dag_ids: Sequence[str], parsed: _Conditions, *, wait_for_fence: bool = False
+) -> _Outcome:
     """One durable transaction for these Dags, a fixed number of statements whatever their
     number: lock the Dag rows no other scheduler holds (SKIP LOCKED), count their active runs,
     lock the ADRQ rows (SKIP LOCKED) of those neither paused nor at max_active_runs, evaluate
@@ -244,6 +291,11 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
     """
     outcome = _Outcome()
     with transaction.atomic(durable=True):
+        if wait_for_fence:
+            (dag_id,) = dag_ids
+            if not locks.wait_fence_for_scheduling(dag_id, timeout_seconds=FENCE_WAIT_SECONDS):
+                outcome.fenced = [dag_id]
+                return outcome
         claimed = locks.claim_dags_for_scheduling(dag_ids)
         outcome.locked = [dag_id for dag_id in dag_ids if dag_id not in claimed]
         # The claimed Dags neither paused nor without a schedule.
@@ -255,10 +307,17 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
         }
         if not ready:
             return outcome
-        active = _active_runs(list(ready))
+        so_far = _runs_so_far(list(ready))
+        active = so_far.active
         below = [
             dag_id for dag_id, dag in ready.items() if active.get(dag_id, 0) < dag.max_active_runs
         ]
+        # A bounded Dag takes its events oldest first: not while a registration that may hold
+        # an older one is in flight (invariant 16). Re-entrant after `wait_for_fence`.
+        bounded = [dag_id for dag_id in below if ready[dag_id].max_events_per_run is not None]
+        if bounded:
+            outcome.fenced = locks.fence_dags_for_scheduling(bounded)
+            below = [dag_id for dag_id in below if dag_id not in outcome.fenced]
         rows_by_dag: dict[str, list[locks.QueuedGroup]] = defaultdict(list)
         for group in locks.lock_dags_queue_entries(below):
             rows_by_dag[group.dag_id].append(group)
@@ -266,7 +325,7 @@ def _schedule_together(dag_ids: Sequence[str], parsed: _Conditions) -> _Outcome:
             return outcome
         met = _evaluate(rows_by_dag, ready, parsed, outcome)
         if met:
-            plans = _plan(met, rows_by_dag, ready, active, runs.dag_tasks(list(met)))
+            plans = _plan(met, rows_by_dag, ready, so_far, runs.dag_tasks(list(met)))
             created = runs.create_asset_triggered_runs(planned=[plan.run for plan in plans])
             # Exactly the locked rows of the events the new runs consume (invariant 8).
             scheduling_sql.delete_queue_rows([i for plan in plans for i in plan.row_ids])
@@ -287,18 +346,20 @@ def _plan(
     met: dict[str, set[str]],
     rows_by_dag: dict[str, list[locks.QueuedGroup]],
     ready: dict[str, locks.ClaimedDag],
-    active: dict[str, int],
+    so_far: _RunsSoFar,
     tasks: dict[str, list[runs.NewTask]],
 ) -> list[_Plan]:
     """The runs to create for the Dags whose condition is met, each consuming the locked events
     of the assets `met` names for it (`_evaluate`). A `batch` Dag gets one run of all of them,
     its `run_after` the newest event's time. A bounded Dag (`per_event`, `max_events`: its
     `max_events_per_run` N) gets runs of the oldest events by event id, N each, as many as its
-    free `max_active_runs` slots; their `run_after` is the newest time of their events, never
-    before the run ahead of them (so the runs keep event order), which costs one read of
-    those events' timestamps when any Dag of the batch is bounded."""
+    free `max_active_runs` slots; their `run_after` is the newest time of their events, which
+    costs one read of those events' timestamps when any Dag of the batch is bounded. Either
+    way a run's `run_after` is never before the Dag's last asset-triggered run's (invariant
+    16: an event committed late may be older than those consumed before it)."""
     plans: list[_Plan] = []
     bounded: dict[str, list[list[tuple[int, int]]]] = {}
+    previous = so_far.last_run_after
     for dag_id, names in met.items():
         groups = [group for group in rows_by_dag[dag_id] if group.asset_name in names]
         limit = ready[dag_id].max_events_per_run
@@ -307,7 +368,9 @@ def _plan(
                 _Plan(
                     run=runs.PlannedRun(
                         dag_id=dag_id,
-                        run_after=max(group.latest for group in groups),
+                        run_after=_not_before(
+                            max(group.latest for group in groups), previous.get(dag_id)
+                        ),
                         # Distinct already: ADRQ holds an event once per Dag.
                         consumed_event_ids=sorted(e for group in groups for e in group.event_ids),
                         tasks=tasks[dag_id],
@@ -316,7 +379,7 @@ def _plan(
                 )
             )
             continue
-        slots = ready[dag_id].max_active_runs - active.get(dag_id, 0)
+        slots = ready[dag_id].max_active_runs - so_far.active.get(dag_id, 0)
         # (event id, row id), oldest event first: aligned, both arrays of one aggregate.
         events = sorted(
             pair for group in groups for pair in zip(group.event_ids, group.row_ids, strict=True)
@@ -325,10 +388,9 @@ def _plan(
     if bounded:
         times = _event_times([e for chunks in bounded.values() for c in chunks for e, _ in c])
         for dag_id, chunks in bounded.items():
-            after = None
+            after = previous.get(dag_id)
             for chunk in chunks:
-                newest = max(times[event_id] for event_id, _ in chunk)
-                after = newest if after is None else max(after, newest)
+                after = _not_before(max(times[event_id] for event_id, _ in chunk), after)
                 plans.append(
                     _Plan(
                         run=runs.PlannedRun(
@@ -341,6 +403,10 @@ def _plan(
                     )
                 )
     return plans
+
+
+def _not_before(when: datetime, floor: datetime | None) -> datetime:
+    return when if floor is None else max(when, floor)
 
 
 def _event_times(event_ids: Sequence[int]) -> dict[int, datetime]:
@@ -455,6 +521,9 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
             batch = candidates[start : start + BATCH]
             outcome.add(_schedule_batch(batch, parsed))
             checked += len(batch)
+        fenced, outcome.fenced = outcome.fenced, []
+        for dag_id in fenced:
+            outcome.add(_schedule_after_fence(dag_id, parsed))
         ok = True
     finally:
         # One counter statement per pass rather than one per run (each is a commit of its own);
@@ -484,4 +553,5 @@ def schedule_dags(*, dag_ids: Iterable[str] | None = None) -> ScheduleResult:
         seconds=seconds,
         dags_locked=tuple(outcome.locked),
         dags_failed=tuple(sorted(outcome.failed)),
+        dags_fenced=tuple(sorted(outcome.fenced)),
     )

@@ -26,6 +26,14 @@ transaction takes a lock from an earlier step after one from a later step):
      the same step for its asset-and-time Dags (`lock_tick_queue_rows`, under step 3's locks
      of its batch) and then does the same writes for the ticks whose condition is met.
 
+Registration fences (invariant 16, issue 41; `sql/fences.py`): one transaction-scoped advisory
+lock per bounded Dag (`max_events_per_run`). A registering transaction (a drain batch, under its
+step-2 outbox rows; an event posted to the REST door; a queue watcher's message) takes them
+SHARED, in key order, before it inserts any event (`fence_registration`); a scheduler takes them
+EXCLUSIVE for the bounded Dags of its batch between step 3 and step 4 without waiting
+(`fence_dags_for_scheduling`), or waits for one Dag's as the first lock of a transaction of its
+own (`wait_fence_for_scheduling`), holding nothing else while it waits.
+
 Outside that order, alone in their own transactions: an operator's change of an asset's uri
 (`lock_asset`, one Asset row, held for one UPDATE; it briefly delays a drain inserting events of
 that asset, whose foreign-key check takes FOR KEY SHARE on it), and the DAG definition sync's
@@ -56,7 +64,7 @@ Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All funct
 called inside a transaction; they say which rows they lock and return model instances.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -78,6 +86,7 @@ from ..models import (
 )
 from ..models.runs import TI_FINISHED_STATES
 from . import connection as connection_sql
+from . import fences as fences_sql
 from . import scheduling as scheduling_sql
 
 
@@ -246,6 +255,26 @@ def lock_dags_queue_entries(dag_ids: Sequence[str]) -> list[QueuedGroup]:
     if not dag_ids:
         return []
     return scheduling_sql.lock_queue_groups(dag_ids)
+
+
+def fence_registration(*, asset_ids: Iterable[int], alias_ids: Iterable[int] = ()) -> None:
+    """Take the shared registration fence of every bounded Dag scheduled on these assets or
+    aliases (`fences_sql.hold_for_registration`), before the caller's transaction inserts any
+    event: a scheduler pass consuming from such a Dag waits until it commits."""
+    fences_sql.hold_for_registration(asset_ids=asset_ids, alias_ids=alias_ids)
+
+
+def fence_dags_for_scheduling(dag_ids: Sequence[str]) -> list[str]:
+    """Take the exclusive registration fence of each of these bounded Dags (whose rows the
+    caller locked, step 3) that no registration holds, without waiting; returns those a
+    registration holds, to be left out (`fences_sql.try_for_scheduling`)."""
+    return fences_sql.try_for_scheduling(dag_ids)
+
+
+def wait_fence_for_scheduling(dag_id: str, *, timeout_seconds: float) -> bool:
+    """Wait at most `timeout_seconds` for one bounded Dag's registration fence, exclusive, as
+    the first lock of the caller's transaction (`fences_sql.wait_for_scheduling`)."""
+    return fences_sql.wait_for_scheduling(dag_id, timeout_seconds=timeout_seconds)
 
 
 # Any fixed 64-bit number; it names "the DAG definition sync" among advisory locks.

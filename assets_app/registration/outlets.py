@@ -52,7 +52,6 @@ from ..models import (
 )
 from ..models.assets import ASSET_KEY_MAX_LENGTH
 from ..operations import audit, metrics
-from ..sql import locks
 from ..sql import registration as registration_sql
 from .payloads import OutboxPayload
 
@@ -521,8 +520,8 @@ def register_payloads(
     """Register a batch of outbox payloads; one result per payload, in order.
 
     Runs inside the caller's transaction; its only explicit locks are the registration fences
-    of the bounded Dags it queues for (`locks.fence_registration`); a fixed number of queries
-    whatever the batch size. Idempotent: a payload registered before writes nothing new (and no
+    of the bounded Dags it queues for (`registration_sql.announce_events`); a fixed number of
+    queries whatever the batch size. Idempotent: a payload registered before writes nothing new (and no
     ADRQ rows). A malformed payload raises RegistrationError before any write; a database error
     leaves partial writes that the caller must roll back (the drain uses a savepoint).
     Metrics (events written, outlet events ignored) are counted on commit.
@@ -545,8 +544,8 @@ def register_payloads(
         alias_ids = _resolve_aliases(alias_names) if alias_names else {}
         _link_aliases(plan.emissions, asset_ids, alias_ids, now=now)
         # Before any event id is allocated: a bounded Dag's pass waits for these events
-        # (invariant 16, `sql/fences.py`).
-        locks.fence_registration(
+        # (invariant 16, `sql/fences.py`), and a late freshness policy is looked at again.
+        registration_sql.announce_events(
             asset_ids=[asset_ids[e.key] for e in plan.emissions], alias_ids=alias_ids.values()
         )
         new_emissions = _write_events(plan, asset_ids, tallies, now=now)
@@ -647,7 +646,7 @@ def register_external_events(
     `extra` must have passed `limits.check_json`. Counted on commit; the scheduler is nudged
     after commit."""
     written: list[tuple[int, int]] = []
-    locks.fence_registration(asset_ids=asset_ids)  # before any event id (invariant 16)
+    registration_sql.announce_events(asset_ids=asset_ids)  # before any event id (invariant 16)
     for asset_id in sorted(set(asset_ids)):
         event_id = _insert_external_event(asset_id=asset_id, extra=extra, idempotency=None, now=now)
         assert event_id is not None  # no key, no conflict
@@ -693,7 +692,7 @@ def register_external_event(
     extra = {**(extra or {}), "from_rest_api": True}
     with transaction.atomic(durable=True):
         now = timezone.now()
-        locks.fence_registration(asset_ids=[asset.pk])  # before its event id (invariant 16)
+        registration_sql.announce_events(asset_ids=[asset.pk])  # before its event id (inv. 16)
         event_id = _insert_external_event(
             asset_id=asset.pk, extra=extra, idempotency=idempotency, now=now
         )

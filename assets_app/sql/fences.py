@@ -11,7 +11,8 @@ keyed by a 64-bit hash of its dag_id:
 
 - a registering transaction takes it SHARED for every bounded Dag scheduled on the assets or
   aliases it is about to write events of, sorted by key, before it allocates any event id
-  (`hold_for_registration`); any number of registrations share it;
+  (`shared_fences_sql`, in `registration_sql.announce_events`); any number of registrations
+  share it;
 - a scheduler pass takes it EXCLUSIVE for the bounded Dags it is about to consume from, after
   their Dag rows and before their ADRQ rows, without waiting (`try_for_scheduling`): a Dag
   whose fence a registration holds is left out of the pass, and that registration schedules it
@@ -31,7 +32,7 @@ makes one wait for the other's registrations.
 SQLite: nothing; it serializes writing transactions itself, so ids commit in order.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from django.db import OperationalError, connection, transaction
 
@@ -46,28 +47,22 @@ def _postgresql() -> bool:
     return connection.vendor == "postgresql"
 
 
-def hold_for_registration(*, asset_ids: Iterable[int], alias_ids: Iterable[int] = ()) -> None:
-    """Take the shared fence of every bounded Dag scheduled on these assets or aliases, in key
-    order, waiting only for a scheduler pass that holds one. 1 statement, in the caller's
-    transaction (the fences are released by its commit or rollback); call it before the
-    transaction inserts any event."""
-    if not _postgresql():
-        return
-    assets, aliases = sorted(set(asset_ids)), sorted(set(alias_ids))
-    if not assets and not aliases:
-        return
-    text = (
-        "SELECT count(pg_advisory_xact_lock_shared(k)) FROM ("
+def shared_fences_sql() -> str:
+    """A scalar subquery taking the shared fence of every bounded Dag scheduled on the assets
+    or aliases of its two array parameters (asset ids, alias ids), in key order, waiting only
+    for a scheduler pass that holds one: for the statement a registration runs before it
+    inserts any event (`registration_sql.announce_events`). The fences are released by the
+    transaction's commit or rollback."""
+    return (
+        "(SELECT count(pg_advisory_xact_lock_shared(k)) FROM ("
         f"SELECT DISTINCT hashtextextended(d.dag_id, {FENCE_SEED}) AS k "
         f"FROM {Dag._meta.db_table} d "
         "WHERE d.max_events_per_run IS NOT NULL AND ("
         f"d.dag_id IN (SELECT dag_id FROM {DagScheduleAssetReference._meta.db_table} "
         "WHERE asset_id = ANY(%s)) "
         f"OR d.dag_id IN (SELECT dag_id FROM {DagScheduleAliasReference._meta.db_table} "
-        "WHERE alias_id = ANY(%s))) ORDER BY k) fences"
+        "WHERE alias_id = ANY(%s))) ORDER BY k) fences)"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(text, [assets, aliases])
 
 
 def try_for_scheduling(dag_ids: Sequence[str]) -> list[str]:

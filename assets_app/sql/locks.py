@@ -29,7 +29,8 @@ transaction takes a lock from an earlier step after one from a later step):
 Registration fences (invariant 16, issue 41; `sql/fences.py`): one transaction-scoped advisory
 lock per bounded Dag (`max_events_per_run`). A registering transaction (a drain batch, under its
 step-2 outbox rows; an event posted to the REST door; a queue watcher's message) takes them
-SHARED, in key order, before it inserts any event (`fence_registration`); a scheduler takes them
+SHARED, in key order, before it inserts any event (`registration_sql.announce_events`); a
+scheduler takes them
 EXCLUSIVE for the bounded Dags of its batch between step 3 and step 4 without waiting
 (`fence_dags_for_scheduling`), or waits for one Dag's as the first lock of a transaction of its
 own (`wait_fence_for_scheduling`), holding nothing else while it waits.
@@ -64,7 +65,7 @@ Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All funct
 called inside a transaction; they say which rows they lock and return model instances.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -255,13 +256,6 @@ def lock_dags_queue_entries(dag_ids: Sequence[str]) -> list[QueuedGroup]:
     if not dag_ids:
         return []
     return scheduling_sql.lock_queue_groups(dag_ids)
-
-
-def fence_registration(*, asset_ids: Iterable[int], alias_ids: Iterable[int] = ()) -> None:
-    """Take the shared registration fence of every bounded Dag scheduled on these assets or
-    aliases (`fences_sql.hold_for_registration`), before the caller's transaction inserts any
-    event: a scheduler pass consuming from such a Dag waits until it commits."""
-    fences_sql.hold_for_registration(asset_ids=asset_ids, alias_ids=alias_ids)
 
 
 def fence_dags_for_scheduling(dag_ids: Sequence[str]) -> list[str]:

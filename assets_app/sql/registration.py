@@ -1,8 +1,10 @@
-"""Registration's statements (`registration`, the public API's events): events inserted with
-their idempotency keys, their ADRQ rows in the global lock order, and the constraint mode of
-the registering transaction."""
+"""Registration's statements (`registration`, the public API's events): what a registration
+announces before it writes events (fences, a freshness wake-up), events inserted with their
+idempotency keys, their ADRQ rows in the global lock order, and the constraint mode of the
+registering transaction."""
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -10,6 +12,7 @@ from uuid import UUID
 from django.db import connection
 
 from ..models import AssetDagRunQueue, AssetEvent
+from . import fences, wakeups
 from .webhooks import asset_event_messages_cte, write_asset_event_messages_python
 
 # --- registration (registration.register_payloads, the public API's events) --------------------
@@ -27,6 +30,21 @@ def set_constraints_immediate() -> None:
 
 # (source TI, its try, asset, ordinal): an event's identity; external events have no source TI.
 EventKey = tuple[UUID | None, int | None, int, int]
+
+
+def announce_events(*, asset_ids: Iterable[int], alias_ids: Iterable[int] = ()) -> None:
+    """What a registration does before it inserts events of these assets (through these
+    aliases), in one statement of the caller's transaction: take the registration fences of
+    the bounded Dags scheduled on them (`fences.shared_fences_sql`, invariant 16: their passes
+    wait for these events) and wake the freshness timer at commit if a late policy watches one
+    of the assets (`wakeups.late_assets_wake_sql`). Nothing on SQLite (writers are serialized,
+    no NOTIFY)."""
+    assets, aliases = sorted(set(asset_ids)), sorted(set(alias_ids))
+    if connection.vendor != "postgresql" or not (assets or aliases):
+        return
+    text = f"SELECT {fences.shared_fences_sql()}, {wakeups.late_assets_wake_sql()}"
+    with connection.cursor() as cursor:
+        cursor.execute(text, [assets, aliases, assets])
 
 
 def insert_events(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventKey, int]:

@@ -278,6 +278,8 @@ WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", defau
 # A running TI whose heartbeat stopped this long ago is failed (or retried) by the scheduler's
 # sweep (Airflow's `[scheduler] task_instance_heartbeat_timeout`).
 TASK_HEARTBEAT_TIMEOUT_SECONDS = env.float("TASK_HEARTBEAT_TIMEOUT_SECONDS", default=300)
+# How often the repair timer looks (assets_app/timers/service.py).
+TASK_REPAIR_INTERVAL_SECONDS = env.float("TASK_REPAIR_INTERVAL_SECONDS", default=60)
 # A finished TI's token reads Connections this long after (its callbacks; Airflow's
 # `[core] task_success_overtime`); `assets_app/runtime/scopes.py`.
 TASK_SUCCESS_OVERTIME_SECONDS = env.float("TASK_SUCCESS_OVERTIME_SECONDS", default=20)
@@ -290,10 +292,17 @@ TASK_LOG_MAX_BYTES = env.int("TASK_LOG_MAX_BYTES", default=10 * 1024 * 1024)
 # unmappable_return_value_length, as Airflow's execution API does.
 MAX_MAP_LENGTH = env.int("MAX_MAP_LENGTH", default=1024)
 
+# The timers process (issue 41, assets_app/timers/): a timer looks at least this often whatever
+# it expects (a lost wake-up), and on SQLite (no NOTIFY) every TIMERS_POLL_SECONDS.
+TIMERS_MAX_WAIT_SECONDS = env.float("TIMERS_MAX_WAIT_SECONDS", default=300.0)
+TIMERS_POLL_SECONDS = env.float("TIMERS_POLL_SECONDS", default=2.0)
+
 # PostgreSQL: how long an idle cluster waits for a NOTIFY before it looks at the queue anyway
-# (a retried task whose lock expired sends none). Each look is 2 queries (Django's connection
-# health check and the queue SELECT): an idle cluster makes about 2 / this queries a second.
-Q_CLUSTER_IDLE_WAIT_SECONDS = env.float("Q_CLUSTER_IDLE_WAIT_SECONDS", default=5.0)
+# (a retried task whose lock expired sends none, and it comes Q_CLUSTER_RETRY after its start).
+# Each look is 2 queries (Django's connection health check and the queue SELECT): an idle
+# cluster makes about 2 / this queries a second (issue 41: 30 s, the idle target with the
+# timers and the watchers beside it; 5 s made it 1.7 transactions/s alone).
+Q_CLUSTER_IDLE_WAIT_SECONDS = env.float("Q_CLUSTER_IDLE_WAIT_SECONDS", default=30.0)
 # django-q2: ORM broker on the default database. Each task's timeout stays below `retry` so the
 # broker never redelivers a task that is still running (DESIGN 7).
 Q_CLUSTER = {
@@ -312,7 +321,10 @@ Q_CLUSTER = {
     # SQLite only (no NOTIFY there): how often an idle cluster asks the broker for work.
     "poll": env.float("Q_CLUSTER_POLL", default=0.02),
     "catch_up": False,
-    "save_limit": 250,
+    # Successful tasks are not stored (a drain or scheduler run leaves its heartbeat instead:
+    # the dashboard and /healthz): storing each was 4 statements, a minute's sweeps 16 on an
+    # idle service. Failed tasks are stored whatever this says (django-q2).
+    "save_limit": -1,
     "ack_failures": True,
     "label": "Django Q2",
 }

@@ -213,6 +213,16 @@ def qcluster(
     return server.start() if start else server
 
 
+def timers(
+    env: Mapping[str, str], log: Path, *, stop_timeout: float = 15.0, start: bool = True
+) -> Server:
+    """`manage.py run_timers` (the supervisor and its forked child), started unless
+    `start=False`; no readiness to wait for (a caller waits for a timer's effect)."""
+    argv = [sys.executable, "manage.py", "run_timers"]
+    server = Server(argv, env, log, stop_timeout=stop_timeout)
+    return server.start() if start else server
+
+
 def bin_serve(
     env: Mapping[str, str],
     log: Path,

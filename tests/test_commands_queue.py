@@ -93,16 +93,9 @@ def test_setup_schedules_is_idempotent_with_a_timeout_below_retry(settings):
     assert "created schedule asset-drain-sweep" in run("setup_schedules")
     assert "updated schedule asset-drain-sweep" in run("setup_schedules")
     schedules = {s.name: s for s in Schedule.objects.all()}
-    assert sorted(schedules) == [
-        "asset-drain-sweep",
-        "asset-scheduler-sweep",
-        "freshness-sweep",
-        "retention-sweep",
-        "task-instance-repair-sweep",
-        "webhook-delivery-sweep",
-    ]
-    assert schedules["task-instance-repair-sweep"].func == "assets_app.tasks.repair"
-    assert schedules["retention-sweep"].func == "assets_app.tasks.retention"
+    # Only the drain and the asset scheduler run in the cluster (issue 41: the rest are timers).
+    assert sorted(schedules) == ["asset-drain-sweep", "asset-scheduler-sweep"]
+    assert schedules["asset-scheduler-sweep"].func == "assets_app.tasks.schedule"
     drain = schedules["asset-drain-sweep"]
     assert (drain.func, drain.schedule_type, drain.minutes, drain.repeats) == (
         "assets_app.tasks.drain",
@@ -128,7 +121,7 @@ def test_setup_schedules_refuses_a_drain_budget_not_below_the_task_timeout(setti
         run("setup_schedules")
 
 
-def test_sweep_schedules_enqueue_the_drain_repair_and_scheduler_tasks_with_their_timeout(
+def test_sweep_schedules_enqueue_the_drain_and_scheduler_tasks_with_their_timeout(
     settings, monkeypatch
 ):
     from django_q import scheduler as q_scheduler
@@ -146,11 +139,7 @@ def test_sweep_schedules_enqueue_the_drain_repair_and_scheduler_tasks_with_their
     )
     timeout = settings.Q_CLUSTER["timeout"]
     assert queued == [
-        ("assets_app.tasks.deliver_webhooks", timeout, {}),
         ("assets_app.tasks.drain", timeout, {}),
-        ("assets_app.tasks.evaluate_freshness", timeout, {}),
-        ("assets_app.tasks.repair", timeout, {}),
-        ("assets_app.tasks.retention", timeout, {}),
         ("assets_app.tasks.schedule", timeout, {}),
     ]
     # catch_up is off: one task per schedule however many minutes were missed, next run ahead.

@@ -19,14 +19,22 @@ def test_the_enqueued_names_are_the_django_q2_entry_points():
     resolving to the entry points."""
     assert import_string(nudges.DRAIN_FUNC) is tasks.drain
     assert import_string(nudges.SCHEDULE_FUNC) is tasks.schedule
-    assert {import_string(func) for func in sweeps.SWEEPS.values()} <= {
+    assert {import_string(func) for func in sweeps.SWEEPS.values()} == {
         tasks.drain,
         tasks.schedule,
-        tasks.repair,
-        tasks.retention,
-        tasks.deliver_webhooks,
-        tasks.evaluate_freshness,
     }
+
+
+@pytest.mark.django_db
+def test_setting_up_the_sweeps_deletes_the_ones_that_became_timers():
+    """Issue 41: only the drain and the asset scheduler run in the cluster; the sweeps an
+    earlier version stored for repair, retention, delivery and freshness are deleted."""
+    from django_q.models import Schedule
+
+    for name in sweeps.RETIRED:
+        Schedule.objects.create(name=name, func=f"assets_app.tasks.{name}", minutes=1)
+    sweeps.ensure_schedules()
+    assert set(Schedule.objects.values_list("name", flat=True)) == set(sweeps.SWEEPS)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -21,6 +21,7 @@ from django.db.models import (
     Subquery,
 )
 
+from ..cluster import nudges
 from ..definitions import timetables
 from ..guards import exceptions, limits
 from ..models import (
@@ -35,6 +36,7 @@ from ..models import (
     ScheduleMode,
 )
 from ..operations import audit
+from ..sql import wakeups
 from . import listing
 
 DAG_ORDERING = listing.Ordering(
@@ -268,11 +270,14 @@ def set_paused(
     pausing a paused Dag changes nothing; audited when `actor` is given."""
     action = "dag.pause" if is_paused else "dag.unpause"
     with transaction.atomic(durable=True):
+        wakeups.wake(wakeups.TIME)  # an unpaused Dag's next run may be due (at commit)
         if dag_id is not None:
             if not Dag.objects.filter(dag_id=dag_id).update(is_paused=is_paused):
                 raise exceptions.NotFound(
                     f"Dag with id {dag_id} was not found", reason="dag_not_found", dag_id=dag_id
                 )
+            if not is_paused:  # its queued events, if any, wait no sweep
+                nudges.scheduler_on_commit(dag_ids=[dag_id])
             if actor is not None:
                 audit.record(
                     actor=actor, action=action, summary=f"{action} {dag_id}", dag_id=dag_id

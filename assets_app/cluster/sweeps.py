@@ -3,9 +3,13 @@ Dag time schedules do not belong here). The stored django-q2 Schedule rows name
 `assets_app.tasks.*` functions, so renaming this module changes none of them.
 
 A nudge gives low latency; the sweep catches what a nudge missed (a lost task, a Dag unpaused,
-a run finished under max_active_runs, a row whose backoff expired, a run whose ready TIs a crash
-left waiting, a TI whose worker died). django-q2's scheduler wakes
+a run finished under max_active_runs, a row whose backoff expired). django-q2's scheduler wakes
 about every 30 s, so one minute is the finest useful interval (DESIGN 7).
+
+Only the drain and the asset scheduler run in the cluster (issue 41): work due at a time (time
+schedules, backfills, webhook delivery, freshness, retention, repair) runs in the timers
+process (`assets_app/timers/`), so a nudged drain or scheduler never waits behind it. The
+sweeps those had here before are deleted by `ensure_schedules` (`RETIRED`).
 """
 
 from dataclasses import dataclass
@@ -17,16 +21,14 @@ from django_q.models import Schedule
 SWEEPS = {
     "asset-drain-sweep": "assets_app.tasks.drain",
     "asset-scheduler-sweep": "assets_app.tasks.schedule",
-    # Runs a crash left waiting, TIs whose worker stopped heartbeating (invariant 11).
-    "task-instance-repair-sweep": "assets_app.tasks.repair",
-    # Issue 30: the periodic retention clean; a no-op unless RETENTION_PERIODIC
-    # (operations/retention.py).
-    "retention-sweep": "assets_app.tasks.retention",
-    # Issue 29: webhook messages sent (each pass runs for WEBHOOK_TIME_BUDGET_SECONDS) and the
-    # freshness policies evaluated, every minute.
-    "webhook-delivery-sweep": "assets_app.tasks.deliver_webhooks",
-    "freshness-sweep": "assets_app.tasks.evaluate_freshness",
 }
+# Sweeps of earlier versions, now timers (issue 41): deleted where they are still stored.
+RETIRED = (
+    "task-instance-repair-sweep",
+    "retention-sweep",
+    "webhook-delivery-sweep",
+    "freshness-sweep",
+)
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,13 @@ def task_timeout_seconds() -> int:
 
 def ensure_schedules() -> list[EnsuredSchedule]:
     """Create or update the sweep schedules (idempotent, `update_or_create` by name): every
-    minute, forever. Catch-up is off cluster-wide (Q_CLUSTER["catch_up"] = False), so a cluster
-    that was down runs one sweep, not one per missed minute. Own durable transaction."""
+    minute, forever; delete the `RETIRED` ones. Catch-up is off cluster-wide
+    (Q_CLUSTER["catch_up"] = False), so a cluster that was down runs one sweep, not one per
+    missed minute. Own durable transaction."""
     timeout = task_timeout_seconds()
     ensured = []
     with transaction.atomic(durable=True):
+        Schedule.objects.filter(name__in=RETIRED).delete()
         for name, func in SWEEPS.items():
             _, created = Schedule.objects.update_or_create(
                 name=name,

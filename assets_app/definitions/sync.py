@@ -95,7 +95,7 @@ from ..models import (
 )
 from ..models.dags import DEFAULT_RETRY_DELAY_SECONDS
 from ..operations import audit
-from ..sql import locks
+from ..sql import locks, wakeups
 from . import conditions, timetables
 from . import schema as dag_schema
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
@@ -833,6 +833,8 @@ def sync_definitions(
                 ]
             import_errors = [*import_errors, *refused]
         result = _Sync(dags, apply_pause=apply_pause).run()
+        if result.changed:  # a timetable, a pause or a next run may have changed (at commit)
+            wakeups.wake(wakeups.TIME)
         if import_errors is not None:
             result = replace(
                 result,

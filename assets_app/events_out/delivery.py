@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from ..models import DeliveryState, EndpointState, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from ..operations import audit
-from ..sql import locks
+from ..sql import locks, wakeups
 from ..sql import webhooks as webhooks_sql
 from . import egress, webhooks
 
@@ -265,6 +265,32 @@ def deliver(*, time_budget: float | None = None, stop_when_idle: bool = False) -
     )
 
 
+def next_due_at() -> datetime | None:
+    """When a message is next due for `deliver` (the delivery timer's next look): the earliest
+    of the pending messages of active endpoints not in flight (their `next_attempt_at`) and
+    the leases of those in flight (an attempt whose process died is due again when its lease
+    expires); None when there is none. Two statements, each the first row of an index."""
+    pending = WebhookDelivery.objects.filter(state=DeliveryState.PENDING)
+    free = (
+        pending.filter(claimed_until__isnull=True, endpoint__state=EndpointState.ACTIVE)
+        .order_by("next_attempt_at")
+        .values_list("next_attempt_at", flat=True)
+        .first()
+    )
+    leased = (
+        pending.filter(claimed_until__isnull=False)
+        .order_by("claimed_until")
+        .values_list("claimed_until", "next_attempt_at")
+        .first()
+    )
+    candidates = [free] if free is not None else []
+    if leased is not None:
+        lease_end, next_attempt = leased
+        assert lease_end is not None  # filtered on
+        candidates.append(max(lease_end, next_attempt))
+    return min(candidates, default=None)
+
+
 # --- operators (admin actions) -----------------------------------------------------------------
 
 
@@ -283,6 +309,7 @@ def _replay(
             state=DeliveryState.PENDING, next_attempt_at=timezone.now(), claimed_until=None
         )
         if n:
+            wakeups.wake(wakeups.WEBHOOKS)
             audit.record(
                 actor=actor,
                 action="webhook.replay",

@@ -5,37 +5,33 @@ event, or after the policy's creation while there is none) or `cron_deadline` ("
 tick of a cron", on the policy's time zone's wall clock, ticks as `timetables` computes them for
 Dags: late from a tick until an event newer than the tick before it arrives).
 
-The cluster evaluates every policy each pass (`evaluate_all`, the freshness sweep), in batches
-of FRESHNESS_BATCH_SIZE, each its own short transaction with a constant number of statements:
-claim the batch (FOR UPDATE SKIP LOCKED, so two evaluators never report one transition
-twice), read the newest event of its assets (one aggregate), stamp the evaluation, store the
-transitions and write their webhook messages (`asset.late`, `asset.fresh`) in the same
-transaction. A transition is stored and reported once; an evaluation that finds the state
-unchanged writes no message. The first evaluation of a policy reports only a late asset.
+The timers process evaluates a policy when it is due (`evaluate_due`, the freshness timer: woken at
+the earliest `due_at`, the instant a policy becomes late if nothing arrives, and woken at once when
+a policy is set or an event of a late policy's asset is registered), in batches of
+FRESHNESS_BATCH_SIZE, each its own short transaction with a constant number of statements: claim the
+batch (FOR UPDATE SKIP LOCKED, so two evaluators never report one transition twice), read the newest
+event of its assets (one aggregate), stamp the evaluation, store the transitions and write their
+webhook messages (`asset.late`, `asset.fresh`) in the same transaction. A transition is stored and
+reported once; an evaluation that finds the state unchanged writes no message. The first evaluation
+of a policy reports only a late asset.
 """
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from ..definitions import timetables
 from ..guards import exceptions
 from ..models import Asset, FreshnessKind, FreshnessPolicy, FreshnessState, WebhookEventType
 from ..operations import audit
-from ..sql import locks
+from ..sql import locks, wakeups
 from ..sql import webhooks as webhooks_sql
 from . import webhooks
-
-# A pass within a sweep's run: the sweep runs every minute and keeps evaluating for this long,
-# a pass every PASS_INTERVAL_SECONDS, so no late asset waits a minute to be seen.
-TIME_BUDGET_SECONDS = 40.0
-PASS_INTERVAL_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +103,7 @@ def set_policy(
                 "created_at": timezone.now(),
             },
         )
+        wakeups.wake(wakeups.FRESHNESS)  # evaluated at once (at commit)
         rule = f"every {interval_seconds} s" if kind == FreshnessKind.MAX_INTERVAL else cron
         audit.record(
             actor=actor,
@@ -150,15 +147,26 @@ def _message(policy: FreshnessPolicy, v: Verdict, latest: datetime | None) -> di
 
 
 def evaluate_batch(
-    *, after_id: int, limit: int, now: datetime | None = None
+    *,
+    after_id: int,
+    limit: int,
+    now: datetime | None = None,
+    only_due: bool = False,
+    include_late: bool = True,
 ) -> tuple[int, int, int, int]:
-    """Evaluate the next `limit` policies after `after_id`, own durable transaction; returns
+    """Evaluate the next `limit` policies after `after_id` (with `only_due`, of those due at
+    `now` and, with `include_late`, the late ones), own durable transaction; returns
     (evaluated, became late, became fresh, last id). At most five statements whatever `limit`:
     claim, newest events, the states stored (and the evaluation stamped), and one message
     statement per direction that has transitions."""
     with transaction.atomic(durable=True):
         now = now or timezone.now()
-        policies = locks.claim_freshness_policies(after_id=after_id, limit=limit)
+        policies = locks.claim_freshness_policies(
+            after_id=after_id,
+            limit=limit,
+            due_by=now if only_due else None,
+            include_late=include_late,
+        )
         if not policies:
             return 0, 0, 0, after_id
         latest = webhooks_sql.latest_event_times([p.asset_id for p in policies])
@@ -184,14 +192,24 @@ def evaluate_batch(
     return len(policies), len(late), len(fresh), policies[-1].id
 
 
-def evaluate_pass(*, batch_size: int | None = None, now: datetime | None = None) -> PassResult:
-    """Evaluate every policy once, batch after batch (policies another evaluator holds are
+def evaluate_pass(
+    *,
+    batch_size: int | None = None,
+    now: datetime | None = None,
+    only_due: bool = False,
+    include_late: bool = True,
+) -> PassResult:
+    """Evaluate every policy once (with `only_due`, every policy due at `now`, and the late
+    ones with `include_late`), batch after batch (policies another evaluator holds are
     skipped: it evaluates them)."""
     size = int(batch_size or settings.FRESHNESS_BATCH_SIZE)
+    now = now or timezone.now()
     after = 0
     evaluated = late = fresh = batches = 0
     while True:
-        n, became_late, became_fresh, after = evaluate_batch(after_id=after, limit=size, now=now)
+        n, became_late, became_fresh, after = evaluate_batch(
+            after_id=after, limit=size, now=now, only_due=only_due, include_late=include_late
+        )
         if n == 0:
             break
         batches += 1
@@ -203,17 +221,22 @@ def evaluate_pass(*, batch_size: int | None = None, now: datetime | None = None)
     return PassResult(evaluated=evaluated, became_late=late, became_fresh=fresh, batches=batches)
 
 
-def evaluate_all(*, time_budget: float = TIME_BUDGET_SECONDS) -> list[PassResult]:
-    """Passes every PASS_INTERVAL_SECONDS for `time_budget` seconds (the freshness sweep)."""
-    results = []
-    deadline = time.monotonic() + time_budget
-    while True:
-        started = time.monotonic()
-        results.append(evaluate_pass())
-        wait = PASS_INTERVAL_SECONDS - (time.monotonic() - started)
-        if time.monotonic() + max(wait, 0) >= deadline:
-            return results
-        time.sleep(max(wait, 0))
+def evaluate_due(*, include_late: bool, now: datetime | None = None) -> PassResult:
+    """The freshness timer's round: the policies due at `now` (never evaluated since they were
+    set, or their `due_at` passed: the instant they become late if nothing arrived), and with
+    `include_late` the late ones (woken because an event of a late policy's asset was
+    registered, or at the timer's start: a fresh transition waits for no due time)."""
+    return evaluate_pass(now=now, only_due=True, include_late=include_late)
+
+
+def next_due_at() -> datetime | None:
+    """When a policy is next due (`evaluate_due`): now for one never evaluated, else the
+    earliest `due_at` of those not late; None when every policy is late (only an event wakes
+    them) or there is none. One statement (the `freshness_policy_due` index)."""
+    found = FreshnessPolicy.objects.exclude(state=FreshnessState.LATE).aggregate(
+        never=Count("id", filter=Q(due_at__isnull=True)), first=Min("due_at")
+    )
+    return timezone.now() if found["never"] else found["first"]
 
 
 def counts() -> dict[str, int]:

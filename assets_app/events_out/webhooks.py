@@ -42,6 +42,7 @@ from ..models import (
 )
 from ..models.webhooks import PATTERN_MAX_LENGTH
 from ..operations import audit
+from ..sql import wakeups
 from ..sql import webhooks as webhooks_sql
 from . import egress
 
@@ -356,6 +357,8 @@ def set_state(
             .exclude(state=state)
             .update(state=state, state_reason=reason, updated_at=timezone.now())
         )
+        if state == EndpointState.ACTIVE:  # its pending messages may be due: wake the delivery
+            wakeups.wake(wakeups.WEBHOOKS)
         _audit(
             actor,
             f"webhook_endpoint.{EndpointState(state).value}",

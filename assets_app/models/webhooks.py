@@ -122,6 +122,18 @@ class WebhookDelivery(models.Model):
                 name="webhook_delivery_due",
             ),
             models.Index(fields=["created_at"], name="webhook_delivery_by_time"),
+            # The delivery timer's next look (`delivery.next_due_at`, issue 41): the first
+            # message due that is not in flight, and the first lease to expire.
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=models.Q(state="pending", claimed_until__isnull=True),
+                name="webhook_delivery_next",
+            ),
+            models.Index(
+                fields=["claimed_until"],
+                condition=models.Q(state="pending", claimed_until__isnull=False),
+                name="webhook_delivery_leased",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -192,6 +204,16 @@ class FreshnessPolicy(models.Model):
                     | (models.Q(kind="cron_deadline") & ~models.Q(cron=""))
                 ),
                 name="freshness_policy_complete",
+            ),
+        ]
+        indexes = [
+            # The freshness timer (issue 41): the policies due (`freshness.next_due_at`, the
+            # due claim) and the late ones (looked at again when an event of theirs comes).
+            models.Index(
+                fields=["due_at"], condition=~models.Q(state="late"), name="freshness_policy_due"
+            ),
+            models.Index(
+                fields=["id"], condition=models.Q(state="late"), name="freshness_policy_late"
             ),
         ]
 

@@ -670,27 +670,30 @@ def _first_line(error: Exception) -> str:
 
 
 def periodic_clean(*, now: datetime | None = None) -> CleanResult | None:
-    """The cluster's clean (the retention-sweep schedule, every minute): nothing unless
+    """The timers process's clean (the retention timer, `next_clean_at`): nothing unless
     RETENTION_PERIODIC is on and the last clean is RETENTION_INTERVAL_MINUTES old; then at most
     RETENTION_TIME_BUDGET_SECONDS of batches (a clean cut short goes on at the next interval)."""
+    now = now or timezone.now()
+    due = next_clean_at(now=now)
+    if due is None or due > now:
+        return None
+    return clean(
+        time_budget_seconds=max(float(settings.RETENTION_TIME_BUDGET_SECONDS), 1.0),
+        actor=audit.SYSTEM,
+        now=now,
+    )
+
+
+def next_clean_at(*, now: datetime | None = None) -> datetime | None:
+    """When the periodic clean is next due: RETENTION_INTERVAL_MINUTES after the last clean
+    (`now` when there was none), None when RETENTION_PERIODIC is off. One read."""
     if not settings.RETENTION_PERIODIC:
         return None
-    now = now or timezone.now()
     last = (
         ComponentHeartbeat.objects.filter(component=COMPONENT)
         .values_list("last_run_at", flat=True)
         .first()
     )
-    interval = timedelta(minutes=float(settings.RETENTION_INTERVAL_MINUTES))
-    if last is not None and now - last < interval:
-        return None
-    # Never past the cluster's task timeout (which would kill the clean mid-batch): stop a
-    # batch's worth of time before it.
-    budget = min(
-        float(settings.RETENTION_TIME_BUDGET_SECONDS), float(settings.Q_CLUSTER["timeout"]) - 5
-    )
-    return clean(
-        time_budget_seconds=max(budget, 1.0),
-        actor=audit.SYSTEM,
-        now=now,
-    )
+    if last is None:
+        return now or timezone.now()
+    return last + timedelta(minutes=float(settings.RETENTION_INTERVAL_MINUTES))

@@ -519,12 +519,12 @@ def register_payloads(
 ) -> list[RegistrationResult]:
     """Register a batch of outbox payloads; one result per payload, in order.
 
-    Runs inside the caller's transaction; its only explicit locks are the registration fences
-    of the bounded Dags it queues for (`registration_sql.announce_events`); a fixed number of
-    queries whatever the batch size. Idempotent: a payload registered before writes nothing new (and no
-    ADRQ rows). A malformed payload raises RegistrationError before any write; a database error
-    leaves partial writes that the caller must roll back (the drain uses a savepoint).
-    Metrics (events written, outlet events ignored) are counted on commit.
+    Runs inside the caller's transaction; its only explicit locks are the registration fences of the
+    bounded Dags it queues for (`registration_sql.announce_events`); a fixed number of queries
+    whatever the batch size. Idempotent: a payload registered before writes nothing new (and no ADRQ
+    rows). A malformed payload raises RegistrationError before any write; a database error leaves
+    partial writes that the caller must roll back (the drain uses a savepoint). Metrics (events
+    written, outlet events ignored) are counted on commit.
 
     `windows` (one (start, stop) per payload, stop None for "to the end") registers only those
     events of each payload, by their position in the payload's fixed emission order (each

@@ -9,17 +9,17 @@ that may already hold it (Airflow's rules: an unfinished run is "in flight"; a f
 nothing else: a run here is claimable by workers as soon as it exists, so runs are created by
 `start_runs`, at most `max_active_runs` of a backfill at a time, as earlier ones finish.
 
-`start_runs` is the pass (the scheduler's sweep, `run_scheduler`, and right after a create or
-an unpause): per batch of unfinished, unpaused backfills of unpaused Dags, one durable
-transaction locks the backfill and Dag rows (SKIP LOCKED, `locks.claim_active_backfills`),
-counts each one's active runs, reads its next pending dates, inserts the runs (`backfill__`
-and the run's `run_after`, Airflow's run id) with their TIs and marks those dates started; a
-backfill with no date left and no active run is completed. A crash rolls a batch back whole:
-the plan rows are the state, so the next pass resumes where the last commit left, and
-`dag_run_logical_date_unique` refuses a second run for a date whatever happens. A date to
-reprocess is cleared after that commit (`runs.clear_task_instances`, its own transaction) and
-then marked started; a crash between the two leaves the run queued, which the next pass sees as
-active and only marks.
+`start_runs` is the pass (the timers process's time scheduler, woken when a backfill's run
+finishes; `run_scheduler`; and right after a create or an unpause): per batch of unfinished,
+unpaused backfills of unpaused Dags, one durable transaction locks the backfill and Dag rows
+(SKIP LOCKED, `locks.claim_active_backfills`), counts each one's active runs, reads its next
+pending dates, inserts the runs (`backfill__` and the run's `run_after`, Airflow's run id) with
+their TIs and marks those dates started; a backfill with no date left and no active run is
+completed. A crash rolls a batch back whole: the plan rows are the state, so the next pass
+resumes where the last commit left, and `dag_run_logical_date_unique` refuses a second run for a
+date whatever happens. A date to reprocess is cleared after that commit
+(`runs.clear_task_instances`, its own transaction) and then marked started; a crash between the
+two leaves the run queued, which the next pass sees as active and only marks.
 """
 
 from __future__ import annotations

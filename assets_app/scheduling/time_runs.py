@@ -45,7 +45,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from ..definitions import conditions, timetables
@@ -152,6 +152,20 @@ def create_due_runs(*, now: datetime | None = None) -> TimePassResult:
     return TimePassResult(
         dags_checked=len(seen), run_ids=tuple(created), seconds=time.monotonic() - started
     )
+
+
+def next_due_at(*, after: datetime | None = None) -> datetime | None:
+    """The earliest next run of an unpaused Dag with a timetable (`next_dagrun_create_after`),
+    later than `after` when given: the time scheduler's next look after a pass at `after`
+    (a Dag due by then and left without its run waits for a wake-up: a run of it finishing,
+    its schedule or pause changing). None when there is none. One read of the
+    `dag_next_run_due` index."""
+    dags = Dag.objects.filter(
+        is_paused=False, timetable__isnull=False, next_dagrun_create_after__isnull=False
+    )
+    if after is not None:
+        dags = dags.filter(next_dagrun_create_after__gt=after)
+    return dags.aggregate(first=Min("next_dagrun_create_after"))["first"]
 
 
 def _create_batch(*, now: datetime, limit: int, exclude: list[str]) -> _Batch:

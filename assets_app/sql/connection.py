@@ -140,9 +140,9 @@ def notify(channel: str, *, using: str) -> None:
         cursor.execute("SELECT pg_notify(%s, '')", [channel])
 
 
-def open_listener(channel: str, *, using: str) -> Any:
+def open_listener(*channels: str, using: str) -> Any:
     """A new psycopg connection (autocommit, Django's settings for the database `using`) that
-    LISTENs on `channel`. PostgreSQL only; psycopg's own connection, never Django's, because
+    LISTENs on `channels`. PostgreSQL only; psycopg's own connection, never Django's, because
     Django's is closed and reopened between a broker's calls, which would drop the LISTEN."""
     import psycopg
 
@@ -150,11 +150,9 @@ def open_listener(channel: str, *, using: str) -> Any:
     params.pop("cursor_factory", None)
     params.pop("context", None)
     conn = psycopg.connect(**params, autocommit=True)
-    conn.execute(f'LISTEN "{channel}"')
+    for channel in channels:
+        conn.execute(f'LISTEN "{channel}"')
     return conn
-
-
-# --- drain nudge coalescing (tasks.nudge_drain) -------------------------------------------------
 
 
 def broker_row_waiting(*, table: str, row_id: int, now: datetime) -> bool:

@@ -79,6 +79,7 @@ from ..models import (
     Backfill,
     Dag,
     FreshnessPolicy,
+    FreshnessState,
     ScheduleMode,
     TaskInstance,
     TIState,
@@ -426,11 +427,19 @@ def claim_webhook_endpoints(endpoint_ids: Sequence[int]) -> list[int]:
     )
 
 
-def claim_freshness_policies(*, after_id: int, limit: int) -> list[FreshnessPolicy]:
+def claim_freshness_policies(
+    *, after_id: int, limit: int, due_by: datetime | None = None, include_late: bool = True
+) -> list[FreshnessPolicy]:
     """Lock the next `limit` freshness policies after `after_id` (FOR UPDATE SKIP LOCKED, by id),
-    with their asset's name: one evaluator per policy at a time, none waiting."""
+    with their asset's name: one evaluator per policy at a time, none waiting. With `due_by`,
+    only those due by then (never evaluated, or their `due_at` passed) and, with
+    `include_late`, the late ones (an event may have made them fresh)."""
+    queryset = FreshnessPolicy.objects.all()
+    if due_by is not None:
+        due = ~Q(state=FreshnessState.LATE) & (Q(due_at__isnull=True) | Q(due_at__lte=due_by))
+        queryset = queryset.filter(due | Q(state=FreshnessState.LATE) if include_late else due)
     return list(
-        FreshnessPolicy.objects.select_for_update(of=("self",), skip_locked=True)
+        queryset.select_for_update(of=("self",), skip_locked=True)
         .select_related("asset")
         .only(
             "id",

@@ -80,11 +80,12 @@ def insert_events(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventKe
     text = (
         f"WITH ins AS ({text}), messages AS "
         f"({asset_event_messages_cte(events='ins')}) "
-        "SELECT id, source_ti_id, source_try_number, asset_id, source_ordinal FROM ins"
+        "SELECT id, source_ti_id, source_try_number, asset_id, source_ordinal, "
+        f"{wakeups.wake_sql(wakeups.WEBHOOKS, if_rows_in='messages')} FROM ins"
     )
     with connection.cursor() as cursor:
         cursor.execute(text, [now, *[list(column) for column in columns], now, now])
-        return {(ti, tn, asset, ordinal): pk for pk, ti, tn, asset, ordinal in cursor.fetchall()}
+        return {(ti, tn, asset, ordinal): pk for pk, ti, tn, asset, ordinal, _ in cursor.fetchall()}
 
 
 def _insert_events_sqlite(rows: list[tuple[Any, ...]], *, now: datetime) -> dict[EventKey, int]:
@@ -198,7 +199,7 @@ def insert_external_event(
             "ON CONFLICT DO NOTHING RETURNING id, asset_id, timestamp, source_dag_id, "
             "source_run_id, source_task_id, source_map_index, extra), "
             f"messages AS ({asset_event_messages_cte(events='ins')}) "
-            "SELECT id FROM ins",
+            f"SELECT id, {wakeups.wake_sql(wakeups.WEBHOOKS, if_rows_in='messages')} FROM ins",
             [asset_id, json.dumps(extra), now, key, scope, body_hash, now, now],
         )
         row = cursor.fetchone()

@@ -16,6 +16,7 @@ from django.db import connection
 from ..models import (
     Asset,
     AssetEvent,
+    Dag,
     DagRun,
     DeliveryState,
     EndpointState,
@@ -23,6 +24,7 @@ from ..models import (
     WebhookEndpoint,
     WebhookSubscription,
 )
+from . import wakeups
 
 # The message id (the `webhook-id` header): msg_ and 32 hex digits, made by the database in
 # the INSERT so one statement writes any number of messages.
@@ -44,8 +46,9 @@ _PG_ASSET_EVENT_BODY = (
 def asset_event_messages_cte(*, events: str, now_param: str = "%s") -> str:
     """A data-modifying CTE (PostgreSQL) writing the `asset.event.registered` messages of the
     rows of CTE `events` (columns id, asset_id, timestamp, source_*, extra): one per (event,
-    endpoint with a matching subscription). `registration_sql.insert_events` puts it beside
-    its INSERT, so the messages cost no statement of their own."""
+    endpoint with a matching subscription), returning their ids. `registration_sql.insert_events`
+    puts it beside its INSERT, so the messages cost no statement of their own; put in the same
+    statement, `wakeups.wake_sql(WEBHOOKS, if_rows_in=<this CTE>)` wakes the delivery timer."""
     delivery = WebhookDelivery._meta.db_table
     subscription = WebhookSubscription._meta.db_table
     asset = Asset._meta.db_table
@@ -58,18 +61,18 @@ def asset_event_messages_cte(*, events: str, now_param: str = "%s") -> str:
         f"AS body FROM {events} e JOIN {asset} a ON a.id = e.asset_id "
         f"JOIN {subscription} s ON s.event_type = 'asset.event.registered' "
         "AND a.name LIKE s.like_pattern ESCAPE '\\' ORDER BY e.id, s.endpoint_id) m "
-        "ORDER BY m.id, m.endpoint_id"
+        "ORDER BY m.id, m.endpoint_id RETURNING id"
     )
 
 
 def write_messages(*, event_type: str, items: Sequence[tuple[str, str]], now: datetime) -> int:
     """Write one message per (item, endpoint subscribed to `event_type` with a pattern matching
     the item's key): items are (key, body JSON text) in order. In the caller's transaction;
-    returns the number written.
+    returns the number written; the delivery timer is woken at commit when there is one.
 
     PostgreSQL: one INSERT ... SELECT FROM unnest(...) JOIN subscriptions (the ORM cannot
-    insert from a select). SQLite (the demo): the subscriptions read, matched in Python, then
-    `bulk_create`."""
+    insert from a select), the wake-up in the same statement. SQLite (the demo): the
+    subscriptions read, matched in Python, then `bulk_create`."""
     if not items:
         return 0
     if connection.vendor != "postgresql":
@@ -78,17 +81,19 @@ def write_messages(*, event_type: str, items: Sequence[tuple[str, str]], now: da
     subscription = WebhookSubscription._meta.db_table
     keys, bodies = (list(column) for column in zip(*items, strict=True))
     text = (
-        f"INSERT INTO {delivery} (message_id, endpoint_id, event_type, body, created_at, state, "
-        "attempts, next_attempt_at, last_error) "
+        f"WITH written AS (INSERT INTO {delivery} (message_id, endpoint_id, event_type, body, "
+        "created_at, state, attempts, next_attempt_at, last_error) "
         f"SELECT {_PG_MESSAGE_ID}, m.endpoint_id, %s, m.body, %s, 'pending', 0, %s, '' FROM ("
         "SELECT DISTINCT ON (u.n, s.endpoint_id) u.n, s.endpoint_id, u.body "
         "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(key, body, n) "
         f"JOIN {subscription} s ON s.event_type = %s AND u.key LIKE s.like_pattern ESCAPE '\\' "
-        "ORDER BY u.n, s.endpoint_id) m ORDER BY m.n, m.endpoint_id"
+        "ORDER BY u.n, s.endpoint_id) m ORDER BY m.n, m.endpoint_id RETURNING id) "
+        f"SELECT (SELECT count(*) FROM written), "
+        f"{wakeups.wake_sql(wakeups.WEBHOOKS, if_rows_in='written')}"
     )
     with connection.cursor() as cursor:
         cursor.execute(text, [event_type, now, now, keys, bodies, event_type])
-        return cursor.rowcount
+        return cursor.fetchone()[0]
 
 
 def _write_messages_python(
@@ -157,8 +162,10 @@ def write_asset_event_messages_python(events: Sequence[AssetEvent], *, now: date
 
 def write_run_finished_message(*, dag_run_id: int, now: datetime) -> int:
     """Write the `dag_run.succeeded` / `dag_run.failed` messages of one finished run, its state
-    and fields read by the same statement. In the caller's transaction (the finish's); one
-    statement."""
+    and fields read by the same statement, and wake the timers its finish concerns: the
+    delivery timer when messages were written, the time scheduler when the run freed a slot
+    it may be waiting for (a run of a Dag with a timetable, or of a backfill). In the caller's
+    transaction (the finish's); one statement."""
     run = DagRun._meta.db_table
     if connection.vendor != "postgresql":
         import json
@@ -183,18 +190,26 @@ def write_run_finished_message(*, dag_run_id: int, now: datetime) -> int:
         "'dag_run_id', r.run_id, 'state', r.state, 'run_type', r.run_type, 'start_date', "
         f"{iso.format('r.start_date')}, 'end_date', {iso.format('r.end_date')}))::text"
     )
+    slot_waiters = (
+        f"(SELECT 1 FROM {run} r JOIN {Dag._meta.db_table} d ON d.dag_id = r.dag_id "
+        "WHERE r.id = %s AND (d.timetable IS NOT NULL OR r.run_type = 'backfill'))"
+    )
     text = (
-        f"INSERT INTO {delivery} (message_id, endpoint_id, event_type, body, created_at, state, "
-        "attempts, next_attempt_at, last_error) "
+        f"WITH written AS (INSERT INTO {delivery} (message_id, endpoint_id, event_type, body, "
+        "created_at, state, attempts, next_attempt_at, last_error) "
         f"SELECT DISTINCT ON (s.endpoint_id) {_PG_MESSAGE_ID}, s.endpoint_id, "
         f"{_PG_RUN_TYPE}, {body}, %s, 'pending', 0, %s, '' FROM {run} r "
         f"JOIN {subscription} s ON s.event_type = {_PG_RUN_TYPE} "
         "AND r.dag_id LIKE s.like_pattern ESCAPE '\\' "
-        "WHERE r.id = %s AND r.state IN ('success', 'failed') ORDER BY s.endpoint_id"
+        "WHERE r.id = %s AND r.state IN ('success', 'failed') ORDER BY s.endpoint_id "
+        "RETURNING id) "
+        f"SELECT (SELECT count(*) FROM written), "
+        f"{wakeups.wake_sql(wakeups.WEBHOOKS, if_rows_in='written')}, "
+        f"{wakeups.wake_sql(wakeups.TIME, if_rows_in=slot_waiters + ' waiters')}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(text, [now, now, dag_run_id])
-        return cursor.rowcount
+        cursor.execute(text, [now, now, dag_run_id, dag_run_id])
+        return cursor.fetchone()[0]
 
 
 def run_body(run: dict[str, Any]) -> dict[str, Any]:

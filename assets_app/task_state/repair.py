@@ -1,6 +1,7 @@
 """The repair sweep (invariant 11): what dead workers and crashes left behind.
 
-Runs as the django-q2 task `tasks.repair` (every minute) and in `run_scheduler`. It composes
+Runs as the timers process's repair timer (every TASK_REPAIR_INTERVAL_SECONDS,
+`assets_app/timers/`) and in `run_scheduler`. It composes
 `task_state` (failing or retrying TIs whose heartbeat stopped, finishing runs) with
 `dependencies` (evaluating waiting TIs), so that neither of those imports the other's caller.
 """

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import connection, connections
 
 import tests.conftest
-from tests.servers import Server, gunicorn, qcluster
+from tests.servers import Server, gunicorn, qcluster, timers
 
 ROOT = Path(__file__).resolve().parents[2]
 # The proof suites' gunicorn: a request may wait a minute on a loaded machine; stop quickly.
@@ -161,8 +161,9 @@ def service_env(transactional_db, tmp_path) -> dict[str, str]:
 
 @pytest.fixture
 def servers(service_env, tmp_path) -> Iterator[Callable[..., Server]]:
-    """Factory: `servers("gunicorn", workers=4)` / `servers("qcluster", env=...)`, started (a
-    gunicorn answering HTTP); all are killed at teardown, before the database is flushed."""
+    """Factory: `servers("gunicorn", workers=4)` / `servers("qcluster", env=...)` /
+    `servers("timers")`, started (a gunicorn answering HTTP); all are killed at teardown,
+    before the database is flushed."""
     started: list[Server] = []
 
     def make(kind: str, *, workers: int = 2, env: dict[str, str] | None = None) -> Server:
@@ -172,6 +173,8 @@ def servers(service_env, tmp_path) -> Iterator[Callable[..., Server]]:
             server = gunicorn(full_env, log, workers=workers, args=GUNICORN_ARGS, start=False)
         elif kind == "qcluster":
             server = qcluster(full_env, log, start=False)
+        elif kind == "timers":
+            server = timers(full_env, log, start=False)
         else:
             raise ValueError(kind)
         started.append(server)

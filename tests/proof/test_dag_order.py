@@ -1,9 +1,9 @@
 """Invariant 11 under crashes: runs follow their Dag while processes die.
 
 1. 16 worker threads finish 50 runs of a diamond-and-fan-in Dag (22 tasks) through the domain
-   functions the worker API calls, while a real `qcluster` (running the repair sweep, nudged
-   every 0.3 s) is SIGKILLed 5 times. One finish in 20 "dies" between its commit and its
-   downstream evaluation, so only the sweep can move those runs on. Then, from the times the
+   functions the worker API calls, while a real `run_timers` (its repair timer every 0.3 s) is
+   SIGKILLed 5 times. One finish in 20 "dies" between its commit and its downstream
+   evaluation, so only the repair can move those runs on. Then, from the times the
    database recorded: no TI was claimed or started before each of its upstream had ended, every
    TI was claimed exactly once in one try, and every run finished (success).
 2. The reference worker (`run_worker`, over HTTP against gunicorn) is SIGKILLed mid-task 5
@@ -36,13 +36,7 @@ RUNS = 50
 WORKERS = 16
 KILLS = 5
 DROP_EVALUATION = 0.05
-CLUSTER_ENV = {
-    "Q_CLUSTER_WORKERS": "1",
-    "Q_CLUSTER_TIMEOUT": "10",
-    "Q_CLUSTER_RETRY": "15",
-    # Below the timeout, or the cluster refuses to start (system check E007).
-    "ASSET_DRAIN_TIME_BUDGET_SECONDS": "5",
-}
+TIMERS_ENV = {"TASK_REPAIR_INTERVAL_SECONDS": "0.3"}
 
 
 def diamond_and_fan_in() -> dict:
@@ -98,9 +92,7 @@ def order_violations(dag_id: str) -> list[str]:
     return bad
 
 
-def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, monkeypatch):
-    from django_q.tasks import async_task
-
+def test_sixteen_workers_follow_the_dag_while_the_timers_are_killed(servers, monkeypatch):
     sync(diamond_and_fan_in())
     real_after = success.after_ti_finished
     dropped = Counter()
@@ -121,7 +113,7 @@ def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, mo
     claim_counts: Counter = Counter()
     claim_counts_lock = threading.Lock()
     done = threading.Event()
-    cluster = servers("qcluster", env=CLUSTER_ENV)
+    cluster = servers("timers", env=TIMERS_ENV)
     kills = 0
 
     def all_finished() -> bool:
@@ -157,9 +149,8 @@ def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, mo
                 outlet_events=[],
             )
 
-    def nudger() -> None:
+    def watcher() -> None:
         while not done.is_set():
-            async_task("assets_app.tasks.repair", task_name="proof-repair-nudge")
             if all_finished():
                 done.set()
             time.sleep(0.3)
@@ -174,15 +165,15 @@ def test_sixteen_workers_follow_the_dag_while_the_qcluster_is_killed(servers, mo
             cluster.start()
 
     started = time.monotonic()
-    run_in_threads([killer, nudger] + [lambda n=n: worker(n) for n in range(WORKERS)], timeout=200)
+    run_in_threads([killer, watcher] + [lambda n=n: worker(n) for n in range(WORKERS)], timeout=200)
     elapsed = time.monotonic() - started
     cluster.kill()
 
     states = Counter(DagRun.objects.filter(pk__in=run_pks).values_list("state", flat=True))
     tis = TaskInstance.objects.filter(dag_run_id__in=run_pks)
     figure(
-        f"dag order: {RUNS} runs x 22 tasks by {WORKERS} workers, {kills} qcluster SIGKILLs, "
-        f"{dropped['evaluations']} evaluations lost to a 'crash' and repaired by the sweep, "
+        f"dag order: {RUNS} runs x 22 tasks by {WORKERS} workers, {kills} run_timers SIGKILLs, "
+        f"{dropped['evaluations']} evaluations lost to a 'crash' and repaired by the timer, "
         f"{elapsed:.1f} s"
     )
     assert kills == KILLS, cluster.log_tail()

@@ -1,11 +1,13 @@
-"""Crash: SIGKILL the django-q2 cluster while it delivers webhooks to a failing receiver (issue 29).
+"""Crash: SIGKILL the timers process while it delivers webhooks to a failing receiver (issues 29
+and 41).
 
 A local receiver answers 500 to its first FAILING_REQUESTS requests, then 200. 20 messages are
-written (asset events registered with a subscription). A real `manage.py qcluster` runs the delivery
-task (`assets_app.tasks.deliver_webhooks`, enqueued as the sweep would) with a shortened
-schedule (backoff base 0.4 s, cap 2 s, 1 s timeout, so a lease of 3 s); it is SIGKILLed at
-random moments while it is sending (after some requests came in) KILLS times, and
-restarted. Then: every message reached the receiver with a 200
+written (asset events registered with a subscription). A real `manage.py run_timers` delivers
+them (its delivery timer, woken by the messages' NOTIFY and then at each retry's due time) with
+a shortened schedule (backoff base 0.4 s, cap 2 s, 1 s timeout, so a lease of 3 s); at random
+moments while it is sending (after some requests came in) it is SIGKILLed KILLS times: the
+timers' child alone (its supervisor forks a new one) or the whole process group (started again
+here, as a host restarting it would). Then: every message reached the receiver with a 200
 (none lost), each under one webhook-id whatever the number of attempts, every request verified
 by the Standard Webhooks reference verifier, and each recorded retry spaced as the backoff
 specifies ([c/2, c] after the k-th failure, c = base * 2^(k-1) capped).
@@ -14,9 +16,9 @@ specifies ([c/2, c] after the k-th failure, c = base * 2^(k-1) capped).
 import random
 import time
 
+import psutil
 import pytest
 from django.conf import settings
-from django_q.tasks import async_task
 from standardwebhooks.webhooks import Webhook
 
 from assets_app.events_out import webhooks
@@ -34,11 +36,7 @@ MESSAGES = 20
 KILLS = 5
 FAILING_REQUESTS = 70
 BASE, CAP, TIMEOUT = 0.4, 2.0, 1.0
-CLUSTER_ENV = {
-    "Q_CLUSTER_WORKERS": "2",
-    "Q_CLUSTER_TIMEOUT": "12",
-    "Q_CLUSTER_RETRY": "15",
-    "ASSET_DRAIN_TIME_BUDGET_SECONDS": "5",
+TIMERS_ENV = {
     "WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
     "WEBHOOK_BACKOFF_BASE_SECONDS": str(BASE),
     "WEBHOOK_BACKOFF_CAP_SECONDS": str(CAP),
@@ -48,12 +46,23 @@ CLUSTER_ENV = {
 }
 
 
-def test_a_killed_cluster_loses_no_webhook_and_keeps_ids_and_spacing(servers):
+def _timers_child(supervisor_pid: int) -> psutil.Process:
+    """The supervisor's forked child (waiting for the supervisor to fork it)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        children = psutil.Process(supervisor_pid).children()
+        if children:
+            return children[0]
+        time.sleep(0.02)
+    raise AssertionError("the timers' supervisor forked no child")
+
+
+def test_killed_timers_lose_no_webhook_and_keep_ids_and_spacing(servers):
     settings.WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]
     started = time.time()
     plan = lambda request, n: (500, {}) if n < FAILING_REQUESTS else (200, {})  # noqa: E731
     env = {
-        **CLUSTER_ENV,
+        **TIMERS_ENV,
         "FERNET_KEY": settings.FERNET_KEY,
         "FERNET_KEY_FILE": str(settings.FERNET_KEY_FILE),
     }
@@ -65,20 +74,27 @@ def test_a_killed_cluster_loses_no_webhook_and_keeps_ids_and_spacing(servers):
         registration.register_payload(payload=payload(outlets=[asset_outlet(a) for a in assets]))
         assert WebhookDelivery.objects.count() == MESSAGES
 
-        cluster = servers("qcluster", env=env)
+        process = servers("timers", env=env)
+        children = 0
         for kill in range(KILLS):
-            async_task("assets_app.tasks.deliver_webhooks")
             # Kill while it sends: once this start has made some requests, at a random moment.
             wait_until(lambda k=kill: len(receiver.received) >= 12 * (k + 1), timeout=20)
             time.sleep(random.uniform(0.0, 0.6))
-            cluster.kill()
-            cluster.start()
-        async_task("assets_app.tasks.deliver_webhooks")
+            if kill % 2 == 0:  # the child: its supervisor forks another at once
+                child = _timers_child(process.pid)
+                child.kill()
+                child.wait(10)
+                assert _timers_child(process.pid).pid != child.pid
+                children += 1
+            else:  # the whole process group, started again
+                process.kill()
+                process.start()
         wait_until(
             lambda: not WebhookDelivery.objects.exclude(state=DeliveryState.DELIVERED).exists(),
             timeout=25,
         )
-        cluster.kill()
+        process.stop(timeout=10)
+        assert not process.running
 
     ids = set(WebhookDelivery.objects.values_list("message_id", flat=True))
     assert {r.message_id for r in receiver.received} == ids  # nothing unknown, nothing lost
@@ -97,7 +113,8 @@ def test_a_killed_cluster_loses_no_webhook_and_keeps_ids_and_spacing(servers):
     requests = len(receiver.received)
     assert requests > FAILING_REQUESTS
     figure(
-        f"webhooks: {MESSAGES} messages, {KILLS} cluster kills, {requests} requests, "
+        f"webhooks: {MESSAGES} messages, {KILLS} timers kills ({children} of the child alone), "
+        f"{requests} requests, "
         f"{WebhookAttempt.objects.count()} recorded attempts, all delivered in "
         f"{time.time() - started:.1f} s"
     )

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from ..catalog import queued_events
-from ..definitions import conditions, timetables
+from ..definitions import conditions, next_runs, timetables
 from ..guards import exceptions, limits
 from ..models import (
     AssetAliasAsset,
@@ -263,6 +263,12 @@ class DagAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if "is_paused" in form.changed_data and not obj.is_paused:
+            # An unpause stores the Dag's next run of that instant (issue 40), as the API's.
+            next_runs.store([obj.dag_id])
 
     def has_delete_permission(self, request, obj=None):
         # Dags come and go with their definitions (sync_dags); deleting one here would cascade

@@ -1,5 +1,6 @@
 """Reading Dags and pausing them, for the public API (`/api/v2/dags`). Definitions are written by
-`definitions.sync` only; this module changes nothing but `is_paused`.
+`definitions.sync` only; this module changes nothing but `is_paused` (and, at an unpause, the
+Dag's stored next run: `definitions.next_runs`).
 
 Reads take no locks and a fixed number of queries. Each Dag is annotated with its latest run (the
 run with the highest id, as Airflow picks it): `last_run_state`, `last_run_start_date`,
@@ -21,7 +22,7 @@ from django.db.models import (
     Subquery,
 )
 
-from ..definitions import timetables
+from ..definitions import next_runs, timetables
 from ..guards import exceptions, limits
 from ..models import (
     Asset,
@@ -269,7 +270,13 @@ def set_paused(
     action = "dag.pause" if is_paused else "dag.unpause"
     with transaction.atomic(durable=True):
         if dag_id is not None:
-            if not Dag.objects.filter(dag_id=dag_id).update(is_paused=is_paused):
+            # An unpause stores the Dag's next run of that instant (`next_runs`, issue 40).
+            unpaused = not is_paused and Dag.objects.filter(dag_id=dag_id, is_paused=True).update(
+                is_paused=False
+            )
+            if unpaused:
+                next_runs.store([dag_id])
+            elif not Dag.objects.filter(dag_id=dag_id).update(is_paused=is_paused):
                 raise exceptions.NotFound(
                     f"Dag with id {dag_id} was not found", reason="dag_not_found", dag_id=dag_id
                 )
@@ -283,9 +290,13 @@ def set_paused(
             return listing.Page(rows=[], total_entries=0)
         page = list_dags(filters=filters, limit=limit, offset=offset)
         matching = _filter(_with_latest_run(Dag.objects.all()), filters)
-        changed = Dag.objects.filter(dag_id__in=matching.values("dag_id")).update(
-            is_paused=is_paused
+        selected = Dag.objects.filter(dag_id__in=matching.values("dag_id"))
+        woken = (
+            [] if is_paused else list(selected.filter(is_paused=True).values_list("pk", flat=True))
         )
+        changed = selected.update(is_paused=is_paused)
+        if woken:
+            next_runs.store(woken)
         if actor is not None and changed:
             audit.record(
                 actor=actor,

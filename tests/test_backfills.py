@@ -430,3 +430,21 @@ def test_a_range_far_into_the_future_walks_only_up_to_now(monkeypatch):
             now=now,
         )
     assert len(walked) <= backfills.MAX_PLANNED_RUNS + 2
+
+
+def test_backfill_runs_do_not_count_against_the_dags_max_active_runs():
+    # Airflow 3.3.2 counts active runs with `exclude_backfill=True` ("their concurrency is
+    # separate"): 2 queued backfill runs leave a Dag with max_active_runs=2 both its slots
+    # (was: 0 scheduled runs).
+    from assets_app.scheduling import time_runs
+
+    sync(catchup=True, max_active_runs=2)
+    backfills.create_backfill(
+        dag_id="filled", from_date=at("2025-12-01"), to_date=at("2025-12-02"), now=day(5)
+    )
+    assert DagRun.objects.filter(run_type="backfill", state=DagRunState.QUEUED).count() == 2
+    time_runs.create_due_runs(now=at("2026-01-03T12:00:00"))
+    scheduled = DagRun.objects.filter(run_type="scheduled").order_by("logical_date")
+    assert [run.logical_date for run in scheduled] == [day(1), day(2)]
+    # ... and the scheduled runs count: the third waits for a slot.
+    assert Dag.objects.get(dag_id="filled").next_dagrun == day(3)

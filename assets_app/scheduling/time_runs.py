@@ -154,9 +154,11 @@ def _create_batch(*, now: datetime, limit: int, exclude: list[str]) -> _Batch:
         ids = [dag.dag_id for dag in dags]
         batch.checked = ids
         # Counted after the locks, in a statement of its own: its snapshot includes the runs
-        # another scheduler committed before releasing one of these Dags.
+        # another scheduler committed before releasing one of these Dags. Backfill runs apart
+        # (Airflow's `exclude_backfill=True`: "their concurrency is separate").
         active = dict(
             DagRun.objects.filter(dag_id__in=ids, state__in=ACTIVE_STATES)
+            .exclude(run_type=DagRunType.BACKFILL)
             .order_by()
             .values("dag_id")
             .annotate(count=Count("*"))

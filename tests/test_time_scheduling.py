@@ -6,6 +6,7 @@ database refuses a second run of one logical date."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -17,6 +18,7 @@ from django.utils import timezone
 from assets_app.api.public_auth import create_api_token
 from assets_app.catalog import dags
 from assets_app.definitions import sync as definitions
+from assets_app.definitions import timetables
 from assets_app.guards import exceptions
 from assets_app.models import Dag, DagRun, DagRunState, TaskInstance, TIState
 from assets_app.scheduling import runs
@@ -304,3 +306,88 @@ def test_a_dag_at_max_active_runs_keeps_its_stored_next_run(clock):
     assert dag.next_dagrun == at("2026-01-01T01:00:00")
     time_scheduling.create_due_runs(now=at("2026-01-01T03:30:00"))
     assert Dag.objects.get(dag_id="timed").next_dagrun == at("2026-01-01T01:00:00")
+
+
+# --- issue 40: six-field crons, as Airflow 3.3.2 reads them -----------------------------------
+# Airflow hands the expression to croniter (7.0.0), which reads a sixth field as seconds, LAST:
+# `*/30 * * * * *` is every second of minutes 0 and 30. The expected ticks below are the
+# answers of Airflow's CronTriggerTimetable / CronDataIntervalTimetable with catchup from
+# 2024-01-01 (and tests/compat/test_scheduler_differential.py compares runs with Airflow live).
+
+
+def series(spec, count: int) -> list[tuple[dt.datetime | None, dt.datetime]]:
+    timetable = timetables.Timetable.from_spec(spec)
+    restriction = timetables.Restriction(
+        earliest=at("2024-01-01T00:00:00"), latest=None, catchup=True
+    )
+    out, last = [], None
+    for _ in range(count):
+        last = timetable.next_run(last=last, restriction=restriction, now=at("2024-06-01T00:00:00"))
+        out.append((last.data_interval_start, last.run_after))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("cron", "ticks"),
+    [
+        ("*/30 * * * * *", ["00:00:00", "00:00:01", "00:00:02", "00:00:03"]),
+        ("0 0 * * * 30", ["00:00:30", "01-02T00:00:30", "01-03T00:00:30", "01-04T00:00:30"]),
+        ("* * * * * 15", ["00:00:15", "00:01:15", "00:02:15", "00:03:15"]),
+        ("0 12 * * * */20", ["12:00:00", "12:00:20", "12:00:40", "01-02T12:00:00"]),
+    ],
+)
+def test_six_field_crons_tick_as_airflows(cron, ticks):
+    expected = [at(f"2024-{t}" if "T" in t else f"2024-01-01T{t}") for t in ticks]
+    assert series(cron, 4) == [(t, t) for t in expected]
+    intervals = series({"kind": "cron_data_interval", "cron": cron}, 3)
+    assert intervals == list(itertools.pairwise(expected))
+    # Airflow describes no cron of more than 5 fields: its summary is the expression.
+    timetable = timetables.Timetable.from_spec(cron)
+    assert (timetable.description, timetable.summary) == ("", cron)
+
+
+def test_a_six_field_cron_schedules_runs(clock):
+    clock.now = at("2026-01-01T00:00:00")
+    sync(timetable="*/30 * * * * *", start_date="2026-01-01", catchup=True, max_active_runs=10)
+    time_scheduling.create_due_runs(now=at("2026-01-01T00:00:02.500"))
+    assert [run_id for run_id, _, _ in scheduled()] == [
+        f"scheduled__2026-01-01T00:00:0{s}+00:00" for s in range(3)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cron", "named"),
+    [
+        ("0 0 * * * 61", "field 6 (second) '61'"),
+        ("0 0 * * * x", "field 6 (second) 'x'"),
+        ("0 25 * * * 0", "field 2 (hour) '25'"),
+        ("* * * *", "must have 5 or 6 fields"),
+        ("0 0 * * * 0 2030", "must have 5 or 6 fields"),
+    ],
+)
+def test_a_cron_airflow_refuses_is_refused_naming_the_field(cron, named):
+    with pytest.raises(definitions.DefinitionError) as caught:
+        sync(timetable=cron)
+    assert named in str(caught.value)
+
+
+def test_a_cron_that_never_ticks_has_no_next_run_and_breaks_no_pass(clock):
+    # Airflow accepts `0 0 31 2 *` (croniter parses it) and its scheduler logs the error and
+    # stores no next run; here it raised out of croniter and failed the whole batch.
+    with pytest.raises(timetables.TimetableError):
+        timetables.Timetable.from_spec("0 0 31 2 *").next_run(
+            last=None, restriction=timetables.Restriction(None, None, False), now=clock.now
+        )
+    never = sync(dag_id="never", timetable="0 0 31 2 *")
+    assert never.next_dagrun is None and never.next_dagrun_create_after is None
+    sync(timetable="@hourly", start_date="2026-01-01", catchup=True)
+    Dag.objects.filter(dag_id="never").update(
+        next_dagrun=clock.now,
+        next_dagrun_data_interval_start=clock.now,
+        next_dagrun_data_interval_end=clock.now,
+        next_dagrun_create_after=clock.now,
+    )
+    time_scheduling.create_due_runs(now=at("2026-01-01T00:30:00"))
+    assert [date for _, date, _ in scheduled()] == [at("2026-01-01T00:00:00")]
+    assert DagRun.objects.filter(dag_id="never").count() == 1  # its stored run, then none
+    assert Dag.objects.get(dag_id="never").next_dagrun_create_after is None

@@ -207,7 +207,7 @@ def _create_batch(*, now: datetime, limit: int, exclude: list[str]) -> _Batch:
             plan = plans.get(dag.dag_id)
             if plan is None:
                 continue  # at max_active_runs: its stored next run waits
-            if plan.ticks and not plan.failed:
+            if plan.ticks and not (plan.failed and not plan.infos):
                 if dag.dag_id not in done:
                     continue  # due ticks wait (max_active_runs, a schedule that cannot evaluate)
                 values = next_runs.after(dag, last=done[dag.dag_id], now=now)
@@ -250,29 +250,33 @@ def _walk(
     computed from the previous at `now` (Airflow's `_create_dag_runs` and
     `calculate_dagrun_date_fields`, loop after loop). A date `held` by a run is not planned: the
     next one is computed from that run; with `held`, the walk stops past `until` (the dates
-    after it were not looked up). A timetable that cannot compute is logged: no runs, no next
-    run (it is not read again until a sync changes its schedule)."""
+    after it were not looked up). A timetable that cannot compute is logged and gives no next
+    run, as in Airflow (the runs before it stand; the Dag is not read again until a sync
+    changes its schedule)."""
+    info = next_runs.stored(dag)
     try:
         timetable = timetable_of(dag)
-        info = next_runs.stored(dag)
-        if timetable is None or info is None:
-            return _Plan([], None, ticks)
-        restriction = restriction_of(dag)
-        infos: list[timetables.RunInfo] = []
-        while info is not None and info.run_after <= now and len(infos) < limit:
-            assert info.logical_date is not None
-            if until is not None and info.logical_date > until:
-                break
-            holder = held.get((dag.dag_id, info.logical_date)) if held else None
-            if holder is not None:
-                info = timetable.next_run(last=holder, restriction=restriction, now=now)
-                continue
-            infos.append(info)
-            info = timetable.next_run(last=info, restriction=restriction, now=now)
-        return _Plan(infos, info, ticks)
     except timetables.TimetableError:
-        logger.exception("dag %s: its timetable cannot compute a next run", dag.dag_id)
+        logger.exception("dag %s: its timetable cannot be read", dag.dag_id)
         return _Plan([], None, ticks, failed=True)
+    if timetable is None or info is None:
+        return _Plan([], None, ticks)
+    restriction = restriction_of(dag)
+    infos: list[timetables.RunInfo] = []
+    while info is not None and info.run_after <= now and len(infos) < limit:
+        assert info.logical_date is not None
+        if until is not None and info.logical_date > until:
+            break
+        last = held.get((dag.dag_id, info.logical_date)) if held else None
+        if last is None:
+            infos.append(info)
+            last = info
+        try:
+            info = timetable.next_run(last=last, restriction=restriction, now=now)
+        except timetables.TimetableError:
+            logger.exception("dag %s: its timetable cannot compute a next run", dag.dag_id)
+            return _Plan(infos, None, ticks, failed=True)
+    return _Plan(infos, info, ticks)
 
 
 def _held(plans: dict[str, _Plan]) -> Held:

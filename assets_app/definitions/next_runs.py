@@ -10,8 +10,9 @@ reference run, at one instant, and then only read:
   `_create_dag_runs`); a stored date another run holds already is not created again, the next
   one is computed from that run;
 - a sync that creates a Dag or changes its time schedule, and an unpause, store the next run
-  after the Dag's latest automated run (scheduled or backfill, Airflow's `_get_latest_runs_stmt`)
-  at that instant, as Airflow's Dag processor does each time it parses the Dag's file (it
+  after the Dag's latest automated run (scheduled or backfill, Airflow's `_get_latest_runs_stmt`;
+  a backfill's dates waiting for their run count, as Airflow creates them all at once) at that
+  instant, as Airflow's Dag processor does each time it parses the Dag's file (it
   re-parses every file every 30 s, paused or not, so an unpaused Dag's next run is one computed
   at most that long before).
 
@@ -27,7 +28,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from ..models import Dag, DagRun, DagRunType
+from ..models import BackfillDagRun, Dag, DagRun, DagRunType
 from . import timetables
 
 FIELDS = (
@@ -87,24 +88,49 @@ def after(
 
 
 def latest_automated_runs(dag_ids: Iterable[str]) -> dict[str, timetables.RunInfo]:
-    """Each Dag's scheduled or backfill run with the latest logical date (one query); Dags
-    without one are absent."""
-    rows = (
+    """Each Dag's scheduled or backfill run with the latest logical date, counting a backfill's
+    dates still waiting for their run (Airflow creates a backfill's runs all at once); Dags
+    without one are absent. Two queries."""
+    ids = list(dag_ids)
+    runs = (
         DagRun.objects.filter(
-            dag_id__in=list(dag_ids),
+            dag_id__in=ids,
             run_type__in=AUTOMATED_RUN_TYPES,
             logical_date__isnull=False,
             data_interval_start__isnull=False,
         )
         .order_by("dag_id", "-logical_date")
         .distinct("dag_id")
-        .values_list("dag_id", "run_after", "data_interval_start", "data_interval_end")
+        .values_list(
+            "dag_id", "logical_date", "run_after", "data_interval_start", "data_interval_end"
+        )
     )
+    waiting = (
+        BackfillDagRun.objects.filter(
+            backfill__dag_id__in=ids,
+            started_at__isnull=True,
+            exception_reason__isnull=True,
+            dag_run__isnull=True,
+        )
+        .order_by("backfill__dag_id", "-logical_date")
+        .distinct("backfill__dag_id")
+        .values_list(
+            "backfill__dag_id",
+            "logical_date",
+            "run_after",
+            "data_interval_start",
+            "data_interval_end",
+        )
+    )
+    latest: dict[str, tuple] = {}
+    for row in [*runs, *waiting]:
+        if row[0] not in latest or row[1] > latest[row[0]][1]:
+            latest[row[0]] = row
     return {
         dag_id: timetables.RunInfo(
             run_after=run_after, data_interval_start=start, data_interval_end=end
         )
-        for dag_id, run_after, start, end in rows
+        for dag_id, _, run_after, start, end in latest.values()
     }
 
 

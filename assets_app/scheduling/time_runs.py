@@ -19,8 +19,9 @@ the end). Backfill runs do not count against `max_active_runs` (Airflow's `exclu
 So a pass one second late still creates the 06:00 run of a 6-hour delta and stores 12:00 after
 it, an events timetable without catchup gets a run for each event, and with catchup every
 missed logical date gets its run, in order. A stored date another run holds already (a manual
-run given that date, a backfill's) gets no run: the next one is computed from that run, as
-Airflow's scheduler does.
+run given that date, a backfill's, or a date a backfill plans and has not made its run for yet:
+Airflow creates a backfill's runs all at once) gets no run: the next one is computed from that
+run, as Airflow's scheduler does.
 
 Assets and time (`Dag.schedule_mode`): an `asset_or_time` Dag (Airflow's AssetOrTimeSchedule)
 gets its scheduled runs here and its asset-triggered runs from `scheduling`, as any asset Dag.
@@ -59,6 +60,7 @@ from django.utils import timezone
 from ..definitions import conditions, next_runs, timetables
 from ..models import (
     AssetAliasAsset,
+    BackfillDagRun,
     Dag,
     DagRun,
     DagRunState,
@@ -280,24 +282,39 @@ def _walk(
 
 
 def _held(plans: dict[str, _Plan]) -> Held:
-    """The runs holding a logical date in the span of a Dag's planned runs (one query): each as
-    the run to compute the next from (its own dates; the planned ones when it has no data
-    interval)."""
+    """The runs holding a logical date in the span of a Dag's planned runs, and a backfill's
+    dates still waiting for their run (Airflow creates a backfill's runs all at once: its dates
+    are never the scheduler's), in one query: each as the run to compute the next from (its own
+    dates; the planned ones when it has no data interval)."""
     spans = [
-        Q(dag_id=dag_id, logical_date__gte=p.infos[0].logical_date)
-        & Q(logical_date__lte=p.infos[-1].logical_date)
+        (dag_id, p.infos[0].logical_date, p.infos[-1].logical_date)
         for dag_id, p in plans.items()
         if p.infos
     ]
     if not spans:
         return {}
+    columns = ("logical_date", "run_after", "data_interval_start", "data_interval_end")
+    run_rows = DagRun.objects.filter(
+        functools.reduce(
+            operator.or_,
+            (Q(dag_id=d, logical_date__gte=lo) & Q(logical_date__lte=hi) for d, lo, hi in spans),
+        )
+    ).values_list("dag_id", *columns)
+    waiting = BackfillDagRun.objects.filter(
+        functools.reduce(
+            operator.or_,
+            (
+                Q(backfill__dag_id=d, logical_date__gte=lo) & Q(logical_date__lte=hi)
+                for d, lo, hi in spans
+            ),
+        ),
+        started_at__isnull=True,
+        exception_reason__isnull=True,
+        dag_run__isnull=True,
+    ).values_list("backfill__dag_id", *columns)
     planned = {(dag_id, i.logical_date): i for dag_id, p in plans.items() for i in p.infos}
     found: Held = {}
-    for dag_id, logical_date, run_after, start, end in DagRun.objects.filter(
-        functools.reduce(operator.or_, spans)
-    ).values_list(
-        "dag_id", "logical_date", "run_after", "data_interval_start", "data_interval_end"
-    ):
+    for dag_id, logical_date, run_after, start, end in run_rows.union(waiting, all=True):
         key = (dag_id, logical_date)
         if start is not None and end is not None:
             found[key] = timetables.RunInfo(

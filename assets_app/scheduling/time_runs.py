@@ -3,9 +3,9 @@
 A pass claims the due Dags (`next_dagrun_create_after <= now`, unpaused, a timetable) in
 batches, each batch in one durable transaction with a fixed number of statements whatever
 its number of Dags and runs: lock the Dag rows (FOR NO KEY UPDATE SKIP LOCKED,
-`locks.claim_due_timetable_dags`), count their active runs, read each one's last scheduled
-run, the runs already holding the planned logical dates, the tasks; insert the runs and their
-TIs (`runs.create_scheduled_runs`); store each Dag's next run (Airflow's `next_dagrun`,
+`locks.claim_due_timetable_dags`), count their active runs, read the runs (and a backfill's
+dates waiting for their run) holding the planned logical dates, the tasks; insert the runs and
+their TIs (`runs.create_scheduled_runs`); store each Dag's next run (Airflow's `next_dagrun`,
 `next_dagrun_data_interval_*`, `next_dagrun_create_after`).
 
 Which runs (issue 40: Airflow 3.3.2's `_create_dag_runs`): the run the Dag stored

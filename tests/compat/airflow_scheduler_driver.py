@@ -26,15 +26,18 @@ each Dag's stored next run are written out.
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from zoneinfo import ZoneInfo
 
 HOME = tempfile.mkdtemp(prefix="airflow-differential-")
+atexit.register(shutil.rmtree, HOME, ignore_errors=True)
 os.environ.update(
     AIRFLOW_HOME=HOME,
     AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{HOME}/airflow.db",

@@ -354,9 +354,9 @@ def test_asset_and_time_statements_per_batch_are_constant(dags, settings):
     # Ticks 00:00 (nothing), 01:00 (a only), 02:00 (a and b): one run per Dag.
     assert len(result.run_ids) == dags
     assert DagRunAssetEvent.objects.count() == 2 * dags
-    # claim, active counts, last runs, taken dates, tasks, ADRQ lock, runs, links, TIs, ADRQ
+    # claim, active counts, dates held by runs, tasks, ADRQ lock, runs, links, TIs, ADRQ
     # delete, next-run update, savepoint/commit: the same for 1 Dag as for 30.
-    assert len(queries) == 13, [q["sql"][:80] for q in queries]
+    assert len(queries) == 12, [q["sql"][:80] for q in queries]
 
 
 def test_asset_and_time_a_schedule_that_cannot_evaluate_is_recorded_and_waits():

@@ -430,3 +430,62 @@ def test_a_range_far_into_the_future_walks_only_up_to_now(monkeypatch):
             now=now,
         )
     assert len(walked) <= backfills.MAX_PLANNED_RUNS + 2
+
+
+def test_backfill_runs_do_not_count_against_the_dags_max_active_runs():
+    # Airflow 3.3.2 counts active runs with `exclude_backfill=True` ("their concurrency is
+    # separate"): 2 queued backfill runs leave a Dag with max_active_runs=2 both its slots
+    # (was: 0 scheduled runs).
+    from assets_app.scheduling import time_runs
+
+    sync(catchup=True, max_active_runs=2)
+    backfills.create_backfill(
+        dag_id="filled", from_date=at("2025-12-01"), to_date=at("2025-12-02"), now=day(5)
+    )
+    assert DagRun.objects.filter(run_type="backfill", state=DagRunState.QUEUED).count() == 2
+    time_runs.create_due_runs(now=at("2026-01-03T12:00:00"))
+    scheduled = DagRun.objects.filter(run_type="scheduled").order_by("logical_date")
+    assert [run.logical_date for run in scheduled] == [day(1), day(2)]
+    # ... and the scheduled runs count: the third waits for a slot.
+    assert Dag.objects.get(dag_id="filled").next_dagrun == day(3)
+
+
+def test_a_backfills_planned_dates_are_held_before_their_runs_exist():
+    # Airflow creates all the runs of a backfill at once, so the scheduler never takes one of
+    # its dates. Here they are created as their turn comes: the dates still pending are held
+    # the same (was: the time scheduler took them and the backfill recorded "in flight").
+    from assets_app.scheduling import time_runs
+
+    sync(catchup=True, max_active_runs=16)
+    backfills.create_backfill(
+        dag_id="filled", from_date=day(1), to_date=day(3), max_active_runs=1, now=day(4)
+    )
+    assert dates() == [day(1)]
+    time_runs.create_due_runs(now=at("2026-01-04T12:00:00"))
+    assert list(
+        DagRun.objects.filter(run_type="scheduled").values_list("logical_date", flat=True)
+    ) == [day(4)]
+    for _ in range(3):
+        finish()
+        backfills.start_runs(now=day(5))
+    assert dates() == [day(1), day(2), day(3)]
+    assert not BackfillDagRun.objects.filter(exception_reason__isnull=False).exists()
+
+
+def test_an_unpause_stores_the_next_run_after_a_waiting_backfills_dates():
+    # A paused Dag's backfill waits (its runs are created once the Dag is unpaused); Airflow's
+    # runs of it exist already, and its Dag processor stores the next run after the latest.
+    from assets_app.catalog import dags
+    from assets_app.scheduling import time_runs
+
+    sync(catchup=True, is_paused=True)
+    backfills.create_backfill(dag_id="filled", from_date=day(1), to_date=day(3), now=day(4))
+    assert dates() == []
+    dags.set_paused(dag_id="filled", is_paused=False)
+    assert Dag.objects.get(dag_id="filled").next_dagrun == day(4)
+    time_runs.create_due_runs(now=at("2026-01-04T12:00:00"))
+    backfills.start_runs(now=at("2026-01-04T12:00:00"))
+    assert dates() == [day(1), day(2), day(3)]
+    assert list(
+        DagRun.objects.filter(run_type="scheduled").values_list("logical_date", flat=True)
+    ) == [day(4)]

@@ -6,6 +6,7 @@ database refuses a second run of one logical date."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -15,7 +16,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from assets_app.api.public_auth import create_api_token
+from assets_app.catalog import dags
 from assets_app.definitions import sync as definitions
+from assets_app.definitions import timetables
 from assets_app.guards import exceptions
 from assets_app.models import Dag, DagRun, DagRunState, TaskInstance, TIState
 from assets_app.scheduling import runs
@@ -36,6 +39,26 @@ def sync(**dag):
 
 def at(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The service's wall clock as a sync and an unpause read it (`timezone.now`), set by the
+    test; a pass gets its `now` passed."""
+
+    class Clock:
+        now = at("2026-01-01T00:00:00")
+
+    monkeypatch.setattr(timezone, "now", lambda: Clock.now)
+    return Clock
+
+
+def scheduled(dag_id: str = "timed") -> list[tuple[str, dt.datetime, dt.datetime]]:
+    return list(
+        DagRun.objects.filter(dag_id=dag_id)
+        .order_by("logical_date")
+        .values_list("run_id", "logical_date", "run_after")
+    )
 
 
 def test_sync_stores_the_schedule_and_its_next_run():
@@ -182,9 +205,9 @@ def test_statements_per_batch_are_constant(dags, settings):
     with CaptureQueriesContext(connection) as queries:
         result = time_scheduling.create_due_runs(now=at("2026-01-01T00:02:30"))
     assert len(result.run_ids) == 3 * dags
-    # claim, active counts, last runs, taken dates, tasks, runs, TIs, next-run update, plus
+    # claim, active counts, dates held by runs, tasks, runs, TIs, next-run update, plus
     # the transaction's savepoint/commit statements: the same for 1 Dag as for 40.
-    assert len(queries) == 10, [q["sql"][:80] for q in queries]
+    assert len(queries) == 9, [q["sql"][:80] for q in queries]
 
 
 def test_a_manual_run_on_a_taken_logical_date_is_a_conflict_not_a_500():
@@ -213,3 +236,158 @@ def test_the_public_api_gives_airflows_schedule_fields():
     assert details["start_date"] == "2098-12-31T23:00:00Z"
     listed = api.get("/api/v2/dags").json()["dags"]
     assert listed[0]["next_dagrun_data_interval_start"] == "2098-12-31T23:00:00Z"
+
+
+# --- issue 40: Airflow's stored next run ------------------------------------------------------
+
+
+def test_events_timetable_without_catchup_runs_every_event_even_when_passes_land_late(clock):
+    # Airflow creates the run its stored next run names, whatever instant the pass lands on
+    # (was: the next run recomputed at the pass, so an event only counted when a pass landed
+    # on its exact instant: 0 runs and the next run became none).
+    clock.now = at("2026-01-01T00:00:00")
+    events = ["2026-01-01T00:01:30", "2026-01-01T00:02:30", "2026-01-01T00:03:30"]
+    sync(timetable={"kind": "events", "event_dates": events})
+    for pass_at in ("00:01:30.400", "00:02:31", "00:03:32"):
+        time_scheduling.create_due_runs(now=at(f"2026-01-01T{pass_at}"))
+    dates = [at(e) for e in events]
+    assert scheduled() == [(f"scheduled__{d.isoformat()}", d, d) for d in dates]
+    dag = Dag.objects.get(dag_id="timed")
+    assert dag.next_dagrun is None and dag.next_dagrun_create_after is None
+
+
+def test_delta_timetable_without_catchup_does_not_drift(clock):
+    # Airflow: the next run is the previous one plus the delta, not the pass's clock plus it
+    # (was: 06:00:01 and 12:00:02 for passes one and two seconds late).
+    clock.now = at("2026-01-01T00:00:00")
+    sync(timetable={"kind": "delta_trigger", "delta": 6 * 3600}, start_date="2025-12-31")
+    for pass_at in ("00:00:00", "06:00:01", "12:00:02"):
+        time_scheduling.create_due_runs(now=at(f"2026-01-01T{pass_at}"))
+    assert [run_after for _, _, run_after in scheduled()] == [
+        at("2026-01-01T00:00:00"),
+        at("2026-01-01T06:00:00"),
+        at("2026-01-01T12:00:00"),
+    ]
+    assert Dag.objects.get(dag_id="timed").next_dagrun_create_after == at("2026-01-01T18:00:00")
+
+
+def test_run_immediately_first_run_is_the_one_stored_at_sync_even_for_a_late_pass(clock):
+    # No start date, run_immediately False: synced at 10:20 the first run is 11:00; a pass at
+    # 11:10 creates it, as Airflow's scheduler creates its stored next run (was: recomputed
+    # at 11:10, 10 minutes past the tick is beyond the 10% rule: 12:00, no run).
+    clock.now = at("2026-01-01T10:20:00")
+    sync(timetable="@hourly")
+    assert Dag.objects.get(dag_id="timed").next_dagrun_create_after == at("2026-01-01T11:00:00")
+    time_scheduling.create_due_runs(now=at("2026-01-01T11:10:00"))
+    assert [date for _, date, _ in scheduled()] == [at("2026-01-01T11:00:00")]
+    assert Dag.objects.get(dag_id="timed").next_dagrun_create_after == at("2026-01-01T12:00:00")
+
+
+def test_unpause_stores_the_next_run_of_that_instant(clock):
+    # Paused since 10:20 without catchup: the stored next run (10:00) is refreshed at the
+    # unpause (15:30), as Airflow's Dag processor refreshes it while the Dag is paused; the
+    # pass creates the latest tick only.
+    clock.now = at("2026-01-01T10:20:00")
+    sync(timetable="@hourly", start_date="2026-01-01", is_paused=True)
+    assert Dag.objects.get(dag_id="timed").next_dagrun == at("2026-01-01T10:00:00")
+    clock.now = at("2026-01-01T15:30:00")
+    dags.set_paused(dag_id="timed", is_paused=False)
+    assert Dag.objects.get(dag_id="timed").next_dagrun == at("2026-01-01T15:00:00")
+    time_scheduling.create_due_runs(now=clock.now)
+    assert [date for _, date, _ in scheduled()] == [at("2026-01-01T15:00:00")]
+
+
+def test_a_dag_at_max_active_runs_keeps_its_stored_next_run(clock):
+    clock.now = at("2026-01-01T00:00:00")
+    sync(timetable="@hourly", start_date="2026-01-01", catchup=True, max_active_runs=1)
+    time_scheduling.create_due_runs(now=at("2026-01-01T02:30:00"))
+    assert [date for _, date, _ in scheduled()] == [at("2026-01-01T00:00:00")]
+    dag = Dag.objects.get(dag_id="timed")
+    assert dag.next_dagrun == at("2026-01-01T01:00:00")
+    time_scheduling.create_due_runs(now=at("2026-01-01T03:30:00"))
+    assert Dag.objects.get(dag_id="timed").next_dagrun == at("2026-01-01T01:00:00")
+
+
+# --- issue 40: six-field crons, as Airflow 3.3.2 reads them -----------------------------------
+# Airflow hands the expression to croniter (7.0.0), which reads a sixth field as seconds, LAST:
+# `*/30 * * * * *` is every second of minutes 0 and 30. The expected ticks below are the
+# answers of Airflow's CronTriggerTimetable / CronDataIntervalTimetable with catchup from
+# 2024-01-01 (and tests/compat/test_scheduler_differential.py compares runs with Airflow live).
+
+
+def series(spec, count: int) -> list[tuple[dt.datetime | None, dt.datetime]]:
+    timetable = timetables.Timetable.from_spec(spec)
+    restriction = timetables.Restriction(
+        earliest=at("2024-01-01T00:00:00"), latest=None, catchup=True
+    )
+    out, last = [], None
+    for _ in range(count):
+        last = timetable.next_run(last=last, restriction=restriction, now=at("2024-06-01T00:00:00"))
+        out.append((last.data_interval_start, last.run_after))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("cron", "ticks"),
+    [
+        ("*/30 * * * * *", ["00:00:00", "00:00:01", "00:00:02", "00:00:03"]),
+        ("0 0 * * * 30", ["00:00:30", "01-02T00:00:30", "01-03T00:00:30", "01-04T00:00:30"]),
+        ("* * * * * 15", ["00:00:15", "00:01:15", "00:02:15", "00:03:15"]),
+        ("0 12 * * * */20", ["12:00:00", "12:00:20", "12:00:40", "01-02T12:00:00"]),
+    ],
+)
+def test_six_field_crons_tick_as_airflows(cron, ticks):
+    expected = [at(f"2024-{t}" if "T" in t else f"2024-01-01T{t}") for t in ticks]
+    assert series(cron, 4) == [(t, t) for t in expected]
+    intervals = series({"kind": "cron_data_interval", "cron": cron}, 3)
+    assert intervals == list(itertools.pairwise(expected))
+    # Airflow describes no cron of more than 5 fields: its summary is the expression.
+    timetable = timetables.Timetable.from_spec(cron)
+    assert (timetable.description, timetable.summary) == ("", cron)
+
+
+def test_a_six_field_cron_schedules_runs(clock):
+    clock.now = at("2026-01-01T00:00:00")
+    sync(timetable="*/30 * * * * *", start_date="2026-01-01", catchup=True, max_active_runs=10)
+    time_scheduling.create_due_runs(now=at("2026-01-01T00:00:02.500"))
+    assert [run_id for run_id, _, _ in scheduled()] == [
+        f"scheduled__2026-01-01T00:00:0{s}+00:00" for s in range(3)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cron", "named"),
+    [
+        ("0 0 * * * 61", "field 6 (second) '61'"),
+        ("0 0 * * * x", "field 6 (second) 'x'"),
+        ("0 25 * * * 0", "field 2 (hour) '25'"),
+        ("* * * *", "must have 5 or 6 fields"),
+        ("0 0 * * * 0 2030", "must have 5 or 6 fields"),
+    ],
+)
+def test_a_cron_airflow_refuses_is_refused_naming_the_field(cron, named):
+    with pytest.raises(definitions.DefinitionError) as caught:
+        sync(timetable=cron)
+    assert named in str(caught.value)
+
+
+def test_a_cron_that_never_ticks_has_no_next_run_and_breaks_no_pass(clock):
+    # Airflow accepts `0 0 31 2 *` (croniter parses it) and its scheduler logs the error and
+    # stores no next run; here it raised out of croniter and failed the whole batch.
+    with pytest.raises(timetables.TimetableError):
+        timetables.Timetable.from_spec("0 0 31 2 *").next_run(
+            last=None, restriction=timetables.Restriction(None, None, False), now=clock.now
+        )
+    never = sync(dag_id="never", timetable="0 0 31 2 *")
+    assert never.next_dagrun is None and never.next_dagrun_create_after is None
+    sync(timetable="@hourly", start_date="2026-01-01", catchup=True)
+    Dag.objects.filter(dag_id="never").update(
+        next_dagrun=clock.now,
+        next_dagrun_data_interval_start=clock.now,
+        next_dagrun_data_interval_end=clock.now,
+        next_dagrun_create_after=clock.now,
+    )
+    time_scheduling.create_due_runs(now=at("2026-01-01T00:30:00"))
+    assert [date for _, date, _ in scheduled()] == [at("2026-01-01T00:00:00")]
+    assert DagRun.objects.filter(dag_id="never").count() == 1  # its stored run, then none
+    assert Dag.objects.get(dag_id="never").next_dagrun_create_after is None

@@ -14,7 +14,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ..catalog import queued_events
+from ..catalog import dags, queued_events
 from ..definitions import conditions, timetables
 from ..guards import exceptions, limits
 from ..models import (
@@ -263,6 +263,12 @@ class DagAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if "is_paused" in form.changed_data and not obj.is_paused:
+            # As the API's: the next run of that instant stored (issue 40), the schedulers woken.
+            dags.after_unpause([obj.dag_id])
 
     def has_delete_permission(self, request, obj=None):
         # Dags come and go with their definitions (sync_dags); deleting one here would cascade

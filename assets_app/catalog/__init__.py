@@ -5,7 +5,8 @@ events), `queued_events` (ADRQ rows as operators see them: list and clear), `lis
 list semantics: `order_by`, patterns, ranges, offset and cursor pages), `lineage` (the graph of the
 lineage page) and `run_waits` (the bounded run `wait` stream).
 
-Writes: almost nothing: `Dag.is_paused` (pause / unpause), an asset's `uri` when an external event
+Writes: almost nothing: `Dag.is_paused` (pause / unpause; an unpause stores the Dag's next run
+through `definitions.next_runs`), an asset's `uri` when an external event
 renames it, and the ADRQ rows an operator clears (deleted, audited). Everything else is read without
 locks, a fixed number of queries per page.
 

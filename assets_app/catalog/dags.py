@@ -1,5 +1,6 @@
 """Reading Dags and pausing them, for the public API (`/api/v2/dags`). Definitions are written by
-`definitions.sync` only; this module changes nothing but `is_paused`.
+`definitions.sync` only; this module changes nothing but `is_paused` (and, at an unpause, the
+Dag's stored next run: `definitions.next_runs`).
 
 Reads take no locks and a fixed number of queries. Each Dag is annotated with its latest run (the
 run with the highest id, as Airflow picks it): `last_run_state`, `last_run_start_date`,
@@ -22,7 +23,7 @@ from django.db.models import (
 )
 
 from ..cluster import nudges
-from ..definitions import timetables
+from ..definitions import next_runs, timetables
 from ..guards import exceptions, limits
 from ..models import (
     Asset,
@@ -254,6 +255,16 @@ def asset_expression(dag: Dag) -> dict[str, Any] | None:
     return convert(dag.schedule)
 
 
+def after_unpause(dag_ids: Sequence[str]) -> None:
+    """What follows the unpause of these Dags, in the caller's transaction: each one's next run
+    of that instant is stored (`next_runs.store`, issue 40), the time scheduler woken to it and
+    the asset scheduler nudged for their queued events (after commit), so that neither waits
+    for a sweep."""
+    next_runs.store(dag_ids)
+    wakeups.wake(wakeups.TIME)
+    nudges.scheduler_on_commit(dag_ids=dag_ids)
+
+
 def set_paused(
     *,
     is_paused: bool,
@@ -270,14 +281,17 @@ def set_paused(
     pausing a paused Dag changes nothing; audited when `actor` is given."""
     action = "dag.pause" if is_paused else "dag.unpause"
     with transaction.atomic(durable=True):
-        wakeups.wake(wakeups.TIME)  # an unpaused Dag's next run may be due (at commit)
         if dag_id is not None:
-            if not Dag.objects.filter(dag_id=dag_id).update(is_paused=is_paused):
+            # An unpause stores the Dag's next run of that instant (`next_runs`, issue 40).
+            unpaused = not is_paused and Dag.objects.filter(dag_id=dag_id, is_paused=True).update(
+                is_paused=False
+            )
+            if unpaused:
+                after_unpause([dag_id])
+            elif not Dag.objects.filter(dag_id=dag_id).update(is_paused=is_paused):
                 raise exceptions.NotFound(
                     f"Dag with id {dag_id} was not found", reason="dag_not_found", dag_id=dag_id
                 )
-            if not is_paused:  # its queued events, if any, wait no sweep
-                nudges.scheduler_on_commit(dag_ids=[dag_id])
             if actor is not None:
                 audit.record(
                     actor=actor, action=action, summary=f"{action} {dag_id}", dag_id=dag_id
@@ -288,9 +302,13 @@ def set_paused(
             return listing.Page(rows=[], total_entries=0)
         page = list_dags(filters=filters, limit=limit, offset=offset)
         matching = _filter(_with_latest_run(Dag.objects.all()), filters)
-        changed = Dag.objects.filter(dag_id__in=matching.values("dag_id")).update(
-            is_paused=is_paused
+        selected = Dag.objects.filter(dag_id__in=matching.values("dag_id"))
+        woken = (
+            [] if is_paused else list(selected.filter(is_paused=True).values_list("pk", flat=True))
         )
+        changed = selected.update(is_paused=is_paused)
+        if woken:
+            after_unpause(woken)
         if actor is not None and changed:
             audit.record(
                 actor=actor,

@@ -215,8 +215,9 @@ CronText = Annotated[
         min_length=1,
         max_length=200,
         pattern=NOT_BLANK,
-        description="A 5-field cron expression or a preset (@hourly, @daily, @weekly, @monthly, "
-        "@quarterly, @yearly).",
+        description="A cron expression of 5 fields, or 6 with the seconds last (as Airflow's "
+        "croniter reads it), or a preset (@hourly, @daily, @weekly, @monthly, @quarterly, "
+        "@yearly).",
     ),
 ]
 ZoneName = Annotated[

@@ -80,8 +80,6 @@ from ..models import (
     AssetDagRunQueue,
     Dag,
     DagImportError,
-    DagRun,
-    DagRunType,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
     QueueWatcher,
@@ -96,7 +94,7 @@ from ..models import (
 from ..models.dags import DEFAULT_RETRY_DELAY_SECONDS
 from ..operations import audit
 from ..sql import locks, wakeups
-from . import conditions, timetables
+from . import conditions, next_runs, timetables
 from . import schema as dag_schema
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
 from .schema import join
@@ -990,42 +988,7 @@ def check_fileloc(fileloc: Any) -> None:
 
 
 TIME_FIELDS = ("timetable", "timezone", "start_date", "end_date", "catchup", "schedule_mode")
-NEXT_RUN_FIELDS = (
-    "next_dagrun",
-    "next_dagrun_data_interval_start",
-    "next_dagrun_data_interval_end",
-    "next_dagrun_create_after",
-)
-
-
-def _last_scheduled_run(dag_id: str) -> timetables.RunInfo | None:
-    run = (
-        DagRun.objects.filter(dag_id=dag_id, run_type=DagRunType.SCHEDULED)
-        .order_by("-logical_date")
-        .values_list("run_after", "data_interval_start", "data_interval_end")
-        .first()
-    )
-    if run is None or run[1] is None:
-        return None
-    return timetables.RunInfo(
-        run_after=run[0], data_interval_start=run[1], data_interval_end=run[2]
-    )
-
-
-def _set_next_run(dag: Dag, *, last: timetables.RunInfo | None) -> None:
-    """Airflow's next_dagrun fields of `dag` from its timetable and `last` run, now (the time
-    scheduler recomputes them from the last run when it creates runs)."""
-    info = None
-    if dag.timetable is not None:
-        timetable = timetables.Timetable.from_spec(dag.timetable, timezone=dag.timezone)
-        restriction = timetables.Restriction(
-            earliest=dag.start_date, latest=dag.end_date, catchup=dag.catchup
-        )
-        info = timetable.next_run(last=last, restriction=restriction, now=timezone.now())
-    dag.next_dagrun = info.logical_date if info else None
-    dag.next_dagrun_data_interval_start = info.data_interval_start if info else None
-    dag.next_dagrun_data_interval_end = info.data_interval_end if info else None
-    dag.next_dagrun_create_after = info.run_after if info else None
+NEXT_RUN_FIELDS = next_runs.FIELDS
 
 
 class _Sync:
@@ -1175,7 +1138,8 @@ class _Sync:
             dag = stored.get(definition.dag_id)
             if dag is None:
                 dag = Dag(dag_id=definition.dag_id, **values)
-                _set_next_run(dag, last=None)
+                for name, value in next_runs.after(dag, last=None, now=timezone.now()).items():
+                    setattr(dag, name, value)
                 created.append(dag)
                 continue
             if not self.apply_pause:
@@ -1191,9 +1155,11 @@ class _Sync:
             if changed:
                 for name in changed:
                     setattr(dag, name, values[name])
-                if set(changed) & set(TIME_FIELDS):
-                    # A new time schedule: its next run, from the Dag's last scheduled run.
-                    _set_next_run(dag, last=_last_scheduled_run(dag.dag_id))
+                unpaused = "is_paused" in changed and not dag.is_paused
+                if set(changed) & set(TIME_FIELDS) or unpaused:
+                    # A new time schedule, or an unpause (`apply_pause`): its next run from the
+                    # Dag's latest automated run, now (`next_runs`).
+                    next_runs.refresh([dag])
                     changed += list(NEXT_RUN_FIELDS)
                 dag.save(update_fields=[*changed, "updated_at"])
                 updated.append(dag.dag_id)

@@ -22,6 +22,10 @@ The kinds, as Airflow names them:
 - `events` (EventsTimetable): a run at each listed date.
 - `once` (`@once`): one run, at the start date (or as soon as possible).
 
+A cron has 5 fields, or 6: croniter, which Airflow 3.3.2 hands the expression to, reads a sixth
+field as the seconds, last (`*/30 * * * * *` ticks every second of minutes 0 and 30; `0 12 * * *
+*/20` at 12:00:00, 12:00:20 and 12:00:40); a field croniter refuses is named in the error.
+
 How the wall clock is read (the rules Airflow's cron timetables follow):
 
 - a tick is found on the naive local wall clock of the timetable's zone (croniter, the
@@ -185,18 +189,39 @@ def _wall_tick(expression: str, naive: dt.datetime, forward: bool) -> dt.datetim
 MEMO_SIZE = 4096
 
 
+# A cron's fields as croniter (so Airflow) reads them: a sixth field is the seconds, last.
+CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week", "second")
+
+
+def _bad_field(expression: str) -> str:
+    """The first field croniter refuses on its own ("field 6 (second) '61': "), or ""."""
+    parts = expression.split()
+    for index, part in enumerate(parts):
+        probe = ["*"] * len(parts)
+        probe[index] = part
+        try:
+            croniter(" ".join(probe))
+        except (CroniterBadCronError, CroniterBadDateError, ValueError):
+            return f"field {index + 1} ({CRON_FIELDS[index]}) {part!r}: "
+    return ""
+
+
 class _Cron(_Steps):
     def __init__(self, expression: str, tz: ZoneInfo) -> None:
         self.expression = CRON_PRESETS.get(expression, expression)
         self.tz = tz
+        if len(self.expression.split()) not in (5, 6):
+            # croniter (and so Airflow) also reads a seventh field, a year; not supported here.
+            raise TimetableError(
+                f"cron expression {expression!r} must have 5 or 6 fields (minute hour "
+                "day-of-month month day-of-week, and seconds sixth, as Airflow reads it)"
+            )
         try:
             fields = _croniter(self.expression).expanded
         except (CroniterBadCronError, CroniterBadDateError, ValueError) as exc:
-            raise TimetableError(f"invalid cron expression {expression!r}: {exc}") from exc
-        if len(self.expression.split()) != 5:
             raise TimetableError(
-                f"cron expression {expression!r} must have 5 fields (minute hour day month weekday)"
-            )
+                f"invalid cron expression {expression!r}: {_bad_field(self.expression)}{exc}"
+            ) from exc
         # An hourly (or finer) cron steps by elapsed time, so the repeated hour gets its ticks.
         self.every_hour = fields[1] == ["*"]
         # This instance's steps (by instant: equal instants in any zone are one key), for
@@ -215,7 +240,11 @@ class _Cron(_Steps):
     def _compute(self, current: dt.datetime, *, forward: bool) -> dt.datetime:
         current = current.astimezone(UTC)  # elapsed-time steps below, never wall-clock ones
         naive = current.astimezone(self.tz).replace(tzinfo=None, fold=0)
-        tick = _wall_tick(self.expression, naive, forward)
+        try:
+            tick = _wall_tick(self.expression, naive, forward)
+        except CroniterBadDateError as exc:
+            # A cron that never ticks (`0 0 31 2 *`): Airflow's scheduler logs it, no next run.
+            raise TimetableError(f"cron expression {self.expression!r}: {exc}") from exc
         if self.every_hour:
             return (current + (tick - naive)).astimezone(UTC)
         return place(tick, self.tz)
@@ -271,6 +300,8 @@ def _describe_cron(expression: str) -> str:
 
     try:
         fields = expression.split()
+        if len(fields) > 5:
+            return ""  # Airflow describes no cron of more than 5 fields (`CronMixin.__init__`)
         if len(fields) == 5 and fields[2] != "*" and fields[4] != "*":
             dom, dow = list(fields), list(fields)
             dom[4], dow[2] = "*", "*"

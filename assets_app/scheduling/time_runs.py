@@ -3,24 +3,32 @@
 A pass claims the due Dags (`next_dagrun_create_after <= now`, unpaused, a timetable) in
 batches, each batch in one durable transaction with a fixed number of statements whatever
 its number of Dags and runs: lock the Dag rows (FOR NO KEY UPDATE SKIP LOCKED,
-`locks.claim_due_timetable_dags`), count their active runs, read each one's last scheduled
-run, the runs already holding the planned logical dates, the tasks; insert the runs and their
-TIs (`runs.create_scheduled_runs`); store each Dag's next run (Airflow's `next_dagrun`,
+`locks.claim_due_timetable_dags`), count their active runs, read the runs (and a backfill's
+dates waiting for their run) holding the planned logical dates, the tasks; insert the runs and
+their TIs (`runs.create_scheduled_runs`); store each Dag's next run (Airflow's `next_dagrun`,
 `next_dagrun_data_interval_*`, `next_dagrun_create_after`).
 
-Which runs: from the Dag's last scheduled run, `timetables.Timetable.next_run` at `now`, as
-Airflow's scheduler asks its timetable, again and again while the next run is due and the Dag
-is under `max_active_runs` (at most TIME_SCHEDULER_RUNS_PER_DAG in one pass). So with catchup
-every missed logical date gets its run, in order; without catchup (and after an unpause) the
-timetable itself skips to the latest due tick: at most one run. The stored next run only
-decides which Dags a pass reads; the runs are always computed from the last run, so a stale
-stored value (a pause, a scheduler down for a day) never creates a run Airflow would not.
+Which runs (issue 40: Airflow 3.3.2's `_create_dag_runs`): the run the Dag stored
+(`definitions.next_runs`: at its previous run, at a sync of its schedule, at an unpause), whatever
+instant the pass lands on; then the next one computed from that run (its timetable's `next_run`
+with the pass's `now`, which only a timetable without catchup reads: the latest tick due now,
+the events not past yet), again while it is due and the Dag is under `max_active_runs` (at most
+TIME_SCHEDULER_RUNS_PER_DAG in one pass; Airflow makes one per scheduler loop, the same runs in
+the end). Backfill runs do not count against `max_active_runs` (Airflow's `exclude_backfill`:
+"their concurrency is separate"). A Dag at its limit is left as it is, its stored next run waits.
+So a pass one second late still creates the 06:00 run of a 6-hour delta and stores 12:00 after
+it, an events timetable without catchup gets a run for each event, and with catchup every
+missed logical date gets its run, in order. A stored date another run holds already (a manual
+run given that date, a backfill's, or a date a backfill plans and has not made its run for yet:
+Airflow creates a backfill's runs all at once) gets no run: the next one is computed from that
+run, as Airflow's scheduler does.
 
 Assets and time (`Dag.schedule_mode`): an `asset_or_time` Dag (Airflow's AssetOrTimeSchedule)
 gets its scheduled runs here and its asset-triggered runs from `scheduling`, as any asset Dag.
 An `asset_and_time` Dag's events are consumed here only (the asset scheduler leaves the Dag
-alone): in the same batch transaction, after the Dag locks, its ADRQ rows of events up to its
-last due tick are locked (FOR UPDATE SKIP LOCKED, in the global order: step 4 after step 3,
+alone): its due ticks are its stored next run and those after it while due; in the same batch
+transaction, after the Dag locks, its ADRQ rows of events up to its last due tick are locked
+(FOR UPDATE SKIP LOCKED, in the global order: step 4 after step 3,
 `locks.lock_tick_queue_rows`); each due tick in order evaluates the condition on the events
 up to that tick not consumed yet, and a met tick gets its scheduled run consuming exactly those
 events (their rows deleted, invariant 8), while an unmet one creates nothing and its events
@@ -30,13 +38,14 @@ never looked at twice. A tick waits while the Dag is at max_active_runs.
 
 Exactly once per (Dag, logical_date): the Dag lock serializes schedulers on a Dag, the runs
 and the advanced next run commit together (a crash rolls both back), and the partial unique
-constraint `dag_run_logical_date_unique` refuses a second run whatever happens. A logical
-date already taken (a manual run given that date) is skipped, as Airflow's scheduler does.
+constraint `dag_run_logical_date_unique` refuses a second run whatever happens.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -45,12 +54,13 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
-from ..definitions import conditions, timetables
+from ..definitions import conditions, next_runs, timetables
 from ..models import (
     AssetAliasAsset,
+    BackfillDagRun,
     Dag,
     DagRun,
     DagRunState,
@@ -80,14 +90,9 @@ class _Batch:
     created: list[tuple[str, str]] = field(default_factory=list)
 
 
-def timetable_of(dag: Dag) -> timetables.Timetable | None:
-    if dag.timetable is None:
-        return None
-    return timetables.Timetable.from_spec(dag.timetable, timezone=dag.timezone)
-
-
-def restriction_of(dag: Dag) -> timetables.Restriction:
-    return timetables.Restriction(earliest=dag.start_date, latest=dag.end_date, catchup=dag.catchup)
+timetable_of = next_runs.timetable_of
+restriction_of = next_runs.restriction_of
+NEXT_FIELDS = next_runs.FIELDS
 
 
 def run_info(run: DagRun | None) -> timetables.RunInfo | None:
@@ -113,20 +118,7 @@ def next_fields(
         if timetable is not None
         else None
     )
-    return {
-        "next_dagrun": info.logical_date if info else None,
-        "next_dagrun_data_interval_start": info.data_interval_start if info else None,
-        "next_dagrun_data_interval_end": info.data_interval_end if info else None,
-        "next_dagrun_create_after": info.run_after if info else None,
-    }
-
-
-NEXT_FIELDS = (
-    "next_dagrun",
-    "next_dagrun_data_interval_start",
-    "next_dagrun_data_interval_end",
-    "next_dagrun_create_after",
-)
+    return next_runs.fields_of(info)
 
 
 def scheduled_run_id(run_after: datetime) -> str:
@@ -178,66 +170,173 @@ def _create_batch(*, now: datetime, limit: int, exclude: list[str]) -> _Batch:
         ids = [dag.dag_id for dag in dags]
         batch.checked = ids
         # Counted after the locks, in a statement of its own: its snapshot includes the runs
-        # another scheduler committed before releasing one of these Dags.
+        # another scheduler committed before releasing one of these Dags. Backfill runs apart
+        # (Airflow's `exclude_backfill=True`: "their concurrency is separate").
         active = dict(
             DagRun.objects.filter(dag_id__in=ids, state__in=ACTIVE_STATES)
+            .exclude(run_type=DagRunType.BACKFILL)
             .order_by()
             .values("dag_id")
             .annotate(count=Count("*"))
             .values_list("dag_id", "count")
         )
-        last_runs = {
-            run.dag_id: run
-            for run in DagRun.objects.filter(dag_id__in=ids, run_type=DagRunType.SCHEDULED)
-            .order_by("dag_id", "-logical_date")
-            .distinct("dag_id")
-            .only("dag_id", "run_after", "data_interval_start", "data_interval_end")
-        }
-        planned: dict[str, list[timetables.RunInfo]] = {}
-        ticks: dict[str, list[timetables.RunInfo]] = {}
+        # Each Dag's runs from its stored next run on, as if no date were held; then the runs
+        # holding dates in that span (one query), and the Dags that meet one planned again.
+        plans: dict[str, _Plan] = {}
         for dag in dags:
+            free = min(dag.max_active_runs - active.get(dag.dag_id, 0), per_dag)
             if _with_assets(dag):
-                ticks[dag.dag_id] = _due_ticks(dag, last_runs.get(dag.dag_id), now, per_dag)
-            else:
-                planned[dag.dag_id] = _plan(dag, last_runs.get(dag.dag_id), active, now, per_dag)
-        dates = {info.logical_date for infos in planned.values() for info in infos}
-        dates |= {info.logical_date for infos in ticks.values() for info in infos}
-        taken = set(
-            DagRun.objects.filter(dag_id__in=ids, logical_date__in=list(dates)).values_list(
-                "dag_id", "logical_date"
-            )
-        )
+                plans[dag.dag_id] = _walk(dag, now=now, limit=per_dag, ticks=True)
+            elif free > 0:
+                plans[dag.dag_id] = _walk(dag, now=now, limit=free)
+        held = _held(plans)
+        holding = {dag_id for dag_id, _ in held}
+        for dag in dags:
+            plan = plans.get(dag.dag_id)
+            if plan is not None and not plan.ticks and dag.dag_id in holding:
+                plans[dag.dag_id] = _walk(
+                    dag,
+                    now=now,
+                    limit=len(plan.infos),
+                    held=held,
+                    until=plan.infos[-1].logical_date,
+                )
         tasks = runs.dag_tasks(ids)
         items = [
             (_scheduled_run(dag_id, info), tasks[dag_id])
-            for dag_id, infos in planned.items()
-            for info in infos
-            if (dag_id, info.logical_date) not in taken
+            for dag_id, plan in plans.items()
+            if not plan.ticks
+            for info in plan.infos
         ]
         consumed: list[Sequence[int]] = [() for _ in items]
+        ticks = {dag_id: plan.infos for dag_id, plan in plans.items() if plan.ticks}
         done: dict[str, timetables.RunInfo] = {}
-        if ticks:
-            tick_runs, done, rows_done = _consume_ticks(dags, ticks, active, taken)
+        if any(ticks.values()):
+            tick_runs, done, rows_done = _consume_ticks(dags, ticks, active, set(held))
             items += [(run, tasks[run.dag_id]) for run, _ in tick_runs]
             consumed += [event_ids for _, event_ids in tick_runs]
         runs.create_scheduled_runs(items=items, consumed_event_ids=consumed)
-        if ticks:
+        if any(ticks.values()):
             scheduling_sql.delete_queue_rows(rows_done)
+        moved: list[Dag] = []
         for dag in dags:
-            last: timetables.RunInfo | None
-            if dag.dag_id in done:
-                last = done[dag.dag_id]
-            elif ticks.get(dag.dag_id):
-                continue  # due ticks wait (max_active_runs, a schedule that cannot evaluate)
+            plan = plans.get(dag.dag_id)
+            if plan is None:
+                continue  # at max_active_runs: its stored next run waits
+            if plan.ticks and not (plan.failed and not plan.infos):
+                if dag.dag_id not in done:
+                    continue  # due ticks wait (max_active_runs, a schedule that cannot evaluate)
+                values = next_runs.after(dag, last=done[dag.dag_id], now=now)
             else:
-                infos = planned.get(dag.dag_id, [])
-                last = infos[-1] if infos else run_info(last_runs.get(dag.dag_id))
-            values = _next_or_none(dag, last, now)
+                values = next_runs.fields_of(plan.following)
             for name, value in values.items():
                 setattr(dag, name, value)
-        Dag.objects.bulk_update(dags, list(NEXT_FIELDS))
+            moved.append(dag)
+        if moved:
+            Dag.objects.bulk_update(moved, list(NEXT_FIELDS))
         batch.created = [(run.dag_id, run.run_id) for run, _ in items]
     return batch
+
+
+# The runs holding a Dag's logical dates, by (dag_id, logical date), as the run to compute from.
+Held = dict[tuple[str, datetime | None], timetables.RunInfo]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A Dag's runs to create in a pass (its due ticks, for an asset-and-time Dag), in order, and
+    the next run to store after them (None: none, the schedule ended or cannot compute)."""
+
+    infos: list[timetables.RunInfo]
+    following: timetables.RunInfo | None
+    ticks: bool = False
+    failed: bool = False  # the timetable cannot compute: no next run is stored
+
+
+def _walk(
+    dag: Dag,
+    *,
+    now: datetime,
+    limit: int,
+    ticks: bool = False,
+    held: Held | None = None,
+    until: datetime | None = None,
+) -> _Plan:
+    """From the Dag's stored next run, each run while it is due, at most `limit`, each next one
+    computed from the previous at `now` (Airflow's `_create_dag_runs` and
+    `calculate_dagrun_date_fields`, loop after loop). A date `held` by a run is not planned: the
+    next one is computed from that run; with `held`, the walk stops past `until` (the dates
+    after it were not looked up). A timetable that cannot compute is logged and gives no next
+    run, as in Airflow (the runs before it stand; the Dag is not read again until a sync
+    changes its schedule)."""
+    info = next_runs.stored(dag)
+    try:
+        timetable = timetable_of(dag)
+    except timetables.TimetableError:
+        logger.exception("dag %s: its timetable cannot be read", dag.dag_id)
+        return _Plan([], None, ticks, failed=True)
+    if timetable is None or info is None:
+        return _Plan([], None, ticks)
+    restriction = restriction_of(dag)
+    infos: list[timetables.RunInfo] = []
+    while info is not None and info.run_after <= now and len(infos) < limit:
+        assert info.logical_date is not None
+        if until is not None and info.logical_date > until:
+            break
+        last = held.get((dag.dag_id, info.logical_date)) if held else None
+        if last is None:
+            infos.append(info)
+            last = info
+        try:
+            info = timetable.next_run(last=last, restriction=restriction, now=now)
+        except timetables.TimetableError:
+            logger.exception("dag %s: its timetable cannot compute a next run", dag.dag_id)
+            return _Plan(infos, None, ticks, failed=True)
+    return _Plan(infos, info, ticks)
+
+
+def _held(plans: dict[str, _Plan]) -> Held:
+    """The runs holding a logical date in the span of a Dag's planned runs, and a backfill's
+    dates still waiting for their run (Airflow creates a backfill's runs all at once: its dates
+    are never the scheduler's), in one query: each as the run to compute the next from (its own
+    dates; the planned ones when it has no data interval)."""
+    spans = [
+        (dag_id, p.infos[0].logical_date, p.infos[-1].logical_date)
+        for dag_id, p in plans.items()
+        if p.infos
+    ]
+    if not spans:
+        return {}
+    columns = ("logical_date", "run_after", "data_interval_start", "data_interval_end")
+    run_rows = DagRun.objects.filter(
+        functools.reduce(
+            operator.or_,
+            (Q(dag_id=d, logical_date__gte=lo) & Q(logical_date__lte=hi) for d, lo, hi in spans),
+        )
+    ).values_list("dag_id", *columns)
+    waiting = BackfillDagRun.objects.filter(
+        functools.reduce(
+            operator.or_,
+            (
+                Q(backfill__dag_id=d, logical_date__gte=lo) & Q(logical_date__lte=hi)
+                for d, lo, hi in spans
+            ),
+        ),
+        started_at__isnull=True,
+        exception_reason__isnull=True,
+        dag_run__isnull=True,
+    ).values_list("backfill__dag_id", *columns)
+    planned = {(dag_id, i.logical_date): i for dag_id, p in plans.items() for i in p.infos}
+    found: Held = {}
+    for dag_id, logical_date, run_after, start, end in run_rows.union(waiting, all=True):
+        key = (dag_id, logical_date)
+        if start is not None and end is not None:
+            found[key] = timetables.RunInfo(
+                run_after=run_after, data_interval_start=start, data_interval_end=end
+            )
+        elif key in planned:
+            found[key] = planned[key]
+    return found
 
 
 def _scheduled_run(dag_id: str, info: timetables.RunInfo) -> DagRun:
@@ -258,43 +357,6 @@ def _scheduled_run(dag_id: str, info: timetables.RunInfo) -> DagRun:
 def _with_assets(dag: Dag) -> bool:
     """An asset-and-time Dag: its ticks consume its queued events."""
     return dag.schedule is not None and dag.schedule_mode == ScheduleMode.ASSET_AND_TIME
-
-
-def _stored_next(dag: Dag) -> timetables.RunInfo | None:
-    if dag.next_dagrun_create_after is None or dag.next_dagrun_data_interval_start is None:
-        return None
-    return timetables.RunInfo(
-        run_after=dag.next_dagrun_create_after,
-        data_interval_start=dag.next_dagrun_data_interval_start,
-        data_interval_end=dag.next_dagrun_data_interval_end,
-    )
-
-
-def _due_ticks(
-    dag: Dag, last_run: DagRun | None, now: datetime, limit: int
-) -> list[timetables.RunInfo]:
-    """The due ticks of an asset-and-time Dag, in order, at most `limit`: from its next run
-    after its last scheduled run, or from its stored next run when that is later (ticks
-    without a run were done since). A timetable that cannot compute is logged: none."""
-    try:
-        timetable = timetable_of(dag)
-        if timetable is None:
-            return []
-        restriction = restriction_of(dag)
-        info = timetable.next_run(last=run_info(last_run), restriction=restriction, now=now)
-        stored = _stored_next(dag)
-        if info is not None and stored is not None and stored.run_after > info.run_after:
-            info = stored
-        due: list[timetables.RunInfo] = []
-        while info is not None and info.logical_date is not None and info.run_after <= now:
-            due.append(info)
-            if len(due) >= limit:
-                break
-            info = timetable.next_run(last=info, restriction=restriction, now=now)
-        return due
-    except timetables.TimetableError:
-        logger.exception("dag %s: its timetable cannot compute a next run", dag.dag_id)
-        return []
 
 
 def _consume_ticks(
@@ -373,38 +435,3 @@ def _alias_assets(parsed: Iterable[conditions.Condition]) -> dict[str, set[str]]
         ).values_list("alias__name", "asset__name"):
             resolved[alias_name].add(asset_name)
     return resolved
-
-
-def _plan(
-    dag: Dag, last_run: DagRun | None, active: dict[str, int], now: datetime, per_dag: int
-) -> list[timetables.RunInfo]:
-    """The runs to create for `dag` now: each next run from the previous while it is due and
-    the Dag under max_active_runs. A timetable that cannot compute is logged and plans none."""
-    try:
-        timetable = timetable_of(dag)
-        if timetable is None:
-            return []
-        restriction = restriction_of(dag)
-        last = run_info(last_run)
-        free = min(dag.max_active_runs - active.get(dag.dag_id, 0), per_dag)
-        planned: list[timetables.RunInfo] = []
-        while len(planned) < free:
-            info = timetable.next_run(last=last, restriction=restriction, now=now)
-            if info is None or info.run_after > now or info.logical_date is None:
-                break
-            planned.append(info)
-            last = info
-        return planned
-    except timetables.TimetableError:
-        logger.exception("dag %s: its timetable cannot compute a next run", dag.dag_id)
-        return []
-
-
-def _next_or_none(
-    dag: Dag, last: timetables.RunInfo | None, now: datetime
-) -> dict[str, datetime | None]:
-    try:
-        return next_fields(timetable_of(dag), restriction_of(dag), last=last, now=now)
-    except timetables.TimetableError:
-        # Not read again until its definition changes (sync recomputes it).
-        return dict.fromkeys(NEXT_FIELDS)

@@ -414,3 +414,29 @@ def test_a_mapped_task_is_one_grid_cell_with_its_summary_state_and_counts(staff_
 )
 def test_the_mapped_summary_state_follows_airflows_priority(states, shown):
     assert run_reads.mapped_state(states) == shown
+
+
+def test_an_unpause_in_the_admin_stores_the_next_run_of_that_instant(staff_client):
+    # Issue 40: as the API's unpause, the Dag's stored next run is computed again at the
+    # unpause (a paused Dag's is stale: without catchup, the latest tick now).
+    from assets_app.definitions import sync as definitions
+
+    start = (timezone.now() - timedelta(days=2)).replace(tzinfo=None).isoformat()
+    definitions.sync_definitions(
+        dags=definitions.parse_document(
+            {"dag_id": "timed", "timetable": "@hourly", "start_date": start, "is_paused": True},
+            file="t.json",
+        )
+    )
+    stale = timezone.now() - timedelta(days=1)
+    Dag.objects.filter(dag_id="timed").update(next_dagrun=stale, next_dagrun_create_after=stale)
+    url = reverse("admin:assets_app_dag_change", args=["timed"])
+    before = timezone.now().replace(minute=0, second=0, microsecond=0)
+    response = staff_client.post(
+        url, {"max_active_runs": "16", "tasks-TOTAL_FORMS": "0", "tasks-INITIAL_FORMS": "0"}
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    dag = Dag.objects.get(dag_id="timed")
+    assert not dag.is_paused
+    after = timezone.now().replace(minute=0, second=0, microsecond=0)
+    assert dag.next_dagrun_create_after in (before, after)  # the latest hour at the unpause

@@ -11,7 +11,7 @@ from tests import servers as live_servers
 # The live-server fixtures of the proof suites (gunicorn / qcluster on the test database).
 from tests.proof.conftest import database_url, servers, service_env  # noqa: F401
 
-collect_ignore = ["airflow_sdk_check.py", "airflow_client_check.py"]
+collect_ignore = ["airflow_sdk_check.py", "airflow_client_check.py", "airflow_scheduler_driver.py"]
 
 
 @pytest.fixture

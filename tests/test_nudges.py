@@ -60,3 +60,38 @@ def test_a_scheduler_nudge_that_raises_after_commit_keeps_the_event_and_its_queu
 
     assert [dag_id for dag_id, _ in result.run_ids] == ["consumer"]
     assert DagRun.objects.filter(dag=consumer).count() == 1
+
+
+@pytest.mark.django_db
+def test_scheduler_nudges_coalesce_while_one_covering_their_dags_waits():
+    """Issue 41: a nudge per posted event (50 a second) queued 50 scheduler tasks a second, and
+    a drain task behind them waited for all of them. A waiting task for the same Dags (or for
+    all) covers a new nudge; one for other Dags does not; once picked up, a nudge is sent."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from django_q.models import OrmQ
+
+    nudges._last_scheduler_nudge.clear()
+
+    def waiting() -> list:
+        return sorted(
+            tuple(row.kwargs().get("dag_ids") or ["*"])
+            for row in OrmQ.objects.all()
+            if row.func() == nudges.SCHEDULE_FUNC
+        )
+
+    for _ in range(5):
+        nudges.nudge_scheduler(dag_ids=["a"])
+    assert waiting() == [("a",)]
+    nudges.nudge_scheduler(dag_ids=["a", "b"])  # not covered by the one for "a"
+    assert waiting() == [("a",), ("a", "b")]
+    nudges._last_scheduler_nudge.clear()  # another process: it looks at the waiting rows
+    nudges.nudge_scheduler(dag_ids=["b"])
+    nudges.nudge_scheduler(dag_ids=["a"])
+    assert waiting() == [("a",), ("a", "b")]
+    OrmQ.objects.update(lock=timezone.now() + timedelta(seconds=90))  # all picked up
+    nudges.nudge_scheduler(dag_ids=["b"])
+    nudges.nudge_scheduler()
+    nudges.nudge_scheduler(dag_ids=["c"])  # the one for all Dags waits: covered
+    assert len(waiting()) == 4 and ("*",) in waiting()

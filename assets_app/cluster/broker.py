@@ -137,8 +137,15 @@ class RememberingBroker(ListeningORM):
 def waiting_task_funcs(*, lookahead: int) -> list[str]:
     """The functions of the first `lookahead` tasks enqueued on this cluster and not yet picked
     up by any of its workers (django-q2's OrmQ rows, decoded), oldest first."""
+    return [func for func, _ in waiting_tasks(lookahead=lookahead)]
+
+
+def waiting_tasks(*, lookahead: int) -> list[tuple[str, dict[str, Any]]]:
+    """(function, keyword arguments) of the first `lookahead` tasks enqueued on this cluster
+    and not yet picked up by any of its workers (django-q2's OrmQ rows, decoded), oldest
+    first."""
     waiting = OrmQ.objects.filter(key=Conf.CLUSTER_NAME, lock__lte=timezone.now()).order_by("id")
-    return [row.func() for row in waiting[:lookahead]]
+    return [(row.func(), row.kwargs() or {}) for row in waiting[:lookahead]]
 
 
 def still_waiting(row_id: int) -> bool:

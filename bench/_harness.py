@@ -429,6 +429,112 @@ def start_qcluster(url: str, *, log: Path, **env: str) -> Server:
     return servers.qcluster(server_env(url, **env), log, stop_timeout=2.0)
 
 
+def start_service(url: str, *, log: Path, ready_timeout: float = 300.0, **env: str) -> Server:
+    """The service as the README starts it (issue 41): `bin/serve` (migrate, setup_schedules,
+    then the Procfile's processes under honcho: gunicorn, the django-q2 cluster, the timers, the
+    queue watchers) on database `url` with `project.settings`, answering HTTP. `env` overrides
+    settings the way an operator's environment would (none by default)."""
+    port = free_port()
+    full = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "PORT": str(port),
+        "LOG_LEVEL": "WARNING",
+        **{key: str(value) for key, value in env.items()},
+    }
+    return servers.bin_serve(full, log, port=port, ready_timeout=ready_timeout)
+
+
+def database_transactions(dbname: str) -> int:
+    """Transactions the database `dbname` committed or rolled back so far (pg_stat_database,
+    read from another database; a backend reports its counts when its transaction ends, within
+    a second)."""
+    with _admin_connect() as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            [dbname],
+        ).fetchone()
+    return int(row[0])
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and all its descendants alive now."""
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def idle_cost(pid: int, dbname: str, seconds: float) -> dict[str, float]:
+    """Transactions per second of `dbname` and CPU (share of one core) of `pid`'s process tree
+    over `seconds` of whatever the service does by itself."""
+    before, cpu_before = database_transactions(dbname), tree_cpu_seconds(pid)
+    started = time.monotonic()
+    time.sleep(seconds)
+    time.sleep(1.5)  # the last transactions' counts reach pg_stat_database
+    after, cpu_after = database_transactions(dbname), tree_cpu_seconds(pid)
+    elapsed = time.monotonic() - started
+    return {
+        "seconds": round(elapsed, 1),
+        "transactions_per_second": round((after - before) / elapsed, 2),
+        "cpu_percent_of_one_core": round(100 * (cpu_after - cpu_before) / elapsed, 2),
+    }
+
+
+# A bench-only trigger (never in the product): NOTIFY `bench_consumed` with the event id when a
+# run's consumed-event link is inserted, delivered at that run's commit.
+CONSUMED_NOTIFY_SQL = """
+CREATE OR REPLACE FUNCTION bench_notify_consumed() RETURNS trigger AS $$
+BEGIN
+  PERFORM pg_notify('bench_consumed', NEW.asset_event_id::text);
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER bench_notify_consumed AFTER INSERT ON assets_app_dagrunassetevent
+  FOR EACH ROW EXECUTE FUNCTION bench_notify_consumed();
+"""
+
+
+class NotifyListener:
+    """LISTENs on `channels` of database `url` in a thread of its own and records, per channel,
+    the wall-clock time each payload was first received (a NOTIFY is delivered at the commit of
+    the transaction that sent it: the receipt is the moment its rows became visible)."""
+
+    def __init__(self, url: str, channels: Sequence[str]) -> None:
+        import threading
+
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        for channel in channels:
+            self.conn.execute(f'LISTEN "{channel}"')
+        self.received: dict[str, dict[str, float]] = {channel: {} for channel in channels}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for note in self.conn.notifies(timeout=0.2):
+                self.received[note.channel].setdefault(note.payload, time.time())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of a process and all its descendants."""
     import psutil

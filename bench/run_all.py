@@ -23,7 +23,7 @@ BENCHMARKS = (
     "ti_lock_success",
     "ti_run_consumed",
     "drain_throughput",
-    "end_to_end_latency",
+    "as_shipped",
     "burst",
     "scheduler",
     "drain_scaling",

@@ -1,9 +1,11 @@
 """Queue watchers (issue 28): messages/s and publish -> asset-triggered run committed, beside the
 HTTP path (POST /api/v2/assets/events) measured the same way.
 
-Real processes on a fresh database: a django-q2 `qcluster` (the scheduler, nudged after each
-registration's commit), gunicorn (2 sync workers) for the HTTP path, and `manage.py
-watch_queues` consumers on the real RabbitMQ (localhost:5672). 25 assets, each with one Dag
+Real processes on a fresh database: the service as the README starts it (`bin/serve`: gunicorn
+with 2 sync workers for the HTTP path, the django-q2 cluster making the runs, nudged after each
+registration's commit, the timers, every sweep installed), its own queue consumer left out
+(WATCHERS=0) for the measured `manage.py watch_queues` consumers, one per watcher, on the real
+RabbitMQ (localhost:5672). 25 assets, each with one Dag
 scheduled on it; a watcher routes routing key `a<k>` to asset k (persistent messages on a
 durable queue, published with publisher confirms).
 
@@ -19,7 +21,7 @@ behind, which slow every later scheduler pass, whichever path made the event).
   delivered when the run's transaction commits. latency = NOTIFY receipt - the moment just
   before the message was published (the POST was sent), same clock, same process.
 
-The sweep schedules are not installed (`setup_schedules` is not run): only the nudges make runs.
+bin/serve installs the one-minute sweeps; the nudges make the runs long before a sweep could.
 """
 
 from __future__ import annotations
@@ -30,10 +32,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import _harness as h
-
-# The bench-only NOTIFY trigger on the consumed-event links and its listener, as the HTTP path's
-# latency bench measures them (the same clock for both paths).
-from end_to_end_latency import NOTIFY_SQL, Listener
 
 NAME = "watcher"
 ASSETS = 25
@@ -54,7 +52,6 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from django.db import connection
     from django.db.models import Max, Min
-    from django_q.models import Schedule
 
     from assets_app.api import public_auth
     from assets_app.models import AssetEvent, QueueWatcher, WatcherMessage, WatcherRoute
@@ -68,9 +65,7 @@ def main() -> None:
     get_user_model().objects.create_superuser(username="bench", password="bench-pw")
     _, api_key = public_auth.create_api_token(username="bench", name="bench")
     with connection.cursor() as cursor:
-        cursor.execute(NOTIFY_SQL)
-    if Schedule.objects.exists():
-        raise SystemExit("the bench database must not have sweep schedules")
+        cursor.execute(h.CONSUMED_NOTIFY_SQL)
 
     def make_watcher(label: str) -> QueueWatcher:
         watcher = QueueWatcher.objects.create(
@@ -104,10 +99,10 @@ def main() -> None:
         return (count - 1) / seconds if seconds > 0 else float("nan"), seconds
 
     connection.close()
-    listener = Listener(url)
-    listener.start()
-    qcluster = h.start_qcluster(url, log=h.log_path(NAME, "qcluster"))
-    server, base = h.start_gunicorn(url, workers=2, log=h.log_path(NAME, "gunicorn"))
+    listener = h.NotifyListener(url, ["bench_consumed"])
+    received = listener.received["bench_consumed"]
+    serve = h.start_service(url, log=h.log_path(NAME, "serve"), WATCHERS="0")
+    base = serve.url
     http = requests.Session()
     headers = {"Authorization": f"Bearer {api_key}"}
     queues: list[str] = []
@@ -133,7 +128,7 @@ def main() -> None:
                     routing_key, body, props = rabbitmq.message(
                         {"n": n}, routing_key=f"a{n % ASSETS}", message_id=f"l{n}"
                     )
-                    sent[f"l{n}"] = time.monotonic()
+                    sent[f"l{n}"] = time.time()
                     ch.basic_publish(
                         exchange=watcher.queue, routing_key=routing_key, body=body, properties=props
                     )
@@ -151,12 +146,12 @@ def main() -> None:
                     "id", "extra__message_id"
                 )
             )
-            wait_for(lambda: all(e in listener.received for e in events), timeout=300)
+            wait_for(lambda: all(str(e) in received for e in events), timeout=300)
         finally:
             for proc in procs:
                 proc.stop(timeout=5)
         latency["watcher (1 consumer)"] = h.stats(
-            (listener.received[e] - sent[m]) * 1000.0 for e, m in events.items()
+            (received[str(e)] - sent[m]) * 1000.0 for e, m in events.items()
         )
 
         posted: dict[int, float] = {}
@@ -169,7 +164,7 @@ def main() -> None:
                 time.sleep(delay)
             session = getattr(local, "http", None) or requests.Session()
             local.http = session
-            before = time.monotonic()
+            before = time.time()
             response = session.post(
                 f"{base}/api/v2/assets/events",
                 json={"asset_id": assets[k % ASSETS].id, "extra": {"k": k}},
@@ -184,10 +179,8 @@ def main() -> None:
         with ThreadPoolExecutor(max_workers=16) as pool:
             for k in range(total):
                 pool.submit(paced_post, k, started + k / RATE)
-        wait_for(lambda: all(e in listener.received for e in posted), timeout=300)
-        latency["HTTP POST"] = h.stats(
-            (listener.received[e] - at) * 1000.0 for e, at in posted.items()
-        )
+        wait_for(lambda: all(str(e) in received for e in posted), timeout=300)
+        latency["HTTP POST"] = h.stats((received[str(e)] - at) * 1000.0 for e, at in posted.items())
         # --- throughput -------------------------------------------------------------------
         for count in (1, 2):
             watcher = make_watcher(f"x{count}")
@@ -233,14 +226,11 @@ def main() -> None:
             "per_second": rate,
             "span_seconds": span,
         }
-        wait_for(lambda: len(listener.received) >= AssetEvent.objects.count(), timeout=600)
+        wait_for(lambda: len(received) >= AssetEvent.objects.count(), timeout=600)
 
     finally:
-        server.stop()
-        qcluster.stop()
-        listener.stop.set()
-        listener.join(2)
-        listener.conn.close()
+        serve.stop()
+        listener.close()
         for queue in queues:
             rabbitmq.delete(queue)
 

@@ -44,6 +44,10 @@ BAD_SETTINGS = [
     ({"Q_CLUSTER_IDLE_WAIT_SECONDS": 120}, "assets_app.E022", ["<= 60"]),
     ({"RUN_WAIT_MAX_SECONDS": 30}, "assets_app.E023", ["<= 20"]),
     ({"RUN_WAIT_MAX_CONCURRENT": 0}, "assets_app.E024", [">= 1"]),
+    ({"TASK_REPAIR_INTERVAL_SECONDS": 0}, "assets_app.E025", ["> 0"]),
+    ({"TASK_REPAIR_INTERVAL_SECONDS": 600}, "assets_app.E025", ["ASSET_HEALTH_MAX_AGE_SECONDS"]),
+    ({"TIMERS_MAX_WAIT_SECONDS": 0}, "assets_app.E026", ["> 0"]),
+    ({"TIMERS_POLL_SECONDS": -1.0}, "assets_app.E027", ["> 0"]),
 ]
 
 

@@ -230,7 +230,7 @@ def test_pages_and_reads_of_deep_data_stored_before_the_limits_do_not_fail(api):
 
 def healthy_components() -> None:
     now = timezone.now()
-    for component in ("drain", "scheduler"):
+    for component in ("drain", "scheduler", "repair"):
         ComponentHeartbeat.objects.update_or_create(
             component=component, defaults={"last_run_at": now, "last_ok_at": now}
         )

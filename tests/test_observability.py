@@ -214,9 +214,10 @@ def test_metrics_label_values_round_trip_whatever_their_characters():
 
 
 @pytest.mark.django_db
-def test_healthz_ok_when_drain_and_scheduler_succeeded_recently():
+def test_healthz_ok_when_drain_scheduler_and_repair_succeeded_recently():
     beat("drain", ago=timedelta(seconds=10))
     beat("scheduler", ago=timedelta(seconds=70))
+    beat("repair", ago=timedelta(seconds=30))
     response = Client().get("/healthz")
     assert response.status_code == 200
     body = response.json()
@@ -224,7 +225,20 @@ def test_healthz_ok_when_drain_and_scheduler_succeeded_recently():
     assert {name: c["status"] for name, c in body["components"].items()} == {
         "drain": "ok",
         "scheduler": "ok",
+        "repair": "ok",
     }
+
+
+@pytest.mark.django_db
+def test_healthz_503_when_the_timers_process_stopped_beating():
+    """Issue 41: the timers' repair beats every TASK_REPAIR_INTERVAL_SECONDS; a stopped timers
+    process (late webhooks, ticks not run) shows here."""
+    beat("drain", ago=timedelta(seconds=10))
+    beat("scheduler", ago=timedelta(seconds=10))
+    beat("repair", ago=timedelta(minutes=10))
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["components"]["repair"]["status"] == "stale"
 
 
 @pytest.mark.django_db
@@ -239,6 +253,7 @@ def test_healthz_ok_when_drain_and_scheduler_succeeded_recently():
 )
 def test_healthz_503_when_a_component_is_not_healthy(setup, drain_status):
     beat("scheduler", ago=timedelta(seconds=5))
+    beat("repair", ago=timedelta(seconds=5))
     setup()
     response = Client().get("/healthz")
     assert response.status_code == 503
@@ -258,8 +273,8 @@ def test_healthz_503_when_the_database_is_unreachable(monkeypatch):
 
 @pytest.mark.django_db
 def test_healthz_threshold_comes_from_settings(settings):
-    beat("drain", ago=timedelta(seconds=100))
-    beat("scheduler", ago=timedelta(seconds=100))
+    for component in ("drain", "scheduler", "repair"):
+        beat(component, ago=timedelta(seconds=100))
     settings.ASSET_HEALTH_MAX_AGE_SECONDS = 60
     assert Client().get("/healthz").status_code == 503
     settings.ASSET_HEALTH_MAX_AGE_SECONDS = 180
@@ -294,6 +309,7 @@ def test_healthz_fresh_start_is_starting_not_503(monkeypatch, settings):
     assert {n: c["status"] for n, c in body["components"].items()} == {
         "drain": "starting",
         "scheduler": "starting",
+        "repair": "starting",
     }
 
     beat("drain", ago=timedelta(seconds=1), ok=False)

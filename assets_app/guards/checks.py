@@ -248,6 +248,38 @@ SETTING_RULES = (
         lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v < settings.WEB_WORKERS,
         _setting("RUN_WAIT_MAX_CONCURRENT"),
     ),
+    Rule(
+        "assets_app.E025",
+        "TASK_REPAIR_INTERVAL_SECONDS",
+        "a number of seconds > 0 and below ASSET_HEALTH_MAX_AGE_SECONDS (the repair timer's "
+        "beat is how /healthz knows the timers process is alive)",
+        lambda v: (
+            isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and v > 0
+            # Only against a valid ASSET_HEALTH_MAX_AGE_SECONDS (E014 names an invalid one).
+            and not (
+                isinstance(age := settings.ASSET_HEALTH_MAX_AGE_SECONDS, int)
+                and age >= 1
+                and v >= age
+            )
+        ),
+        _setting("TASK_REPAIR_INTERVAL_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E026",
+        "TIMERS_MAX_WAIT_SECONDS",
+        "a number of seconds > 0 (a timer's longest sleep, whatever it expects)",
+        _positive,
+        _setting("TIMERS_MAX_WAIT_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E027",
+        "TIMERS_POLL_SECONDS",
+        "a number of seconds > 0 (how often a timer looks on SQLite)",
+        _positive,
+        _setting("TIMERS_POLL_SECONDS"),
+    ),
 )
 
 

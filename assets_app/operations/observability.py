@@ -44,7 +44,10 @@ from ..sql import connection as connection_sql
 from . import metrics
 
 PREFIX = "asset_service_"
-COMPONENTS = ("drain", "scheduler")
+# The drain and the asset scheduler (the cluster's sweeps beat every minute) and the timers
+# process, whose repair timer beats every TASK_REPAIR_INTERVAL_SECONDS (issue 41: a dead timers
+# process shows here, not only as late webhooks and ticks).
+COMPONENTS = ("drain", "scheduler", "repair")
 
 # Upper bounds (seconds) of the worker API latency histogram; +Inf is implied.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -247,8 +250,9 @@ def _starting(now: datetime) -> bool:
 
 
 def component_health(*, now: datetime | None = None) -> list[ComponentHealth]:
-    """Drain and scheduler: healthy when their last successful run is recent enough
-    (`ASSET_HEALTH_MAX_AGE_SECONDS`; the django-q2 sweep runs them every minute). Within the
+    """Drain, scheduler and the timers' repair: healthy when their last successful run is recent
+    enough (`ASSET_HEALTH_MAX_AGE_SECONDS`; the django-q2 sweeps run the first two every minute,
+    the timers process the repair every TASK_REPAIR_INTERVAL_SECONDS). Within the
     start-up grace of this process, one never seen, or not run since the start, is "starting"
     and healthy (a run since the start that failed is "failing" at once). One query."""
     now = now or timezone.now()

@@ -1,4 +1,4 @@
-"""The repair sweep (invariant 11): what dead workers and crashes left behind.
+"""The repair (invariant 11): what dead workers and crashes left behind.
 
 Runs as the timers process's repair timer (every TASK_REPAIR_INTERVAL_SECONDS,
 `assets_app/timers/`) and in `run_scheduler`. It composes

@@ -446,6 +446,31 @@ def start_service(url: str, *, log: Path, ready_timeout: float = 300.0, **env: s
     return servers.bin_serve(full, log, port=port, ready_timeout=ready_timeout)
 
 
+def service_pids(service: Server, *, timeout: float = 60.0) -> dict[str, int]:
+    """The pids of `start_service`'s Procfile processes (under honcho; the Procfile's lines
+    `exec` their program): "web" (the gunicorn master), "cluster" (qcluster), "timers"
+    (run_timers' supervisor) and "watcher", once each has started."""
+    import psutil
+
+    wanted = {"web": "gunicorn", "cluster": "qcluster", "timers": "run_timers"}
+    wanted["watcher"] = "watch_queues"
+    deadline = time.monotonic() + timeout
+    while True:
+        found: dict[str, int] = {}
+        lines: dict[int, tuple[int, str]] = {}
+        for child in psutil.Process(service.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                lines[child.pid] = (child.ppid(), " ".join(child.cmdline()))
+        for pid, (parent, line) in lines.items():
+            for name, marker in wanted.items():
+                # The topmost process of each: not a worker a matching parent forked.
+                if marker in line and marker not in lines.get(parent, (0, ""))[1]:
+                    found[name] = pid
+        if len(found) == len(wanted) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
 def database_transactions(dbname: str) -> int:
     """Transactions the database `dbname` committed or rolled back so far (pg_stat_database,
     read from another database; a backend reports its counts when its transaction ends, within

@@ -1,12 +1,13 @@
-"""Burst: CONCURRENCY concurrent successes with OUTLETS outlets each against gunicorn.
+"""Burst: CONCURRENCY concurrent successes with OUTLETS outlets each against the service.
 
-gunicorn runs WORKERS sync workers (backlog 2048) and a django-q2 qcluster (2 workers) drains,
-`queue` mode. All requests are released at once from one client thread (a non-blocking socket
-per request, `fire`). Measured: errors (non-204 answers and connection failures), request
-latency, peak memory of the gunicorn master + workers and of the qcluster's processes
-(`MemorySampler`), and the time from the release until all CONCURRENCY x OUTLETS events are
-registered (the outbox polled every 100 ms, then the events counted). Each asset is scheduled
-on by FANOUT Dags, as in the lock benchmark.
+The service as the README starts it (`bin/serve`, issue 41: its Procfile's gunicorn with
+WEB_WORKERS=WORKERS sync workers, the django-q2 cluster (2 workers) draining, the timers and the
+watchers, every sweep installed), `queue` mode. All requests are released at once from one
+client thread (a non-blocking socket per request, `fire`). Measured: errors (non-204 answers and
+connection failures), request latency, peak memory of the gunicorn master + workers and of the
+qcluster's processes (`MemorySampler`), and the time from the release until all CONCURRENCY x
+OUTLETS events are registered (the outbox polled every 100 ms, then the events counted). Each
+asset is scheduled on by FANOUT Dags, as in the lock benchmark.
 
 Targets (issue 14, 500 calls): zero errors, p99 at most 3 s, web CPU at most 5 ms per success
 (gunicorn's CPU until the last answer / calls), every event registered within 30 s of the last
@@ -217,12 +218,17 @@ def one_round(url: str, concurrency: int) -> dict:
     outlets = fx.outlets_of(assets)
     connection.close()
 
-    qcluster = h.start_qcluster(url, log=h.log_path(NAME, "qcluster"))
-    try:
-        server, base = h.start_gunicorn(url, workers=WORKERS, log=h.log_path(NAME, "gunicorn"))
-    except BaseException:
-        qcluster.stop()
-        raise
+    from django.conf import settings
+
+    service = h.start_service(
+        url,
+        log=h.log_path(NAME, "serve"),
+        WEB_WORKERS=str(WORKERS),
+        SECRET_KEY=settings.SECRET_KEY,  # the TI tokens made here
+    )
+    base = service.url
+    pids = h.service_pids(service)
+    server_pid, qcluster_pid = pids["web"], pids["cluster"]
     # Warm each worker (imports, DB connection) so the burst measures serving, not start-up.
     for _ in range(WORKERS * 3):
         requests.get(f"{base}/execution/docs", timeout=30)
@@ -239,7 +245,7 @@ def one_round(url: str, concurrency: int) -> dict:
         }
     ).encode()
     wire = [request_bytes(port, ti.id, token, body) for ti, token in zip(tis, tokens, strict=True)]
-    sampler = MemorySampler({"gunicorn": server.pid, "qcluster": qcluster.pid})
+    sampler = MemorySampler({"gunicorn": server_pid, "qcluster": qcluster_pid})
     sampler.start()
     latencies: list[float] = []
     errors: list[str] = []
@@ -257,13 +263,13 @@ def one_round(url: str, concurrency: int) -> dict:
     registered = 0
     try:
         with psycopg.connect(url, autocommit=True) as watch:
-            cpu["start"] = cpu_seconds(server.pid, qcluster.pid, watch)
+            cpu["start"] = cpu_seconds(server_pid, qcluster_pid, watch)
             client.start()
             released = time.monotonic()
             while time.monotonic() - released < watch_seconds:
                 answered = len(latencies) == concurrency
                 if "responses" not in cpu and answered:
-                    cpu["responses"] = cpu_seconds(server.pid, qcluster.pid, watch)
+                    cpu["responses"] = cpu_seconds(server_pid, qcluster_pid, watch)
                 # Every answered success left one outbox row, deleted in the transaction that
                 # registers its events: once all are answered and none is left, count the events.
                 waiting = watch.execute(
@@ -275,7 +281,7 @@ def one_round(url: str, concurrency: int) -> dict:
                     ).fetchone()[0]
                     if registered >= expected:
                         registered_at = time.monotonic() - released
-                        cpu["registered"] = cpu_seconds(server.pid, qcluster.pid, watch)
+                        cpu["registered"] = cpu_seconds(server_pid, qcluster_pid, watch)
                         break
                 time.sleep(0.1)
             if registered_at is None:
@@ -286,8 +292,7 @@ def one_round(url: str, concurrency: int) -> dict:
     finally:
         sampler.stop.set()
         sampler.join(1)
-        server.stop()
-        qcluster.stop()
+        service.stop()
 
     cpu_during = {}
     if "responses" in cpu:
@@ -398,7 +403,8 @@ def main() -> None:
     }
     h.print_table(
         f"burst: {concurrency} concurrent successes x {OUTLETS} outlets (fan-out {FANOUT}); "
-        f"gunicorn {WORKERS} sync workers, qcluster 2 workers; median of {rounds} round(s)",
+        f"bin/serve: gunicorn {WORKERS} sync workers, qcluster 2 workers; median of {rounds} "
+        "round(s)",
         ["metric", "value", "target", "verdict"],
         [
             ["errors", len(errors), "0", checks["errors"]],

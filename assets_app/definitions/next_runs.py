@@ -90,7 +90,7 @@ def after(
 def latest_automated_runs(dag_ids: Iterable[str]) -> dict[str, timetables.RunInfo]:
     """Each Dag's scheduled or backfill run with the latest logical date, counting a backfill's
     dates still waiting for their run (Airflow creates a backfill's runs all at once); Dags
-    without one are absent. Two queries."""
+    without one are absent. One statement."""
     ids = list(dag_ids)
     runs = (
         DagRun.objects.filter(
@@ -123,7 +123,7 @@ def latest_automated_runs(dag_ids: Iterable[str]) -> dict[str, timetables.RunInf
         )
     )
     latest: dict[str, tuple] = {}
-    for row in [*runs, *waiting]:
+    for row in runs.union(waiting, all=True):
         if row[0] not in latest or row[1] > latest[row[0]][1]:
             latest[row[0]] = row
     return {
@@ -137,7 +137,7 @@ def latest_automated_runs(dag_ids: Iterable[str]) -> dict[str, timetables.RunInf
 def refresh(dags: Iterable[Dag], *, now: datetime | None = None) -> list[Dag]:
     """Set the `next_dagrun*` fields of `dags` from each one's latest automated run, at `now`
     (default: the clock); a Dag without a timetable gets none. Writes nothing (the caller saves
-    them); one query."""
+    them); one statement."""
     now = now or timezone.now()
     dags = list(dags)
     timed = [dag.dag_id for dag in dags if dag.timetable is not None]

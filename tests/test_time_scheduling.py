@@ -297,6 +297,21 @@ def test_unpause_stores_the_next_run_of_that_instant(clock):
     assert [date for _, date, _ in scheduled()] == [at("2026-01-01T15:00:00")]
 
 
+def test_the_stored_next_run_records_the_instant_it_was_computed_at(clock):
+    clock.now = at("2026-01-01T10:20:00")
+    sync(timetable="@hourly", start_date="2026-01-01", is_paused=True)
+    assert Dag.objects.get(dag_id="timed").next_dagrun_computed_at == clock.now
+    clock.now = at("2026-01-01T10:40:00")
+    dags.set_paused(dag_id="timed", is_paused=False)
+    assert Dag.objects.get(dag_id="timed").next_dagrun_computed_at == clock.now
+    time_scheduling.create_due_runs(now=at("2026-01-01T11:00:01"))
+    dag = Dag.objects.get(dag_id="timed")
+    assert (dag.next_dagrun, dag.next_dagrun_computed_at) == (
+        at("2026-01-01T12:00:00"),
+        at("2026-01-01T11:00:01"),
+    )
+
+
 def test_a_dag_at_max_active_runs_keeps_its_stored_next_run(clock):
     clock.now = at("2026-01-01T00:00:00")
     sync(timetable="@hourly", start_date="2026-01-01", catchup=True, max_active_runs=1)

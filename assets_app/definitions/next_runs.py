@@ -31,12 +31,15 @@ from django.utils import timezone
 from ..models import BackfillDagRun, Dag, DagRun, DagRunType
 from . import timetables
 
-FIELDS = (
+# Airflow's fields, as the API gives them.
+AIRFLOW_FIELDS = (
     "next_dagrun",
     "next_dagrun_data_interval_start",
     "next_dagrun_data_interval_end",
     "next_dagrun_create_after",
 )
+# All the stored next run's fields: Airflow's and the instant they were computed at.
+FIELDS = (*AIRFLOW_FIELDS, "next_dagrun_computed_at")
 # Airflow's "automated" runs: the reference of a Dag's next run when its file is parsed.
 AUTOMATED_RUN_TYPES = (DagRunType.SCHEDULED, DagRunType.BACKFILL)
 
@@ -51,13 +54,15 @@ def restriction_of(dag: Dag) -> timetables.Restriction:
     return timetables.Restriction(earliest=dag.start_date, latest=dag.end_date, catchup=dag.catchup)
 
 
-def fields_of(info: timetables.RunInfo | None) -> dict[str, datetime | None]:
-    """The `next_dagrun*` fields naming `info` (all None without a next run)."""
+def fields_of(info: timetables.RunInfo | None, *, at: datetime) -> dict[str, datetime | None]:
+    """The `next_dagrun*` fields naming `info` (Airflow's all None without a next run),
+    computed at `at`."""
     return {
         "next_dagrun": info.logical_date if info else None,
         "next_dagrun_data_interval_start": info.data_interval_start if info else None,
         "next_dagrun_data_interval_end": info.data_interval_end if info else None,
         "next_dagrun_create_after": info.run_after if info else None,
+        "next_dagrun_computed_at": at,
     }
 
 
@@ -81,10 +86,12 @@ def after(
     try:
         timetable = timetable_of(dag)
         if timetable is None:
-            return fields_of(None)
-        return fields_of(timetable.next_run(last=last, restriction=restriction_of(dag), now=now))
+            return fields_of(None, at=now)
+        return fields_of(
+            timetable.next_run(last=last, restriction=restriction_of(dag), now=now), at=now
+        )
     except timetables.TimetableError:
-        return fields_of(None)
+        return fields_of(None, at=now)
 
 
 def latest_automated_runs(dag_ids: Iterable[str]) -> dict[str, timetables.RunInfo]:

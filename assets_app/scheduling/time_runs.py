@@ -118,7 +118,7 @@ def next_fields(
         if timetable is not None
         else None
     )
-    return next_runs.fields_of(info)
+    return next_runs.fields_of(info, at=now)
 
 
 def scheduled_run_id(run_after: datetime) -> str:
@@ -228,7 +228,7 @@ def _create_batch(*, now: datetime, limit: int, exclude: list[str]) -> _Batch:
                     continue  # due ticks wait (max_active_runs, a schedule that cannot evaluate)
                 values = next_runs.after(dag, last=done[dag.dag_id], now=now)
             else:
-                values = next_runs.fields_of(plan.following)
+                values = next_runs.fields_of(plan.following, at=now)
             for name, value in values.items():
                 setattr(dag, name, value)
             moved.append(dag)

@@ -201,6 +201,12 @@ ASSET_QUEUE_BACKOFF_CAP_SECONDS = env.float("ASSET_QUEUE_BACKOFF_CAP_SECONDS", d
 # for one Dag at most in a pass (a catchup of more goes on in the next passes).
 TIME_SCHEDULER_BATCH_SIZE = env.int("TIME_SCHEDULER_BATCH_SIZE", default=200)
 TIME_SCHEDULER_RUNS_PER_DAG = env.int("TIME_SCHEDULER_RUNS_PER_DAG", default=100)
+# Airflow's Dag processor parses each file again every `min_file_process_interval` (30 s) and
+# stores its Dags' next runs again: a stored next run due for longer is the one that parse
+# stores (issue 40, `definitions.next_runs.reparse`).
+TIME_SCHEDULER_PARSE_INTERVAL_SECONDS = env.float(
+    "TIME_SCHEDULER_PARSE_INTERVAL_SECONDS", default=30.0
+)
 # One drain or scheduler invocation keeps working until its queue is empty or this budget is spent.
 ASSET_DRAIN_TIME_BUDGET_SECONDS = env.float("ASSET_DRAIN_TIME_BUDGET_SECONDS", default=20.0)
 # The drain yields to a burst of successes (drain._Pacer): while more than this many per second

@@ -17,11 +17,11 @@ from django.utils import timezone
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.catalog import dags
+from assets_app.definitions import next_runs, timetables
 from assets_app.definitions import sync as definitions
-from assets_app.definitions import timetables
 from assets_app.guards import exceptions
 from assets_app.models import Dag, DagRun, DagRunState, TaskInstance, TIState
-from assets_app.scheduling import runs
+from assets_app.scheduling import backfills, runs
 from assets_app.scheduling import time_runs as time_scheduling
 from tests.factories import DagRunFactory
 
@@ -273,14 +273,26 @@ def test_delta_timetable_without_catchup_does_not_drift(clock):
 
 def test_run_immediately_first_run_is_the_one_stored_at_sync_even_for_a_late_pass(clock):
     # No start date, run_immediately False: synced at 10:20 the first run is 11:00; a pass at
-    # 11:10 creates it, as Airflow's scheduler creates its stored next run (was: recomputed
-    # at 11:10, 10 minutes past the tick is beyond the 10% rule: 12:00, no run).
+    # 11:00:20 creates it, as Airflow's scheduler creates its stored next run (was: recomputed
+    # at the pass, past the tick is beyond the 10% rule: 12:00, no run).
     clock.now = at("2026-01-01T10:20:00")
     sync(timetable="@hourly")
     assert Dag.objects.get(dag_id="timed").next_dagrun_create_after == at("2026-01-01T11:00:00")
-    time_scheduling.create_due_runs(now=at("2026-01-01T11:10:00"))
+    time_scheduling.create_due_runs(now=at("2026-01-01T11:00:20"))
     assert [date for _, date, _ in scheduled()] == [at("2026-01-01T11:00:00")]
     assert Dag.objects.get(dag_id="timed").next_dagrun_create_after == at("2026-01-01T12:00:00")
+
+
+def test_run_immediately_first_run_missed_past_a_parse_is_the_parses(clock):
+    # The same Dag with no pass until 11:10: Airflow's Dag processor has parsed it since 11:00
+    # (every 30 s), each parse storing the next run from no run at its clock: 12:00.
+    clock.now = at("2026-01-01T10:20:00")
+    sync(timetable="@hourly")
+    time_scheduling.create_due_runs(now=at("2026-01-01T11:10:00"))
+    assert scheduled() == []
+    dag = Dag.objects.get(dag_id="timed")
+    assert dag.next_dagrun_create_after == at("2026-01-01T12:00:00")
+    assert dag.next_dagrun_computed_at == at("2026-01-01T11:09:30")
 
 
 def test_unpause_stores_the_next_run_of_that_instant(clock):
@@ -297,6 +309,21 @@ def test_unpause_stores_the_next_run_of_that_instant(clock):
     assert [date for _, date, _ in scheduled()] == [at("2026-01-01T15:00:00")]
 
 
+def test_the_stored_next_run_records_the_instant_it_was_computed_at(clock):
+    clock.now = at("2026-01-01T10:20:00")
+    sync(timetable="@hourly", start_date="2026-01-01", is_paused=True)
+    assert Dag.objects.get(dag_id="timed").next_dagrun_computed_at == clock.now
+    clock.now = at("2026-01-01T10:40:00")
+    dags.set_paused(dag_id="timed", is_paused=False)
+    assert Dag.objects.get(dag_id="timed").next_dagrun_computed_at == clock.now
+    time_scheduling.create_due_runs(now=at("2026-01-01T11:00:01"))
+    dag = Dag.objects.get(dag_id="timed")
+    assert (dag.next_dagrun, dag.next_dagrun_computed_at) == (
+        at("2026-01-01T12:00:00"),
+        at("2026-01-01T11:00:01"),
+    )
+
+
 def test_a_dag_at_max_active_runs_keeps_its_stored_next_run(clock):
     clock.now = at("2026-01-01T00:00:00")
     sync(timetable="@hourly", start_date="2026-01-01", catchup=True, max_active_runs=1)
@@ -306,6 +333,181 @@ def test_a_dag_at_max_active_runs_keeps_its_stored_next_run(clock):
     assert dag.next_dagrun == at("2026-01-01T01:00:00")
     time_scheduling.create_due_runs(now=at("2026-01-01T03:30:00"))
     assert Dag.objects.get(dag_id="timed").next_dagrun == at("2026-01-01T01:00:00")
+
+
+# --- issue 40: the Dag processor's parses (every 30 s in Airflow) ------------------------------
+# A deployed Airflow parses every Dag file again every `min_file_process_interval` and each
+# parse stores the next run again (`calculate_dagrun_date_fields` from the latest automated run,
+# at its clock). A run due for longer than that is the one the last parse stored.
+
+
+def finish_runs(dag_id: str = "timed") -> None:
+    DagRun.objects.filter(dag_id=dag_id).update(state=DagRunState.SUCCESS)
+
+
+def test_a_dag_blocked_past_parses_without_catchup_gets_the_latest_tick(clock):
+    # At max_active_runs from 06:00 to 08:20: Airflow's parses have stored 08:00 by then (was:
+    # the 06:00 stored at 05:30, created at 08:20).
+    clock.now = at("2026-01-01T05:30:00")
+    sync(timetable="@hourly", start_date="2026-01-01", max_active_runs=1)
+    time_scheduling.create_due_runs(now=clock.now)
+    time_scheduling.create_due_runs(now=at("2026-01-01T07:20:00"))
+    # Still at its limit: the next run the parse stored is stored (Airflow's fields).
+    dag = Dag.objects.get(dag_id="timed")
+    assert dag.next_dagrun == at("2026-01-01T07:00:00")
+    assert dag.next_dagrun_computed_at == at("2026-01-01T07:19:30")
+    finish_runs()
+    time_scheduling.create_due_runs(now=at("2026-01-01T08:20:00"))
+    assert [date for _, date, _ in scheduled()] == [
+        at("2026-01-01T05:00:00"),
+        at("2026-01-01T08:00:00"),
+    ]
+    assert Dag.objects.get(dag_id="timed").next_dagrun == at("2026-01-01T09:00:00")
+
+
+def test_a_run_due_for_less_than_the_parse_interval_is_created_as_stored(clock, settings):
+    # The same Dag unblocked 29 s after its stored tick: no parse is taken to have come since.
+    clock.now = at("2026-01-01T05:30:00")
+    sync(timetable="*/10 * * * *", start_date="2026-01-01", max_active_runs=1)
+    time_scheduling.create_due_runs(now=clock.now)
+    finish_runs()
+    time_scheduling.create_due_runs(now=at("2026-01-01T05:40:29"))
+    assert scheduled()[-1][1] == at("2026-01-01T05:40:00")
+    # With a parse interval of 10 minutes (the setting), 9 minutes late is still on time.
+    settings.TIME_SCHEDULER_PARSE_INTERVAL_SECONDS = 600
+    finish_runs()
+    time_scheduling.create_due_runs(now=at("2026-01-01T05:59:00"))
+    assert scheduled()[-1][1] == at("2026-01-01T05:50:00")
+
+
+def test_a_delta_blocked_past_parses_runs_from_the_parse(clock):
+    # Airflow's `max(now, last + delta)` at the parse 30 s before the pass; the next from it.
+    clock.now = at("2026-01-01T00:00:00")
+    sync(
+        timetable={"kind": "delta_trigger", "delta": 3600},
+        start_date="2025-12-31",
+        max_active_runs=1,
+    )
+    time_scheduling.create_due_runs(now=clock.now)
+    finish_runs()
+    time_scheduling.create_due_runs(now=at("2026-01-01T03:00:00"))
+    assert [run_after for _, _, run_after in scheduled()] == [
+        at("2026-01-01T00:00:00"),
+        at("2026-01-01T02:59:30"),
+    ]
+    assert Dag.objects.get(dag_id="timed").next_dagrun_create_after == at("2026-01-01T03:59:30")
+
+
+def test_events_blocked_past_parses_skip_the_events_past_at_the_parse(clock):
+    clock.now = at("2026-01-01T00:00:00")
+    events = ["00:01:00", "00:02:00", "00:04:10", "00:05:00"]
+    sync(
+        timetable={"kind": "events", "event_dates": [f"2026-01-01T{e}" for e in events]},
+        max_active_runs=1,
+    )
+    time_scheduling.create_due_runs(now=at("2026-01-01T00:01:00.500"))
+    finish_runs()
+    time_scheduling.create_due_runs(now=at("2026-01-01T00:04:30"))
+    assert [date for _, date, _ in scheduled()] == [
+        at("2026-01-01T00:01:00"),
+        at("2026-01-01T00:04:10"),
+    ]
+
+
+def test_catchup_blocked_past_parses_goes_on_from_the_latest_automated_run(clock):
+    # With catchup the parse stores the run after the latest automated run: the missed hours
+    # go on in order; a backfill's later dates (seen by a parse) move it past them.
+    clock.now = at("2026-01-03T12:00:00")
+    sync(timetable="@hourly", start_date="2026-01-03", catchup=True, max_active_runs=1)
+    sync(
+        dag_id="daily",
+        timetable="@daily",
+        start_date="2026-01-01",
+        catchup=True,
+        max_active_runs=1,
+    )
+    time_scheduling.create_due_runs(now=clock.now)
+    clock.now = at("2026-01-03T12:30:00")
+    backfills.create_backfill(
+        dag_id="daily", from_date=at("2026-01-03T00:00:00"), to_date=at("2026-01-03T00:00:00")
+    )
+    finish_runs()
+    finish_runs("daily")
+    time_scheduling.create_due_runs(now=at("2026-01-04T00:00:00"))
+    assert [date for _, date, _ in scheduled()] == [
+        at("2026-01-03T00:00:00"),
+        at("2026-01-03T01:00:00"),
+    ]
+    daily = DagRun.objects.filter(dag_id="daily", run_type="scheduled").order_by("logical_date")
+    assert list(daily.values_list("logical_date", flat=True)) == [
+        at("2026-01-01T00:00:00"),
+        at("2026-01-04T00:00:00"),
+    ]
+
+
+def test_a_backfill_created_after_the_parse_is_not_seen_by_it(clock):
+    # Synced at 11:00 with catchup from 01-01 and no pass until 12:00:10 (its stored run long
+    # due); backfilled over December at 12:00. The parse taken at 11:59:40 did not see the
+    # backfill: the pass goes on from 01-01 (one seeing it stores 12-03, the day after the
+    # backfill's latest date, as Airflow's next parse would).
+    clock.now = at("2026-01-03T11:00:00")
+    sync(timetable="@daily", start_date="2026-01-01", catchup=True, max_active_runs=2)
+    clock.now = at("2026-01-03T12:00:00")
+    backfills.create_backfill(
+        dag_id="timed", from_date=at("2025-12-01T00:00:00"), to_date=at("2025-12-02T00:00:00")
+    )
+    time_scheduling.create_due_runs(now=at("2026-01-03T12:00:10"))
+    assert list(
+        DagRun.objects.filter(run_type="scheduled")
+        .order_by("logical_date")
+        .values_list("logical_date", flat=True)
+    ) == [at("2026-01-01T00:00:00"), at("2026-01-02T00:00:00")]
+
+
+def test_a_next_run_stored_after_the_parse_stands(clock):
+    # Paused, backfilled over its first two days, unpaused a second later: the unpause stores
+    # the next run after the backfill (Airflow's parse of the unpaused Dag sees it); the pass
+    # right after keeps it, computed later than the parse it plays.
+    clock.now = at("2026-01-03T12:00:00")
+    sync(timetable="@daily", start_date="2026-01-01", catchup=True, is_paused=True)
+    clock.now = at("2026-01-03T12:00:02")
+    backfills.create_backfill(
+        dag_id="timed", from_date=at("2026-01-01T00:00:00"), to_date=at("2026-01-02T00:00:00")
+    )
+    clock.now = at("2026-01-03T12:00:03")
+    dags.set_paused(dag_id="timed", is_paused=False)
+    dag = Dag.objects.get(dag_id="timed")
+    assert dag.next_dagrun == at("2026-01-03T00:00:00")
+    assert next_runs.reparse([dag], now=at("2026-01-03T12:00:04")) == []
+    time_scheduling.create_due_runs(now=at("2026-01-03T12:00:04"))
+    assert list(
+        DagRun.objects.filter(run_type="scheduled").values_list("logical_date", flat=True)
+    ) == [at("2026-01-03T00:00:00")]
+
+
+@pytest.mark.parametrize("dags", [1, 40])
+def test_statements_per_batch_with_parses_to_play_are_constant(dags, clock, settings):
+    # The Dags' stored runs due since before the last parse: one statement more (their latest
+    # automated runs), the same for 1 Dag as for 40.
+    settings.TIME_SCHEDULER_BATCH_SIZE = 100
+    clock.now = at("2026-01-01T00:00:00")
+    documents = [
+        {
+            "dag_id": f"d{i}",
+            "timetable": "* * * * *",
+            "start_date": "2026-01-01",
+            "catchup": True,
+            "tasks": [{"task_id": "t"}],
+        }
+        for i in range(dags)
+    ]
+    definitions.sync_definitions(
+        dags=[d for doc in documents for d in definitions.parse_document(doc, file="x")]
+    )
+    with CaptureQueriesContext(connection) as queries:
+        result = time_scheduling.create_due_runs(now=at("2026-01-01T00:02:30"))
+    assert len(result.run_ids) == 3 * dags
+    assert len(queries) == 10, [q["sql"][:80] for q in queries]
 
 
 # --- issue 40: six-field crons, as Airflow 3.3.2 reads them -----------------------------------
@@ -387,7 +589,9 @@ def test_a_cron_that_never_ticks_has_no_next_run_and_breaks_no_pass(clock):
         next_dagrun_data_interval_end=clock.now,
         next_dagrun_create_after=clock.now,
     )
-    time_scheduling.create_due_runs(now=at("2026-01-01T00:30:00"))
+    # Within the parse interval of its stored run (a parse since would store none, as here
+    # after the run).
+    time_scheduling.create_due_runs(now=at("2026-01-01T00:00:20"))
     assert [date for _, date, _ in scheduled()] == [at("2026-01-01T00:00:00")]
     assert DagRun.objects.filter(dag_id="never").count() == 1  # its stored run, then none
     assert Dag.objects.get(dag_id="never").next_dagrun_create_after is None

@@ -19,24 +19,47 @@ reference run, at one instant, and then only read:
 Without catchup the computation reads the clock (the latest tick due now, the events not past
 yet), so the instant it is made at matters; after that the run is fixed: a pass landing late
 still creates it, and the one after it follows from it, never from the pass's clock.
+
+Fixed until the Dag processor's next parse: a deployed Airflow parses every file again every
+`[dag_processor] min_file_process_interval` (30 s) and each parse stores the next run again
+(`DagModelOperation.update_dags` calls `calculate_dagrun_date_fields` from the latest automated
+run, at the parse's clock, for every Dag of the file, paused or not, whatever its runs). So a
+run that stays due longer than that (its Dag at max_active_runs, the scheduler down) is not
+the one Airflow creates at last: without catchup it is the latest tick (or the first event not
+past, or a delta from the parse's instant), with catchup the run after the latest automated
+one (a backfill's included). `reparse` plays that parse, deterministically (a deployed
+Airflow's parse instants depend on when its processor started): the last parse is taken to be
+TIME_SCHEDULER_PARSE_INTERVAL_SECONDS before the instant looked at, the earliest it can have
+been. A Dag whose stored next run was due before then, and computed before then
+(`next_dagrun_computed_at`: a sync, an unpause or a pass later than that parse is the later
+computation), gets the run that parse stores; a run due for less time than that has seen no
+parse and stays as stored (a pass a few seconds late creates it). The time scheduler applies it
+to the Dags it claims before deciding their runs, and stores it for a Dag at max_active_runs
+too. An `asset_and_time` Dag (beyond Airflow) is left out: its ticks are its own, each looked
+at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
-from ..models import BackfillDagRun, Dag, DagRun, DagRunType
+from ..models import BackfillDagRun, Dag, DagRun, DagRunType, ScheduleMode
 from . import timetables
 
-FIELDS = (
+# Airflow's fields, as the API gives them.
+AIRFLOW_FIELDS = (
     "next_dagrun",
     "next_dagrun_data_interval_start",
     "next_dagrun_data_interval_end",
     "next_dagrun_create_after",
 )
+# All the stored next run's fields: Airflow's and the instant they were computed at.
+FIELDS = (*AIRFLOW_FIELDS, "next_dagrun_computed_at")
 # Airflow's "automated" runs: the reference of a Dag's next run when its file is parsed.
 AUTOMATED_RUN_TYPES = (DagRunType.SCHEDULED, DagRunType.BACKFILL)
 
@@ -51,13 +74,15 @@ def restriction_of(dag: Dag) -> timetables.Restriction:
     return timetables.Restriction(earliest=dag.start_date, latest=dag.end_date, catchup=dag.catchup)
 
 
-def fields_of(info: timetables.RunInfo | None) -> dict[str, datetime | None]:
-    """The `next_dagrun*` fields naming `info` (all None without a next run)."""
+def fields_of(info: timetables.RunInfo | None, *, at: datetime) -> dict[str, datetime | None]:
+    """The `next_dagrun*` fields naming `info` (Airflow's all None without a next run),
+    computed at `at`."""
     return {
         "next_dagrun": info.logical_date if info else None,
         "next_dagrun_data_interval_start": info.data_interval_start if info else None,
         "next_dagrun_data_interval_end": info.data_interval_end if info else None,
         "next_dagrun_create_after": info.run_after if info else None,
+        "next_dagrun_computed_at": at,
     }
 
 
@@ -81,21 +106,35 @@ def after(
     try:
         timetable = timetable_of(dag)
         if timetable is None:
-            return fields_of(None)
-        return fields_of(timetable.next_run(last=last, restriction=restriction_of(dag), now=now))
+            return fields_of(None, at=now)
+        return fields_of(
+            timetable.next_run(last=last, restriction=restriction_of(dag), now=now), at=now
+        )
     except timetables.TimetableError:
-        return fields_of(None)
+        return fields_of(None, at=now)
 
 
-def latest_automated_runs(dag_ids: Iterable[str]) -> dict[str, timetables.RunInfo]:
+def latest_automated_runs(
+    dag_ids: Iterable[str], *, as_of: datetime | None = None
+) -> dict[str, timetables.RunInfo]:
     """Each Dag's scheduled or backfill run with the latest logical date, counting a backfill's
     dates still waiting for their run (Airflow creates a backfill's runs all at once); Dags
-    without one are absent. Two queries."""
+    without one are absent. One statement.
+
+    `as_of`: as a parse at that past instant saw them: a backfill created after it does not
+    count (its runs and its waiting dates alike), one created before counts whole, its runs
+    made since included. (A scheduled run made since counts: the next run stored with it was
+    computed later than `as_of`, from it.)"""
     ids = list(dag_ids)
+    automated = Q(run_type__in=AUTOMATED_RUN_TYPES)
+    if as_of is not None:
+        automated = Q(run_type=DagRunType.SCHEDULED) | Q(
+            run_type=DagRunType.BACKFILL, created_at__lte=as_of
+        )
     runs = (
         DagRun.objects.filter(
+            automated,
             dag_id__in=ids,
-            run_type__in=AUTOMATED_RUN_TYPES,
             logical_date__isnull=False,
             data_interval_start__isnull=False,
         )
@@ -105,12 +144,17 @@ def latest_automated_runs(dag_ids: Iterable[str]) -> dict[str, timetables.RunInf
             "dag_id", "logical_date", "run_after", "data_interval_start", "data_interval_end"
         )
     )
+    waiting_dates = Q(started_at__isnull=True, dag_run__isnull=True)
+    if as_of is not None:
+        # Waiting then: a date whose run was made since.
+        waiting_dates = (waiting_dates | Q(dag_run__created_at__gt=as_of)) & Q(
+            backfill__created_at__lte=as_of
+        )
     waiting = (
         BackfillDagRun.objects.filter(
+            waiting_dates,
             backfill__dag_id__in=ids,
-            started_at__isnull=True,
             exception_reason__isnull=True,
-            dag_run__isnull=True,
         )
         .order_by("backfill__dag_id", "-logical_date")
         .distinct("backfill__dag_id")
@@ -123,7 +167,7 @@ def latest_automated_runs(dag_ids: Iterable[str]) -> dict[str, timetables.RunInf
         )
     )
     latest: dict[str, tuple] = {}
-    for row in [*runs, *waiting]:
+    for row in runs.union(waiting, all=True):
         if row[0] not in latest or row[1] > latest[row[0]][1]:
             latest[row[0]] = row
     return {
@@ -137,7 +181,7 @@ def latest_automated_runs(dag_ids: Iterable[str]) -> dict[str, timetables.RunInf
 def refresh(dags: Iterable[Dag], *, now: datetime | None = None) -> list[Dag]:
     """Set the `next_dagrun*` fields of `dags` from each one's latest automated run, at `now`
     (default: the clock); a Dag without a timetable gets none. Writes nothing (the caller saves
-    them); one query."""
+    them); one statement."""
     now = now or timezone.now()
     dags = list(dags)
     timed = [dag.dag_id for dag in dags if dag.timetable is not None]
@@ -156,3 +200,44 @@ def store(dag_ids: Iterable[str], *, now: datetime | None = None) -> int:
     if timed:
         Dag.objects.bulk_update(timed, list(FIELDS))
     return len(timed)
+
+
+def parse_interval() -> timedelta:
+    """Airflow's `[dag_processor] min_file_process_interval`: how long a stored next run stands
+    before the Dag processor's parse stores it again."""
+    return timedelta(seconds=settings.TIME_SCHEDULER_PARSE_INTERVAL_SECONDS)
+
+
+def reparse(dags: Iterable[Dag], *, now: datetime) -> list[Dag]:
+    """Airflow's Dag processor's last parse before `now`, taken to be `parse_interval()` before
+    it: each of `dags` (with a timetable, not `asset_and_time`) whose stored next run was
+    computed before that parse and due before it gets the one the parse stores (`after` its
+    latest automated run as the parse saw it: a backfill created since does not count, at the
+    parse's instant). Returns those whose Airflow fields changed (their `computed_at` that
+    instant); writes nothing (the caller saves them); one statement when a Dag is due that
+    long, none otherwise.
+
+    A next run computed after that parse (a sync, an unpause, a pass) stands: it is the later
+    computation. The runs a pass made since the parse need no hiding: a pass that makes runs
+    stores the next run with them."""
+    parsed_at = now - parse_interval()
+    stale = [
+        dag
+        for dag in dags
+        if dag.timetable is not None
+        and dag.schedule_mode != ScheduleMode.ASSET_AND_TIME
+        and dag.next_dagrun_create_after is not None
+        and dag.next_dagrun_create_after < parsed_at
+        and (dag.next_dagrun_computed_at is None or dag.next_dagrun_computed_at < parsed_at)
+    ]
+    if not stale:
+        return []
+    latest = latest_automated_runs((dag.dag_id for dag in stale), as_of=parsed_at)
+    changed = []
+    for dag in stale:
+        values = after(dag, last=latest.get(dag.dag_id), now=parsed_at)
+        if any(getattr(dag, name) != values[name] for name in AIRFLOW_FIELDS):
+            for name, value in values.items():
+                setattr(dag, name, value)
+            changed.append(dag)
+    return changed

@@ -75,6 +75,9 @@ class Dag(models.Model):
     next_dagrun_data_interval_start = models.DateTimeField(null=True, blank=True)
     next_dagrun_data_interval_end = models.DateTimeField(null=True, blank=True)
     next_dagrun_create_after = models.DateTimeField(null=True, blank=True)
+    # The clock instant those fields were computed at (a sync, an unpause, a pass, or the Dag
+    # processor's parse the time scheduler plays: `definitions.next_runs.reparse`); null: unknown.
+    next_dagrun_computed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

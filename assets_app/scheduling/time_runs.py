@@ -3,25 +3,33 @@
 A pass claims the due Dags (`next_dagrun_create_after <= now`, unpaused, a timetable) in
 batches, each batch in one durable transaction with a fixed number of statements whatever
 its number of Dags and runs: lock the Dag rows (FOR NO KEY UPDATE SKIP LOCKED,
-`locks.claim_due_timetable_dags`), count their active runs, read the runs (and a backfill's
-dates waiting for their run) holding the planned logical dates, the tasks; insert the runs and
-their TIs (`runs.create_scheduled_runs`); store each Dag's next run (Airflow's `next_dagrun`,
-`next_dagrun_data_interval_*`, `next_dagrun_create_after`).
+`locks.claim_due_timetable_dags`), read their latest automated runs when one's stored run has
+been due longer than the Dag processor's parse interval (below), count their active runs, read
+the runs (and a backfill's dates waiting for their run) holding the planned logical dates, the
+tasks; insert the runs and their TIs (`runs.create_scheduled_runs`); store each Dag's next run
+(Airflow's `next_dagrun`, `next_dagrun_data_interval_*`, `next_dagrun_create_after`).
 
 Which runs (issue 40: Airflow 3.3.2's `_create_dag_runs`): the run the Dag stored
-(`definitions.next_runs`: at its previous run, at a sync of its schedule, at an unpause), whatever
-instant the pass lands on; then the next one computed from that run (its timetable's `next_run`
-with the pass's `now`, which only a timetable without catchup reads: the latest tick due now,
-the events not past yet), again while it is due and the Dag is under `max_active_runs` (at most
-TIME_SCHEDULER_RUNS_PER_DAG in one pass; Airflow makes one per scheduler loop, the same runs in
-the end). Backfill runs do not count against `max_active_runs` (Airflow's `exclude_backfill`:
-"their concurrency is separate"). A Dag at its limit is left as it is, its stored next run waits.
-So a pass one second late still creates the 06:00 run of a 6-hour delta and stores 12:00 after
-it, an events timetable without catchup gets a run for each event, and with catchup every
-missed logical date gets its run, in order. A stored date another run holds already (a manual
-run given that date, a backfill's, or a date a backfill plans and has not made its run for yet:
-Airflow creates a backfill's runs all at once) gets no run: the next one is computed from that
-run, as Airflow's scheduler does.
+(`definitions.next_runs`: at its previous run, at a sync of its schedule, at an unpause),
+whatever instant the pass lands on, unless Airflow's Dag processor has parsed the Dag since: a
+stored run due for longer than TIME_SCHEDULER_PARSE_INTERVAL_SECONDS (30, Airflow's
+`min_file_process_interval`) is first replaced by the one that parse stored
+(`next_runs.reparse`: the parse taken at that interval before the pass; with catchup the run
+after the latest automated one, without it the latest tick, the first event not past, the delta
+from the parse), stored even while the Dag is at max_active_runs; then the next one computed
+from that run (its timetable's `next_run` with the pass's `now`, which only a timetable without
+catchup reads: the latest tick due now, the events not past yet), again while it is due and the
+Dag is under `max_active_runs` (at most TIME_SCHEDULER_RUNS_PER_DAG in one pass; Airflow makes
+one per scheduler loop, the same runs in the end). Backfill runs do not count against
+`max_active_runs` (Airflow's `exclude_backfill`: "their concurrency is separate"). A Dag at its
+limit creates nothing, its stored next run waits (as the parses store it). So a pass one second
+late still creates the 06:00 run of a 6-hour delta and stores 12:00 after it, an events
+timetable without catchup gets a run for each event the scheduler is in time for, with catchup
+every missed logical date gets its run, in order, and a Dag without catchup freed after hours at
+its limit gets the latest tick. A stored date another run holds already (a manual run given that
+date, a backfill's, or a date a backfill plans and has not made its run for yet: Airflow creates
+a backfill's runs all at once) gets no run: the next one is computed from that run, as Airflow's
+scheduler does.
 
 Assets and time (`Dag.schedule_mode`): an `asset_or_time` Dag (Airflow's AssetOrTimeSchedule)
 gets its scheduled runs here and its asset-triggered runs from `scheduling`, as any asset Dag.
@@ -118,7 +126,7 @@ def next_fields(
         if timetable is not None
         else None
     )
-    return next_runs.fields_of(info)
+    return next_runs.fields_of(info, at=now)
 
 
 def scheduled_run_id(run_after: datetime) -> str:
@@ -169,6 +177,9 @@ def _create_batch(*, now: datetime, limit: int, exclude: list[str]) -> _Batch:
             return batch
         ids = [dag.dag_id for dag in dags]
         batch.checked = ids
+        # Airflow's Dag processor has parsed these Dags since: a next run due since before
+        # then is the one that parse stored (`next_runs.reparse`; none of them at most times).
+        reparsed = {dag.dag_id for dag in next_runs.reparse(dags, now=now)}
         # Counted after the locks, in a statement of its own: its snapshot includes the runs
         # another scheduler committed before releasing one of these Dags. Backfill runs apart
         # (Airflow's `exclude_backfill=True`: "their concurrency is separate").
@@ -222,13 +233,20 @@ def _create_batch(*, now: datetime, limit: int, exclude: list[str]) -> _Batch:
         for dag in dags:
             plan = plans.get(dag.dag_id)
             if plan is None:
+                if dag.dag_id in reparsed:
+                    moved.append(dag)  # at max_active_runs: the next run a parse stored
                 continue  # at max_active_runs: its stored next run waits
             if plan.ticks and not (plan.failed and not plan.infos):
                 if dag.dag_id not in done:
                     continue  # due ticks wait (max_active_runs, a schedule that cannot evaluate)
                 values = next_runs.after(dag, last=done[dag.dag_id], now=now)
             else:
-                values = next_runs.fields_of(plan.following)
+                if not plan.infos and not plan.failed and plan.following == next_runs.stored(dag):
+                    # Not due after all (its stored run as a parse stored it): it stands.
+                    if dag.dag_id in reparsed:
+                        moved.append(dag)
+                    continue
+                values = next_runs.fields_of(plan.following, at=now)
             for name, value in values.items():
                 setattr(dag, name, value)
             moved.append(dag)

@@ -326,6 +326,7 @@ TIMETABLE_NEXT_FIELDS = (
     "next_dagrun_data_interval_start",
     "next_dagrun_data_interval_end",
     "next_dagrun_create_after",
+    "next_dagrun_computed_at",
 )
 
 

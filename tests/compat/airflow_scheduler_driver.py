@@ -20,6 +20,17 @@ all with Airflow's own code:
   `_mark_backfills_complete`, as the scheduler loop does when runs finish;
 - `backfill`: `models.backfill._create_backfill`, as `POST /api/v2/backfills` calls it.
 
+Between the steps, the Dag processor's periodic parses: a deployed Airflow parses each file again
+`[dag_processor] min_file_process_interval` (Airflow's own setting, 30 s by default) after its
+last parse (`DagFileProcessorManager.prepare_file_queue` queues a file once that long has passed
+since its `last_finish_time`), paused Dags too, and each parse stores the Dag's next run again
+(`DagModelOperation.update_dags`: `calculate_dagrun_date_fields` from the latest automated run,
+at the parse's clock). Before each step the driver parses each synced Dag at the last instant of
+its series (its sync or unpause, then every interval) earlier than the step, with the clock
+frozen there: a parse falling on a step's instant comes after that step. Only that last parse
+matters: the runs do not change between two steps, and a parse's result depends on them and
+its clock only (never on the next run stored before it).
+
 After each step the scenario's runs (run id, type, logical date, data interval, run_after) and
 each Dag's stored next run are written out.
 """
@@ -89,6 +100,7 @@ def _frozen_now(dbapi_connection, record):
     )
 
 
+from airflow.configuration import conf  # noqa: E402
 from airflow.dag_processing.collection import update_dag_parsing_results_in_db  # noqa: E402
 from airflow.jobs.job import Job  # noqa: E402
 from airflow.jobs.scheduler_job_runner import SchedulerJobRunner  # noqa: E402
@@ -307,20 +319,52 @@ def state(dag_ids: list[str]) -> dict:
     return {"runs": runs, "next": nexts, "backfill_dates": filled}
 
 
+PARSE_INTERVAL = dt.timedelta(seconds=conf.getint("dag_processor", "min_file_process_interval"))
+
+
+def last_parse_before(parsed: dt.datetime, now: dt.datetime) -> dt.datetime | None:
+    """The last instant of the series `parsed` + k * PARSE_INTERVAL (k >= 1) earlier than
+    `now`, None when there is none."""
+    k = (now - parsed) // PARSE_INTERVAL
+    if parsed + k * PARSE_INTERVAL == now:
+        k -= 1
+    return parsed + k * PARSE_INTERVAL if k >= 1 else None
+
+
+def periodic_parses(docs: list[dict], parsed_at: dict[str, dt.datetime], now: dt.datetime) -> None:
+    """The Dag processor's parses since the last step (see the module docstring)."""
+    due: dict[dt.datetime, list[str]] = {}
+    for dag_id, parsed in parsed_at.items():
+        instant = last_parse_before(parsed, now)
+        if instant is not None:
+            due.setdefault(instant, []).append(dag_id)
+    for instant, dag_ids in sorted(due.items()):
+        CLOCK[0] = instant
+        parse([doc for doc in docs if doc["dag_id"] in dag_ids])
+        parsed_at.update(dict.fromkeys(dag_ids, instant))
+
+
 def play(scenario: dict) -> list[dict]:
     docs = list(scenario["dags"])
     dag_ids = [doc["dag_id"] for doc in docs]
+    parsed_at: dict[str, dt.datetime] = {}
     out = []
     for at, action, args in scenario["steps"]:
-        CLOCK[0] = dt.datetime.fromisoformat(at).replace(tzinfo=UTC)
+        now = dt.datetime.fromisoformat(at).replace(tzinfo=UTC)
+        periodic_parses(docs, parsed_at, now)
+        CLOCK[0] = now
         if action == "sync":  # the scenario's Dags, or new versions of some of them
             changed = {doc["dag_id"]: doc for doc in args or ()}
             docs = [changed.get(doc["dag_id"], doc) for doc in docs]
-            parse([doc for doc in docs if not changed or doc["dag_id"] in changed])
+            synced = [doc for doc in docs if not changed or doc["dag_id"] in changed]
+            parse(synced)
+            parsed_at.update((doc["dag_id"], now) for doc in synced)
         elif action == "pass":
             scheduler_pass()
         elif action in ("pause", "unpause"):
             set_paused(args, action == "pause", docs)
+            if action == "unpause":
+                parsed_at[args] = now
         elif action == "finish":
             finish(args)
         elif action == "backfill":
@@ -339,7 +383,7 @@ def main() -> None:
         scenarios = json.load(f)
     results = {name: play(scenario) for name, scenario in scenarios.items()}
     with open(sys.argv[2], "w") as f:
-        json.dump(results, f)
+        json.dump({"parse_interval": PARSE_INTERVAL.total_seconds(), "scenarios": results}, f)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,20 @@ loop), and the service's sweep (time scheduler, then backfills) the same way. An
 Airflow's API unpause and then the Dag processor's parse of the Dag (it re-parses every file
 every 30 s, paused or not).
 
-Not modelled: the processor's other parses. A deployed Airflow re-parses every file every 30 s,
-each time storing the next run again from the latest run at that instant; the scenarios parse
-only at a sync and an unpause, the service's model (issue 40). It matters only for a Dag whose
-due run waits long (at max_active_runs, a scheduler down): without catchup a deployed Airflow
-would by then store the latest tick, where its scheduler logic alone (and the service) creates
-the run stored before (`max_active_runs`'s `limited_off`: 06:00 once unblocked at 08:20).
-
+The Dag processor's periodic parses: a deployed Airflow parses every file again every
+`min_file_process_interval` (30 s) and each parse stores the Dag's next run again from its
+latest automated run, at the parse's clock. The driver plays those parses between the steps
+(every 30 s from a Dag's sync or unpause; a parse on a step's instant comes after the step), the
+service plays the last one when its pass looks at a Dag (`next_runs.reparse`: taken to be
+TIME_SCHEDULER_PARSE_INTERVAL_SECONDS before the pass; a next run stored after it, or due for
+less time than that, stands). On a Dag's parse series the two take the same parse; off it
+Airflow's last parse is up to 30 s later than the service's, which changes nothing with catchup
+or for ticks further apart, but does for a delta or an event in between (a deployed Airflow's
+series starts whenever its processor first parsed the file: the phase is not knowable, the
+service fixes it). So the scenarios put a step where a delta or events Dag's run has been due
+longer than that on its series, or where no event lies between the two parses. The service's
+"next run" after a step is the one its pass would read (`reparse` applied), as Airflow stores it
+at each parse.
 """
 
 from __future__ import annotations
@@ -36,9 +43,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from assets_app.catalog import dags as catalog_dags
+from assets_app.definitions import next_runs
 from assets_app.definitions import sync as definitions
 from assets_app.models import Backfill, BackfillDagRun, Dag, DagRun, DagRunState
 from assets_app.scheduling import backfills
@@ -87,7 +96,8 @@ SCENARIOS: dict[str, dict] = {
             ("2026-01-01T10:00:01", "pass", None),
         ],
     },
-    # max_active_runs: catchup waits for slots; the runs finish, the next ones come.
+    # max_active_runs: catchup waits for slots; the runs finish, the next ones come (without
+    # catchup the latest tick by then, 08:00: the Dag processor's parses stored it).
     "max_active_runs": {
         "dags": [
             dag(
@@ -110,8 +120,9 @@ SCENARIOS: dict[str, dict] = {
             ("2026-01-01T08:20:01", "pass", None),
         ],
     },
-    # Events, catchup off (the default): each event gets its run though the passes land late;
-    # a pass landing after two events creates the stored one, and the next is computed then.
+    # Events, catchup off (the default): each event gets its run though the passes land a
+    # second or less late; a pass landing 70 s after an event (00:03:30) finds it skipped by
+    # the Dag processor's parse since, which stored the first event not past (00:04:30).
     "events": {
         "dags": [
             dag(
@@ -151,14 +162,15 @@ SCENARIOS: dict[str, dict] = {
             ("2026-01-01T00:10:00", "pass", None),
         ],
     },
-    # A timedelta (DeltaTriggerTimetable) without catchup does not drift with late passes; a
-    # data-interval delta too.
+    # A timedelta (DeltaTriggerTimetable) without catchup does not drift with passes a second or
+    # two late; a data-interval delta neither. Then the scheduler is down for hours: at the
+    # pass, the run the Dag processor's last parse stored (a delta from its instant).
     "deltas": {
         "dags": [
             dag("delta", {"kind": "delta_trigger", "delta": 21600}, start_date="2025-12-31"),
             dag(
                 "delta_interval",
-                {"kind": "delta_trigger", "delta": 3600, "interval": 1800},
+                {"kind": "delta_trigger", "delta": 7200, "interval": 1800},
                 start_date="2025-12-31",
             ),
             dag(
@@ -171,7 +183,10 @@ SCENARIOS: dict[str, dict] = {
             ("2026-01-01T00:00:00", "sync", None),
             ("2026-01-01T00:00:00", "pass", None),
             ("2026-01-01T02:00:01.500", "pass", None),
+            ("2026-01-01T04:00:01", "pass", None),
             ("2026-01-01T06:00:01", "pass", None),
+            ("2026-01-01T08:00:00.500", "pass", None),
+            ("2026-01-01T10:00:02", "pass", None),
             ("2026-01-01T12:00:02", "pass", None),
             ("2026-01-01T19:30:00", "pass", None),
         ],
@@ -331,6 +346,116 @@ SCENARIOS: dict[str, dict] = {
             ("2026-01-01T12:00:45", "pass", None),
         ],
     },
+    # Blocked at max_active_runs past many of the Dag processor's parses, then unblocked: the
+    # next run is the one the last parse stored (a tick within the last parse interval
+    # follows it at once: `ten`'s 08:10 and 08:20).
+    "blocked_cron_off": {
+        "dags": [
+            dag("cron_off", HOURLY, start_date="2026-01-01T00:00:00", max_active_runs=1),
+            dag("ten", "*/10 * * * *", start_date="2026-01-01T00:00:00", max_active_runs=2),
+        ],
+        "steps": [
+            ("2026-01-01T05:30:00", "sync", None),
+            ("2026-01-01T05:30:00", "pass", None),
+            ("2026-01-01T05:40:00", "pass", None),
+            ("2026-01-01T06:00:00", "pass", None),
+            ("2026-01-01T06:45:00", "pass", None),
+            ("2026-01-01T07:20:00", "pass", None),
+            ("2026-01-01T08:20:00", "finish", "cron_off"),
+            ("2026-01-01T08:20:00", "finish", "ten"),
+            ("2026-01-01T08:20:00", "pass", None),
+        ],
+    },
+    # With catchup the parse stores the run after the latest automated one: unchanged while
+    # blocked (`hourly_on` goes on at 01:00), except that a backfill's later dates move it on
+    # (`daily_on` skips 01-02, as Airflow does once a parse has seen the backfill).
+    "blocked_catchup_on": {
+        "dags": [
+            dag(
+                "daily_on",
+                "@daily",
+                start_date="2026-01-01T00:00:00",
+                catchup=True,
+                max_active_runs=1,
+            ),
+            dag(
+                "hourly_on",
+                HOURLY,
+                start_date="2026-01-03T00:00:00",
+                catchup=True,
+                max_active_runs=1,
+            ),
+        ],
+        "steps": [
+            ("2026-01-03T12:00:00", "sync", None),
+            ("2026-01-03T12:00:00", "pass", None),
+            (
+                "2026-01-03T12:30:00",
+                "backfill",
+                {"dag_id": "daily_on", "from": "2026-01-03", "to": "2026-01-03"},
+            ),
+            ("2026-01-03T13:00:00", "pass", None),
+            ("2026-01-04T00:00:00", "finish", "daily_on"),
+            ("2026-01-04T00:00:00", "finish", "hourly_on"),
+            ("2026-01-04T00:00:00", "pass", None),
+        ],
+    },
+    # A delta without catchup, blocked: the parse's instant plus nothing (Airflow's
+    # `max(now, last + delta)`), then the delta from the run created; a pass a second late
+    # still creates the stored one.
+    "blocked_delta": {
+        "dags": [
+            dag(
+                "delta_off",
+                {"kind": "delta_trigger", "delta": 3600},
+                start_date="2025-12-31",
+                max_active_runs=1,
+            ),
+        ],
+        "steps": [
+            ("2026-01-01T00:00:00", "sync", None),
+            ("2026-01-01T00:00:00", "pass", None),
+            ("2026-01-01T01:00:00", "pass", None),
+            ("2026-01-01T02:30:00", "pass", None),
+            ("2026-01-01T03:00:00", "finish", "delta_off"),
+            ("2026-01-01T03:00:00", "pass", None),
+            ("2026-01-01T03:30:00", "finish", "delta_off"),
+            ("2026-01-01T03:59:31", "pass", None),
+        ],
+    },
+    # Events without catchup, blocked: the events past at a parse are skipped; an event due for
+    # no longer than the parse interval still gets its run (00:05:00).
+    "blocked_events": {
+        "dags": [
+            dag(
+                "events_blocked",
+                {
+                    "kind": "events",
+                    "event_dates": [
+                        "2026-01-01T00:01:00",
+                        "2026-01-01T00:02:00",
+                        "2026-01-01T00:02:40",
+                        "2026-01-01T00:04:10",
+                        "2026-01-01T00:05:00",
+                        "2026-01-01T00:06:00",
+                        "2026-01-01T00:10:00",
+                    ],
+                },
+                max_active_runs=1,
+            ),
+        ],
+        "steps": [
+            ("2026-01-01T00:00:00", "sync", None),
+            ("2026-01-01T00:01:00.500", "pass", None),
+            ("2026-01-01T00:03:00", "pass", None),
+            ("2026-01-01T00:04:30", "finish", "events_blocked"),
+            ("2026-01-01T00:04:30", "pass", None),
+            ("2026-01-01T00:05:30", "finish", "events_blocked"),
+            ("2026-01-01T00:05:30", "pass", None),
+            ("2026-01-01T00:10:00", "finish", "events_blocked"),
+            ("2026-01-01T00:10:00", "pass", None),
+        ],
+    },
 }
 
 
@@ -346,7 +471,10 @@ def airflow(tmp_path_factory) -> dict:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-5000:]
-    return json.loads(out.read_text())
+    played = json.loads(out.read_text())
+    # Airflow's own default parse interval, the service's default.
+    assert played["parse_interval"] == settings.TIME_SCHEDULER_PARSE_INTERVAL_SECONDS == 30
+    return played["scenarios"]
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -357,7 +485,7 @@ def document(doc: dict) -> dict:
     return {**doc, "tasks": [{"task_id": "a"}]}
 
 
-def state(dag_ids: list[str]) -> dict:
+def state(dag_ids: list[str], now: dt.datetime) -> dict:
     runs = [
         [
             r.dag_id,
@@ -388,6 +516,10 @@ def state(dag_ids: list[str]) -> dict:
             dag_run__isnull=True,
         ).select_related("backfill")
     ]
+    # Each Dag's next run as the Dag processor's last parse stored it (a Dag at max_active_runs
+    # or paused keeps its stored fields in the database until a pass or an unpause).
+    dags = list(Dag.objects.filter(dag_id__in=dag_ids))
+    next_runs.reparse(dags, now=now)
     nexts = {
         d.dag_id: [
             iso(d.next_dagrun),
@@ -395,7 +527,7 @@ def state(dag_ids: list[str]) -> dict:
             iso(d.next_dagrun_data_interval_end),
             iso(d.next_dagrun_create_after),
         ]
-        for d in Dag.objects.filter(dag_id__in=dag_ids)
+        for d in dags
     }
     filled = [
         [b.dag_id, row.sort_ordinal, iso(row.logical_date), row.exception_reason]
@@ -449,7 +581,7 @@ def play(scenario: dict, monkeypatch) -> list[dict]:
             )
         else:
             raise ValueError(action)
-        out.append(state(dag_ids))
+        out.append(state(dag_ids, clock[0]))
     return out
 
 

@@ -112,8 +112,10 @@ class FreshnessBody(Schema):
     kind: str = Field(pattern="^(max_interval|cron_deadline)$")
     # The column is a PositiveIntegerField (int4): a larger value is a 422, not a 500.
     interval_seconds: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    cron: str = ""
-    timezone: str = "UTC"
+    # Bounded at their columns (issue 38: a max_interval policy never reads them, so an
+    # over-long one went to the database as it came, a 500).
+    cron: str = Field(default="", max_length=200)
+    timezone: str = Field(default="UTC", max_length=100)
 
 
 class FreshnessResponse(Schema):

@@ -79,3 +79,30 @@ def test_a_run_id_longer_than_its_column_is_refused_on_the_execution_door(worker
     assert response.status_code == 422, response.content
     assert response.json()["detail"]["reason"] == "invalid_run_id"
     assert DagRun.objects.count() == 1  # the running TI's own run
+
+
+# Issue 38: the fuzz's strings past every column found these 500s ("value too long for type
+# character varying"): a max_interval policy never looks at its cron and time zone, so they went
+# to the database as they came.
+@pytest.mark.parametrize(("field", "column"), [("cron", 200), ("timezone", 100)])
+def test_a_freshness_field_longer_than_its_column_is_a_422_naming_it(api, field, column):
+    from assets_app.models import FreshnessPolicy
+    from tests.factories import AssetFactory
+
+    asset = AssetFactory()
+    body = {"kind": "max_interval", "interval_seconds": 60, field: "x" * (column + 1)}
+    response = api.put(
+        f"/api/v2/assets/{asset.pk}/freshness",
+        data=json.dumps(body),
+        content_type="application/json",
+    )
+    assert response.status_code == 422, response.content
+    assert response.json()["detail"][0]["loc"][-1] == field
+    assert not FreshnessPolicy.objects.exists()
+    body[field] = "x" * column if field == "cron" else "UTC"
+    ok = api.put(
+        f"/api/v2/assets/{asset.pk}/freshness",
+        data=json.dumps(body),
+        content_type="application/json",
+    )
+    assert ok.status_code == 200, ok.content

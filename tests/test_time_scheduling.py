@@ -595,3 +595,12 @@ def test_a_cron_that_never_ticks_has_no_next_run_and_breaks_no_pass(clock):
     assert [date for _, date, _ in scheduled()] == [at("2026-01-01T00:00:00")]
     assert DagRun.objects.filter(dag_id="never").count() == 1  # its stored run, then none
     assert Dag.objects.get(dag_id="never").next_dagrun_create_after is None
+
+
+def test_the_set_based_update_writes_every_stored_next_run_field():
+    """`scheduling_sql.update_next_runs` (issue 41: the ORM's bulk_update was half of a pass over
+    1,000 due Dags) names the same columns as `next_runs.FIELDS`."""
+    from assets_app.definitions import next_runs
+    from assets_app.sql import scheduling as scheduling_sql
+
+    assert set(scheduling_sql.NEXT_RUN_COLUMNS) == set(next_runs.FIELDS)

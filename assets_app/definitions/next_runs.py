@@ -49,6 +49,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..models import BackfillDagRun, Dag, DagRun, DagRunType, ScheduleMode
+from ..sql import scheduling as scheduling_sql
 from . import timetables
 
 # Airflow's fields, as the API gives them.
@@ -197,8 +198,7 @@ def store(dag_ids: Iterable[str], *, now: datetime | None = None) -> int:
     unpause): three statements whatever their number. In the caller's transaction; returns how
     many were written."""
     timed = refresh(Dag.objects.filter(dag_id__in=list(dag_ids), timetable__isnull=False), now=now)
-    if timed:
-        Dag.objects.bulk_update(timed, list(FIELDS))
+    scheduling_sql.update_next_runs(timed)
     return len(timed)
 
 

@@ -51,9 +51,7 @@ constraint `dag_run_logical_date_unique` refuses a second run whatever happens.
 
 from __future__ import annotations
 
-import functools
 import logging
-import operator
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -62,13 +60,12 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from ..definitions import conditions, next_runs, timetables
 from ..models import (
     AssetAliasAsset,
-    BackfillDagRun,
     Dag,
     DagRun,
     DagRunState,
@@ -250,8 +247,7 @@ def _create_batch(*, now: datetime, limit: int, exclude: list[str]) -> _Batch:
             for name, value in values.items():
                 setattr(dag, name, value)
             moved.append(dag)
-        if moved:
-            Dag.objects.bulk_update(moved, list(NEXT_FIELDS))
+        scheduling_sql.update_next_runs(moved)
         batch.created = [(run.dag_id, run.run_id) for run, _ in items]
     return batch
 
@@ -325,28 +321,9 @@ def _held(plans: dict[str, _Plan]) -> Held:
     ]
     if not spans:
         return {}
-    columns = ("logical_date", "run_after", "data_interval_start", "data_interval_end")
-    run_rows = DagRun.objects.filter(
-        functools.reduce(
-            operator.or_,
-            (Q(dag_id=d, logical_date__gte=lo) & Q(logical_date__lte=hi) for d, lo, hi in spans),
-        )
-    ).values_list("dag_id", *columns)
-    waiting = BackfillDagRun.objects.filter(
-        functools.reduce(
-            operator.or_,
-            (
-                Q(backfill__dag_id=d, logical_date__gte=lo) & Q(logical_date__lte=hi)
-                for d, lo, hi in spans
-            ),
-        ),
-        started_at__isnull=True,
-        exception_reason__isnull=True,
-        dag_run__isnull=True,
-    ).values_list("backfill__dag_id", *columns)
     planned = {(dag_id, i.logical_date): i for dag_id, p in plans.items() for i in p.infos}
     found: Held = {}
-    for dag_id, logical_date, run_after, start, end in run_rows.union(waiting, all=True):
+    for dag_id, logical_date, run_after, start, end in scheduling_sql.held_dates(spans):
         key = (dag_id, logical_date)
         if start is not None and end is not None:
             found[key] = timetables.RunInfo(

@@ -7,7 +7,16 @@ from typing import NamedTuple
 
 from django.db import connection
 
-from ..models import Asset, AssetDagRunQueue, AssetEvent, DagRun, DagRunAssetEvent
+from ..models import (
+    Asset,
+    AssetDagRunQueue,
+    AssetEvent,
+    Backfill,
+    BackfillDagRun,
+    Dag,
+    DagRun,
+    DagRunAssetEvent,
+)
 
 
 class QueuedGroup(NamedTuple):
@@ -114,3 +123,97 @@ def insert_consumed_links(runs: Sequence[tuple[int, Sequence[int]]]) -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute(text, [link_runs, event_ids])
+
+
+# --- the time scheduler (`time_runs`) -----------------------------------------------------------
+
+NEXT_RUN_COLUMNS = (
+    "next_dagrun",
+    "next_dagrun_data_interval_start",
+    "next_dagrun_data_interval_end",
+    "next_dagrun_create_after",
+    "next_dagrun_computed_at",
+)
+
+
+def update_next_runs(dags: Sequence[Dag]) -> None:
+    """Store the stored-next-run fields (`NEXT_RUN_COLUMNS`) of these Dags, as set on the
+    instances. One statement, in the caller's transaction (the rows are the caller's, locked).
+
+    PostgreSQL: UPDATE ... FROM unnest. The ORM's `bulk_update` builds a CASE with a branch per
+    row for each of the five columns: resolving them was 3.2 s of a 6.3 s pass over 1,000 due
+    Dags (issue 41's tick -> run). SQLite: `bulk_update`."""
+    if not dags:
+        return
+    if connection.vendor != "postgresql":
+        Dag.objects.bulk_update(dags, list(NEXT_RUN_COLUMNS))
+        return
+    columns = [[getattr(dag, name) for dag in dags] for name in NEXT_RUN_COLUMNS]
+    sets = ", ".join(f"{name} = u.{name}" for name in NEXT_RUN_COLUMNS)
+    arrays = ", ".join(["%s::timestamptz[]"] * len(NEXT_RUN_COLUMNS))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Dag._meta.db_table} d SET {sets} FROM unnest(%s::text[], {arrays}) "
+            f"AS u(dag_id, {', '.join(NEXT_RUN_COLUMNS)}) WHERE d.dag_id = u.dag_id",
+            [[dag.dag_id for dag in dags], *columns],
+        )
+
+
+class HeldDate(NamedTuple):
+    """A logical date in a planned span that a run holds, or a backfill's date waiting for its
+    run: the dates to compute the next run from (None data interval: a run without one)."""
+
+    dag_id: str
+    logical_date: datetime
+    run_after: datetime
+    data_interval_start: datetime | None
+    data_interval_end: datetime | None
+
+
+def held_dates(spans: Sequence[tuple[str, datetime, datetime]]) -> list[HeldDate]:
+    """The runs of each (dag_id, first, last) span holding a logical date in [first, last], and
+    the backfills' dates in it still waiting for their run (not started, no exception, no run).
+    One statement (PostgreSQL: the spans joined from unnest arrays; an OR of a Q per Dag cost
+    0.3 s of ORM per batch of 200 Dags). SQLite: the ORM, a query per span."""
+    if not spans:
+        return []
+    if connection.vendor != "postgresql":
+        found: list[HeldDate] = []
+        columns = ("logical_date", "run_after", "data_interval_start", "data_interval_end")
+        for dag_id, first, last in spans:
+            dates = {"logical_date__gte": first, "logical_date__lte": last}
+            found += [
+                HeldDate(dag_id, *row)
+                for row in DagRun.objects.filter(dag_id=dag_id, **dates).values_list(*columns)
+            ]
+            found += [
+                HeldDate(dag_id, *row)
+                for row in BackfillDagRun.objects.filter(
+                    backfill__dag_id=dag_id,
+                    started_at__isnull=True,
+                    exception_reason__isnull=True,
+                    dag_run__isnull=True,
+                    **dates,
+                ).values_list(*columns)
+            ]
+        return found
+    dag_ids, firsts, lasts = (list(column) for column in zip(*spans, strict=True))
+    run = DagRun._meta.db_table
+    waiting = BackfillDagRun._meta.db_table
+    backfill = Backfill._meta.db_table
+    text = (
+        "WITH s AS (SELECT * FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[]) "
+        "AS s(dag_id, first, last)) "
+        "SELECT r.dag_id, r.logical_date, r.run_after, r.data_interval_start, "
+        f"r.data_interval_end FROM s JOIN {run} r ON r.dag_id = s.dag_id "
+        "AND r.logical_date BETWEEN s.first AND s.last "
+        "UNION ALL "
+        "SELECT b.dag_id, w.logical_date, w.run_after, w.data_interval_start, "
+        f"w.data_interval_end FROM s JOIN {backfill} b ON b.dag_id = s.dag_id "
+        f"JOIN {waiting} w ON w.backfill_id = b.id "
+        "AND w.logical_date BETWEEN s.first AND s.last "
+        "WHERE w.started_at IS NULL AND w.exception_reason IS NULL AND w.dag_run_id IS NULL"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(text, [dag_ids, firsts, lasts])
+        return [HeldDate(*row) for row in cursor.fetchall()]

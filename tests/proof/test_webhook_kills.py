@@ -13,6 +13,7 @@ by the Standard Webhooks reference verifier, and each recorded retry spaced as t
 specifies ([c/2, c] after the k-th failure, c = base * 2^(k-1) capped).
 """
 
+import contextlib
 import random
 import time
 
@@ -46,15 +47,17 @@ TIMERS_ENV = {
 }
 
 
-def _timers_child(supervisor_pid: int) -> psutil.Process:
-    """The supervisor's forked child (waiting for the supervisor to fork it)."""
+def _timers_child(supervisor_pid: int, group: str = "events") -> psutil.Process:
+    """The supervisor's child running `group` (the delivery's: `timers-events`), waiting for
+    the supervisor to fork it."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        children = psutil.Process(supervisor_pid).children()
-        if children:
-            return children[0]
+        for child in psutil.Process(supervisor_pid).children():
+            with contextlib.suppress(psutil.Error):
+                if child.name() == f"timers-{group}":
+                    return child
         time.sleep(0.02)
-    raise AssertionError("the timers' supervisor forked no child")
+    raise AssertionError(f"the timers' supervisor forked no timers-{group}")
 
 
 def test_killed_timers_lose_no_webhook_and_keep_ids_and_spacing(servers):

@@ -315,9 +315,11 @@ def _held(plans: dict[str, _Plan]) -> Held:
     are never the scheduler's), in one query: each as the run to compute the next from (its own
     dates; the planned ones when it has no data interval)."""
     spans = [
-        (dag_id, p.infos[0].logical_date, p.infos[-1].logical_date)
+        (dag_id, first, last)
         for dag_id, p in plans.items()
         if p.infos
+        and (first := p.infos[0].logical_date) is not None
+        and (last := p.infos[-1].logical_date) is not None
     ]
     if not spans:
         return {}

@@ -121,35 +121,35 @@ def supervise() -> int:
         except ChildProcessError:  # no child alive (all stopped, or all backing off)
             pid, status = 0, 0
         if pid:
-            child = next((c for c in children if c.pid == pid), None)
-            if child is None:
+            dead = next((c for c in children if c.pid == pid), None)
+            if dead is None:
                 continue
-            child.pid = 0
+            dead.pid = 0
             if stopping.is_set():
                 continue
-            lived = time.monotonic() - child.started
+            lived = time.monotonic() - dead.started
             if lived >= CRASH_LOOP_SECONDS:
-                child.backoff = 1.0
+                dead.backoff = 1.0
                 logger.warning(
                     "timers: the child of group %s (pid %d) %s after %.0f s; forking a new one",
-                    child.group,
+                    dead.group,
                     pid,
                     _describe(status),
                     lived,
                 )
-                _fork(child)
+                _fork(dead)
                 continue
             logger.warning(
                 "timers: the child of group %s (pid %d) %s after %.1f s; forking a new one in "
                 "%.0f s",
-                child.group,
+                dead.group,
                 pid,
                 _describe(status),
                 lived,
-                child.backoff,
+                dead.backoff,
             )
-            child.fork_at = time.monotonic() + child.backoff
-            child.backoff = min(child.backoff * 2, BACKOFF_CAP_SECONDS)
+            dead.fork_at = time.monotonic() + dead.backoff
+            dead.backoff = min(dead.backoff * 2, BACKOFF_CAP_SECONDS)
             continue
         now = time.monotonic()
         for child in children:

@@ -60,14 +60,25 @@ CREATE TRIGGER bench_notify_scheduled AFTER INSERT ON assets_app_dagrun
 """
 )
 
+# The receiver: /hook answers 500 to everything (the busy endpoint); /probe answers 500 to a
+# message's first attempt and 200 to its second (the probe endpoint: a first attempt and a retry
+# each, to see when they start while everything else keeps the timers busy).
 RECEIVER = """
-import sys
+import sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+seen, lock = set(), threading.Lock()
 
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length") or 0))
-        self.send_response(500)
+        status = 500
+        if self.path == "/probe":
+            with lock:
+                message = self.headers.get("webhook-id")
+                status = 200 if message in seen else 500
+                seen.add(message)
+        self.send_response(status)
         self.send_header("content-length", "0")
         self.end_headers()
 
@@ -78,18 +89,25 @@ ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 """
 
 
-def due_lags(FreshnessPolicy, WebhookAttempt, WebhookDelivery) -> dict:
+def due_lags(FreshnessPolicy, WebhookAttempt, WebhookDelivery, *, probe_endpoint: int) -> dict:
     """How late the timers started due work: each webhook attempt after the time it was due
     (a message's first: its writing; a retry: the `next_attempt_at` its previous attempt set),
-    each late transition after the instant the policy became late (`state_since - due_at`)."""
+    the probe endpoint's apart from the busy one's (whose 10,000+ messages wait their turn
+    behind its WEBHOOK_MAX_IN_FLIGHT attempts: a measure of capacity, not of waking); each late
+    transition after the instant the policy became late (`state_since - due_at`)."""
     created = dict(WebhookDelivery.objects.values_list("id", "created_at"))
+    endpoint = dict(WebhookDelivery.objects.values_list("id", "endpoint_id"))
     due: dict[int, object] = {}
-    attempt_lags = []
+    lags: dict[str, list[float]] = {"probe_first": [], "probe_retry": [], "busy": []}
     for delivery_id, attempted_at, next_at in WebhookAttempt.objects.order_by("id").values_list(
         "delivery_id", "attempted_at", "next_attempt_at"
     ):
-        since = due.get(delivery_id, created[delivery_id])
-        attempt_lags.append((attempted_at - since).total_seconds())
+        since = due.get(delivery_id)
+        lag = (attempted_at - (since or created[delivery_id])).total_seconds()
+        if endpoint[delivery_id] == probe_endpoint:
+            lags["probe_retry" if since else "probe_first"].append(lag)
+        else:
+            lags["busy"].append(lag)
         due[delivery_id] = next_at
     late_lags = [
         (since - due_at).total_seconds()
@@ -98,7 +116,9 @@ def due_lags(FreshnessPolicy, WebhookAttempt, WebhookDelivery) -> dict:
         )
     ]
     return {
-        "webhook_attempt_lag_s": h.stats(attempt_lags),
+        "probe_first_attempt_lag_s": h.stats(lags["probe_first"]),
+        "probe_retry_lag_s": h.stats(lags["probe_retry"]),
+        "busy_endpoint_attempt_lag_s": h.stats(lags["busy"]),
         "late_transition_lag_s": h.stats(late_lags),
     }
 
@@ -181,6 +201,10 @@ def main() -> None:
         )
         with connection.cursor() as cursor:
             cursor.execute(TRIGGERS_SQL)
+        probe = webhooks.create_endpoint(
+            url=f"http://127.0.0.1:{receiver_port}/probe",
+            subscriptions=[webhooks.SubscriptionSpec("asset.event.registered", "posted-*")],
+        ).endpoint
         webhooks.create_endpoint(
             url=f"http://127.0.0.1:{receiver_port}/hook",
             subscriptions=[
@@ -369,7 +393,7 @@ def main() -> None:
         results["busy"] = {
             "late_policies": FreshnessPolicy.objects.filter(state="late").count(),
             "webhook_attempts": WebhookAttempt.objects.count(),
-            **due_lags(FreshnessPolicy, WebhookAttempt, WebhookDelivery),
+            **due_lags(FreshnessPolicy, WebhookAttempt, WebhookDelivery, probe_endpoint=probe.pk),
         }
     finally:
         if listener is not None:
@@ -427,19 +451,29 @@ def main() -> None:
     )
     busy = results["busy"]
     for label, key in (
-        ("webhook attempt after it was due", "webhook_attempt_lag_s"),
+        (
+            "probe endpoint: first attempt after the message was written",
+            "probe_first_attempt_lag_s",
+        ),
+        ("probe endpoint: retry after its due time", "probe_retry_lag_s"),
         ("late transition after the policy's due_at", "late_transition_lag_s"),
+        (
+            "busy endpoint (queued behind its in-flight cap): attempt after due",
+            "busy_endpoint_attempt_lag_s",
+        ),
     ):
         lag = busy[key]
+        capacity = key.startswith("busy_")
+        target = "(capacity)" if capacity else "start within 1 s"
         if not lag["n"]:
-            rows.append([f"busy: {label}", "none", "start within 1 s", ""])
+            rows.append([f"busy: {label}", "none", target, ""])
             continue
         rows.append(
             [
                 f"busy: {label}: p50 / p99 / max s",
                 f"{lag['median']:.2f} / {lag['p99']:.2f} / {lag['max']:.2f} (n {lag['n']})",
-                "start within 1 s",
-                "met" if lag["p99"] < 1.0 else "MISSED",
+                target,
+                "" if capacity else ("met" if lag["p99"] < 1.0 else "MISSED"),
             ]
         )
     h.print_table(

@@ -254,8 +254,12 @@ def main() -> None:
             for field, value in values.items():
                 setattr(dag, field, value)
         Dag.objects.bulk_update(dags, list(time_runs.NEXT_FIELDS), batch_size=500)
+        # The 1/s events' asset (the probe endpoint's messages: within its delivery capacity) and
+        # the 50/s events' asset (their messages go to the busy endpoint only).
         (event_asset,) = fx.make_assets(1, prefix="posted")
         fx.make_scheduled_dags([event_asset], count=1, prefix="on_posted", max_active_runs=10**6)
+        (storm_asset,) = fx.make_assets(1, prefix="storm")
+        fx.make_scheduled_dags([storm_asset], count=1, prefix="on_storm", max_active_runs=10**6)
         (produced,) = fx.make_assets(1, prefix="produced")
         fx.make_scheduled_dags([produced], count=1, prefix="on_produced", max_active_runs=10**6)
         producer = fx.make_producer(dag_id="producer", task_id="t", outlets=[produced])
@@ -291,7 +295,10 @@ def main() -> None:
             def post(i: int) -> None:
                 response = http().post(
                     f"{serve.url}/api/v2/assets/events",
-                    json={"asset_id": event_asset.pk, "extra": {"i": i}},
+                    json={
+                        "asset_id": (event_asset if rate < 10 else storm_asset).pk,
+                        "extra": {"i": i},
+                    },
                     headers={"Authorization": f"Bearer {api_key}"},
                     timeout=30,
                 )

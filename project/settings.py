@@ -302,6 +302,9 @@ MAX_MAP_LENGTH = env.int("MAX_MAP_LENGTH", default=1024)
 # it expects (a lost wake-up), and on SQLite (no NOTIFY) every TIMERS_POLL_SECONDS.
 TIMERS_MAX_WAIT_SECONDS = env.float("TIMERS_MAX_WAIT_SECONDS", default=300.0)
 TIMERS_POLL_SECONDS = env.float("TIMERS_POLL_SECONDS", default=2.0)
+# Niceness the timers' background children (webhook delivery and freshness; retention and
+# repair) add to themselves, so that the time scheduler's child and the web get the cores first.
+TIMERS_BACKGROUND_NICE = env.int("TIMERS_BACKGROUND_NICE", default=5)
 
 # PostgreSQL: how long an idle cluster waits for a NOTIFY before it looks at the queue anyway
 # (a retried task whose lock expired sends none, and it comes Q_CLUSTER_RETRY after its start).

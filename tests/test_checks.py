@@ -48,6 +48,7 @@ BAD_SETTINGS = [
     ({"TASK_REPAIR_INTERVAL_SECONDS": 600}, "assets_app.E025", ["ASSET_HEALTH_MAX_AGE_SECONDS"]),
     ({"TIMERS_MAX_WAIT_SECONDS": 0}, "assets_app.E026", ["> 0"]),
     ({"TIMERS_POLL_SECONDS": -1.0}, "assets_app.E027", ["> 0"]),
+    ({"TIMERS_BACKGROUND_NICE": 20}, "assets_app.E028", ["0 to 19"]),
 ]
 
 

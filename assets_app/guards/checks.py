@@ -280,6 +280,13 @@ SETTING_RULES = (
         _positive,
         _setting("TIMERS_POLL_SECONDS"),
     ),
+    Rule(
+        "assets_app.E028",
+        "TIMERS_BACKGROUND_NICE",
+        "a whole number from 0 to 19",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 19,
+        _setting("TIMERS_BACKGROUND_NICE"),
+    ),
 )
 
 

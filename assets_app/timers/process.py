@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connections
 
 from . import loop, service
@@ -42,8 +43,12 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _as_child(name: str) -> None:
-    """Name this process (`timers-<group>`, 15 bytes at most) and have it SIGTERMed when its
-    parent dies (Linux; elsewhere nothing)."""
+    """Name this process (`timers-<group>`, 15 bytes at most), have it SIGTERMed when its
+    parent dies (Linux; elsewhere nothing), and lower the priority of every group but the time
+    scheduler's by TIMERS_BACKGROUND_NICE (ticks on time first on a busy host)."""
+    nice = int(settings.TIMERS_BACKGROUND_NICE)
+    if name != service.TIME_GROUP and nice > 0 and hasattr(os, "nice"):
+        os.nice(nice)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)

@@ -79,6 +79,9 @@ def timers() -> list[Timer]:
     return [timer for group in groups().values() for timer in group]
 
 
+TIME_GROUP = "time"
+
+
 def groups() -> dict[str, list[Timer]]:
     """The timers by process: the time scheduler alone (its pass over 1,000 due Dags is a
     second of Python, which the delivery's sender threads and the freshness batches slowed
@@ -87,7 +90,7 @@ def groups() -> dict[str, list[Timer]]:
     `timers-<name>`). `process.supervise` forks one child per group."""
     time_schedules = _TimeSchedules()
     return {
-        "time": [
+        TIME_GROUP: [
             Timer(
                 "time-scheduler",
                 work=time_schedules.work,

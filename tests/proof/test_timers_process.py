@@ -1,5 +1,5 @@
 """The timers process (issue 41): `manage.py run_timers` forks one child per group of timers
-(`timers-time`, `timers-events`, `timers-upkeep`), forks a child again at once when it is
+(`timers-time`, `timers-events`, `timers-upkeep`; the last two niced), forks a child again at once when it is
 SIGKILLed (the others untouched), and stops every child on SIGTERM, leaving no process."""
 
 import contextlib
@@ -36,6 +36,10 @@ def test_a_killed_child_is_forked_again_alone_and_sigterm_leaves_nothing(servers
     process = servers("timers")
     first = wait_for(lambda: (c := children(process.pid)).keys() >= GROUPS and c, 30)
     assert set(first) == GROUPS
+    # The background groups yield the cores to the time scheduler's (TIMERS_BACKGROUND_NICE).
+    base = psutil.Process(process.pid).nice()
+    nices = {name: psutil.Process(pid).nice() - base for name, pid in first.items()}
+    assert nices == {"timers-time": 0, "timers-events": 5, "timers-upkeep": 5}
     killed = psutil.Process(first["timers-time"])
     killed.send_signal(signal.SIGKILL)
     killed.wait(10)

@@ -305,6 +305,9 @@ TIMERS_POLL_SECONDS = env.float("TIMERS_POLL_SECONDS", default=2.0)
 # Niceness the timers' background children (webhook delivery and freshness; retention and
 # repair) add to themselves, so that the time scheduler's child and the web get the cores first.
 TIMERS_BACKGROUND_NICE = env.int("TIMERS_BACKGROUND_NICE", default=5)
+# How many children of the timers process run the time scheduler (they share a tick's due Dags,
+# SKIP LOCKED, batch by batch).
+TIMERS_TIME_PROCESSES = env.int("TIMERS_TIME_PROCESSES", default=2)
 
 # PostgreSQL: how long an idle cluster waits for a NOTIFY before it looks at the queue anyway
 # (a retried task whose lock expired sends none, and it comes Q_CLUSTER_RETRY after its start).

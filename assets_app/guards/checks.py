@@ -287,6 +287,13 @@ SETTING_RULES = (
         lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 19,
         _setting("TIMERS_BACKGROUND_NICE"),
     ),
+    Rule(
+        "assets_app.E029",
+        "TIMERS_TIME_PROCESSES",
+        "a whole number from 1 to 16",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 16,
+        _setting("TIMERS_TIME_PROCESSES"),
+    ),
 )
 
 

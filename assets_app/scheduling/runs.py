@@ -226,13 +226,13 @@ def _insert_runs(
 ) -> None:
     """INSERT unsaved runs (reading back their ids), then the consumed-event links and TIs of
     all of them: (run, distinct event ids, tasks as `dag_tasks` reads them). Inside the
-    caller's transaction; one statement each for runs (`bulk_create`), links
+    caller's transaction; one statement each for runs (`scheduling_sql.insert_rows`), links
     (`scheduling_sql.insert_consumed_links`: no model instance per link) and TIs
-    (`bulk_create`; links and TIs only when there are any). No signals are connected to these
-    models, which neither would send."""
+    (`scheduling_sql.insert_rows`; links and TIs only when there are any). No signals are
+    connected to these models, which neither would send."""
     if not items:
         return
-    DagRun.objects.bulk_create([run for run, _, _ in items])
+    scheduling_sql.insert_rows(DagRun, [run for run, _, _ in items])
     scheduling_sql.insert_consumed_links(
         [(run.pk, event_ids) for run, event_ids, _ in items if event_ids]
     )
@@ -274,8 +274,7 @@ def _insert_runs(
             for task in tasks
             for map_index in task.map_indexes()
         ]
-    if tis:
-        TaskInstance.objects.bulk_create(tis)
+    scheduling_sql.insert_rows(TaskInstance, tis)
 
 
 def trigger_dag(

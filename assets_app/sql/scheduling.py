@@ -1,11 +1,15 @@
 """The scheduler's statements (`scheduling`, `runs`): the ADRQ rows of a pass locked and
 grouped, deleted by one array, and the consumed-event links of the new runs."""
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import NamedTuple
 
 from django.db import connection
+from django.db.models import JSONField, Model
+from django.db.models.fields import AutoFieldMixin
+from django.utils import timezone
 
 from ..models import (
     Asset,
@@ -217,3 +221,56 @@ def held_dates(spans: Sequence[tuple[str, datetime, datetime]]) -> list[HeldDate
     with connection.cursor() as cursor:
         cursor.execute(text, [dag_ids, firsts, lasts])
         return [HeldDate(*row) for row in cursor.fetchall()]
+
+
+def insert_rows(model: type[Model], objs: Sequence[Model]) -> None:
+    """INSERT unsaved instances of `model` (every concrete field as set on them; an auto-set
+    timestamp, `auto_now` or `auto_now_add`, stamped now; an auto primary key read back onto
+    them, as `bulk_create` does). One statement, in the caller's transaction; no signals.
+
+    PostgreSQL: INSERT ... SELECT FROM unnest, one array per column. `bulk_create` prepared
+    each of the 45,000 values of 1,000 runs and 1,000 TIs through its field (`pre_save`,
+    `get_db_prep_save`): 0.44 s of a 1.0 s pass over 1,000 due Dags, which a tick -> run p99
+    under 2 s cannot afford on a busy host (issue 41). SQLite: `bulk_create`."""
+    if not objs:
+        return
+    if connection.vendor != "postgresql":
+        model.objects.bulk_create(objs)
+        return
+    meta = model._meta
+    auto_pk = meta.pk if isinstance(meta.pk, AutoFieldMixin) else None
+    fields = [f for f in meta.concrete_fields if f is not auto_pk]
+    now = timezone.now()
+    columns, arrays, params = [], [], []
+    for field in fields:
+        if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
+            for obj in objs:
+                setattr(obj, field.attname, now)
+        values = [getattr(obj, field.attname) for obj in objs]
+        db_type = field.db_type(connection)
+        if isinstance(field, JSONField):
+            values = [None if v is None else json.dumps(v, cls=field.encoder) for v in values]
+            db_type = "jsonb"
+        columns.append(connection.ops.quote_name(field.column))
+        arrays.append(f"%s::{db_type}[]")
+        params.append(values)
+    table = connection.ops.quote_name(meta.db_table)
+    aliases = [f"c{i}" for i in range(len(columns))]
+    # In the instances' order (WITH ORDINALITY), so the ids come back in it, as bulk_create's.
+    text = (
+        f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(aliases)} "
+        f"FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS u({', '.join(aliases)}, n) "
+        "ORDER BY n"
+        + (f" RETURNING {connection.ops.quote_name(auto_pk.column)}" if auto_pk else "")
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(text, params)
+        if auto_pk is not None:
+            for obj, (pk,) in zip(objs, cursor.fetchall(), strict=True):
+                setattr(obj, auto_pk.attname, pk)
+                obj._state.adding = False
+                obj._state.db = connection.alias
+    if auto_pk is None:
+        for obj in objs:
+            obj._state.adding = False
+            obj._state.db = connection.alias

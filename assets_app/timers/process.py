@@ -1,8 +1,10 @@
 """The timers process (`manage.py run_timers`): a supervisor and the children that run the timers.
 
 The supervisor forks one child per group of timers (`service.groups`: the time scheduler alone,
-webhook delivery with freshness, retention with repair; each child's process name is
-`timers-<group>`, as `ps` and psutil show it), so that no group's Python work slows
+in TIMERS_TIME_PROCESSES children (2: they claim a tick's due Dags batch by batch with SKIP
+LOCKED, so a tick of 1,000 Dags is done by both, each at its own CPU share); webhook delivery
+with freshness; retention with repair; each child's process name is `timers-<group>`, as `ps`
+and psutil show it), so that no group's Python work slows
 another's (they would share one interpreter lock in one process), and forks a child again at
 once when it dies (a crash, an out-of-memory kill, SIGKILL): the timers are back within a
 second, since a child keeps nothing the database does not have and its first round of each
@@ -103,7 +105,11 @@ def supervise() -> int:
     """Fork the timers' children and fork each again whenever it dies, until SIGTERM or
     SIGINT; returns the exit status for the command."""
     stopping = threading.Event()
-    children = [_Child(group) for group in service.groups()]
+    children = [
+        _Child(group)
+        for group in service.groups()
+        for _ in range(int(settings.TIMERS_TIME_PROCESSES) if group == service.TIME_GROUP else 1)
+    ]
 
     def stop(signum: int, _frame: object) -> None:
         stopping.set()

@@ -235,7 +235,7 @@ def insert_rows(model: type[Model], objs: Sequence[Model]) -> None:
     if not objs:
         return
     if connection.vendor != "postgresql":
-        model.objects.bulk_create(objs)
+        model._default_manager.bulk_create(objs)
         return
     meta = model._meta
     auto_pk = meta.pk if isinstance(meta.pk, AutoFieldMixin) else None
@@ -251,6 +251,7 @@ def insert_rows(model: type[Model], objs: Sequence[Model]) -> None:
         if isinstance(field, JSONField):
             values = [None if v is None else json.dumps(v, cls=field.encoder) for v in values]
             db_type = "jsonb"
+        assert field.column is not None  # a concrete field
         columns.append(connection.ops.quote_name(field.column))
         arrays.append(f"%s::{db_type}[]")
         params.append(values)

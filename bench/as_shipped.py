@@ -30,6 +30,7 @@ transactions/s and under 2 % of a core.
 from __future__ import annotations
 
 import datetime as dt
+import statistics
 import subprocess
 import sys
 import threading
@@ -358,10 +359,13 @@ def main() -> None:
             return row
 
         phases = []
+        windows: list[tuple[float, float, str]] = []  # (start, end, phase) for the ticks' table
         offset = 0
         for kind in ("event", "success"):
             for rate in RATES:
+                began_at = time.time()
                 phases.append(measure(kind, rate, offset))
+                windows.append((began_at, time.time(), f"{kind} {rate:g}/s"))
                 if kind == "success":
                     offset += int(rate * phase_seconds)
         results["phases"] = phases
@@ -390,11 +394,27 @@ def main() -> None:
             for pk, run_after in rows
             if str(pk) in scheduled_at
         ]
+        by_tick: dict[float, list[float]] = {}
+        for pk, run_after in rows:
+            if str(pk) in scheduled_at:
+                by_tick.setdefault(run_after.timestamp(), []).append(
+                    scheduled_at[str(pk)] - run_after.timestamp()
+                )
         results["ticks"] = {
             "ticks": ticks,
             "expected_runs": expected,
             "runs": len(rows),
             "latency_s": h.stats(tick_latencies),
+            # Each tick with what the bench was doing then (the 50/s phases load both cores).
+            "per_tick": [
+                {
+                    "tick": dt.datetime.fromtimestamp(tick, dt.UTC).isoformat(),
+                    "during": next((w for a, b, w in windows if a <= tick <= b), "between"),
+                    "median_s": round(statistics.median(lags), 3),
+                    "max_s": round(max(lags), 3),
+                }
+                for tick, lags in sorted(by_tick.items())
+            ],
         }
         print(f"ticks: {results['ticks']}", flush=True)
         results["busy"] = {
@@ -483,6 +503,11 @@ def main() -> None:
                 "" if capacity else ("met" if lag["p99"] < 1.0 else "MISSED"),
             ]
         )
+    h.print_table(
+        "tick -> run committed, by tick (what the bench was doing at the tick)",
+        ["tick", "during", "median s", "max s"],
+        [[t["tick"][11:19], t["during"], t["median_s"], t["max_s"]] for t in tick["per_tick"]],
+    )
     h.print_table(
         f"the service as shipped (bin/serve, every sweep and timer installed; busy: {policies} "
         f"freshness policies, a receiver answering 500: {results['busy']['webhook_attempts']} "

@@ -3,8 +3,11 @@ polling."""
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
+from django_q.models import OrmQ
 
 from assets_app.cluster.broker import ListeningORM, channel_for, listen
 
@@ -52,5 +55,22 @@ def test_an_empty_dequeue_is_bounded_and_a_lost_listener_is_reopened(settings):
     assert broker.dequeue() is None
     assert broker._listener is not None and broker._listener is not first
     task_id = broker.enqueue("after the drop")
+    assert [pk for pk, _ in broker.dequeue()] == [task_id]
+    broker._close_listener()
+
+
+def test_a_dead_clusters_task_is_taken_again_when_its_lock_expires_not_an_idle_wait_later(
+    settings,
+):
+    """A task whose cluster was SIGKILLed mid-run sends no NOTIFY when its lock expires
+    (`Q_CLUSTER_RETRY` after its start): the empty dequeue's wait ends at that expiry."""
+    settings.Q_CLUSTER_IDLE_WAIT_SECONDS = 20
+    broker = ListeningORM(list_key="test-expiry")
+    task_id = broker.enqueue("killed mid-run")
+    OrmQ.objects.filter(id=task_id).update(lock=timezone.now() + timedelta(seconds=1))
+    started = time.monotonic()
+    assert broker.dequeue() is None  # taken by the dead cluster: waits for its lock
+    waited = time.monotonic() - started
+    assert 0.8 < waited < 5, waited  # the lock's expiry, not the 20 s idle bound
     assert [pk for pk, _ in broker.dequeue()] == [task_id]
     broker._close_listener()

@@ -4,11 +4,12 @@ django-q2's ORM broker asks the database for work every `poll` seconds while the
 with the 0.02 s that keeps the nudge's pickup latency low, an idle cluster made 94 transactions a
 second. This broker sends `NOTIFY` on its channel with every enqueue (delivered when the
 enqueuing transaction commits, so a woken cluster sees the row), and a cluster that found the
-queue empty waits on `LISTEN` for at most `Q_CLUSTER_IDLE_WAIT_SECONDS` (5 s) before it looks
+queue empty waits on `LISTEN` for at most `Q_CLUSTER_IDLE_WAIT_SECONDS` (30 s) before it looks
 again. A task is therefore picked up as soon as it is committed, and an idle cluster asks once
-per wait. The bounded wait also covers what sends no NOTIFY: a row whose lock expired (a task
-whose worker died, retried after `Q_CLUSTER_RETRY`), or a notification lost with a dropped
-listening connection.
+per wait. A row whose lock expires sends no NOTIFY (a task whose cluster died mid-run, retried
+`Q_CLUSTER_RETRY` after its start): the wait ends when the earliest taken row's lock expires,
+so a killed drain is retried on time, not up to a whole idle wait later. The bounded wait also
+covers a notification lost with a dropped listening connection.
 
 On SQLite (no LISTEN) it is django-q2's ORM broker, polling every `poll` seconds.
 
@@ -40,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 # PostgreSQL channel names are identifiers: at most 63 bytes.
 _CHANNEL_PREFIX = "django_q_"
+# A woken look at a row whose lock just expired comes this much after the expiry (the claim
+# compares the lock with the database's clock, which may run a little behind this process's).
+LOCK_EXPIRY_MARGIN_SECONDS = 0.05
 
 
 def channel_for(list_key: str) -> str:
@@ -78,8 +82,22 @@ class ListeningORM(ORM):
         tasks = self._take()
         if tasks:
             return tasks
-        self._wait(listener)
+        self._wait(listener, self._until_lock_expires())
         return None
+
+    def _until_lock_expires(self) -> float | None:
+        """Seconds until the earliest taken row of this queue is free again (its task's cluster
+        died, or it is still running and will be acknowledged first); None if none is taken."""
+        earliest = (
+            OrmQ.objects.using(Conf.ORM)
+            .filter(key=self.list_key, lock__gt=timezone.now())
+            .order_by("lock")
+            .values_list("lock", flat=True)
+            .first()
+        )
+        if earliest is None:
+            return None
+        return max(0.0, (earliest - timezone.now()).total_seconds()) + LOCK_EXPIRY_MARGIN_SECONDS
 
     def _take(self) -> list[tuple[int, str]] | None:
         """django-q2's claim (compare-and-set on `lock`), without its sleep on an empty queue."""
@@ -105,8 +123,10 @@ class ListeningORM(ORM):
         self._listener, self._listener_pid = conn, os.getpid()
         return conn
 
-    def _wait(self, listener: Any) -> None:
+    def _wait(self, listener: Any, until_lock_expires: float | None = None) -> None:
         wait = float(settings.Q_CLUSTER_IDLE_WAIT_SECONDS)
+        if until_lock_expires is not None:
+            wait = min(wait, until_lock_expires)
         if listener is None:
             time.sleep(wait)
             return

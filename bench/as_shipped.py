@@ -14,7 +14,7 @@ installed) on a fresh PostgreSQL database, `project.settings` as shipped. Phases
    backoff); DAGS Dags on `* * * * *`; one Dag on an asset for the event phases, one downstream
    Dag of a producer task for the success phases. One NOTIFY each wakes the timers to them.
 3. event -> run: events POSTed to the public API at 1/s and at 50/s (PHASE_SECONDS each); the
-   latency runs from the POST's answer to the commit of the downstream run consuming it (a
+   latency runs from the POST's start to the commit of the downstream run consuming it (a
    bench-only trigger on the consumed-event links NOTIFYs at commit; the listener's receipt).
 4. success -> downstream run: `PATCH .../state` success of running producer TIs (their outlet
    the downstream Dag's asset) at 1/s and at 50/s; same latency.
@@ -294,6 +294,7 @@ def main() -> None:
             errors: list[str] = []
 
             def post(i: int) -> None:
+                began = time.time()  # latency from the request's start, not its answer
                 response = http().post(
                     f"{serve.url}/api/v2/assets/events",
                     json={
@@ -304,12 +305,13 @@ def main() -> None:
                     timeout=30,
                 )
                 if response.status_code == 200:
-                    answered[response.json()["id"]] = time.time()
+                    answered[response.json()["id"]] = began
                 else:
                     errors.append(f"{response.status_code} {response.text[:200]}")
 
             def succeed(i: int) -> None:
                 ti = tis[offset + i]
+                began = time.time()
                 response = http().patch(
                     f"{serve.url}/execution/task-instances/{ti.id}/state",
                     json={
@@ -322,7 +324,7 @@ def main() -> None:
                     timeout=30,
                 )
                 if response.status_code == 204:
-                    answered[offset + i] = time.time()
+                    answered[offset + i] = began
                 else:
                     errors.append(f"{response.status_code} {response.text[:200]}")
 

@@ -604,3 +604,60 @@ def test_the_set_based_update_writes_every_stored_next_run_field():
     from assets_app.sql import scheduling as scheduling_sql
 
     assert set(scheduling_sql.NEXT_RUN_COLUMNS) == set(next_runs.FIELDS)
+
+
+def test_insert_rows_writes_every_field_as_bulk_create_would_and_refuses_a_nul_whole():
+    """The time scheduler's INSERT from one JSON document (`scheduling_sql.insert_rows`): each
+    value comes back as set (a JSON conf with nested text, aware datetimes, NULLs, a UUID
+    primary key), ids are read back in the instances' order, and a value its column refuses
+    (a NUL in text) raises with nothing written."""
+    from assets_app.sql import scheduling as scheduling_sql
+
+    dag = Dag.objects.create(dag_id="insert_rows")
+    when = at("2026-03-04T05:06:07.123456+00:00")
+    made = [
+        DagRun(
+            dag_id=dag.dag_id,
+            run_id=f"scheduled__{i}",
+            run_type="scheduled",
+            state=DagRunState.QUEUED,
+            run_after=when + dt.timedelta(minutes=i),
+            logical_date=None if i == 1 else when + dt.timedelta(days=i),
+            conf={"nested": ["é\n\"q\"", {"n": i}]},
+        )
+        for i in range(3)
+    ]
+    scheduling_sql.insert_rows(DagRun, made)
+    assert [r.pk for r in made] == sorted(r.pk for r in made)
+    for run in made:
+        stored = DagRun.objects.get(pk=run.pk)
+        assert (stored.run_id, stored.run_after, stored.logical_date, stored.conf) == (
+            run.run_id,
+            run.run_after,
+            run.logical_date,
+            run.conf,
+        )
+    tis = [
+        TaskInstance(
+            dag_run_id=made[0].pk,
+            dag_id=dag.dag_id,
+            run_id=made[0].run_id,
+            task_id=f"t{i}",
+            map_index=i - 1,
+            try_number=1,
+            max_tries=2,
+            state=TIState.SCHEDULED,
+            queued_at=when,
+        )
+        for i in range(2)
+    ]
+    scheduling_sql.insert_rows(TaskInstance, tis)
+    assert {
+        (str(ti.id), ti.task_id, ti.map_index, ti.max_tries, ti.queued_at)
+        for ti in TaskInstance.objects.filter(dag_run_id=made[0].pk)
+    } == {(str(ti.id), ti.task_id, ti.map_index, 2, when) for ti in tis}
+    bad = DagRun(dag_id=dag.dag_id, run_id="nul\x00", run_type="manual", run_after=when)
+    before = DagRun.objects.count()
+    with pytest.raises(Exception), transaction.atomic():
+        scheduling_sql.insert_rows(DagRun, [bad])
+    assert DagRun.objects.count() == before

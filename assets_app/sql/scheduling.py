@@ -3,11 +3,22 @@ grouped, deleted by one array, and the consumed-event links of the new runs."""
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import NamedTuple
+from uuid import UUID
 
 from django.db import connection
-from django.db.models import JSONField, Model
+from django.db.models import (
+    BooleanField,
+    CharField,
+    DateField,
+    ForeignKey,
+    IntegerField,
+    JSONField,
+    Model,
+    TextField,
+    UUIDField,
+)
 from django.db.models.fields import AutoFieldMixin
 from django.utils import timezone
 
@@ -144,22 +155,27 @@ def update_next_runs(dags: Sequence[Dag]) -> None:
     """Store the stored-next-run fields (`NEXT_RUN_COLUMNS`) of these Dags, as set on the
     instances. One statement, in the caller's transaction (the rows are the caller's, locked).
 
-    PostgreSQL: UPDATE ... FROM unnest. The ORM's `bulk_update` builds a CASE with a branch per
-    row for each of the five columns: resolving them was 3.2 s of a 6.3 s pass over 1,000 due
-    Dags (issue 41's tick -> run). SQLite: `bulk_update`."""
+    PostgreSQL: UPDATE ... FROM jsonb_to_recordset (one JSON document, as `insert_rows`). The
+    ORM's `bulk_update` builds a CASE with a branch per row for each of the five columns:
+    resolving them was 3.2 s of a 6.3 s pass over 1,000 due Dags (issue 41's tick -> run).
+    SQLite: `bulk_update`."""
     if not dags:
         return
     if connection.vendor != "postgresql":
         Dag.objects.bulk_update(dags, list(NEXT_RUN_COLUMNS))
         return
-    columns = [[getattr(dag, name) for dag in dags] for name in NEXT_RUN_COLUMNS]
+    rows = [
+        {"dag_id": dag.dag_id, **{name: getattr(dag, name) for name in NEXT_RUN_COLUMNS}}
+        for dag in dags
+    ]
     sets = ", ".join(f"{name} = u.{name}" for name in NEXT_RUN_COLUMNS)
-    arrays = ", ".join(["%s::timestamptz[]"] * len(NEXT_RUN_COLUMNS))
+    types = ", ".join(f"{name} timestamptz" for name in NEXT_RUN_COLUMNS)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Dag._meta.db_table} d SET {sets} FROM unnest(%s::text[], {arrays}) "
-            f"AS u(dag_id, {', '.join(NEXT_RUN_COLUMNS)}) WHERE d.dag_id = u.dag_id",
-            [[dag.dag_id for dag in dags], *columns],
+            f"UPDATE {Dag._meta.db_table} d SET {sets} "
+            f"FROM jsonb_to_recordset(%s::jsonb) AS u(dag_id text, {types}) "
+            "WHERE d.dag_id = u.dag_id",
+            [json.dumps(rows, default=_json_scalar)],
         )
 
 
@@ -228,10 +244,14 @@ def insert_rows(model: type[Model], objs: Sequence[Model]) -> None:
     timestamp, `auto_now` or `auto_now_add`, stamped now; an auto primary key read back onto
     them, as `bulk_create` does). One statement, in the caller's transaction; no signals.
 
-    PostgreSQL: INSERT ... SELECT FROM unnest, one array per column. `bulk_create` prepared
-    each of the 45,000 values of 1,000 runs and 1,000 TIs through its field (`pre_save`,
-    `get_db_prep_save`): 0.44 s of a 1.0 s pass over 1,000 due Dags, which a tick -> run p99
-    under 2 s cannot afford on a busy host (issue 41). SQLite: `bulk_create`."""
+    PostgreSQL: INSERT ... SELECT FROM jsonb_populate_recordset, the rows as one JSON document
+    (`json.dumps`, in C; the table's row type converts each value as its column's input does,
+    and refuses a NUL in text as the column would). `bulk_create` prepared each of the 45,000
+    values of 1,000 runs and 1,000 TIs through its field (`pre_save`, `get_db_prep_save`): 0.44
+    s of a 1.0 s pass over 1,000 due Dags; one array parameter per column then cost psycopg
+    0.37 s of quoting (issue 41: a tick -> run p99 under 2 s on a busy host). Only the field
+    types `_JSON_SAFE` lists are written this way (another raises TypeError). SQLite:
+    `bulk_create`."""
     if not objs:
         return
     if connection.vendor != "postgresql":
@@ -241,31 +261,34 @@ def insert_rows(model: type[Model], objs: Sequence[Model]) -> None:
     auto_pk = meta.pk if isinstance(meta.pk, AutoFieldMixin) else None
     fields = [f for f in meta.concrete_fields if f is not auto_pk]
     now = timezone.now()
-    columns, arrays, params = [], [], []
     for field in fields:
+        if not isinstance(field, _JSON_SAFE):
+            raise TypeError(f"insert_rows: {model.__name__}.{field.name} is a {type(field)}")
         if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
             for obj in objs:
                 setattr(obj, field.attname, now)
-        values = [getattr(obj, field.attname) for obj in objs]
-        db_type = field.db_type(connection)
-        if isinstance(field, JSONField):
-            values = [None if v is None else json.dumps(v, cls=field.encoder) for v in values]
-            db_type = "jsonb"
-        assert field.column is not None  # a concrete field
-        columns.append(connection.ops.quote_name(field.column))
-        arrays.append(f"%s::{db_type}[]")
-        params.append(values)
+    names = [str(field.column) for field in fields]
+    attnames = [field.attname for field in fields]
+    encoded = [(str(f.column), f.encoder) for f in fields if isinstance(f, JSONField) and f.encoder]
+    rows = []
+    for obj in objs:
+        row = {name: getattr(obj, attname) for name, attname in zip(names, attnames, strict=True)}
+        for name, encoder in encoded:  # a JSON field's own encoder, as its column gets it
+            if row[name] is not None:
+                row[name] = json.loads(json.dumps(row[name], cls=encoder))
+        rows.append(row)
     table = connection.ops.quote_name(meta.db_table)
-    aliases = [f"c{i}" for i in range(len(columns))]
+    quoted = [connection.ops.quote_name(name) for name in names]
     # In the instances' order (WITH ORDINALITY), so the ids come back in it, as bulk_create's.
     text = (
-        f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(aliases)} "
-        f"FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS u({', '.join(aliases)}, n) "
-        "ORDER BY n"
+        f"INSERT INTO {table} ({', '.join(quoted)}) "
+        f"SELECT {', '.join('r.' + name for name in quoted)} "
+        f"FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) WITH ORDINALITY AS r "
+        "ORDER BY r.ordinality"
         + (f" RETURNING {connection.ops.quote_name(auto_pk.column)}" if auto_pk else "")
     )
     with connection.cursor() as cursor:
-        cursor.execute(text, params)
+        cursor.execute(text, [json.dumps(rows, default=_json_scalar)])
         if auto_pk is not None:
             for obj, (pk,) in zip(objs, cursor.fetchall(), strict=True):
                 setattr(obj, auto_pk.attname, pk)
@@ -275,3 +298,28 @@ def insert_rows(model: type[Model], objs: Sequence[Model]) -> None:
         for obj in objs:
             obj._state.adding = False
             obj._state.db = connection.alias
+
+
+# The field types `insert_rows` writes through JSON: each value's JSON form (`_json_scalar` for
+# dates and UUIDs) is its column's input form. Another type (a DurationField: str(timedelta) is
+# not an interval) would need a conversion of its own.
+_JSON_SAFE = (
+    AutoFieldMixin,
+    BooleanField,
+    CharField,
+    DateField,  # DateTimeField too
+    ForeignKey,
+    IntegerField,  # and its positive and big forms
+    JSONField,
+    TextField,
+    UUIDField,
+)
+
+
+def _json_scalar(value: object) -> str:
+    """A value `json.dumps` has no form for, as its column's input text."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(f"insert_rows: no JSON form for a {type(value).__name__}")

@@ -95,13 +95,16 @@ def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
     cluster = servers("qcluster", env=CLUSTER_ENV)
     kills = 0
     mid_batch_kills = 0
+    halt = threading.Event()  # the test has failed: start no cluster the teardown cannot see
 
     def killer() -> None:
         nonlocal kills, mid_batch_kills
         local = random.Random(99)
         try:
-            while kills < MAX_KILLS and (
-                kills < MIN_KILLS or mid_batch_kills < MIN_MID_BATCH_KILLS
+            while (
+                not halt.is_set()
+                and kills < MAX_KILLS
+                and (kills < MIN_KILLS or mid_batch_kills < MIN_MID_BATCH_KILLS)
             ):
                 time.sleep(local.uniform(0.2, 1.5))
                 deadline = time.monotonic() + OPEN_BATCH_WAIT
@@ -112,12 +115,19 @@ def test_sigkill_qcluster_mid_drain_loses_and_duplicates_nothing(servers):
                 cluster.kill()
                 kills += 1
                 mid_batch_kills += open_batch
+                if halt.is_set():
+                    return
                 cluster.start()
         finally:
             stop_workers.set()
 
     started = time.monotonic()
-    run_in_threads([killer] + [lambda n=n: worker(n) for n in range(4)], timeout=240)
+    try:
+        run_in_threads([killer] + [lambda n=n: worker(n) for n in range(4)], timeout=240)
+    except BaseException:
+        halt.set()
+        stop_workers.set()
+        raise
     kill_phase = time.monotonic() - started
 
     # One more success: its on-commit nudge wakes the last cluster, which drains everything due

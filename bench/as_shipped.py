@@ -14,10 +14,13 @@ installed) on a fresh PostgreSQL database, `project.settings` as shipped. Phases
    backoff); DAGS Dags on `* * * * *`; one Dag on an asset for the event phases, one downstream
    Dag of a producer task for the success phases. One NOTIFY each wakes the timers to them.
 3. event -> run: events POSTed to the public API at 1/s and at 50/s (PHASE_SECONDS each); the
-   latency runs from the POST's start to the commit of the downstream run consuming it (a
-   bench-only trigger on the consumed-event links NOTIFYs at commit; the listener's receipt).
+   latency runs from the event's commit to the commit of the downstream run consuming it
+   (bench-only triggers on events and on the consumed-event links NOTIFY at commit; one
+   listener's receipts, one clock). The requests' own time (start to answer, 16 clients on
+   the web's workers) is shown apart: it is the web tier's capacity, not scheduling.
 4. success -> downstream run: `PATCH .../state` success of running producer TIs (their outlet
-   the downstream Dag's asset) at 1/s and at 50/s; same latency.
+   the downstream Dag's asset) at 1/s and at 50/s; from the success's commit (a trigger on
+   its outbox rows), same end.
 5. tick -> run: every scheduled run of the minute Dags created while phases 3-4 ran (plus the
    ticks until they are done): from its tick (`run_after`) to its commit (a second bench-only
    trigger, on scheduled runs).
@@ -45,6 +48,7 @@ TARGET_P99_MS = 1000.0
 TARGET_TICK_P99_S = 2.0
 TARGET_IDLE_TPS = 2.0
 TARGET_IDLE_CPU = 2.0
+REQUEST_OF = {"event": "POST", "success": "PATCH"}
 
 TRIGGERS_SQL = (
     h.CONSUMED_NOTIFY_SQL
@@ -58,6 +62,20 @@ BEGIN
 END $$ LANGUAGE plpgsql;
 CREATE TRIGGER bench_notify_scheduled AFTER INSERT ON assets_app_dagrun
   FOR EACH ROW EXECUTE FUNCTION bench_notify_scheduled();
+CREATE OR REPLACE FUNCTION bench_notify_event() RETURNS trigger AS $$
+BEGIN
+  PERFORM pg_notify('bench_event', NEW.id::text);
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER bench_notify_event AFTER INSERT ON assets_app_assetevent
+  FOR EACH ROW EXECUTE FUNCTION bench_notify_event();
+CREATE OR REPLACE FUNCTION bench_notify_outbox() RETURNS trigger AS $$
+BEGIN
+  PERFORM pg_notify('bench_outbox', NEW.ti_id::text);
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER bench_notify_outbox AFTER INSERT ON assets_app_asseteventqueue
+  FOR EACH ROW EXECUTE FUNCTION bench_notify_outbox();
 """
 )
 
@@ -274,8 +292,14 @@ def main() -> None:
             for channel in (wakeups.TIME, wakeups.FRESHNESS):
                 cursor.execute("SELECT pg_notify(%s, '')", [channel])
         connection.close()
-        listener = h.NotifyListener(url, ["bench_consumed", "bench_scheduled"])
+        listener = h.NotifyListener(
+            url, ["bench_consumed", "bench_scheduled", "bench_event", "bench_outbox"]
+        )
         consumed = listener.received["bench_consumed"]
+        # When a posted event and a success's outbox rows committed (the listener's receipt of
+        # their triggers' NOTIFY, on the same clock as `consumed`).
+        event_committed = listener.received["bench_event"]
+        success_committed = listener.received["bench_outbox"]
         busy_started = time.time()
         time.sleep(5)
 
@@ -290,11 +314,12 @@ def main() -> None:
 
         def measure(kind: str, rate: float, offset: int) -> dict:
             count = int(rate * phase_seconds)
-            answered: dict[int, float] = {}
+            answered: dict[int, float] = {}  # event id (TI index): when the write committed
+            requests_ms: list[float] = []  # each request, its start to its answer
             errors: list[str] = []
 
             def post(i: int) -> None:
-                began = time.time()  # latency from the request's start, not its answer
+                began = time.time()
                 response = http().post(
                     f"{serve.url}/api/v2/assets/events",
                     json={
@@ -304,6 +329,7 @@ def main() -> None:
                     headers={"Authorization": f"Bearer {api_key}"},
                     timeout=30,
                 )
+                requests_ms.append((time.time() - began) * 1000)
                 if response.status_code == 200:
                     answered[response.json()["id"]] = began
                 else:
@@ -323,14 +349,22 @@ def main() -> None:
                     headers={"Authorization": f"Bearer {tokens[offset + i]}"},
                     timeout=30,
                 )
+                requests_ms.append((time.time() - began) * 1000)
                 if response.status_code == 204:
                     answered[offset + i] = began
                 else:
                     errors.append(f"{response.status_code} {response.text[:200]}")
 
             sent = paced(count, rate, post if kind == "event" else succeed)
+            # From the write's commit (its trigger's NOTIFY; the request's start if none came).
+            time.sleep(1.0)
+            if kind == "event":
+                answered = {e: event_committed.get(str(e), at) for e, at in answered.items()}
             if kind == "success":  # answered by TI index: map to the events they wrote
-                by_ti = {str(tis[i].id): at for i, at in answered.items()}
+                by_ti = {
+                    str(tis[i].id): success_committed.get(str(tis[i].id), at)
+                    for i, at in answered.items()
+                }
                 deadline = time.monotonic() + 60
                 answered = {}
                 while time.monotonic() < deadline:
@@ -353,6 +387,7 @@ def main() -> None:
                 "sent": count,
                 "achieved_rate_per_s": round(count / sent, 1),
                 "latency_ms": h.stats(latencies),
+                "request_ms": h.stats(requests_ms),
                 "never_consumed": len(answered) - len(latencies),
                 "errors": len(errors),
                 "error_sample": errors[:3],
@@ -462,6 +497,16 @@ def main() -> None:
                 + (f" ({phase['errors']} errors)" if phase["errors"] else ""),
                 f"p99 < {TARGET_P99_MS:g}",
                 "met" if met else "MISSED",
+            ]
+        )
+        r = phase["request_ms"]
+        rows.append(
+            [
+                f"  its requests, start -> answer ({REQUEST_OF[phase['kind']]}, 16 clients): "
+                "p50 / p99 ms",
+                f"{r['median']:.0f} / {r['p99']:.0f}",
+                "(capacity)",
+                "",
             ]
         )
     tick = results["ticks"]

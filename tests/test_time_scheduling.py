@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -623,7 +623,7 @@ def test_insert_rows_writes_every_field_as_bulk_create_would_and_refuses_a_nul_w
             state=DagRunState.QUEUED,
             run_after=when + dt.timedelta(minutes=i),
             logical_date=None if i == 1 else when + dt.timedelta(days=i),
-            conf={"nested": ["é\n\"q\"", {"n": i}]},
+            conf={"nested": ['é\n"q"', {"n": i}]},
         )
         for i in range(3)
     ]
@@ -658,6 +658,6 @@ def test_insert_rows_writes_every_field_as_bulk_create_would_and_refuses_a_nul_w
     } == {(str(ti.id), ti.task_id, ti.map_index, 2, when) for ti in tis}
     bad = DagRun(dag_id=dag.dag_id, run_id="nul\x00", run_type="manual", run_after=when)
     before = DagRun.objects.count()
-    with pytest.raises(Exception), transaction.atomic():
+    with pytest.raises(DataError, match="cannot be converted to text"), transaction.atomic():
         scheduling_sql.insert_rows(DagRun, [bad])
     assert DagRun.objects.count() == before

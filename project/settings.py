@@ -310,10 +310,11 @@ TIMERS_BACKGROUND_NICE = env.int("TIMERS_BACKGROUND_NICE", default=5)
 TIMERS_TIME_PROCESSES = env.int("TIMERS_TIME_PROCESSES", default=2)
 
 # PostgreSQL: how long an idle cluster waits for a NOTIFY before it looks at the queue anyway
-# (a retried task whose lock expired sends none, and it comes Q_CLUSTER_RETRY after its start).
-# Each look is 2 queries (Django's connection health check and the queue SELECT): an idle
-# cluster makes about 2 / this queries a second (issue 41: 30 s, the idle target with the
-# timers and the watchers beside it; 5 s made it 1.7 transactions/s alone).
+# (a lost notification). A task taken by a cluster that died sends none when its lock expires
+# (Q_CLUSTER_RETRY after its start): the wait ends at the earliest such expiry.
+# Each empty look is 3 queries (Django's connection health check, the queue SELECT, the earliest
+# taken lock): an idle cluster makes about 3 / this queries a second (issue 41: 30 s, the idle
+# target with the timers and the watchers beside it; 5 s made it 1.7 transactions/s alone).
 Q_CLUSTER_IDLE_WAIT_SECONDS = env.float("Q_CLUSTER_IDLE_WAIT_SECONDS", default=30.0)
 # django-q2: ORM broker on the default database. Each task's timeout stays below `retry` so the
 # broker never redelivers a task that is still running (DESIGN 7).

@@ -466,10 +466,12 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
             if timetable is None or with_assets
             else None
         ),
-        "is_paused": bool(dag.is_paused_upon_creation),
         "description": dag.description or "",
         "tasks": tasks,
     }
+    if dag.is_paused_upon_creation is not None:
+        # None: Airflow's dags_are_paused_at_creation decides, here the service's setting.
+        definition["is_paused"] = bool(dag.is_paused_upon_creation)
     if dag.max_active_runs:
         definition["max_active_runs"] = int(dag.max_active_runs)
     scopes = sorted(

@@ -5,7 +5,7 @@ per-Dag task limit by setting (the service refuses a Dag's own `max_active_tasks
 from airflow.sdk import dag, task
 
 
-@dag(dag_id="bench_fifty", schedule=None)
+@dag(dag_id="bench_fifty", schedule=None, is_paused_upon_creation=False)
 def bench_fifty():
     for i in range(50):
         task(task_id=f"noop_{i:02d}")(lambda: None)()

@@ -16,6 +16,9 @@ timetable, an AssetOrTimeSchedule of one of those) is left out with a reason nam
 and its file, reported as that file's import error, unless `manual_only` asks for such Dags to
 be synced as manual-only (schedule null).
 
+A Dag that sets an attribute the service does not honour to anything but Airflow's default is
+left out too, naming the file, Dag, task and attribute (issue 39, `airflow_worker.ledger`).
+
 A file that does not import, or holds a Dag left out, is an import error (Airflow's
 `importErrors`): the sync reports it and the folder's other files still sync.
 
@@ -45,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from airflow_worker import ledger
 
 # The definition format's task defaults (Airflow's: `all_success`, `retry_delay` 300 s, no
 # backoff, no cap): keys left at them are not sent.
@@ -439,6 +444,9 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
 
 
 def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
+    refused = [f"{where}: {text}" for text in ledger.refusals(dag)]
+    if refused:
+        raise DagFileError("\n".join(refused))
     tasks = []
     for task in sorted(dag.tasks, key=lambda t: t.task_id):
         definition = _task(task)
@@ -458,10 +466,12 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
             if timetable is None or with_assets
             else None
         ),
-        "is_paused": bool(dag.is_paused_upon_creation),
         "description": dag.description or "",
         "tasks": tasks,
     }
+    if dag.is_paused_upon_creation is not None:
+        # None: Airflow's dags_are_paused_at_creation decides, here the service's setting.
+        definition["is_paused"] = bool(dag.is_paused_upon_creation)
     if dag.max_active_runs:
         definition["max_active_runs"] = int(dag.max_active_runs)
     scopes = sorted(

@@ -136,6 +136,9 @@ def _airflow_env(home: Path, port: int, concurrency: int) -> dict:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__PARALLELISM": str(concurrency),
+        # The Dag's 50 tasks at once, as the service runs them (it has no max_active_tasks:
+        # a Dag setting one is refused, issue 39, so the file leaves it to this setting).
+        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "AIRFLOW__API__HOST": "127.0.0.1",

@@ -94,6 +94,7 @@ def main() -> None:
         dag_id = f"fan_out_{n}"
         dag = {
             "dag_id": dag_id,
+            "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
             "tasks": [
                 {"task_id": "list_files"},
                 {

@@ -99,6 +99,7 @@ def main() -> None:
         dag_id = f"chain_{n}"
         dag = {
             "dag_id": dag_id,
+            "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
             "tasks": [
                 {"task_id": f"t{i:04d}", **({"upstream": [f"t{i - 1:04d}"]} if i else {})}
                 for i in range(n)

@@ -273,6 +273,9 @@ WORKER_API_KEY = _key("WORKER_API_KEY")
 DAG_SYNC_KEY = env.str("DAG_SYNC_KEY", default="") or keys.generated_key(
     "dag_sync_key", directory=KEY_DIR
 )
+# Airflow's [core] dags_are_paused_at_creation: a Dag a sync creates is paused unless its
+# definition says `is_paused` (a DAG file: is_paused_upon_creation). Existing Dags keep theirs.
+DAGS_ARE_PAUSED_AT_CREATION = env.bool("DAGS_ARE_PAUSED_AT_CREATION", default=True)
 WORKER_TOKEN_LIFETIME_SECONDS = env.int("WORKER_TOKEN_LIFETIME_SECONDS", default=3600)
 # Fernet key (urlsafe base64, 32 bytes) Connection passwords and extras are encrypted with; a
 # comma-separated list decrypts with every key and encrypts with the first (key rotation). Unset:

@@ -41,6 +41,7 @@ def at(text: str) -> dt.datetime:
 def sync(**dag):
     document = {
         "dag_id": "both",
+        "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
         "schedule": {"all": ["a", "b"]},
         "timetable": "@hourly",
         "start_date": "2099-01-01",

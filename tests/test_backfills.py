@@ -40,6 +40,7 @@ UTC = dt.UTC
 def sync(**dag):
     document = {
         "dag_id": "filled",
+        "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
         "timetable": "@daily",
         "start_date": "2026-01-01",
         "tasks": [{"task_id": "a"}, {"task_id": "b", "upstream": ["a"]}],

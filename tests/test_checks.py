@@ -50,6 +50,7 @@ BAD_SETTINGS = [
     ({"TIMERS_POLL_SECONDS": -1.0}, "assets_app.E027", ["> 0"]),
     ({"TIMERS_BACKGROUND_NICE": 20}, "assets_app.E028", ["0 to 19"]),
     ({"TIMERS_TIME_PROCESSES": 0}, "assets_app.E029", ["1 to 16"]),
+    ({"DAGS_ARE_PAUSED_AT_CREATION": "yes"}, "assets_app.E030", ["True or False"]),
 ]
 
 

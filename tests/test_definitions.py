@@ -743,6 +743,32 @@ def test_concurrent_syncs_of_the_same_new_files_both_succeed(tmp_path, with_asse
     assert Task.objects.count() == tasks
 
 
+def test_a_new_dag_is_paused_at_creation_unless_its_definition_says_otherwise(tmp_path, settings):
+    # Issue 39, Airflow's dags_are_paused_at_creation (True by default) when the definition
+    # says nothing (is_paused_upon_creation=None in a DAG file).
+    sync(write(tmp_path / "a.json", {"dag_id": "silent"}))
+    sync(write(tmp_path / "b.json", {"dag_id": "runs", "is_paused": False}))
+    assert Dag.objects.get(dag_id="silent").is_paused is True
+    assert Dag.objects.get(dag_id="runs").is_paused is False
+    settings.DAGS_ARE_PAUSED_AT_CREATION = False
+    sync(write(tmp_path / "c.json", {"dag_id": "unpaused"}))
+    sync(write(tmp_path / "d.json", {"dag_id": "held", "is_paused": True}))
+    assert Dag.objects.get(dag_id="unpaused").is_paused is False
+    assert Dag.objects.get(dag_id="held").is_paused is True
+
+
+def test_a_definition_silent_on_pause_never_changes_a_stored_dags_pause(tmp_path, settings):
+    settings.DAGS_ARE_PAUSED_AT_CREATION = False
+    path = write(tmp_path / "d.json", {"dag_id": "d"})
+    sync(path)
+    Dag.objects.filter(dag_id="d").update(is_paused=True)  # the operator pauses it
+    result = sync(path)
+    assert Dag.objects.get(dag_id="d").is_paused is True
+    assert (result.pause_kept, result.dags_unchanged) == ((), 1)
+    call_command("sync_dags", str(path), "--apply-pause", stdout=StringIO())
+    assert Dag.objects.get(dag_id="d").is_paused is True  # the file says nothing to apply
+
+
 def test_sync_keeps_an_operators_pause_unless_told_to_apply_the_definition(tmp_path):
     path = write(tmp_path / "d.json", {"dag_id": "d", "is_paused": True})
     sync(path)

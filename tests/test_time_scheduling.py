@@ -31,7 +31,11 @@ UTC = dt.UTC
 
 
 def sync(**dag):
-    document = {"dag_id": "timed", "tasks": [{"task_id": "a"}, {"task_id": "b", "upstream": ["a"]}]}
+    document = {
+        "dag_id": "timed",
+        "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
+        "tasks": [{"task_id": "a"}, {"task_id": "b", "upstream": ["a"]}],
+    }
     document.update(dag)
     definitions.sync_definitions(dags=definitions.parse_document(document, file="t.json"))
     return Dag.objects.get(dag_id=document["dag_id"])
@@ -195,6 +199,7 @@ def test_statements_per_batch_are_constant(dags, settings):
             "timetable": "* * * * *",
             "start_date": "2026-01-01",
             "catchup": True,
+            "is_paused": False,
             "tasks": [{"task_id": "t"}],
         }
         for i in range(dags)
@@ -497,6 +502,7 @@ def test_statements_per_batch_with_parses_to_play_are_constant(dags, clock, sett
             "timetable": "* * * * *",
             "start_date": "2026-01-01",
             "catchup": True,
+            "is_paused": False,
             "tasks": [{"task_id": "t"}],
         }
         for i in range(dags)

@@ -583,7 +583,11 @@ class Dag(_Object):
     dag_id: Identifier
     schedule: Schedule | None = None
     max_active_runs: int = Field(DEFAULT_MAX_ACTIVE_RUNS, ge=1)
-    is_paused: bool = Field(False, description="Paused when first synced.")
+    is_paused: bool | None = Field(
+        None,
+        description="Paused when first synced (Airflow's is_paused_upon_creation); null or "
+        "absent: the service's DAGS_ARE_PAUSED_AT_CREATION (true by default, as Airflow).",
+    )
     description: str = Field("", max_length=100_000)
     tasks: list[Task] = Field(default_factory=list)
     timetable: TimetableSpec | None = None

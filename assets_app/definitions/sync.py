@@ -164,7 +164,8 @@ class DagDefinition:
     dag_id: str
     schedule: Condition | None = None
     max_active_runs: int = dag_schema.DEFAULT_MAX_ACTIVE_RUNS
-    is_paused: bool = False
+    # None: the definition says nothing (DAGS_ARE_PAUSED_AT_CREATION for a new Dag).
+    is_paused: bool | None = None
     description: str = ""
     tasks: tuple[TaskDefinition, ...] = ()
     # A time schedule (issue 24): `Timetable.spec()` of the definition's timetable, the zone,
@@ -797,7 +798,8 @@ def sync_dags(
     Nothing is written unless every file is valid (DefinitionError otherwise). Idempotent: a second
     run over the same files writes nothing. Concurrent syncs serialize on `locks.lock_dag_sync`.
     A definition's `is_paused` is Airflow's `is_paused_upon_creation`: it sets a new Dag's pause
-    and leaves a stored Dag's pause (an operator's choice) alone, unless `apply_pause`.
+    and leaves a stored Dag's pause (an operator's choice) alone, unless `apply_pause`; without
+    one, a new Dag's pause is DAGS_ARE_PAUSED_AT_CREATION and a stored Dag's never changes.
     A sync that changed anything is audited (`sync_dags`, by `actor`).
     """
     return sync_definitions(dags=load_paths(paths), apply_pause=apply_pause, actor=actor)
@@ -1137,12 +1139,17 @@ class _Sync:
             }
             dag = stored.get(definition.dag_id)
             if dag is None:
+                if definition.is_paused is None:
+                    values["is_paused"] = settings.DAGS_ARE_PAUSED_AT_CREATION
                 dag = Dag(dag_id=definition.dag_id, **values)
                 for name, value in next_runs.after(dag, last=None, now=timezone.now()).items():
                     setattr(dag, name, value)
                 created.append(dag)
                 continue
-            if not self.apply_pause:
+            if definition.is_paused is None:
+                # The definition says nothing: a stored Dag's pause stays (`apply_pause` too).
+                del values["is_paused"]
+            elif not self.apply_pause:
                 # Airflow's is_paused_upon_creation: the stored pause is the operator's.
                 del values["is_paused"]
                 if dag.is_paused != definition.is_paused:

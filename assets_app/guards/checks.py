@@ -294,6 +294,13 @@ SETTING_RULES = (
         lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 16,
         _setting("TIMERS_TIME_PROCESSES"),
     ),
+    Rule(
+        "assets_app.E030",
+        "DAGS_ARE_PAUSED_AT_CREATION",
+        "True or False",
+        lambda v: isinstance(v, bool),
+        _setting("DAGS_ARE_PAUSED_AT_CREATION"),
+    ),
 )
 
 

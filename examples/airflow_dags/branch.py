@@ -4,7 +4,7 @@ and `join` runs anyway (trigger rule none_failed_min_one_success)."""
 from airflow.sdk import dag, task
 
 
-@dag(dag_id="af_branch", schedule=None, tags=["example"])
+@dag(dag_id="af_branch", schedule=None, tags=["example"], is_paused_upon_creation=False)
 def branch():
     @task.branch
     def choose(*, dag_run):

@@ -8,7 +8,12 @@ ORDERS = Asset("af_orders", uri="file:///tmp/airflow-demo/orders.csv")
 MANUAL = Asset("af_orders_manual", uri="file:///tmp/airflow-demo/orders_manual.csv")
 
 
-@dag(dag_id="af_consumer", schedule=(ORDERS & AssetAlias("af_cleaned")) | MANUAL, tags=["example"])
+@dag(
+    dag_id="af_consumer",
+    schedule=(ORDERS & AssetAlias("af_cleaned")) | MANUAL,
+    tags=["example"],
+    is_paused_upon_creation=False,
+)
 def consumer():
     @task
     def consume(*, triggering_asset_events, ti):

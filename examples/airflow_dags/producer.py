@@ -7,7 +7,7 @@ ORDERS = Asset("af_orders", uri="file:///tmp/airflow-demo/orders.csv")
 CLEANED = AssetAlias("af_cleaned")
 
 
-@dag(dag_id="af_producer", schedule=None, tags=["example"])
+@dag(dag_id="af_producer", schedule=None, tags=["example"], is_paused_upon_creation=False)
 def producer():
     @task(outlets=[ORDERS, CLEANED])
     def produce(*, outlet_events):

@@ -5,7 +5,7 @@ from datetime import timedelta
 from airflow.sdk import dag, task
 
 
-@dag(dag_id="af_retry", schedule=None, tags=["example"])
+@dag(dag_id="af_retry", schedule=None, tags=["example"], is_paused_upon_creation=False)
 def retry():
     @task(retries=2, retry_delay=timedelta(seconds=2))
     def flaky(*, ti):

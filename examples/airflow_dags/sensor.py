@@ -4,7 +4,7 @@ requeued for 2 seconds later); the second poke is done and hands its value on.""
 from airflow.sdk import PokeReturnValue, dag, task
 
 
-@dag(dag_id="af_sensor", schedule=None, tags=["example"])
+@dag(dag_id="af_sensor", schedule=None, tags=["example"], is_paused_upon_creation=False)
 def sensor():
     @task.sensor(poke_interval=2, timeout=300, mode="reschedule")
     def wait_for_second_poke(*, task_reschedule_count):

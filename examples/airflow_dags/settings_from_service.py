@@ -4,7 +4,7 @@ operator created in the service (admin or /api/v2), and writes Variable `af_last
 from airflow.sdk import BaseHook, Variable, dag, task
 
 
-@dag(dag_id="af_settings", schedule=None, tags=["example"])
+@dag(dag_id="af_settings", schedule=None, tags=["example"], is_paused_upon_creation=False)
 def settings_from_service():
     @task
     def read_settings():

@@ -5,7 +5,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import dag, task
 
 
-@dag(dag_id="af_trigger", schedule=None, tags=["example"])
+@dag(dag_id="af_trigger", schedule=None, tags=["example"], is_paused_upon_creation=False)
 def trigger():
     TriggerDagRunOperator(
         task_id="start_target",
@@ -15,7 +15,7 @@ def trigger():
     )
 
 
-@dag(dag_id="af_target", schedule=None, tags=["example"])
+@dag(dag_id="af_target", schedule=None, tags=["example"], is_paused_upon_creation=False)
 def target():
     @task
     def read_conf(*, dag_run):

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 DAGS = [
     {
         "dag_id": "client_producer",
+        "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
         "tasks": [
             {
                 "task_id": "extract",
@@ -35,6 +36,7 @@ DAGS = [
     },
     {
         "dag_id": "client_consumer",
+        "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
         "schedule": {"name": "client-orders", "uri": "s3://client/orders"},
         "tasks": [{"task_id": "report"}],
     },

@@ -43,7 +43,7 @@ from airflow.sdk import Asset, dag, task, task_group
 PARTS = Asset(name="mapped_parts", uri="file:///tmp/mapped_parts")
 
 
-@dag(dag_id="mapped_fan_out", schedule=None)
+@dag(dag_id="mapped_fan_out", schedule=None, is_paused_upon_creation=False)
 def mapped_fan_out():
     @task
     def numbers():
@@ -112,7 +112,7 @@ def mapped_fan_out():
     group_total(per_seed.expand(n=seeds()))
 
 
-@dag(dag_id="mapped_parts_consumer", schedule=[PARTS])
+@dag(dag_id="mapped_parts_consumer", schedule=[PARTS], is_paused_upon_creation=False)
 def mapped_parts_consumer():
     @task
     def count(**context):

@@ -29,7 +29,7 @@ DAG = textwrap.dedent(
         with open(path, "w") as out:
             json.dump({"pid": os.getpid(), "ppid": os.getppid()}, out)
 
-    @dag(dag_id="pool_isolation", schedule=None)
+    @dag(dag_id="pool_isolation", schedule=None, is_paused_upon_creation=False)
     def pool_isolation():
         @task(task_id="first")
         def first():

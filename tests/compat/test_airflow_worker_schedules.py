@@ -44,7 +44,9 @@ for dag_id, schedule in (
     ("{prefix}_either", AssetOrTimeSchedule(
         timetable=CronTriggerTimetable("@daily", timezone="UTC"), assets=[Asset("tt_input")])),
 ):
-    with DAG(dag_id, schedule=schedule, start_date=START, catchup=False):
+    with DAG(
+        dag_id, schedule=schedule, start_date=START, catchup=False, is_paused_upon_creation=False
+    ):
         Echo(task_id="echo", value="{{{{ ds }}}} {{{{ data_interval_start }}}}")
 """
 

@@ -801,3 +801,38 @@ def test_a_refused_file_is_added_to_the_stored_import_errors_when_none_are_sent(
         "'trigger_rule'): "
     )
     assert "all_done_setup_success" in errors["teardown.py"]
+
+
+@pytest.mark.django_db
+def test_a_dag_file_silent_on_pause_leaves_it_to_the_services_setting(tmp_path, settings):
+    # Issue 39: is_paused_upon_creation=None is Airflow's "use dags_are_paused_at_creation"
+    # (True by default); the worker no longer sends is_paused false for it.
+    (tmp_path / "paused.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import dag, task
+
+            @dag(dag_id="silent", schedule=None)
+            def silent():
+                task(task_id="t")(lambda: None)()
+
+            @dag(dag_id="runs", schedule=None, is_paused_upon_creation=False)
+            def runs():
+                task(task_id="t")(lambda: None)()
+
+            @dag(dag_id="held", schedule=None, is_paused_upon_creation=True)
+            def held():
+                task(task_id="t")(lambda: None)()
+
+            silent()
+            runs()
+            held()
+            """
+        )
+    )
+    converted = {d["dag_id"]: d for d in _convert(tmp_path)["paused.py"]}
+    assert "is_paused" not in converted["silent"]
+    assert (converted["runs"]["is_paused"], converted["held"]["is_paused"]) == (False, True)
+    definitions.sync_documents(documents=[("paused.py", list(converted.values()))])
+    paused = dict(Dag.objects.values_list("dag_id", "is_paused"))
+    assert paused == {"silent": True, "runs": False, "held": True}

@@ -56,7 +56,11 @@ def test_time_scheduled_dag_answers_validate_with_airflows_models_and_texts():
         {"dag_id": "both", "schedule": "a", "schedule_mode": "asset_and_time", **zurich},
     ]
     definitions.sync_definitions(
-        dags=[d for doc in documents for d in definitions.parse_document(doc, file="x.json")]
+        dags=[
+            d
+            for doc in documents
+            for d in definitions.parse_document({"is_paused": False, **doc}, file="x.json")
+        ]
     )
     bodies = []
     ours = {}

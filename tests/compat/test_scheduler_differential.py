@@ -61,7 +61,14 @@ UTC = dt.UTC
 
 
 def dag(dag_id: str, timetable, **fields) -> dict:
-    return {"dag_id": dag_id, "timetable": timetable, "max_active_runs": 16, **fields}
+    # is_paused false: Airflow's side runs with dags_are_paused_at_creation off (the driver).
+    return {
+        "dag_id": dag_id,
+        "timetable": timetable,
+        "max_active_runs": 16,
+        "is_paused": False,
+        **fields,
+    }
 
 
 HOURLY = "@hourly"

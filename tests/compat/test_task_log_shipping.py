@@ -25,7 +25,7 @@ DAG = textwrap.dedent(
     """
     from airflow.sdk import dag, task
 
-    @dag(dag_id="log_shipping", schedule=None)
+    @dag(dag_id="log_shipping", schedule=None, is_paused_upon_creation=False)
     def log_shipping():
         @task(task_id="fails")
         def fails():

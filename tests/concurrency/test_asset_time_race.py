@@ -30,6 +30,7 @@ def test_two_time_schedulers_and_the_asset_scheduler_consume_each_event_once(set
             for d in definitions.parse_document(
                 {
                     "dag_id": f"d{i:02}",
+                    "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
                     "schedule": {"any": ["a", "b"]},
                     "timetable": "*/10 * * * *",
                     "schedule_mode": "asset_and_time",

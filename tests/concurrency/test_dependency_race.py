@@ -2,6 +2,7 @@
 its own thread and connection against PostgreSQL, queue their common downstream exactly once,
 and never leave it waiting."""
 
+import json
 import threading
 
 import pytest
@@ -30,7 +31,8 @@ def _sync() -> None:
             },
         ],
     }
-    definitions.sync_definitions(dags=definitions.parse_text(str(dag).replace("'", '"'), file="x"))
+    dag["is_paused"] = False  # a sync pauses a new Dag unless it says so (issue 39)
+    definitions.sync_definitions(dags=definitions.parse_text(json.dumps(dag), file="x"))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -20,7 +20,10 @@ WIDTH = 8  # map indexes, or upstream tasks, finishing together
 
 
 def _sync(dag: dict) -> None:
-    definitions.sync_definitions(dags=definitions.parse_text(json.dumps(dag), file="x"))
+    # is_paused false: a sync pauses a new Dag unless it says so (issue 39).
+    definitions.sync_definitions(
+        dags=definitions.parse_text(json.dumps({"is_paused": False, **dag}), file="x")
+    )
 
 
 def _start(ti: TaskInstance) -> None:

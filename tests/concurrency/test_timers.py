@@ -89,6 +89,7 @@ def _time_dag(*, due_in: float, dag_id: str = "ticking") -> tuple[Dag, datetime]
         dags=definitions.parse_document(
             {
                 "dag_id": dag_id,
+                "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
                 "timetable": {"kind": "events", "event_dates": [due.isoformat()]},
                 "start_date": "2026-01-01",
                 "catchup": True,

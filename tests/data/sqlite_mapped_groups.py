@@ -21,6 +21,7 @@ from assets_app.task_state import finishing, starting, success  # noqa: E402
 def group_dag(dag_id: str, expand: dict) -> dict:
     return {
         "dag_id": dag_id,
+        "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
         "tasks": [
             {"task_id": "src"},
             {"task_id": "g.a", "upstream": ["src"], "map_group": "g", "expand": expand},

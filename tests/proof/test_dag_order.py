@@ -60,7 +60,9 @@ def diamond_and_fan_in() -> dict:
 
 
 def sync(dag: dict) -> None:
-    definitions.sync_definitions(dags=definitions.parse_text(json.dumps(dag), file="proof.json"))
+    # is_paused false: a sync pauses a new Dag unless it says so (issue 39).
+    document = json.dumps({"is_paused": False, **dag})
+    definitions.sync_definitions(dags=definitions.parse_text(document, file="proof.json"))
 
 
 def order_violations(dag_id: str) -> list[str]:

@@ -152,6 +152,7 @@ def _dag_file(directory: Path) -> Path:
         json.dumps(
             {
                 "dag_id": "full_producer",
+                "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
                 "tasks": [
                     {"task_id": f"t{i}", "outlets": [{"name": f"full-{i}", "uri": f"full://{i}"}]}
                     for i in range(TASKS)

@@ -405,6 +405,7 @@ def world(settings, tmp_path):
         dags=definitions.parse_document(
             {
                 "dag_id": "fuzz_timed",
+                "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
                 "timetable": "@daily",
                 "start_date": "2026-01-01",
                 "tasks": [{"task_id": "a"}],

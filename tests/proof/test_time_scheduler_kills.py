@@ -43,6 +43,7 @@ def _dags(count: int, minutes: int) -> dt.datetime:
     documents = [
         {
             "dag_id": f"minute_{i:03d}",
+            "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
             "timetable": "* * * * *",
             "start_date": start.isoformat(),
             "catchup": True,

@@ -1,0 +1,290 @@
+"""The attribute ledger (issue 39): every parameter of Airflow 3.3.2's `DAG`, `BaseOperator`
+(which `@task`, task groups and setup/teardown reach) and timetables is either honoured (the
+conversion carries it to the service, or the stock Task SDK in `bin/airflow-worker` applies it
+as Airflow does, or it only names or describes things) or refused: a Dag that sets a refused
+attribute to anything but Airflow's default is left out, its file an import error naming the
+file, Dag, task and attribute, because a Dag that runs differently without a word is worse than
+a refusal. Defaults are read from Airflow itself (a plain `DAG` and `BaseOperator` built in the
+same interpreter, so `[operators] default_queue`, `default_pool` and the like count), and a
+value `default_args` brings counts as the operator's own.
+
+`tests/compat/test_attribute_ledger.py` reads the pinned Airflow's signatures and fails when a
+parameter is in neither list; the README's "Attribute ledger" table is this module's.
+"""
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Honoured:
+    """Carried or applied as Airflow does; `where` says by what."""
+
+    where: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Not run as Airflow runs it: a value other than Airflow's default refuses the Dag.
+    `differs(obj, reference)` says whether `obj` (a Dag or task) departs from the default
+    (`reference`: a plain Dag or operator); None compares the attribute itself."""
+
+    reason: str
+    differs: Callable[[Any, Any], bool] | None = None
+
+
+CONVERSION = "the conversion (`airflow_worker/dag_files.py`)"
+WORKER = "the worker: the stock Task SDK task runner in `bin/airflow-worker` applies it"
+DISPLAY = "names or describes only: nothing runs differently"
+SHOWN_LATER = DISPLAY + "; not shown by the service yet (issue 39)"
+TEMPLATES = WORKER + " (templates are rendered there, from the DAG file)"
+STRUCTURE = "structure: read through the tasks and their attributes"
+IGNORED_BY_AIRFLOW = "ignored, as Airflow 3 ignores it (SLAs were removed in Airflow 3.0)"
+
+
+def _truthy(name: str) -> Callable[[Any, Any], bool]:
+    """Set at all (a callback, a list): any value but None or empty departs."""
+    return lambda obj, _reference: bool(getattr(obj, name))
+
+
+def _own_date(name: str) -> Callable[[Any, Any], bool]:
+    """A task's own start or end date: the Dag's (or none) is Airflow's default."""
+
+    def differs(task: Any, _reference: Any) -> bool:
+        value = getattr(task, name)
+        return value is not None and value != getattr(task.dag, name, None)
+
+    return differs
+
+
+DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
+    "dag_id": Honoured(CONVERSION + ": the Dag's `dag_id`"),
+    "description": Honoured(CONVERSION + ": `description`, shown in the API and admin"),
+    "default_args": Honoured(STRUCTURE + " (each value is checked on the operators it reaches)"),
+    "start_date": Honoured(CONVERSION + ": `start_date` of a time schedule"),
+    "end_date": Honoured(CONVERSION + ": `end_date` of a time schedule"),
+    "schedule": Honoured(CONVERSION + ": `schedule` / `timetable` (see the timetables)"),
+    "catchup": Honoured(CONVERSION + ": `catchup` of a time schedule"),
+    "template_searchpath": Honoured(TEMPLATES),
+    "template_undefined": Honoured(TEMPLATES),
+    "user_defined_macros": Honoured(TEMPLATES),
+    "user_defined_filters": Honoured(TEMPLATES),
+    "jinja_environment_kwargs": Honoured(TEMPLATES),
+    "render_template_as_native_obj": Honoured(TEMPLATES),
+    "max_active_runs": Honoured(CONVERSION + ": `max_active_runs`, the scheduler's run limit"),
+    "is_paused_upon_creation": Honoured(CONVERSION + ": `is_paused`, the pause of a new Dag"),
+    "tags": Honoured(
+        CONVERSION + ": the `xcom_read_scope:` and `consumption:` tags; other tags " + SHOWN_LATER
+    ),
+    "doc_md": Honoured(SHOWN_LATER),
+    "owner_links": Honoured(DISPLAY),
+    "dag_display_name": Honoured(DISPLAY),
+    "auto_register": Honoured("the parse: Airflow's own DagBag finds the Dags"),
+    "task_group": Honoured(STRUCTURE + " (a group only prefixes its tasks' ids)"),
+    "disable_bundle_versioning": Honoured(
+        "the service runs the file as it stands, as Airflow's local Dag bundle (no versions)"
+    ),
+    "rerun_with_latest_version": Honoured(
+        "the service runs the file as it stands, as Airflow's local Dag bundle (no versions)"
+    ),
+    "sla_miss_callback": Honoured(IGNORED_BY_AIRFLOW),
+    "max_active_tasks": Refused("the service does not limit a Dag's running tasks"),
+    "max_consecutive_failed_dag_runs": Refused(
+        "the service does not pause a Dag after failed runs"
+    ),
+    "dagrun_timeout": Refused("the service does not time out runs"),
+    "deadline": Refused("deadline alerts are not supported", _truthy("deadline")),
+    "on_success_callback": Refused(
+        "Dag-level callbacks are not run", _truthy("on_success_callback")
+    ),
+    "on_failure_callback": Refused(
+        "Dag-level callbacks are not run", _truthy("on_failure_callback")
+    ),
+    "params": Refused(
+        "Dag params are not supported (a trigger's conf is not checked against them)",
+        lambda dag, _reference: len(dag.params) > 0,
+    ),
+    "access_control": Refused(
+        "Airflow's per-Dag access control is not supported (the service's roles apply)",
+        _truthy("access_control"),
+    ),
+    "fail_fast": Refused("fail_fast (stop a run at its first failure) is not supported"),
+    "allowed_run_types": Refused("limiting a Dag's run types is not supported"),
+}
+
+TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
+    "task_id": Honoured(CONVERSION + ": `task_id`"),
+    "dag": Honoured(STRUCTURE),
+    "task_group": Honoured(STRUCTURE + " (mapped groups: `expand` and `map_group`)"),
+    "default_args": Honoured(STRUCTURE + " (each value is checked as the task's own)"),
+    "retries": Honoured(CONVERSION + ": `retries`, the service's retry state"),
+    "retry_delay": Honoured(CONVERSION + ": `retry_delay_seconds`"),
+    "retry_exponential_backoff": Honoured(CONVERSION + ": `retry_exponential_backoff`"),
+    "max_retry_delay": Honoured(CONVERSION + ": `max_retry_delay_seconds`"),
+    "retry_policy": Honoured(
+        WORKER + " (its retry decision and delay reach the service with the try's end)"
+    ),
+    "trigger_rule": Honoured(
+        CONVERSION + ": `trigger_rule` (a rule the service does not know is refused there)"
+    ),
+    "outlets": Honoured(CONVERSION + ": `outlets` and `outlet_aliases`"),
+    "inlets": Honoured(WORKER + " (inlet events through the worker API)"),
+    "params": Honoured(WORKER + " (a task's own params; a Dag's are refused above)"),
+    "execution_timeout": Honoured(WORKER),
+    "on_execute_callback": Honoured(WORKER),
+    "on_failure_callback": Honoured(WORKER),
+    "on_success_callback": Honoured(WORKER),
+    "on_retry_callback": Honoured(WORKER),
+    "on_skipped_callback": Honoured(WORKER),
+    "pre_execute": Honoured(WORKER),
+    "post_execute": Honoured(WORKER),
+    "email": Honoured(WORKER + " (failure e-mails, with the worker's SMTP settings)"),
+    "email_on_retry": Honoured(WORKER),
+    "email_on_failure": Honoured(WORKER),
+    "run_as_user": Honoured(WORKER + " (sudo, on the worker's machine)"),
+    "do_xcom_push": Honoured(WORKER),
+    "multiple_outputs": Honoured(WORKER),
+    "map_index_template": Honoured(WORKER + " (the rendered map index is stored)"),
+    "render_template_as_native_obj": Honoured(TEMPLATES),
+    "logger_name": Honoured(WORKER),
+    "allow_nested_operators": Honoured(WORKER + " (a warning only)"),
+    "owner": Honoured(SHOWN_LATER),
+    "doc": Honoured(DISPLAY),
+    "doc_md": Honoured(DISPLAY),
+    "doc_json": Honoured(DISPLAY),
+    "doc_yaml": Honoured(DISPLAY),
+    "doc_rst": Honoured(DISPLAY),
+    "task_display_name": Honoured(DISPLAY),
+    "sla": Honoured(IGNORED_BY_AIRFLOW),
+    "depends_on_past": Refused("depends_on_past is not supported"),
+    "ignore_first_depends_on_past": Refused("depends_on_past is not supported"),
+    "wait_for_past_depends_before_skipping": Refused("depends_on_past is not supported"),
+    "wait_for_downstream": Refused("wait_for_downstream is not supported"),
+    "pool": Refused("pools are not supported"),
+    "pool_slots": Refused("pools are not supported"),
+    "priority_weight": Refused("priority weights are not supported (claims ignore them)"),
+    "weight_rule": Refused("priority weights are not supported (claims ignore them)"),
+    "queue": Refused("task queues are not supported (every worker claims every task)"),
+    "max_active_tis_per_dag": Refused("the service does not limit a task's running instances"),
+    "max_active_tis_per_dagrun": Refused("the service does not limit a task's running instances"),
+    "start_date": Refused(
+        "a task's own start date is not supported (only the Dag's)", _own_date("start_date")
+    ),
+    "end_date": Refused(
+        "a task's own end date is not supported (only the Dag's)", _own_date("end_date")
+    ),
+    "executor": Refused("choosing an executor is not supported (the service has one kind)"),
+    "executor_config": Refused(
+        "executor_config is not supported (no executor here reads it)", _truthy("executor_config")
+    ),
+    "resources": Refused("task resources are not supported (no executor here reads them)"),
+}
+
+# Not parameters of BaseOperator: what `@setup` / `@teardown` / `.as_setup()` set on a task.
+AIRFLOW_SET_TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
+    "is_setup": Refused("setup and teardown tasks are not supported"),
+    "is_teardown": Refused("setup and teardown tasks are not supported"),
+}
+
+# Timetables by class name (the Task SDK's and core's alike). A refused one is refused whole by
+# the conversion (`dag_files._schedule`), naming the Dag; every parameter of an honoured one is
+# carried (TIMETABLE_PARAMETERS).
+TIMETABLES: dict[str, Honoured | Refused] = {
+    "NullTimetable": Honoured(CONVERSION + ": `schedule` null (manual runs only)"),
+    "OnceTimetable": Honoured(CONVERSION + ": `timetable` `@once`"),
+    "AssetTriggeredTimetable": Honoured(CONVERSION + ": the asset `schedule`"),
+    "AssetOrTimeSchedule": Honoured(CONVERSION + ": `schedule_mode` `asset_or_time`"),
+    "CronTriggerTimetable": Honoured(CONVERSION + ": `timetable` `cron_trigger`"),
+    "CronDataIntervalTimetable": Honoured(CONVERSION + ": `timetable` `cron_data_interval`"),
+    "DeltaTriggerTimetable": Honoured(CONVERSION + ": `timetable` `delta_trigger`"),
+    "DeltaDataIntervalTimetable": Honoured(CONVERSION + ": `timetable` `delta_data_interval`"),
+    "MultipleCronTriggerTimetable": Honoured(CONVERSION + ": `timetable` `multiple_cron_trigger`"),
+    "EventsTimetable": Honoured(CONVERSION + ": `timetable` `events`"),
+    "ContinuousTimetable": Refused("`@continuous` is not supported"),
+    "CronPartitionTimetable": Refused("partitioned schedules are not supported"),
+    "PartitionedAssetTimetable": Refused("partitioned schedules are not supported"),
+    "PartitionedAtRuntime": Refused("partitioned schedules are not supported"),
+}
+
+TIMETABLE_PARAMETERS: dict[str, Honoured] = {
+    "expression": Honoured(CONVERSION + ": `cron`"),
+    "cron": Honoured(CONVERSION + ": `cron`"),
+    "crons": Honoured(CONVERSION + ": `crons`"),
+    "timezone": Honoured(CONVERSION + ": `timezone`"),
+    "interval": Honoured(CONVERSION + ": `interval`"),
+    "run_immediately": Honoured(CONVERSION + ": `run_immediately`"),
+    "delta": Honoured(CONVERSION + ": `delta` (a timedelta; a relativedelta is refused)"),
+    "event_dates": Honoured(CONVERSION + ": `event_dates`"),
+    "restrict_to_events": Honoured(CONVERSION + ": `restrict_to_events`"),
+    "presorted": Honoured(CONVERSION + " (the dates are carried sorted either way)"),
+    "description": Honoured(CONVERSION + ": the events timetable's `description`"),
+    "assets": Honoured(CONVERSION + ": the asset `schedule`"),
+    "timetable": Honoured(CONVERSION + ": the time half, `timetable`"),
+}
+
+
+@functools.cache
+def _references() -> tuple[Any, Any]:
+    """A plain Dag and operator: Airflow's defaults as this interpreter's config makes them."""
+    from airflow.sdk import DAG, BaseOperator
+
+    return DAG(dag_id="__ledger_reference__", schedule=None), BaseOperator(
+        task_id="__ledger_reference__"
+    )
+
+
+def _departs(name: str, entry: Refused, obj: Any, reference: Any) -> bool:
+    if entry.differs is not None:
+        return entry.differs(obj, reference)
+    return bool(getattr(obj, name) != getattr(reference, name))
+
+
+def refusals(dag: Any) -> Iterator[str]:
+    """What of `dag` the service would run differently from Airflow, one text per attribute:
+    `refused by the asset service (Dag 'd', task 't', attribute 'pool'): pools are not
+    supported` (without a task for a Dag's own attribute). Empty: the Dag runs as on Airflow."""
+    reference_dag, reference_task = _references()
+    for name, entry in DAG_ATTRIBUTES.items():
+        if isinstance(entry, Refused) and _departs(name, entry, dag, reference_dag):
+            yield (
+                f"refused by the asset service (Dag {dag.dag_id!r}, attribute {name!r}): "
+                f"{entry.reason}"
+            )
+    task_entries = {**AIRFLOW_SET_TASK_ATTRIBUTES, **TASK_ATTRIBUTES}
+    for task in sorted(dag.tasks, key=lambda t: t.task_id):
+        for name, entry in task_entries.items():
+            if isinstance(entry, Refused) and _departs(name, entry, task, reference_task):
+                yield (
+                    f"refused by the asset service (Dag {dag.dag_id!r}, task {task.task_id!r}, "
+                    f"attribute {name!r}): {entry.reason}"
+                )
+
+
+def _rows(entries: dict[str, Honoured] | dict[str, Honoured | Refused]) -> list[str]:
+    rows = []
+    for name, entry in entries.items():
+        if isinstance(entry, Honoured):
+            rows.append(f"| `{name}` | honoured | {entry.where} |")
+        else:
+            rows.append(f"| `{name}` | refused | {entry.reason} |")
+    return rows
+
+
+def markdown() -> str:
+    """The README's ledger tables (`tests/compat/test_attribute_ledger.py` keeps them equal)."""
+    head = ["| attribute | | where it is honoured, or why it is refused |", "|---|---|---|"]
+    parts = [
+        ("`DAG(...)`", DAG_ATTRIBUTES),
+        ("`BaseOperator(...)` (operators, `@task`, through `default_args` too)", TASK_ATTRIBUTES),
+        (
+            "set by Airflow on a task (`@setup`, `@teardown`, `.as_setup()`)",
+            AIRFLOW_SET_TASK_ATTRIBUTES,
+        ),
+        ("timetables (a refused one is refused whole)", TIMETABLES),
+        ("parameters of the honoured timetables", TIMETABLE_PARAMETERS),
+    ]
+    return "\n\n".join(
+        "\n".join([f"{title}:", "", *head, *_rows(entries)]) for title, entries in parts
+    )

@@ -517,17 +517,27 @@ def idle_cost(pid: int, dbname: str, seconds: float) -> dict[str, float]:
     }
 
 
-# A bench-only trigger (never in the product): NOTIFY `bench_consumed` with the event id when a
-# run's consumed-event link is inserted, delivered at that run's commit.
-CONSUMED_NOTIFY_SQL = """
-CREATE OR REPLACE FUNCTION bench_notify_consumed() RETURNS trigger AS $$
+def notify_on_insert_sql(channel: str, table: str, payload: str, *, when: str = "") -> str:
+    """A bench-only trigger (never in the product): NOTIFY `channel` with `payload` (an
+    expression over NEW) for each row inserted into `table` (only rows meeting `when`, a
+    condition over NEW, when given), delivered at the inserting transaction's commit."""
+    condition = f"WHEN ({when}) " if when else ""
+    return f"""
+CREATE OR REPLACE FUNCTION {channel}() RETURNS trigger AS $$
 BEGIN
-  PERFORM pg_notify('bench_consumed', NEW.asset_event_id::text);
+  PERFORM pg_notify('{channel}', ({payload})::text);
   RETURN NEW;
 END $$ LANGUAGE plpgsql;
-CREATE TRIGGER bench_notify_consumed AFTER INSERT ON assets_app_dagrunassetevent
-  FOR EACH ROW EXECUTE FUNCTION bench_notify_consumed();
+CREATE TRIGGER {channel} AFTER INSERT ON {table}
+  FOR EACH ROW {condition}EXECUTE FUNCTION {channel}();
 """
+
+
+# NOTIFY `bench_consumed` with the event id when a run's consumed-event link is inserted,
+# delivered at that run's commit.
+CONSUMED_NOTIFY_SQL = notify_on_insert_sql(
+    "bench_consumed", "assets_app_dagrunassetevent", "NEW.asset_event_id"
+)
 
 
 class NotifyListener:

@@ -52,31 +52,11 @@ REQUEST_OF = {"event": "POST", "success": "PATCH"}
 
 TRIGGERS_SQL = (
     h.CONSUMED_NOTIFY_SQL
-    + """
-CREATE OR REPLACE FUNCTION bench_notify_scheduled() RETURNS trigger AS $$
-BEGIN
-  IF NEW.run_type = 'scheduled' THEN
-    PERFORM pg_notify('bench_scheduled', NEW.id::text);
-  END IF;
-  RETURN NEW;
-END $$ LANGUAGE plpgsql;
-CREATE TRIGGER bench_notify_scheduled AFTER INSERT ON assets_app_dagrun
-  FOR EACH ROW EXECUTE FUNCTION bench_notify_scheduled();
-CREATE OR REPLACE FUNCTION bench_notify_event() RETURNS trigger AS $$
-BEGIN
-  PERFORM pg_notify('bench_event', NEW.id::text);
-  RETURN NEW;
-END $$ LANGUAGE plpgsql;
-CREATE TRIGGER bench_notify_event AFTER INSERT ON assets_app_assetevent
-  FOR EACH ROW EXECUTE FUNCTION bench_notify_event();
-CREATE OR REPLACE FUNCTION bench_notify_outbox() RETURNS trigger AS $$
-BEGIN
-  PERFORM pg_notify('bench_outbox', NEW.ti_id::text);
-  RETURN NEW;
-END $$ LANGUAGE plpgsql;
-CREATE TRIGGER bench_notify_outbox AFTER INSERT ON assets_app_asseteventqueue
-  FOR EACH ROW EXECUTE FUNCTION bench_notify_outbox();
-"""
+    + h.notify_on_insert_sql(
+        "bench_scheduled", "assets_app_dagrun", "NEW.id", when="NEW.run_type = 'scheduled'"
+    )
+    + h.notify_on_insert_sql("bench_event", "assets_app_assetevent", "NEW.id")
+    + h.notify_on_insert_sql("bench_outbox", "assets_app_asseteventqueue", "NEW.ti_id")
 )
 
 # The receiver: /hook answers 500 to everything (the busy endpoint); /probe answers 500 to a

@@ -30,15 +30,9 @@ TARGET_P99_S = 2.0
 TARGET_IDLE_TPS = 2.0
 TARGET_IDLE_CPU = 2.0
 SIZES = (10, 100, 1000)
-TRIGGER_SQL = """
-CREATE OR REPLACE FUNCTION bench_notify_scheduled() RETURNS trigger AS $$
-BEGIN
-  PERFORM pg_notify('bench_scheduled', NEW.id::text);
-  RETURN NEW;
-END $$ LANGUAGE plpgsql;
-CREATE TRIGGER bench_notify_scheduled AFTER INSERT ON assets_app_dagrun
-  FOR EACH ROW WHEN (NEW.run_type = 'scheduled') EXECUTE FUNCTION bench_notify_scheduled();
-"""
+TRIGGER_SQL = h.notify_on_insert_sql(
+    "bench_scheduled", "assets_app_dagrun", "NEW.id", when="NEW.run_type = 'scheduled'"
+)
 
 
 def main() -> None:

@@ -11,6 +11,8 @@ import time
 import psutil
 import pytest
 
+from .conftest import wait_until
+
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 GROUPS = collections.Counter({"timers-time": 2, "timers-events": 1, "timers-upkeep": 1})
@@ -24,21 +26,11 @@ def children(pid: int) -> dict[int, str]:
     return found
 
 
-def wait_for(predicate, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("not within the timeout")
-
-
 def test_a_killed_child_is_forked_again_alone_and_sigterm_leaves_nothing(servers):
     process = servers("timers")
-    first = wait_for(
+    first = wait_until(
         lambda: (c := children(process.pid)) and collections.Counter(c.values()) == GROUPS and c,
-        30,
+        timeout=30,
     )
     # The background groups yield the cores to the time scheduler's (TIMERS_BACKGROUND_NICE).
     base = psutil.Process(process.pid).nice()
@@ -47,14 +39,14 @@ def test_a_killed_child_is_forked_again_alone_and_sigterm_leaves_nothing(servers
     killed = next(pid for pid, name in first.items() if name == "timers-time")
     psutil.Process(killed).send_signal(signal.SIGKILL)
     started = time.monotonic()
-    again = wait_for(
+    again = wait_until(
         lambda: (
             (c := children(process.pid))
             and killed not in c
             and collections.Counter(c.values()) == GROUPS
             and c
         ),
-        10,
+        timeout=10,
     )
     assert time.monotonic() - started < 3
     # The other children were not touched.

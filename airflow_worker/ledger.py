@@ -102,9 +102,9 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "on_failure_callback": Refused(
         "Dag-level callbacks are not run", _truthy("on_failure_callback")
     ),
-    "params": Refused(
-        "Dag params are not supported (a trigger's conf is not checked against them)",
-        lambda dag, _reference: len(dag.params) > 0,
+    "params": Honoured(
+        CONVERSION + ": `params`, a manual run's conf checked against them as Airflow checks "
+        "it; " + WORKER + " (the tasks' `params`)"
     ),
     "access_control": Refused(
         "Airflow's per-Dag access control is not supported (the service's roles apply)",
@@ -131,7 +131,7 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     ),
     "outlets": Honoured(CONVERSION + ": `outlets` and `outlet_aliases`"),
     "inlets": Honoured(WORKER + " (inlet events through the worker API)"),
-    "params": Honoured(WORKER + " (a task's own params; a Dag's are refused above)"),
+    "params": Honoured(WORKER + " (a task's own params)"),
     "execution_timeout": Honoured(WORKER),
     "on_execute_callback": Honoured(WORKER),
     "on_failure_callback": Honoured(WORKER),

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from assets_app.catalog import dags as dag_reads
 from assets_app.catalog import run_reads
+from assets_app.definitions import params as dag_params
 from assets_app.definitions import timetables
 from assets_app.models import (
     Asset,
@@ -445,7 +446,7 @@ class DAGDetailsResponse(DAGResponse):
             start_date=dag.start_date,
             end_date=dag.end_date,
             is_paused_upon_creation=None,
-            params={},
+            params=dag_params.api_view(dag_params.load(dag.params)),
             render_template_as_native_obj=False,
             template_search_path=None,
             timezone=dag.timezone,

@@ -42,6 +42,10 @@ class Dag(models.Model):
     # Why the scheduler could not evaluate this Dag on its last try ("" when it could), and
     # since when: it skips the Dag and goes on with the others (invariant 13).
     schedule_error = models.TextField(blank=True, db_default="")
+    # Dag params (issue 39, `definitions/params.py`): each Param's default, description and JSON
+    # Schema in declared order, as JSON text ("" for none): text, since JSONB would reorder the
+    # schema's keys, which Airflow's refusal of a conf prints.
+    params = models.TextField(blank=True, db_default="", default="")
     schedule_error_at = models.DateTimeField(null=True, blank=True)
     # A time schedule (issue 24): `timetables.Timetable.spec()` of the definition's timetable
     # (null: none), the Dag's IANA zone, its bounds and catchup (Airflow's names).

@@ -24,6 +24,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
+from ..definitions import params as dag_params
 from ..guards import exceptions, limits, masking, run_ids
 from ..models import (
     Dag,
@@ -301,7 +302,8 @@ def trigger_dag(
     nested deeper than `limits.MAX_JSON_DEPTH` -> InvalidInput ("too_deep"), wider or larger
     than the other `limits` -> InvalidInput ("too_wide" / "too_long" / "too_large"); a
     `run_id` already used by the Dag -> Conflict ("dag_run_exists"). Manual runs are not limited
-    by `max_active_runs` (see the module docstring).
+    by `max_active_runs` (see the module docstring). A conf the Dag's params refuse ->
+    BadRequest ("value_error", Airflow's `Invalid input for param ...`).
     """
     if conf is None:
         conf = {}
@@ -320,6 +322,7 @@ def trigger_dag(
             raise exceptions.InvalidState(
                 f"dag {dag_id!r} is paused; unpause it to trigger a run", reason="dag_paused"
             )
+        dag_params.check_conf(dag_params.load(dag.params), conf)
         run = create_dag_run(
             dag=dag,
             run_type=run_type,

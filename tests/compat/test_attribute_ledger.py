@@ -101,7 +101,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     ),
     "on_success_callback": ("on_success_callback=notify", ""),
     "on_failure_callback": ("on_failure_callback=[notify]", ""),
-    "params": ("params={'day': 3}", ""),
     "access_control": ("access_control={'Op': {'DAGs': {'can_read'}}}", ""),
     "fail_fast": ("fail_fast=True", ""),
     "allowed_run_types": ("allowed_run_types=['manual']", ""),

@@ -111,7 +111,10 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
         _truthy("access_control"),
     ),
     "fail_fast": Refused("fail_fast (stop a run at its first failure) is not supported"),
-    "allowed_run_types": Refused("limiting a Dag's run types is not supported"),
+    "allowed_run_types": Honoured(
+        CONVERSION + ": `allowed_run_types`, refused on every door that makes a run as Airflow "
+        "refuses them (an asset-and-time Dag without `scheduled` is refused)"
+    ),
 }
 
 TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {

@@ -356,7 +356,7 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         "next_dagrun_data_interval_start": None,
         "next_dagrun_data_interval_end": None,
         "next_dagrun_run_after": None,
-        "allowed_run_types": None,
+        "allowed_run_types": dag.allowed_run_types,
         "owners": [],
         "is_backfillable": False,
         "file_token": "",

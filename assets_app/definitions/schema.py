@@ -576,6 +576,16 @@ class Watcher(_Object):
         return self
 
 
+RunType = Literal[
+    "manual",
+    "scheduled",
+    "asset_triggered",
+    "asset_materialization",
+    "operator_triggered",
+    "backfill",
+]
+
+
 class Param(_Object):
     """One Dag param (Airflow's `Param`): a default (absent: none, a conf must give the value),
     a description, a JSON Schema its value must meet, and where Airflow says it came from."""
@@ -637,6 +647,11 @@ class Dag(_Object):
     )
 
     consumption: Consumption = "batch"
+    allowed_run_types: list[RunType] | None = Field(
+        None,
+        description="The run types this Dag allows (Airflow's `allowed_run_types`; null: "
+        "every one). A door asked for another one refuses the run (400).",
+    )
     params: dict[str, Param] = Field(
         default_factory=dict,
         description="Dag params (Airflow's `DAG(params=...)`), in order: a manual run's conf "
@@ -685,11 +700,44 @@ class Dag(_Object):
             )
         if self.catchup and self.timetable is not None and self.start_date is None:
             raise invalid("catchup", "catchup needs a start_date (as Airflow requires)")
+        if self.allowed_run_types is not None:
+            error = self._run_types_error(set(self.allowed_run_types))
+            if error is not None:
+                raise invalid("allowed_run_types", error)
         if self.schedule is not None or self.timetable is not None:
             error = dag_params.schedule_error(self.dag_id, self.param_specs())
             if error is not None:
                 raise invalid("params", error)
         return self
+
+    def _run_types_error(self, allowed: set[str]) -> str | None:
+        """Airflow's checks of `allowed_run_types` (its `DAG._validate_allowed_run_types`), and
+        the one combination the service refuses: an asset-or-time Dag without scheduled runs
+        (Airflow leaves its ticks due for ever; the time scheduler here would take them)."""
+        if not allowed:
+            return None
+        if self.schedule is not None:
+            if "asset_triggered" not in allowed:
+                return (
+                    "allowed_run_types must include ASSET_TRIGGERED when the Dag is scheduled "
+                    "by assets"
+                )
+            if self.timetable is not None and "scheduled" not in allowed:
+                return (
+                    "allowed_run_types without SCHEDULED on a Dag with assets and a time "
+                    "schedule is not supported by the asset service"
+                )
+        elif self.timetable is not None:
+            if "scheduled" not in allowed:
+                return (
+                    "allowed_run_types must include SCHEDULED when the Dag has a schedule defined"
+                )
+        elif "manual" not in allowed:
+            return (
+                "allowed_run_types must include MANUAL when the Dag has no schedule defined "
+                "(schedule=None)"
+            )
+        return None
 
     def param_specs(self) -> dag_params.ParamSpecs:
         return {name: param.spec() for name, param in self.params.items()}

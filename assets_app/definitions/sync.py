@@ -185,6 +185,8 @@ class DagDefinition:
     watchers: tuple[WatcherDefinition, ...] = ()
     # Dag params (issue 39): `dag_params.dump` of the definition's, "" for none.
     params: str = ""
+    # Airflow's allowed_run_types, sorted (None: every type).
+    allowed_run_types: tuple[str, ...] | None = None
     # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
     # path of the object in the file ("" or "[i]").
     file: str = field(default="", compare=False)
@@ -321,6 +323,10 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         xcom_read_scope=model.xcom_read_scope,
         max_events_per_run=_max_events_per_run(model.consumption),
         params=dag_params.dump(model.param_specs()),
+        allowed_run_types=(
+            # Airflow stores an empty list as null: every type.
+            tuple(sorted(set(model.allowed_run_types))) if model.allowed_run_types else None
+        ),
         watchers=tuple(
             WatcherDefinition(
                 name=w.name,
@@ -1140,6 +1146,11 @@ class _Sync:
                 "xcom_read_scope": definition.xcom_read_scope,
                 "max_events_per_run": definition.max_events_per_run,
                 "params": definition.params,
+                "allowed_run_types": (
+                    list(definition.allowed_run_types)
+                    if definition.allowed_run_types is not None
+                    else None
+                ),
                 **{name: getattr(definition, name) for name in TIME_FIELDS},
             }
             dag = stored.get(definition.dag_id)

@@ -72,6 +72,9 @@ class Dag(models.Model):
     # `batch` (every event queued when the condition is met, Airflow's behaviour), 1 is
     # `per_event` (one run per event, in event order), N is `max_events: N`.
     max_events_per_run = models.PositiveIntegerField(null=True, blank=True)
+    # The run types this Dag allows (Airflow's `allowed_run_types`, sorted; null: every one):
+    # `runs.check_run_type` refuses the others on every door that makes a run (issue 39).
+    allowed_run_types = models.JSONField(null=True, blank=True)
     # The next run the timetable gives (Airflow's DagModel fields): its logical date, data
     # interval and the time it may be created from. Null when there is none (no timetable,
     # the end date passed). The scheduler reads only the Dags due by `next_dagrun_create_after`.

@@ -110,6 +110,7 @@ def plan_backfill(
     dag = Dag.objects.filter(dag_id=dag_id).first()
     if dag is None:
         raise exceptions.NotFound(f"Could not find dag {dag_id}", reason="dag_not_found")
+    runs.check_run_type(dag, DagRunType.BACKFILL)
     if reprocess_behavior not in ReprocessBehavior.values:
         raise exceptions.InvalidInput(
             f"reprocess_behavior must be one of {ReprocessBehavior.values}",

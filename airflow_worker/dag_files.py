@@ -491,6 +491,8 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
     params = _params(dag, where=where)
     if params:
         definition["params"] = params
+    if dag.fail_fast:
+        definition["fail_fast"] = True
     if dag.allowed_run_types:
         definition["allowed_run_types"] = sorted(str(t.value) for t in dag.allowed_run_types)
     if timetable is not None:

@@ -110,7 +110,10 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
         "Airflow's per-Dag access control is not supported (the service's roles apply)",
         _truthy("access_control"),
     ),
-    "fail_fast": Refused("fail_fast (stop a run at its first failure) is not supported"),
+    "fail_fast": Honoured(
+        CONVERSION + ": `fail_fast`, a task failing for good fails its run's running tasks and "
+        "skips the others"
+    ),
     "allowed_run_types": Honoured(
         CONVERSION + ": `allowed_run_types`, refused on every door that makes a run as Airflow "
         "refuses them (an asset-and-time Dag without `scheduled` is refused)"

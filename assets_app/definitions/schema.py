@@ -647,6 +647,11 @@ class Dag(_Object):
     )
 
     consumption: Consumption = "batch"
+    fail_fast: bool = Field(
+        False,
+        description="Airflow's fail_fast: a task that fails for good fails the run's running "
+        "tasks and skips the others (every task must keep the all_success trigger rule).",
+    )
     allowed_run_types: list[RunType] | None = Field(
         None,
         description="The run types this Dag allows (Airflow's `allowed_run_types`; null: "
@@ -700,6 +705,14 @@ class Dag(_Object):
             )
         if self.catchup and self.timetable is not None and self.start_date is None:
             raise invalid("catchup", "catchup needs a start_date (as Airflow requires)")
+        if self.fail_fast:
+            for i, task in enumerate(self.tasks):
+                if task.trigger_rule != TriggerRule.ALL_SUCCESS:
+                    # Airflow's FailFastDagInvalidTriggerRule, raised while the Dag is built.
+                    raise invalid(
+                        f"tasks[{i}].trigger_rule",
+                        "A 'fail_fast' dag can only have TriggerRule.ALL_SUCCESS trigger rule",
+                    )
         if self.allowed_run_types is not None:
             error = self._run_types_error(set(self.allowed_run_types))
             if error is not None:

@@ -187,6 +187,7 @@ class DagDefinition:
     params: str = ""
     # Airflow's allowed_run_types, sorted (None: every type).
     allowed_run_types: tuple[str, ...] | None = None
+    fail_fast: bool = False
     # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
     # path of the object in the file ("" or "[i]").
     file: str = field(default="", compare=False)
@@ -323,6 +324,7 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         xcom_read_scope=model.xcom_read_scope,
         max_events_per_run=_max_events_per_run(model.consumption),
         params=dag_params.dump(model.param_specs()),
+        fail_fast=model.fail_fast,
         allowed_run_types=(
             # Airflow stores an empty list as null: every type.
             tuple(sorted(set(model.allowed_run_types))) if model.allowed_run_types else None
@@ -1146,6 +1148,7 @@ class _Sync:
                 "xcom_read_scope": definition.xcom_read_scope,
                 "max_events_per_run": definition.max_events_per_run,
                 "params": definition.params,
+                "fail_fast": definition.fail_fast,
                 "allowed_run_types": (
                     list(definition.allowed_run_types)
                     if definition.allowed_run_types is not None

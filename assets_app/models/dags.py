@@ -75,6 +75,9 @@ class Dag(models.Model):
     # The run types this Dag allows (Airflow's `allowed_run_types`, sorted; null: every one):
     # `runs.check_run_type` refuses the others on every door that makes a run (issue 39).
     allowed_run_types = models.JSONField(null=True, blank=True)
+    # Airflow's `fail_fast`: a TI that fails for good stops the rest of its run
+    # (`dependencies.stop_remaining`, issue 39).
+    fail_fast = models.BooleanField(db_default=False, default=False)
     # The next run the timetable gives (Airflow's DagModel fields): its logical date, data
     # interval and the time it may be created from. Null when there is none (no timetable,
     # the end date passed). The scheduler reads only the Dags due by `next_dagrun_create_after`.

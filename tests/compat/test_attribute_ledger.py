@@ -102,7 +102,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "on_success_callback": ("on_success_callback=notify", ""),
     "on_failure_callback": ("on_failure_callback=[notify]", ""),
     "access_control": ("access_control={'Op': {'DAGs': {'can_read'}}}", ""),
-    "fail_fast": ("fail_fast=True", ""),
     "depends_on_past": ("", "depends_on_past=True"),
     "ignore_first_depends_on_past": ("", "ignore_first_depends_on_past=True"),
     "wait_for_past_depends_before_skipping": ("", "wait_for_past_depends_before_skipping=True"),

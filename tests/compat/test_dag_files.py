@@ -863,3 +863,23 @@ def test_allowed_run_types_are_carried_and_airflows_own_check_refuses_a_bad_one(
     assert limited["allowed_run_types"] == ["backfill", "manual"]
     definitions.sync_documents(documents=[("limited.py", [limited])])
     assert Dag.objects.get(dag_id="limited").allowed_run_types == ["backfill", "manual"]
+
+
+@pytest.mark.django_db
+def test_fail_fast_is_carried_and_airflows_own_check_refuses_another_trigger_rule(tmp_path):
+    for name, rule in (("fast", "all_success"), ("loose", "all_done")):
+        (tmp_path / f"{name}.py").write_text(
+            "from airflow.sdk import DAG\n"
+            "from airflow.providers.standard.operators.empty import EmptyOperator\n"
+            f"with DAG(dag_id={name!r}, schedule=None, fail_fast=True):\n"
+            f"    EmptyOperator(task_id='t', trigger_rule={rule!r})\n"
+        )
+    converted = _convert(tmp_path)
+    assert (
+        "A 'fail_fast' dag can only have TriggerRule.ALL_SUCCESS trigger rule"
+        in (converted["import_errors"]["loose.py"])
+    )
+    (fast,) = converted["fast.py"]
+    assert fast["fail_fast"] is True
+    definitions.sync_documents(documents=[("fast.py", [fast])])
+    assert Dag.objects.get(dag_id="fast").fail_fast

@@ -327,7 +327,7 @@ def _time_fields(dag: Dag) -> dict[str, Any]:
 
 def _dag_fields(dag: Dag) -> dict[str, Any]:
     scheduled = dag.schedule is not None
-    fields = {
+    fields: dict[str, Any] = {
         "dag_id": dag.dag_id,
         "dag_display_name": dag.dag_id,
         "is_paused": dag.is_paused,

@@ -352,7 +352,7 @@ def trigger_dag(
 
 # Airflow's refusal of each run type a Dag's `allowed_run_types` leaves out, door by door (its
 # public trigger, execution API, materialize and backfill routes word them differently).
-_DENIED = {
+_DENIED: dict[str, str] = {
     DagRunType.MANUAL: "Dag with dag_id: '{}' does not allow manual runs",
     DagRunType.OPERATOR_TRIGGERED: "Dag with dag_id '{}' does not allow operator-triggered runs",
     DagRunType.ASSET_MATERIALIZATION: (

@@ -43,6 +43,7 @@ naming the watcher: the service would never see its events.
 """
 
 import datetime
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -487,12 +488,47 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
     watchers = _watchers(dag, where=where)
     if watchers:
         definition["watchers"] = watchers
+    params = _params(dag, where=where)
+    if params:
+        definition["params"] = params
+    if dag.fail_fast:
+        definition["fail_fast"] = True
+    if dag.allowed_run_types:
+        definition["allowed_run_types"] = sorted(str(t.value) for t in dag.allowed_run_types)
     if timetable is not None:
         definition["timetable"] = timetable
         definition.update(_time_fields(dag))
     if with_assets:
         definition["schedule_mode"] = "asset_or_time"
     return definition
+
+
+def _params(dag: Any, *, where: str) -> dict[str, dict[str, Any]]:
+    """The Dag's params in order, as Airflow serializes them: each Param's default (no key when
+    it has none), description, JSON Schema and source. The service checks a run's conf against
+    them as Airflow does; the Task SDK resolves them for the tasks from this file."""
+    from airflow.sdk.definitions._internal.types import is_arg_set
+
+    params: dict[str, dict[str, Any]] = {}
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        spec: dict[str, Any] = {}
+        if is_arg_set(param.value):
+            spec["default"] = param.value
+        if param.description is not None:
+            spec["description"] = param.description
+        if param.schema:
+            spec["schema"] = param.schema
+        if getattr(param, "source", None) is not None:
+            spec["source"] = param.source
+        try:
+            json.dumps(spec)
+        except (TypeError, ValueError) as exc:
+            raise DagFileError(
+                f"{where}: Dag {dag.dag_id!r}, param {name!r}: its schema is not JSON ({exc})"
+            ) from None
+        params[name] = spec
+    return params
 
 
 def _consumption(dag: Any, *, where: str) -> str | dict[str, int] | None:

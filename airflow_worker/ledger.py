@@ -102,16 +102,22 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "on_failure_callback": Refused(
         "Dag-level callbacks are not run", _truthy("on_failure_callback")
     ),
-    "params": Refused(
-        "Dag params are not supported (a trigger's conf is not checked against them)",
-        lambda dag, _reference: len(dag.params) > 0,
+    "params": Honoured(
+        CONVERSION + ": `params`, a manual run's conf checked against them as Airflow checks "
+        "it; " + WORKER + " (the tasks' `params`)"
     ),
     "access_control": Refused(
         "Airflow's per-Dag access control is not supported (the service's roles apply)",
         _truthy("access_control"),
     ),
-    "fail_fast": Refused("fail_fast (stop a run at its first failure) is not supported"),
-    "allowed_run_types": Refused("limiting a Dag's run types is not supported"),
+    "fail_fast": Honoured(
+        CONVERSION + ": `fail_fast`, a task failing for good fails its run's running tasks and "
+        "skips the others"
+    ),
+    "allowed_run_types": Honoured(
+        CONVERSION + ": `allowed_run_types`, refused on every door that makes a run as Airflow "
+        "refuses them (an asset-and-time Dag without `scheduled` is refused)"
+    ),
 }
 
 TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
@@ -131,7 +137,7 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     ),
     "outlets": Honoured(CONVERSION + ": `outlets` and `outlet_aliases`"),
     "inlets": Honoured(WORKER + " (inlet events through the worker API)"),
-    "params": Honoured(WORKER + " (a task's own params; a Dag's are refused above)"),
+    "params": Honoured(WORKER + " (a task's own params)"),
     "execution_timeout": Honoured(WORKER),
     "on_execute_callback": Honoured(WORKER),
     "on_failure_callback": Honoured(WORKER),

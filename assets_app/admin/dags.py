@@ -16,6 +16,7 @@ from django.utils.html import format_html
 
 from ..catalog import dags, queued_events
 from ..definitions import conditions, timetables
+from ..definitions import params as dag_params
 from ..guards import exceptions, limits
 from ..models import (
     AssetAliasAsset,
@@ -474,7 +475,9 @@ class DagAdmin(admin.ModelAdmin):
         if not self.has_trigger_permission(request):
             raise Http404
         dag = get_object_or_404(Dag, pk=object_id)
-        conf_text, note, error = "{}", "", None
+        # Prefilled with the params' defaults, as Airflow's trigger form is.
+        defaults = dag_params.defaults(dag_params.load(dag.params))
+        conf_text, note, error = json.dumps(defaults, indent=2) if defaults else "{}", "", None
         if request.method == "POST":
             conf_text = request.POST.get("conf", "").strip() or "{}"
             note = request.POST.get("note", "").strip()

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from assets_app.catalog import dags as dag_reads
 from assets_app.catalog import run_reads
+from assets_app.definitions import params as dag_params
 from assets_app.definitions import timetables
 from assets_app.models import (
     Asset,
@@ -326,7 +327,7 @@ def _time_fields(dag: Dag) -> dict[str, Any]:
 
 def _dag_fields(dag: Dag) -> dict[str, Any]:
     scheduled = dag.schedule is not None
-    fields = {
+    fields: dict[str, Any] = {
         "dag_id": dag.dag_id,
         "dag_display_name": dag.dag_id,
         "is_paused": dag.is_paused,
@@ -355,7 +356,7 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         "next_dagrun_data_interval_start": None,
         "next_dagrun_data_interval_end": None,
         "next_dagrun_run_after": None,
-        "allowed_run_types": None,
+        "allowed_run_types": dag.allowed_run_types,
         "owners": [],
         "is_backfillable": False,
         "file_token": "",
@@ -445,7 +446,7 @@ class DAGDetailsResponse(DAGResponse):
             start_date=dag.start_date,
             end_date=dag.end_date,
             is_paused_upon_creation=None,
-            params={},
+            params=dag_params.api_view(dag_params.load(dag.params)),
             render_template_as_native_obj=False,
             template_search_path=None,
             timezone=dag.timezone,

@@ -44,6 +44,7 @@ from ..models.watchers import (
     QUEUE_NAME_MAX_LENGTH,
     WATCHER_NAME_MAX_LENGTH,
 )
+from . import params as dag_params
 from . import timetables
 
 ID_PATTERN = r"^[A-Za-z0-9_.-]+$"
@@ -575,6 +576,40 @@ class Watcher(_Object):
         return self
 
 
+RunType = Literal[
+    "manual",
+    "scheduled",
+    "asset_triggered",
+    "asset_materialization",
+    "operator_triggered",
+    "backfill",
+]
+
+
+class Param(_Object):
+    """One Dag param (Airflow's `Param`): a default (absent: none, a conf must give the value),
+    a description, a JSON Schema its value must meet, and where Airflow says it came from."""
+
+    what: ClassVar[str] = "a param"
+    default: Any = Field(None, json_schema_extra=_no_default)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    source: Literal["dag", "task"] | None = None
+
+    def spec(self) -> dict[str, Any]:
+        """As `dag_params.ParamSpecs` holds it: no "default" key when the document gives none."""
+        spec: dict[str, Any] = {}
+        if "default" in self.model_fields_set:
+            spec["default"] = self.default
+        if self.description is not None:
+            spec["description"] = self.description
+        if self.schema_:
+            spec["schema"] = self.schema_
+        if self.source is not None:
+            spec["source"] = self.source
+        return spec
+
+
 class Dag(_Object):
     """A Dag: its schedule (the assets it waits for), its timetable, or both (`schedule_mode`),
     and its tasks."""
@@ -612,6 +647,21 @@ class Dag(_Object):
     )
 
     consumption: Consumption = "batch"
+    fail_fast: bool = Field(
+        False,
+        description="Airflow's fail_fast: a task that fails for good fails the run's running "
+        "tasks and skips the others (every task must keep the all_success trigger rule).",
+    )
+    allowed_run_types: list[RunType] | None = Field(
+        None,
+        description="The run types this Dag allows (Airflow's `allowed_run_types`; null: "
+        "every one). A door asked for another one refuses the run (400).",
+    )
+    params: dict[str, Param] = Field(
+        default_factory=dict,
+        description="Dag params (Airflow's `DAG(params=...)`), in order: a manual run's conf "
+        "is checked against them as Airflow checks it (400 naming the param).",
+    )
     watchers: list[Watcher] = Field(
         default_factory=list,
         description="Queue watchers feeding this Dag's scheduled assets (Airflow's "
@@ -655,7 +705,55 @@ class Dag(_Object):
             )
         if self.catchup and self.timetable is not None and self.start_date is None:
             raise invalid("catchup", "catchup needs a start_date (as Airflow requires)")
+        if self.fail_fast:
+            for i, task in enumerate(self.tasks):
+                if task.trigger_rule != TriggerRule.ALL_SUCCESS:
+                    # Airflow's FailFastDagInvalidTriggerRule, raised while the Dag is built.
+                    raise invalid(
+                        f"tasks[{i}].trigger_rule",
+                        "A 'fail_fast' dag can only have TriggerRule.ALL_SUCCESS trigger rule",
+                    )
+        if self.allowed_run_types is not None:
+            error = self._run_types_error(set(self.allowed_run_types))
+            if error is not None:
+                raise invalid("allowed_run_types", error)
+        if self.schedule is not None or self.timetable is not None:
+            error = dag_params.schedule_error(self.dag_id, self.param_specs())
+            if error is not None:
+                raise invalid("params", error)
         return self
+
+    def _run_types_error(self, allowed: set[str]) -> str | None:
+        """Airflow's checks of `allowed_run_types` (its `DAG._validate_allowed_run_types`), and
+        the one combination the service refuses: an asset-or-time Dag without scheduled runs
+        (Airflow leaves its ticks due for ever; the time scheduler here would take them)."""
+        if not allowed:
+            return None
+        if self.schedule is not None:
+            if "asset_triggered" not in allowed:
+                return (
+                    "allowed_run_types must include ASSET_TRIGGERED when the Dag is scheduled "
+                    "by assets"
+                )
+            if self.timetable is not None and "scheduled" not in allowed:
+                return (
+                    "allowed_run_types without SCHEDULED on a Dag with assets and a time "
+                    "schedule is not supported by the asset service"
+                )
+        elif self.timetable is not None:
+            if "scheduled" not in allowed:
+                return (
+                    "allowed_run_types must include SCHEDULED when the Dag has a schedule defined"
+                )
+        elif "manual" not in allowed:
+            return (
+                "allowed_run_types must include MANUAL when the Dag has no schedule defined "
+                "(schedule=None)"
+            )
+        return None
+
+    def param_specs(self) -> dag_params.ParamSpecs:
+        return {name: param.spec() for name, param in self.params.items()}
 
 
 DagFile = Annotated[
@@ -703,6 +801,8 @@ _TAGS: dict[str, type[_Object]] = {
     **{f"~{kind}": model for kind, model in TIMETABLE_KINDS.items()},
 }
 _LISTED: dict[str, type[_Object]] = {"tasks": Task, "~dags": Dag, "watchers": Watcher}
+# Objects that are the values of a mapping, by the mapping's key.
+_KEYED: dict[str, type[_Object]] = {"params": Param}
 _TYPE_ERRORS = {
     "string_type": "must be a string",
     "int_type": "must be an integer",
@@ -714,12 +814,14 @@ _TYPE_ERRORS = {
 
 
 def _model_at(loc: tuple[int | str, ...]) -> type[_Object] | None:
-    """The model of the object at `loc` (pydantic's, tags included): every model but a task or
-    a Dag of a list sits right after its tag."""
+    """The model of the object at `loc` (pydantic's, tags included): every model but a task, a
+    Dag of a list or a param sits right after its tag."""
     if loc and str(loc[-1]) in _TAGS:
         return _TAGS[str(loc[-1])]
     if len(loc) >= 2 and isinstance(loc[-1], int):
         return _LISTED.get(str(loc[-2]))
+    if len(loc) >= 2:
+        return _KEYED.get(str(loc[-2]))
     return None
 
 
@@ -773,7 +875,7 @@ def problem(exc: ValidationError) -> tuple[str, str]:
         return _path(loc[:-1]), f"{model.what if model else 'it'} needs {article}{key}"
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1]) or _Object
-        allowed = ", ".join(model.model_fields)
+        allowed = ", ".join(field.alias or name for name, field in model.model_fields.items())
         return path, model.unknown_key.format(key=loc[-1], what=model.what, allowed=allowed)
     if kind == "model_type":
         model = _model_at(loc)

@@ -95,6 +95,7 @@ from ..models.dags import DEFAULT_RETRY_DELAY_SECONDS
 from ..operations import audit
 from ..sql import locks, wakeups
 from . import conditions, next_runs, timetables
+from . import params as dag_params
 from . import schema as dag_schema
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
 from .schema import join
@@ -182,6 +183,11 @@ class DagDefinition:
     # `per_event`, N `{"max_events": N}`.
     max_events_per_run: int | None = None
     watchers: tuple[WatcherDefinition, ...] = ()
+    # Dag params (issue 39): `dag_params.dump` of the definition's, "" for none.
+    params: str = ""
+    # Airflow's allowed_run_types, sorted (None: every type).
+    allowed_run_types: tuple[str, ...] | None = None
+    fail_fast: bool = False
     # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
     # path of the object in the file ("" or "[i]").
     file: str = field(default="", compare=False)
@@ -317,6 +323,12 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         tasks=tasks,
         xcom_read_scope=model.xcom_read_scope,
         max_events_per_run=_max_events_per_run(model.consumption),
+        params=dag_params.dump(model.param_specs()),
+        fail_fast=model.fail_fast,
+        allowed_run_types=(
+            # Airflow stores an empty list as null: every type.
+            tuple(sorted(set(model.allowed_run_types))) if model.allowed_run_types else None
+        ),
         watchers=tuple(
             WatcherDefinition(
                 name=w.name,
@@ -1135,6 +1147,13 @@ class _Sync:
                 "fileloc": definition.fileloc,
                 "xcom_read_scope": definition.xcom_read_scope,
                 "max_events_per_run": definition.max_events_per_run,
+                "params": definition.params,
+                "fail_fast": definition.fail_fast,
+                "allowed_run_types": (
+                    list(definition.allowed_run_types)
+                    if definition.allowed_run_types is not None
+                    else None
+                ),
                 **{name: getattr(definition, name) for name in TIME_FIELDS},
             }
             dag = stored.get(definition.dag_id)

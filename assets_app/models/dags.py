@@ -42,6 +42,10 @@ class Dag(models.Model):
     # Why the scheduler could not evaluate this Dag on its last try ("" when it could), and
     # since when: it skips the Dag and goes on with the others (invariant 13).
     schedule_error = models.TextField(blank=True, db_default="")
+    # Dag params (issue 39, `definitions/params.py`): each Param's default, description and JSON
+    # Schema in declared order, as JSON text ("" for none): text, since JSONB would reorder the
+    # schema's keys, which Airflow's refusal of a conf prints.
+    params = models.TextField(blank=True, db_default="", default="")
     schedule_error_at = models.DateTimeField(null=True, blank=True)
     # A time schedule (issue 24): `timetables.Timetable.spec()` of the definition's timetable
     # (null: none), the Dag's IANA zone, its bounds and catchup (Airflow's names).
@@ -68,6 +72,12 @@ class Dag(models.Model):
     # `batch` (every event queued when the condition is met, Airflow's behaviour), 1 is
     # `per_event` (one run per event, in event order), N is `max_events: N`.
     max_events_per_run = models.PositiveIntegerField(null=True, blank=True)
+    # The run types this Dag allows (Airflow's `allowed_run_types`, sorted; null: every one):
+    # `runs.check_run_type` refuses the others on every door that makes a run (issue 39).
+    allowed_run_types = models.JSONField(null=True, blank=True)
+    # Airflow's `fail_fast`: a TI that fails for good stops the rest of its run
+    # (`dependencies.stop_remaining`, issue 39).
+    fail_fast = models.BooleanField(db_default=False, default=False)
     # The next run the timetable gives (Airflow's DagModel fields): its logical date, data
     # interval and the time it may be created from. Null when there is none (no timetable,
     # the end date passed). The scheduler reads only the Dags due by `next_dagrun_create_after`.

@@ -36,6 +36,7 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from ..catalog import listing
+from ..definitions import params as dag_params
 from ..definitions import timetables
 from ..guards import exceptions, limits
 from ..models import (
@@ -103,11 +104,13 @@ def plan_backfill(
     """The dates a backfill of `dag_id` over [from_date, to_date] would cover, in run order,
     each classified against the run already holding it. Reads only. NotFound for an unknown
     Dag; InvalidInput (422, as Airflow's) for a Dag without a periodic timetable, a reversed or
-    future range, a bad limit, an unknown reprocess behavior, or a range with no date."""
+    future range, a bad limit, an unknown reprocess behavior, a `dag_run_conf` the Dag's params
+    refuse, or a range with no date."""
     now = now or timezone.now()
     dag = Dag.objects.filter(dag_id=dag_id).first()
     if dag is None:
         raise exceptions.NotFound(f"Could not find dag {dag_id}", reason="dag_not_found")
+    runs.check_run_type(dag, DagRunType.BACKFILL)
     if reprocess_behavior not in ReprocessBehavior.values:
         raise exceptions.InvalidInput(
             f"reprocess_behavior must be one of {ReprocessBehavior.values}",
@@ -135,6 +138,11 @@ def plan_backfill(
         raise exceptions.InvalidInput(
             "Backfill cannot be executed for future dates.", reason="future_dates"
         )
+    if dag_run_conf is not None:
+        try:
+            dag_params.resolved(dag_params.load(dag.params), dag_run_conf)
+        except dag_params.ParamError as exc:
+            raise exceptions.InvalidInput(str(exc), reason="invalid_backfill_conf") from None
     infos = _dates(timetable, from_date=from_date, to_date=to_date, now=now)
     if run_backwards:
         infos.reverse()

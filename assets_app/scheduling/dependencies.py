@@ -41,6 +41,7 @@ leaf TI (a task nothing runs after; removed TIs aside) is failed or upstream_fai
 success (`finish_run_if_done`).
 """
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -56,6 +57,8 @@ from ..models import AssetDagRunQueue, DagRun, DagRunState, TaskInstance, TaskUp
 from ..models.runs import TI_UNFINISHED_STATES
 from ..sql import dependencies as dependencies_sql
 from . import mapping
+
+logger = logging.getLogger(__name__)
 
 # Upper bound on cascade rounds: a cascade is at most as deep as the longest path in the Dag;
 # this only stops a runaway loop (the sweep finishes whatever is left).
@@ -167,8 +170,59 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
 
 def after_ti_finished(ti: TaskInstance) -> None:
     """What follows a TI's finish (success, failed, skipped, upstream_failed), after its commit
-    and without its lock (`follow_finishes` of its one task)."""
+    and without its lock: a failed one of a `fail_fast` Dag stops the rest of its run
+    (`stop_remaining`), then `follow_finishes` of its one task."""
+    if ti.state == TIState.FAILED:
+        stop_remaining(ti)
     follow_finishes(dag_run_id=ti.dag_run_id, dag_id=ti.dag_id, finished_task_ids=[ti.task_id])
+
+
+# Airflow's `_stop_remaining_tasks` leaves these alone (and the failed task's own map indexes).
+_NOT_STOPPED = (TIState.SUCCESS, TIState.FAILED, TIState.SKIPPED)
+
+
+def stop_remaining(ti: TaskInstance) -> int:
+    """Airflow's fail_fast (`_stop_remaining_tasks`, which its execution API runs when a TI of a
+    `fail_fast` Dag fails for good): every other TI of the run that is not success or failed,
+    the failed task's own map indexes aside, is failed when running (its worker learns it at
+    its next heartbeat, as from Airflow) and skipped otherwise (upstream_failed and removed
+    ones too, as Airflow does). Returns how many changed.
+
+    One SELECT on every failure (nothing for a Dag without fail_fast); then one single-row
+    conditional UPDATE per TI, each its own autocommit statement: like a worker's, each holds
+    one TI row lock for one statement, so it never waits while holding another (lock order
+    step 1) and a TI that moved on meanwhile (started, finished) is judged on its latest state.
+    A TI a concurrent expansion inserts after the SELECT is not stopped."""
+    ids = list(
+        TaskInstance.objects.filter(dag_run_id=ti.dag_run_id, dag_run__dag__fail_fast=True)
+        .exclude(task_id=ti.task_id)
+        .exclude(state__in=_NOT_STOPPED)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    now = timezone.now()
+    stopped = 0
+    for ti_id in ids:
+        stopped += (
+            TaskInstance.objects.filter(id=ti_id)
+            .exclude(state__in=_NOT_STOPPED)
+            .update(
+                state=Case(
+                    When(state=TIState.RUNNING, then=Value(TIState.FAILED)),
+                    default=Value(TIState.SKIPPED),
+                ),
+                end_date=now,
+                updated_at=now,
+            )
+        )
+    if stopped:
+        logger.info(
+            "fail_fast: task %s of run %s failed; %d other task instances stopped",
+            ti.task_id,
+            ti.dag_run_id,
+            stopped,
+        )
+    return stopped
 
 
 def follow_finishes(*, dag_run_id: int, dag_id: str, finished_task_ids: Sequence[str]) -> None:

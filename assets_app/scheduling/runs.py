@@ -24,6 +24,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from django.utils.crypto import get_random_string
 
+from ..definitions import params as dag_params
 from ..guards import exceptions, limits, masking, run_ids
 from ..models import (
     Dag,
@@ -301,7 +302,9 @@ def trigger_dag(
     nested deeper than `limits.MAX_JSON_DEPTH` -> InvalidInput ("too_deep"), wider or larger
     than the other `limits` -> InvalidInput ("too_wide" / "too_long" / "too_large"); a
     `run_id` already used by the Dag -> Conflict ("dag_run_exists"). Manual runs are not limited
-    by `max_active_runs` (see the module docstring).
+    by `max_active_runs` (see the module docstring). A conf the Dag's params refuse ->
+    BadRequest ("value_error", Airflow's `Invalid input for param ...`); a run type the Dag's
+    `allowed_run_types` leave out -> BadRequest ("denied_run_type").
     """
     if conf is None:
         conf = {}
@@ -316,10 +319,12 @@ def trigger_dag(
         dag = Dag.objects.filter(dag_id=dag_id).first()
         if dag is None:
             raise exceptions.NotFound(f"dag {dag_id!r} does not exist", reason="dag_not_found")
+        check_run_type(dag, run_type)
         if dag.is_paused:
             raise exceptions.InvalidState(
                 f"dag {dag_id!r} is paused; unpause it to trigger a run", reason="dag_paused"
             )
+        dag_params.check_conf(dag_params.load(dag.params), conf)
         run = create_dag_run(
             dag=dag,
             run_type=run_type,
@@ -343,6 +348,27 @@ def trigger_dag(
                 detail={"run_id": run.run_id, "conf": masking.redact(conf)},
             )
         return run
+
+
+# Airflow's refusal of each run type a Dag's `allowed_run_types` leaves out, door by door (its
+# public trigger, execution API, materialize and backfill routes word them differently).
+_DENIED: dict[str, str] = {
+    DagRunType.MANUAL: "Dag with dag_id: '{}' does not allow manual runs",
+    DagRunType.OPERATOR_TRIGGERED: "Dag with dag_id '{}' does not allow operator-triggered runs",
+    DagRunType.ASSET_MATERIALIZATION: (
+        "Dag with dag_id: '{}' does not allow asset materialization runs"
+    ),
+    DagRunType.BACKFILL: "Dag with dag_id: '{}' does not allow backfill runs",
+}
+
+
+def check_run_type(dag: Dag, run_type: str) -> None:
+    """BadRequest (400, "denied_run_type", Airflow's words) when the Dag's `allowed_run_types`
+    leave `run_type` out. The scheduled and asset-triggered runs the Dag's own schedule makes
+    are always among them (the definition's check)."""
+    if dag.allowed_run_types is not None and run_type not in dag.allowed_run_types:
+        text = _DENIED.get(run_type, "Dag with dag_id: '{}' does not allow " + run_type + " runs")
+        raise exceptions.BadRequest(text.format(dag.dag_id), reason="denied_run_type")
 
 
 def materialize_asset(*, asset_id: int, **trigger: Any) -> DagRun:

@@ -249,6 +249,19 @@ def test_trigger_with_conf_creates_an_audited_run_and_bad_conf_writes_nothing(st
     assert (entry.action, entry.actor_name, entry.via) == ("dag_run.trigger", "operator", "admin")
 
 
+def test_the_trigger_form_starts_from_the_params_defaults_and_names_a_refusing_param(
+    staff_client,
+):
+    params = {"count": {"default": 5, "schema": {"type": "integer"}}, "day": {}}
+    dag = DagFactory(dag_id="ingest", params=json.dumps(params))
+    url = reverse("admin:assets_app_dag_trigger", args=[dag.pk])
+    form = staff_client.get(url).content.decode()
+    assert "&quot;count&quot;: 5" in form and "day" not in form.split("<textarea")[1]
+    refused = staff_client.post(url, {"conf": json.dumps({"count": "5"})})
+    assert "Invalid input for param count: &#x27;5&#x27; is not of type" in refused.content.decode()
+    assert not DagRun.objects.exists() and not AuditEntry.objects.exists()
+
+
 def test_correcting_an_asset_uri_is_audited_and_refuses_a_taken_uri(staff_client):
     asset = AssetFactory(name="orders", uri="s3://old/orders")
     AssetFactory(name="other", uri="s3://taken")

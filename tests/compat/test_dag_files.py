@@ -836,3 +836,50 @@ def test_a_dag_file_silent_on_pause_leaves_it_to_the_services_setting(tmp_path, 
     definitions.sync_documents(documents=[("paused.py", list(converted.values()))])
     paused = dict(Dag.objects.values_list("dag_id", "is_paused"))
     assert paused == {"silent": True, "runs": False, "held": True}
+
+
+_ALLOWED = """
+from airflow.sdk import DAG
+from airflow.providers.standard.operators.empty import EmptyOperator
+
+with DAG(dag_id="{dag_id}", schedule=None, allowed_run_types={allowed}):
+    EmptyOperator(task_id="t")
+"""
+
+
+@pytest.mark.django_db
+def test_allowed_run_types_are_carried_and_airflows_own_check_refuses_a_bad_one(tmp_path):
+    (tmp_path / "limited.py").write_text(
+        _ALLOWED.format(dag_id="limited", allowed=["manual", "backfill"])
+    )
+    (tmp_path / "broken.py").write_text(_ALLOWED.format(dag_id="broken", allowed=["scheduled"]))
+    converted = _convert(tmp_path)
+    # Airflow's Dag refuses the second one while the file is parsed (its import error).
+    assert (
+        "must include MANUAL when the Dag has no schedule defined"
+        in (converted["import_errors"]["broken.py"])
+    )
+    (limited,) = converted["limited.py"]
+    assert limited["allowed_run_types"] == ["backfill", "manual"]
+    definitions.sync_documents(documents=[("limited.py", [limited])])
+    assert Dag.objects.get(dag_id="limited").allowed_run_types == ["backfill", "manual"]
+
+
+@pytest.mark.django_db
+def test_fail_fast_is_carried_and_airflows_own_check_refuses_another_trigger_rule(tmp_path):
+    for name, rule in (("fast", "all_success"), ("loose", "all_done")):
+        (tmp_path / f"{name}.py").write_text(
+            "from airflow.sdk import DAG\n"
+            "from airflow.providers.standard.operators.empty import EmptyOperator\n"
+            f"with DAG(dag_id={name!r}, schedule=None, fail_fast=True):\n"
+            f"    EmptyOperator(task_id='t', trigger_rule={rule!r})\n"
+        )
+    converted = _convert(tmp_path)
+    assert (
+        "A 'fail_fast' dag can only have TriggerRule.ALL_SUCCESS trigger rule"
+        in (converted["import_errors"]["loose.py"])
+    )
+    (fast,) = converted["fast.py"]
+    assert fast["fail_fast"] is True
+    definitions.sync_documents(documents=[("fast.py", [fast])])
+    assert Dag.objects.get(dag_id="fast").fail_fast

@@ -19,6 +19,9 @@ be synced as manual-only (schedule null).
 A Dag that sets an attribute the service does not honour to anything but Airflow's default is
 left out too, naming the file, Dag, task and attribute (issue 39, `airflow_worker.ledger`).
 
+What a Dag says about itself is carried to be shown as Airflow shows it (issue 39): its
+`tags` (every one), `doc_md`, each task's `owner` and `doc_md`.
+
 A file that does not import, or holds a Dag left out, is an import error (Airflow's
 `importErrors`): the sync reports it and the folder's other files still sync.
 
@@ -61,6 +64,9 @@ TASK_DEFAULTS: dict[str, Any] = {
     "max_retry_delay_seconds": None,
 }
 
+
+# Airflow's `[operators] default_owner`, the definition format's task owner default.
+DEFAULT_OWNER = "airflow"
 
 # `tags=["xcom_read_scope:dag"]`: the Dag's `xcom_read_scope` (run | dag | all).
 XCOM_READ_SCOPE_TAG = "xcom_read_scope:"
@@ -348,6 +354,11 @@ def _task(task: Any) -> dict[str, Any]:
         "max_retry_delay_seconds": _seconds(task.max_retry_delay),
     }
     definition.update({k: v for k, v in optional.items() if v != TASK_DEFAULTS[k]})
+    # Shown only (issue 39): the owner Airflow's Dag owners are made of, and the doc.
+    if task.owner and task.owner != DEFAULT_OWNER:
+        definition["owner"] = str(task.owner)
+    if task.doc_md:
+        definition["doc_md"] = str(task.doc_md)
     if outlets:
         definition["outlets"] = outlets
     if aliases:
@@ -469,6 +480,12 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         "description": dag.description or "",
         "tasks": tasks,
     }
+    # Shown as Airflow shows them (issue 39): every tag, the service's own
+    # `xcom_read_scope:` / `consumption:` ones too (ordinary tags to Airflow), and the doc.
+    if dag.tags:
+        definition["tags"] = sorted(dag.tags)
+    if dag.doc_md:
+        definition["doc_md"] = str(dag.doc_md)
     if dag.is_paused_upon_creation is not None:
         # None: Airflow's dags_are_paused_at_creation decides, here the service's setting.
         definition["is_paused"] = bool(dag.is_paused_upon_creation)

@@ -38,7 +38,6 @@ class Refused:
 CONVERSION = "the conversion (`airflow_worker/dag_files.py`)"
 WORKER = "the worker: the stock Task SDK task runner in `bin/airflow-worker` applies it"
 DISPLAY = "names or describes only: nothing runs differently"
-SHOWN_LATER = DISPLAY + "; not shown by the service yet (issue 39)"
 TEMPLATES = WORKER + " (templates are rendered there, from the DAG file)"
 STRUCTURE = "structure: read through the tasks and their attributes"
 IGNORED_BY_AIRFLOW = "ignored, as Airflow 3 ignores it (SLAs were removed in Airflow 3.0)"
@@ -76,9 +75,10 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "max_active_runs": Honoured(CONVERSION + ": `max_active_runs`, the scheduler's run limit"),
     "is_paused_upon_creation": Honoured(CONVERSION + ": `is_paused`, the pause of a new Dag"),
     "tags": Honoured(
-        CONVERSION + ": the `xcom_read_scope:` and `consumption:` tags; other tags " + SHOWN_LATER
+        CONVERSION + ": `tags`, every one shown in the API (and its `tags` filter) and admin; "
+        "the `xcom_read_scope:` and `consumption:` tags also set those"
     ),
-    "doc_md": Honoured(SHOWN_LATER),
+    "doc_md": Honoured(CONVERSION + ": `doc_md`, shown in the API's Dag details and the admin"),
     "owner_links": Honoured(DISPLAY),
     "dag_display_name": Honoured(DISPLAY),
     "auto_register": Honoured("the parse: Airflow's own DagBag finds the Dags"),
@@ -150,7 +150,7 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "render_template_as_native_obj": Honoured(TEMPLATES),
     "logger_name": Honoured(WORKER),
     "allow_nested_operators": Honoured(WORKER + " (a warning only)"),
-    "owner": Honoured(SHOWN_LATER),
+    "owner": Honoured(CONVERSION + ": `owner`; the Dag's `owners` in the API and admin"),
     "doc": Honoured(DISPLAY),
     "doc_md": Honoured(DISPLAY),
     "doc_json": Honoured(DISPLAY),

@@ -1,5 +1,6 @@
 """Dags and tasks: schedule (with what is already satisfied), queued events with "clear", runs."""
 
+import inspect
 import json
 from typing import Any
 
@@ -224,6 +225,9 @@ class DagAdmin(admin.ModelAdmin):
                 "fields": (
                     "dag_id",
                     "description",
+                    "tag_list",
+                    "owners",
+                    "documentation",
                     "is_paused",
                     "max_active_runs",
                     "schedule_summary",
@@ -248,6 +252,9 @@ class DagAdmin(admin.ModelAdmin):
     readonly_fields = (
         "dag_id",
         "description",
+        "tag_list",
+        "owners",
+        "documentation",
         "schedule_summary",
         "consumption",
         "next_run",
@@ -292,6 +299,17 @@ class DagAdmin(admin.ModelAdmin):
                 ),
             )
         )
+
+    @admin.display(description="tags")
+    def tag_list(self, obj):
+        return ", ".join(sorted(obj.tags)) or "-"
+
+    @admin.display(description="doc_md")
+    def documentation(self, obj):
+        """The Dag's `doc_md` as its text (escaped, de-indented as Airflow shows it)."""
+        if not obj.doc_md:
+            return "-"
+        return format_html('<pre class="aes-doc-md">{}</pre>', inspect.cleandoc(obj.doc_md))
 
     @admin.display(description="next run", ordering="next_dagrun_create_after")
     def next_run(self, obj):

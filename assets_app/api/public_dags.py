@@ -88,9 +88,7 @@ class DagFilters(Page):
     timetable_type: list[str] = Field(default_factory=list)
 
     def domain(self) -> dags.DagFilters:
-        values = self.dict(
-            exclude={"limit", "offset", "order_by", "tags_match_mode", "exclude_stale"}
-        )
+        values = self.dict(exclude={"limit", "offset", "order_by", "exclude_stale"})
         return dags.DagFilters(**values)
 
 
@@ -237,9 +235,7 @@ def patch_dags(
     """Pause or unpause every Dag matching `dag_id_pattern` / `dag_id_prefix_pattern` (`~`: all;
     neither: none), as Airflow's `PATCH /api/v2/dags`; answers a page of them."""
     _check_update_mask(filters.update_mask)
-    values = filters.dict(
-        exclude={"update_mask", "limit", "offset", "tags_match_mode", "exclude_stale"}
-    )
+    values = filters.dict(exclude={"update_mask", "limit", "offset", "exclude_stale"})
     page = dags.set_paused(
         is_paused=body.is_paused,
         filters=dags.DagFilters(**values),

@@ -9,6 +9,7 @@ every field of Airflow's body; one naming a feature the service lacks (`partitio
 null. Query parameters are the endpoint's own (`public.py`, `public_dags.py`).
 """
 
+import inspect
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -345,7 +346,10 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         ),
         "timetable_partitioned": False,
         "timetable_periodic": False,
-        "tags": [],
+        "tags": [
+            {"name": tag, "dag_id": dag.dag_id, "dag_display_name": dag.dag_id}
+            for tag in sorted(dag.tags)
+        ],
         "max_active_tasks": AIRFLOW_MAX_ACTIVE_TASKS,
         "max_active_runs": dag.max_active_runs,
         "max_consecutive_failed_dag_runs": 0,
@@ -356,7 +360,8 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         "next_dagrun_data_interval_end": None,
         "next_dagrun_run_after": None,
         "allowed_run_types": None,
-        "owners": [],
+        # Airflow's DAGResponse.get_owners: `DagModel.owners` split at commas.
+        "owners": [owner.strip() for owner in dag.owners.split(",")],
         "is_backfillable": False,
         "file_token": "",
     }
@@ -370,10 +375,11 @@ AIRFLOW_MAX_ACTIVE_TASKS = 16
 
 
 class DAGResponse(Schema):
-    """Airflow's DAGResponse. No tags, owners or bundles here: empty lists, nulls and Airflow's
-    defaults; the `timetable_*` fields are Airflow's ("Asset" for an asset schedule, "None" for
-    manual runs only, a timetable's own summary and description, AssetOrTimeSchedule's for
-    assets or time: `_time_fields`), the `next_dagrun_*` fields the stored next run;
+    """Airflow's DAGResponse: tags sorted by name, owners from the tasks' (`DagModel.owners`
+    split at commas). No bundles here: nulls and Airflow's defaults; the `timetable_*` fields
+    are Airflow's ("Asset" for an asset schedule, "None" for manual runs only, a timetable's
+    own summary and description, AssetOrTimeSchedule's for assets or time: `_time_fields`),
+    the `next_dagrun_*` fields the stored next run;
     `last_parsed_time` is the last time `sync_dags` changed the Dag."""
 
     dag_id: str
@@ -441,7 +447,8 @@ class DAGDetailsResponse(DAGResponse):
             catchup=dag.catchup,
             dag_run_timeout=None,
             asset_expression=dag_reads.asset_expression(dag),
-            doc_md=None,
+            # Airflow's DAGDetailsResponse.get_doc_md: the text de-indented.
+            doc_md=inspect.cleandoc(dag.doc_md) if dag.doc_md else None,
             start_date=dag.start_date,
             end_date=dag.end_date,
             is_paused_upon_creation=None,

@@ -7,6 +7,8 @@ run with the highest id, as Airflow picks it): `last_run_state`, `last_run_start
 `last_run_end_date`, which Airflow's `dag_run_*` filters and `last_run_*` orderings use.
 """
 
+import functools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -99,11 +101,14 @@ def _with_latest_run(dags: QuerySet[Dag]) -> QuerySet[Dag]:
 
 @dataclass(frozen=True)
 class DagFilters:
-    """Airflow's `GET /dags` filters. Those on concepts this service has no values for (tags,
-    owners, bundles, favorites) match what Airflow matches when nothing has
-    them: asking for a value matches no Dag, asking for its absence matches every Dag."""
+    """Airflow's `GET /dags` filters. `tags` match as Airflow's `_TagsFilter` (a Dag with any
+    of them, or with all of them for `tags_match_mode` `all`), `owners` as its `_OwnersFilter`
+    (an owner's text anywhere in the Dag's owners, case-insensitive, any of them). Those on
+    concepts this service has no values for (bundles, favorites) match what Airflow matches when
+    nothing has them: asking for a value matches no Dag, asking for its absence every Dag."""
 
     tags: Sequence[str] = ()
+    tags_match_mode: str | None = None
     owners: Sequence[str] = ()
     dag_id_pattern: str | None = None
     dag_id_prefix_pattern: str | None = None
@@ -155,7 +160,12 @@ def _filter(dags: QuerySet[Dag], f: DagFilters) -> QuerySet[Dag]:
             param="dag_run_end_date",
         )
     )
-    if f.tags or f.owners or f.is_favorite:
+    if f.tags:
+        has = [Q(tags__contains=[tag]) for tag in f.tags]
+        q &= functools.reduce(operator.and_ if f.tags_match_mode == "all" else operator.or_, has)
+    if f.owners:
+        q &= functools.reduce(operator.or_, (Q(owners__icontains=o) for o in f.owners))
+    if f.is_favorite:
         q &= _NOTHING
     if f.has_import_errors is not None:
         q &= Q(_has_import_errors()) if f.has_import_errors else ~Q(_has_import_errors())

@@ -35,7 +35,14 @@ from pydantic_core import PydanticCustomError
 
 from ..guards import limits
 from ..models.assets import ASSET_KEY_MAX_LENGTH
-from ..models.dags import DAG_ID_MAX_LENGTH, DEFAULT_RETRY_DELAY_SECONDS, TriggerRule
+from ..models.dags import (
+    DAG_ID_MAX_LENGTH,
+    DEFAULT_OWNER,
+    DEFAULT_RETRY_DELAY_SECONDS,
+    OWNERS_MAX_LENGTH,
+    TAG_MAX_LENGTH,
+    TriggerRule,
+)
 from ..models.watchers import (
     BODY_FIELD_MAX_LENGTH,
     BODY_VALUE_MAX_LENGTH,
@@ -422,6 +429,10 @@ Expand = Annotated[
 ]
 
 
+DOC_MD_MAX_LENGTH = 100_000
+DagTag = Annotated[str, Field(min_length=1, max_length=TAG_MAX_LENGTH)]
+
+
 class Task(_Object):
     """A task of a Dag."""
 
@@ -453,6 +464,15 @@ class Task(_Object):
         "source for all of them); map index i of a task runs after map index i of its "
         "upstream tasks in the group. Its roots (the tasks with no upstream in the group) "
         'list the `{"xcom": ...}` task upstream.',
+    )
+    owner: str = Field(
+        DEFAULT_OWNER,
+        min_length=1,
+        max_length=OWNERS_MAX_LENGTH,
+        description="Airflow's task `owner` (shown only); the Dag's owners are its tasks'.",
+    )
+    doc_md: str | None = Field(
+        None, max_length=DOC_MD_MAX_LENGTH, description="Airflow's task `doc_md` (shown only)."
     )
 
 
@@ -589,6 +609,14 @@ class Dag(_Object):
         "absent: the service's DAGS_ARE_PAUSED_AT_CREATION (true by default, as Airflow).",
     )
     description: str = Field("", max_length=100_000)
+    tags: list[DagTag] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="Airflow's Dag `tags` (shown, and filtered on by the API's `tags`).",
+    )
+    doc_md: str | None = Field(
+        None, max_length=DOC_MD_MAX_LENGTH, description="Airflow's Dag `doc_md` (shown only)."
+    )
     tasks: list[Task] = Field(default_factory=list)
     timetable: TimetableSpec | None = None
     timezone: ZoneName = Field("UTC", description="The Dag's IANA time zone (cron ticks, dates).")

@@ -1,0 +1,123 @@
+"""What a synced Dag says about itself (issue 39): its tags, owners and doc_md are kept and shown
+as Airflow 3.3.2's public API shows them (`DAGResponse.tags` sorted `{name, dag_id,
+dag_display_name}`, `owners` its tasks' owners, `doc_md` de-indented on the details), filtered on
+as Airflow's `tags` / `tags_match_mode` / `owners`, and on the admin's Dag page."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from assets_app.api.public_auth import create_api_token
+from assets_app.definitions import sync
+from assets_app.models import Dag, Task
+
+pytestmark = pytest.mark.django_db
+
+DOC = """
+    # Orders
+
+    Loads the **orders**.
+    """
+
+
+@pytest.fixture
+def api():
+    get_user_model().objects.create_user("ops", password="pw", is_staff=True, is_superuser=True)
+    _, key = create_api_token(username="ops", name="test")
+    return Client(headers={"Authorization": f"Bearer {key}"})
+
+
+def _sync(*dags: dict) -> sync.SyncResult:
+    return sync.sync_documents(documents=[(f"{d['dag_id']}.py", d) for d in dags])
+
+
+def _world() -> None:
+    _sync(
+        {
+            "dag_id": "orders",
+            "tags": ["etl", "consumption:batch", "daily", "etl"],
+            "doc_md": DOC,
+            "tasks": [
+                {"task_id": "load", "owner": "data-eng", "doc_md": "Loads."},
+                {"task_id": "check", "owner": "qa"},
+                {"task_id": "more", "owner": "data-eng"},
+            ],
+        },
+        {"dag_id": "bare", "tasks": [{"task_id": "t"}]},
+        {"dag_id": "reports", "tags": ["etl"], "tasks": []},
+    )
+
+
+def test_tags_owners_and_doc_md_are_stored_from_the_definition():
+    _world()
+    orders = Dag.objects.get(dag_id="orders")
+    assert orders.tags == ["consumption:batch", "daily", "etl"]
+    assert orders.owners == "data-eng, qa"
+    assert orders.doc_md == DOC
+    assert Task.objects.get(dag_id="orders", task_id="load").owner == "data-eng"
+    assert Task.objects.get(dag_id="orders", task_id="load").doc_md == "Loads."
+    bare = Dag.objects.get(dag_id="bare")
+    assert (bare.tags, bare.owners, bare.doc_md) == ([], "airflow", "")
+    # A Dag without tasks: Airflow's `dag.owner or [operators] default_owner`.
+    assert Dag.objects.get(dag_id="reports").owners == "airflow"
+
+
+def test_a_second_sync_of_new_tags_updates_and_the_same_writes_nothing():
+    _world()
+    again = _sync({"dag_id": "reports", "tags": ["etl"], "tasks": []})
+    assert again.dags_unchanged == 1
+    changed = _sync({"dag_id": "reports", "tags": ["finance"], "doc_md": "x", "tasks": []})
+    assert changed.dags_updated == 1
+    reports = Dag.objects.get(dag_id="reports")
+    assert (reports.tags, reports.doc_md) == (["finance"], "x")
+
+
+def test_the_api_shows_them_in_airflows_shapes(api):
+    _world()
+    body = api.get("/api/v2/dags/orders").json()
+    assert body["tags"] == [
+        {"name": name, "dag_id": "orders", "dag_display_name": "orders"}
+        for name in ("consumption:batch", "daily", "etl")
+    ]
+    assert body["owners"] == ["data-eng", "qa"]
+    assert "doc_md" not in body  # DAGDetailsResponse only, as Airflow
+    details = api.get("/api/v2/dags/orders/details").json()
+    assert details["doc_md"] == "# Orders\n\nLoads the **orders**."  # inspect.cleandoc
+    assert details["tags"] == body["tags"] and details["owners"] == ["data-eng", "qa"]
+    bare = api.get("/api/v2/dags/bare/details").json()
+    assert (bare["tags"], bare["owners"], bare["doc_md"]) == ([], ["airflow"], None)
+
+
+def test_the_tags_and_owners_filters_match_as_airflows(api):
+    _world()
+
+    def listed(**params) -> list[str]:
+        body = api.get("/api/v2/dags", params).json()
+        return sorted(d["dag_id"] for d in body["dags"])
+
+    assert listed(tags=["etl"]) == ["orders", "reports"]
+    assert listed(tags=["daily", "etl"]) == ["orders", "reports"]  # any, the default
+    assert listed(tags=["daily", "etl"], tags_match_mode="any") == ["orders", "reports"]
+    assert listed(tags=["daily", "etl"], tags_match_mode="all") == ["orders"]
+    assert listed(tags=["nope"]) == []
+    assert listed(owners=["DATA"]) == ["orders"]  # ilike %owner%
+    assert listed(owners=["qa", "airflow"]) == ["bare", "orders", "reports"]
+    assert listed(owners=["%"]) == []  # the pattern's wildcard is escaped, as Airflow's
+    assert api.get("/api/v2/dags", {"tags_match_mode": "some"}).status_code == 422
+
+
+def test_the_admin_dag_page_shows_them():
+    _world()
+    get_user_model().objects.create_user("admin", password="pw", is_staff=True, is_superuser=True)
+    client = Client()
+    client.login(username="admin", password="pw")
+    page = client.get("/admin/assets_app/dag/orders/change/").content.decode()
+    assert "consumption:batch, daily, etl" in page
+    assert "data-eng, qa" in page
+    assert "Loads the **orders**." in page
+
+
+def test_a_tag_longer_than_airflows_limit_is_refused_naming_it():
+    result = _sync({"dag_id": "long", "tags": ["x" * 101], "tasks": []})
+    assert result.import_errors == ("long.py",)
+    assert not Dag.objects.filter(dag_id="long").exists()

@@ -20,7 +20,8 @@ A Dag that sets an attribute the service does not honour to anything but Airflow
 left out too, naming the file, Dag, task and attribute (issue 39, `airflow_worker.ledger`).
 
 What a Dag says about itself is carried to be shown as Airflow shows it (issue 39): its
-`tags` (every one), `doc_md`, each task's `owner` and `doc_md`.
+`tags` (every one), `doc_md`, each task's `owner` and `doc_md`, and the zone, dates and
+catchup of a Dag without a time schedule too.
 
 A file that does not import, or holds a Dag left out, is an import error (Airflow's
 `importErrors`): the sync reports it and the folder's other files still sync.
@@ -314,6 +315,23 @@ def _time_fields(dag: Any) -> dict[str, Any]:
     return fields
 
 
+def _shown_time_fields(dag: Any) -> dict[str, Any]:
+    """`_time_fields` of a Dag without a time schedule, defaults left out. A zone that is no
+    IANA name (a fixed offset) is left out too: the dates carry their offset, and the service
+    would refuse the Dag for a field that changes nothing it runs."""
+    import zoneinfo
+
+    fields = {k: v for k, v in _time_fields(dag).items() if (k, v) not in _TIME_DEFAULTS}
+    try:
+        zoneinfo.ZoneInfo(fields.get("timezone", "UTC"))
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        fields.pop("timezone")
+    return fields
+
+
+_TIME_DEFAULTS = {("timezone", "UTC"), ("catchup", False)}
+
+
 def _schedule(dag: Any, *, where: str, manual_only: bool) -> Any:
     from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
     from airflow.sdk.definitions.timetables.simple import NullTimetable
@@ -507,6 +525,10 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
     if timetable is not None:
         definition["timetable"] = timetable
         definition.update(_time_fields(dag))
+    else:
+        # What Airflow's Dag details show of a Dag without a time schedule (issue 39): its
+        # zone, dates and catchup, carried when they are not the defaults.
+        definition.update(_shown_time_fields(dag))
     if with_assets:
         definition["schedule_mode"] = "asset_or_time"
     return definition

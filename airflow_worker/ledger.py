@@ -62,10 +62,14 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "dag_id": Honoured(CONVERSION + ": the Dag's `dag_id`"),
     "description": Honoured(CONVERSION + ": `description`, shown in the API and admin"),
     "default_args": Honoured(STRUCTURE + " (each value is checked on the operators it reaches)"),
-    "start_date": Honoured(CONVERSION + ": `start_date` of a time schedule"),
-    "end_date": Honoured(CONVERSION + ": `end_date` of a time schedule"),
+    "start_date": Honoured(
+        CONVERSION + ": `start_date`, of a time schedule's runs; shown for every Dag"
+    ),
+    "end_date": Honoured(
+        CONVERSION + ": `end_date`, of a time schedule's runs; shown for every Dag"
+    ),
     "schedule": Honoured(CONVERSION + ": `schedule` / `timetable` (see the timetables)"),
-    "catchup": Honoured(CONVERSION + ": `catchup` of a time schedule"),
+    "catchup": Honoured(CONVERSION + ": `catchup`, of a time schedule's runs; shown for every Dag"),
     "template_searchpath": Honoured(TEMPLATES),
     "template_undefined": Honoured(TEMPLATES),
     "user_defined_macros": Honoured(TEMPLATES),

@@ -328,7 +328,9 @@ class DagAdmin(admin.ModelAdmin):
 
     @admin.display(description="time zone, dates, catchup")
     def time_bounds(self, obj):
-        if obj.timetable is None:
+        """Of every Dag that has them (issue 39: a manual or asset Dag's too, as Airflow's)."""
+        untimed = obj.start_date is None and obj.end_date is None and obj.timezone == "UTC"
+        if obj.timetable is None and untimed:
             return "-"
 
         def day(value):

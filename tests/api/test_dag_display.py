@@ -121,3 +121,30 @@ def test_a_tag_longer_than_airflows_limit_is_refused_naming_it():
     result = _sync({"dag_id": "long", "tags": ["x" * 101], "tasks": []})
     assert result.import_errors == ("long.py",)
     assert not Dag.objects.filter(dag_id="long").exists()
+
+
+def test_a_dag_without_a_time_schedule_shows_its_zone_and_dates(api):
+    """Issue 39: Airflow's Dag details show `start_date`, `end_date` and `timezone` of a Dag
+    with schedule=None or an asset schedule too; the admin's page shows them."""
+    _sync(
+        {
+            "dag_id": "manual",
+            "timezone": "Europe/Zurich",
+            "start_date": "2024-03-01T00:00:00",
+            "end_date": "2030-01-01T00:00:00+00:00",
+            "tasks": [{"task_id": "t"}],
+        },
+        {"dag_id": "plain", "tasks": [{"task_id": "t"}]},
+    )
+    details = api.get("/api/v2/dags/manual/details").json()
+    assert details["timezone"] == "Europe/Zurich"
+    assert details["start_date"] == "2024-02-29T23:00:00Z"
+    assert details["end_date"] == "2030-01-01T00:00:00Z"
+    assert details["next_dagrun_run_after"] is None
+    plain = api.get("/api/v2/dags/plain/details").json()
+    assert (plain["timezone"], plain["start_date"], plain["end_date"]) == ("UTC", None, None)
+    get_user_model().objects.create_user("admin", password="pw", is_staff=True, is_superuser=True)
+    client = Client()
+    client.login(username="admin", password="pw")
+    page = client.get("/admin/assets_app/dag/manual/change/").content.decode()
+    assert "Europe/Zurich; from 2024-" in page

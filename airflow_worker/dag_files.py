@@ -21,7 +21,8 @@ left out too, naming the file, Dag, task and attribute (issue 39, `airflow_worke
 
 What a Dag says about itself is carried to be shown as Airflow shows it (issue 39): its
 `tags` (every one), `doc_md`, each task's `owner` and `doc_md`, and the zone, dates and
-catchup of a Dag without a time schedule too.
+catchup of a Dag without a time schedule too. The folder is on `sys.path` while it is parsed,
+as Airflow's dag-processor has it (a file may import a helper module beside it).
 
 A file that does not import, or holds a Dag left out, is an import error (Airflow's
 `importErrors`): the sync reports it and the folder's other files still sync.
@@ -576,11 +577,14 @@ def parse_folder(folder: Path, *, manual_only: bool = False) -> Folder:
     error (Airflow's own stack trace); a Dag the service cannot run makes its file one too (the
     reason names the Dag), and that Dag is left out while the file's other Dags still sync, as
     Airflow serializes the Dags of a file that bagged and records the error beside them."""
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow.dag_processing.dagbag import BundleDagBag
 
     folder = folder.resolve()
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    bag = DagBag(dag_folder=str(folder), bundle_path=folder)
+    # Airflow's dag-processor parses with BundleDagBag, which puts the Dag folder on sys.path
+    # (once): a file may import a helper module beside it. The Task SDK's task runner parses
+    # with it too, so a task of that file runs with the same imports.
+    bag = BundleDagBag(dag_folder=str(folder), bundle_path=folder)
     errors: dict[str, list[str]] = {
         str(file): [str(error).rstrip()] for file, error in bag.import_errors.items()
     }

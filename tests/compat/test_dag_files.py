@@ -917,3 +917,22 @@ def test_what_a_dag_says_about_itself_is_carried_whatever_its_schedule(tmp_path)
     on_assets = Dag.objects.get(dag_id="on_assets")
     assert on_assets.start_date.isoformat() == "2024-01-01T05:00:00+00:00"
     assert on_assets.next_dagrun_create_after is None
+
+
+def test_a_dag_file_importing_a_helper_module_beside_it_converts(tmp_path):
+    """Issue 39: Airflow's dag-processor (its BundleDagBag) puts the Dag folder on `sys.path`,
+    so a DAG file may import a helper module from it; the worker's parse does the same."""
+    (tmp_path / "shared_names.py").write_text('OWNER = "data-eng"\nTAGS = ["etl"]\n')
+    (tmp_path / "uses_helper.py").write_text(
+        "from airflow.sdk import dag, task\n"
+        "from shared_names import OWNER, TAGS\n"
+        "@dag(dag_id='uses_helper', schedule=None, tags=TAGS, default_args={'owner': OWNER})\n"
+        "def uses_helper():\n"
+        "    task(task_id='t')(lambda: None)()\n"
+        "uses_helper()\n"
+    )
+    converted = _convert(tmp_path)
+    assert converted["import_errors"] == {}
+    (definition,) = converted["uses_helper.py"]
+    assert definition["tags"] == ["etl"]
+    assert definition["tasks"] == [{"task_id": "t", "retries": 0, "owner": "data-eng"}]

@@ -8,6 +8,9 @@ a refusal. Defaults are read from Airflow itself (a plain `DAG` and `BaseOperato
 same interpreter, so `[operators] default_queue`, `default_pool` and the like count), and a
 value `default_args` brings counts as the operator's own.
 
+The JSON door (`assets_app.definitions.schema`) refuses a definition key that is a refused
+attribute with the same reason, naming it.
+
 `tests/compat/test_attribute_ledger.py` reads the pinned Airflow's signatures and fails when a
 parameter is in neither list; the README's "Attribute ledger" table is this module's.
 """

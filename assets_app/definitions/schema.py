@@ -780,6 +780,22 @@ def _type(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
+def _refused_attribute(model: type[_Object], key: str) -> str | None:
+    """The attribute ledger's refusal (issue 39, `airflow_worker.ledger`) of a Dag's or task's
+    key the document format lacks because the service does not run it as Airflow does (`pool`,
+    `depends_on_past`, `params` of a Dag), or None for any other unknown key."""
+    from airflow_worker import ledger
+
+    entries = {
+        Dag: ledger.DAG_ATTRIBUTES,
+        Task: {**ledger.TASK_ATTRIBUTES, **ledger.AIRFLOW_SET_TASK_ATTRIBUTES},
+    }.get(model, {})
+    entry = entries.get(key)
+    if not isinstance(entry, ledger.Refused):
+        return None
+    return f"attribute {key!r} is refused by the asset service: {entry.reason}"
+
+
 def problem(exc: ValidationError) -> tuple[str, str]:
     """The first error of `exc` as (JSON path, message), e.g. (`[0].tasks[1].retries`,
     `must be at least 0, got -1`); "" is the document itself."""
@@ -801,6 +817,9 @@ def problem(exc: ValidationError) -> tuple[str, str]:
         return _path(loc[:-1]), f"{model.what if model else 'it'} needs {article}{key}"
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1]) or _Object
+        refused = _refused_attribute(model, str(loc[-1]))
+        if refused is not None:
+            return path, refused
         allowed = ", ".join(model.model_fields)
         return path, model.unknown_key.format(key=loc[-1], what=model.what, allowed=allowed)
     if kind == "model_type":

@@ -157,9 +157,11 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "render_template_as_native_obj": Honoured(TEMPLATES),
     "logger_name": Honoured(WORKER),
     "allow_nested_operators": Honoured(WORKER + " (a warning only)"),
-    "owner": Honoured(CONVERSION + ": `owner`; the Dag's `owners` in the API and admin"),
+    "owner": Honoured(
+        CONVERSION + ": `owner`, shown by the API's tasks; the Dag's `owners` in the API and admin"
+    ),
     "doc": Honoured(DISPLAY),
-    "doc_md": Honoured(DISPLAY),
+    "doc_md": Honoured(CONVERSION + ": `doc_md`, shown by the API's tasks"),
     "doc_json": Honoured(DISPLAY),
     "doc_yaml": Honoured(DISPLAY),
     "doc_rst": Honoured(DISPLAY),

@@ -166,3 +166,116 @@ def test_a_refused_attribute_on_the_json_door_names_the_ledgers_reason():
     assert "attribute 'pool' is refused by the asset service: pools are not supported" in trace
     assert "unknown key" not in trace
     assert list(Dag.objects.values_list("dag_id", flat=True)) == ["fine"]
+
+
+# --- GET /api/v2/dags/{dag_id}/tasks (Airflow's TaskCollectionResponse / TaskResponse) -------
+
+
+def _tasks_world() -> None:
+    _sync(
+        {
+            "dag_id": "pipeline",
+            "start_date": "2024-03-01T00:00:00+00:00",
+            "tasks": [
+                {"task_id": "extract", "owner": "data-eng", "retries": 2, "doc_md": "Pulls."},
+                {
+                    "task_id": "load",
+                    "upstream": ["extract"],
+                    "retry_delay_seconds": 90061.5,
+                    "trigger_rule": "all_done",
+                },
+                {"task_id": "check", "upstream": ["extract"], "expand": {"x": [1, 2]}},
+            ],
+        }
+    )
+
+
+def test_the_tasks_of_a_dag_in_airflows_shapes(api):
+    _tasks_world()
+    body = api.get("/api/v2/dags/pipeline/tasks").json()
+    assert body["total_entries"] == 3
+    assert [t["task_id"] for t in body["tasks"]] == ["check", "extract", "load"]
+    extract = body["tasks"][1]
+    assert extract == {
+        "task_id": "extract",
+        "task_display_name": "extract",
+        "owner": "data-eng",
+        "start_date": "2024-03-01T00:00:00Z",
+        "end_date": None,
+        "trigger_rule": "all_success",
+        "depends_on_past": False,
+        "wait_for_downstream": False,
+        "retries": 2.0,
+        "queue": "default",
+        "pool": "default_pool",
+        "pool_slots": 1.0,
+        "execution_timeout": None,
+        "retry_delay": {"__type": "TimeDelta", "days": 0, "seconds": 300, "microseconds": 0},
+        "retry_exponential_backoff": 0.0,
+        "priority_weight": 1.0,
+        "weight_rule": "downstream",
+        "ui_color": "#fff",
+        "ui_fgcolor": "#000",
+        "template_fields": [],
+        "downstream_task_ids": ["check", "load"],
+        "doc_md": "Pulls.",
+        "operator_name": None,
+        "params": {},
+        "class_ref": None,
+        "is_mapped": False,
+        "extra_links": [],
+    }
+    load = api.get("/api/v2/dags/pipeline/tasks/load").json()
+    assert load["retry_delay"] == {
+        "__type": "TimeDelta",
+        "days": 1,
+        "seconds": 3661,
+        "microseconds": 500000,
+    }
+    assert (load["trigger_rule"], load["downstream_task_ids"], load["owner"]) == (
+        "all_done",
+        [],
+        "airflow",
+    )
+    assert api.get("/api/v2/dags/pipeline/tasks/check").json()["is_mapped"] is True
+
+
+def test_tasks_sort_as_airflows_order_by_and_refuse_what_it_refuses(api):
+    _tasks_world()
+
+    def order(order_by: str) -> list[str]:
+        answer = api.get("/api/v2/dags/pipeline/tasks", {"order_by": order_by})
+        assert answer.status_code == 200, answer.content
+        return [t["task_id"] for t in answer.json()["tasks"]]
+
+    assert order("-task_id") == ["load", "extract", "check"]
+    assert order("-retries") == ["extract", "check", "load"]
+    assert order("retry_delay") == ["check", "extract", "load"]
+    assert order("pool") == ["check", "extract", "load"]  # the same for all: by task_id
+    bad = api.get("/api/v2/dags/pipeline/tasks", {"order_by": "downstream_task_ids"})
+    assert bad.status_code == 400
+    assert "Ordering with 'downstream_task_ids' is disallowed" in bad.json()["detail"]["message"]
+
+
+def test_unknown_dags_and_tasks_are_404_and_reads_are_flat(api, django_assert_num_queries):
+    _tasks_world()
+    assert api.get("/api/v2/dags/nope/tasks").status_code == 404
+    missing = api.get("/api/v2/dags/pipeline/tasks/nope")
+    assert missing.status_code == 404
+    assert missing.json()["detail"]["message"] == "Task with id nope was not found"
+    api.get("/api/v2/dags/pipeline/tasks")  # the token's last_used_at update
+    with django_assert_num_queries(4):  # the token, the Dag, its tasks, their links
+        api.get("/api/v2/dags/pipeline/tasks")
+    _sync({"dag_id": "pipeline", "tasks": [{"task_id": f"t{i}"} for i in range(40)]})
+    with django_assert_num_queries(4):
+        assert api.get("/api/v2/dags/pipeline/tasks").json()["total_entries"] == 40
+
+
+def test_tasks_need_the_dag_view_permission(api):
+    _tasks_world()
+    get_user_model().objects.create_user("nobody", password="pw")
+    _, key = create_api_token(username="nobody", name="none")
+    other = Client(headers={"Authorization": f"Bearer {key}"})
+    assert other.get("/api/v2/dags/pipeline/tasks").status_code == 403
+    assert other.get("/api/v2/dags/pipeline/tasks/extract").status_code == 403
+    assert Client().get("/api/v2/dags/pipeline/tasks").status_code == 401

@@ -91,7 +91,7 @@ from ..models import (
     TriggerRule,
     WatcherRoute,
 )
-from ..models.dags import DEFAULT_OWNER, DEFAULT_RETRY_DELAY_SECONDS
+from ..models.dags import DEFAULT_OWNER, DEFAULT_RETRY_DELAY_SECONDS, OWNERS_MAX_LENGTH
 from ..operations import audit
 from ..sql import locks, wakeups
 from . import conditions, next_runs, timetables
@@ -465,7 +465,8 @@ def _check_watchers(dag: DagDefinition) -> DagDefinition:
 
 def _check_tasks(dag: DagDefinition) -> None:
     """What the schema cannot say about a Dag's tasks: no duplicate task ids, outlets, aliases
-    or upstream ids; every upstream id names another task of the Dag; no cycle (named)."""
+    or upstream ids; every upstream id names another task of the Dag; no cycle (named); their
+    owners joined fit the Dag's `owners`."""
 
     def error(path: str, message: str) -> DefinitionError:
         named = f"dag {dag.dag_id!r}"
@@ -504,6 +505,12 @@ def _check_tasks(dag: DagDefinition) -> None:
                     f"{join(task.path, 'upstream')}[{i}]",
                     f"unknown upstream task {upstream_id!r} (dag {dag.dag_id!r} has no such task)",
                 )
+    if len(dag.owners) > OWNERS_MAX_LENGTH:
+        raise error(
+            join(dag.path, "tasks"),
+            f"the tasks' owners joined ({dag.owners[:60]!r}...) are longer than the "
+            f"{OWNERS_MAX_LENGTH} characters of a Dag's owners (Airflow's DagModel.owners)",
+        )
     _check_mapping(dag, error)
     order = {task.task_id: i for i, task in enumerate(dag.tasks)}
     cycle = _cycle({task.task_id: task.upstream for task in dag.tasks}, order)

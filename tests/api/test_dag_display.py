@@ -279,3 +279,14 @@ def test_tasks_need_the_dag_view_permission(api):
     assert other.get("/api/v2/dags/pipeline/tasks").status_code == 403
     assert other.get("/api/v2/dags/pipeline/tasks/extract").status_code == 403
     assert Client().get("/api/v2/dags/pipeline/tasks").status_code == 401
+
+
+def test_owners_too_long_together_are_refused_naming_the_dag():
+    """Each owner fits, but joined they would not fit Airflow's 2000 characters of a Dag's
+    owners: the file is refused (an import error naming the Dag), not a database error."""
+    tasks = [{"task_id": f"t{i}", "owner": f"{i}" + "o" * 300} for i in range(8)]
+    result = _sync({"dag_id": "crowded", "tasks": tasks})
+    assert result.import_errors == ("crowded.py",)
+    trace = DagImportError.objects.get(filename="crowded.py").stack_trace
+    assert "Dag 'crowded'" in trace and "longer than the 2000 characters" in trace
+    assert not Dag.objects.filter(dag_id="crowded").exists()

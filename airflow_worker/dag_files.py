@@ -19,6 +19,11 @@ be synced as manual-only (schedule null).
 A Dag that sets an attribute the service does not honour to anything but Airflow's default is
 left out too, naming the file, Dag, task and attribute (issue 39, `airflow_worker.ledger`).
 
+What a Dag says about itself is carried to be shown as Airflow shows it (issue 39): its
+`tags` (every one), `doc_md`, each task's `owner` and `doc_md`, and the zone, dates and
+catchup of a Dag without a time schedule too. The folder is on `sys.path` while it is parsed,
+as Airflow's dag-processor has it (a file may import a helper module beside it).
+
 A file that does not import, or holds a Dag left out, is an import error (Airflow's
 `importErrors`): the sync reports it and the folder's other files still sync.
 
@@ -62,6 +67,9 @@ TASK_DEFAULTS: dict[str, Any] = {
     "max_retry_delay_seconds": None,
 }
 
+
+# Airflow's `[operators] default_owner`, the definition format's task owner default.
+DEFAULT_OWNER = "airflow"
 
 # `tags=["xcom_read_scope:dag"]`: the Dag's `xcom_read_scope` (run | dag | all).
 XCOM_READ_SCOPE_TAG = "xcom_read_scope:"
@@ -309,6 +317,23 @@ def _time_fields(dag: Any) -> dict[str, Any]:
     return fields
 
 
+def _shown_time_fields(dag: Any) -> dict[str, Any]:
+    """`_time_fields` of a Dag without a time schedule, defaults left out. A zone that is no
+    IANA name (a fixed offset) is left out too: the dates carry their offset, and the service
+    would refuse the Dag for a field that changes nothing it runs."""
+    import zoneinfo
+
+    fields = {k: v for k, v in _time_fields(dag).items() if (k, v) not in _TIME_DEFAULTS}
+    try:
+        zoneinfo.ZoneInfo(fields.get("timezone", "UTC"))
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        fields.pop("timezone")
+    return fields
+
+
+_TIME_DEFAULTS = {("timezone", "UTC"), ("catchup", False)}
+
+
 def _schedule(dag: Any, *, where: str, manual_only: bool) -> Any:
     from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
     from airflow.sdk.definitions.timetables.simple import NullTimetable
@@ -349,6 +374,11 @@ def _task(task: Any) -> dict[str, Any]:
         "max_retry_delay_seconds": _seconds(task.max_retry_delay),
     }
     definition.update({k: v for k, v in optional.items() if v != TASK_DEFAULTS[k]})
+    # Shown only (issue 39): the owner Airflow's Dag owners are made of, and the doc.
+    if task.owner and task.owner != DEFAULT_OWNER:
+        definition["owner"] = str(task.owner)
+    if task.doc_md:
+        definition["doc_md"] = str(task.doc_md)
     if outlets:
         definition["outlets"] = outlets
     if aliases:
@@ -470,6 +500,12 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         "description": dag.description or "",
         "tasks": tasks,
     }
+    # Shown as Airflow shows them (issue 39): every tag, the service's own
+    # `xcom_read_scope:` / `consumption:` ones too (ordinary tags to Airflow), and the doc.
+    if dag.tags:
+        definition["tags"] = sorted(dag.tags)
+    if dag.doc_md:
+        definition["doc_md"] = str(dag.doc_md)
     if dag.is_paused_upon_creation is not None:
         # None: Airflow's dags_are_paused_at_creation decides, here the service's setting.
         definition["is_paused"] = bool(dag.is_paused_upon_creation)
@@ -498,6 +534,10 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
     if timetable is not None:
         definition["timetable"] = timetable
         definition.update(_time_fields(dag))
+    else:
+        # What Airflow's Dag details show of a Dag without a time schedule (issue 39): its
+        # zone, dates and catchup, carried when they are not the defaults.
+        definition.update(_shown_time_fields(dag))
     if with_assets:
         definition["schedule_mode"] = "asset_or_time"
     return definition
@@ -573,11 +613,14 @@ def parse_folder(folder: Path, *, manual_only: bool = False) -> Folder:
     error (Airflow's own stack trace); a Dag the service cannot run makes its file one too (the
     reason names the Dag), and that Dag is left out while the file's other Dags still sync, as
     Airflow serializes the Dags of a file that bagged and records the error beside them."""
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow.dag_processing.dagbag import BundleDagBag
 
     folder = folder.resolve()
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-    bag = DagBag(dag_folder=str(folder), bundle_path=folder)
+    # Airflow's dag-processor parses with BundleDagBag, which puts the Dag folder on sys.path
+    # (once): a file may import a helper module beside it. The Task SDK's task runner parses
+    # with it too, so a task of that file runs with the same imports.
+    bag = BundleDagBag(dag_folder=str(folder), bundle_path=folder)
     errors: dict[str, list[str]] = {
         str(file): [str(error).rstrip()] for file, error in bag.import_errors.items()
     }

@@ -8,6 +8,9 @@ a refusal. Defaults are read from Airflow itself (a plain `DAG` and `BaseOperato
 same interpreter, so `[operators] default_queue`, `default_pool` and the like count), and a
 value `default_args` brings counts as the operator's own.
 
+The JSON door (`assets_app.definitions.schema`) refuses a definition key that is a refused
+attribute with the same reason, naming it.
+
 `tests/compat/test_attribute_ledger.py` reads the pinned Airflow's signatures and fails when a
 parameter is in neither list; the README's "Attribute ledger" table is this module's.
 """
@@ -38,7 +41,6 @@ class Refused:
 CONVERSION = "the conversion (`airflow_worker/dag_files.py`)"
 WORKER = "the worker: the stock Task SDK task runner in `bin/airflow-worker` applies it"
 DISPLAY = "names or describes only: nothing runs differently"
-SHOWN_LATER = DISPLAY + "; not shown by the service yet (issue 39)"
 TEMPLATES = WORKER + " (templates are rendered there, from the DAG file)"
 STRUCTURE = "structure: read through the tasks and their attributes"
 IGNORED_BY_AIRFLOW = "ignored, as Airflow 3 ignores it (SLAs were removed in Airflow 3.0)"
@@ -63,10 +65,14 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "dag_id": Honoured(CONVERSION + ": the Dag's `dag_id`"),
     "description": Honoured(CONVERSION + ": `description`, shown in the API and admin"),
     "default_args": Honoured(STRUCTURE + " (each value is checked on the operators it reaches)"),
-    "start_date": Honoured(CONVERSION + ": `start_date` of a time schedule"),
-    "end_date": Honoured(CONVERSION + ": `end_date` of a time schedule"),
+    "start_date": Honoured(
+        CONVERSION + ": `start_date`, of a time schedule's runs; shown for every Dag"
+    ),
+    "end_date": Honoured(
+        CONVERSION + ": `end_date`, of a time schedule's runs; shown for every Dag"
+    ),
     "schedule": Honoured(CONVERSION + ": `schedule` / `timetable` (see the timetables)"),
-    "catchup": Honoured(CONVERSION + ": `catchup` of a time schedule"),
+    "catchup": Honoured(CONVERSION + ": `catchup`, of a time schedule's runs; shown for every Dag"),
     "template_searchpath": Honoured(TEMPLATES),
     "template_undefined": Honoured(TEMPLATES),
     "user_defined_macros": Honoured(TEMPLATES),
@@ -76,9 +82,10 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "max_active_runs": Honoured(CONVERSION + ": `max_active_runs`, the scheduler's run limit"),
     "is_paused_upon_creation": Honoured(CONVERSION + ": `is_paused`, the pause of a new Dag"),
     "tags": Honoured(
-        CONVERSION + ": the `xcom_read_scope:` and `consumption:` tags; other tags " + SHOWN_LATER
+        CONVERSION + ": `tags`, every one shown in the API (and its `tags` filter) and admin; "
+        "the `xcom_read_scope:` and `consumption:` tags also set those"
     ),
-    "doc_md": Honoured(SHOWN_LATER),
+    "doc_md": Honoured(CONVERSION + ": `doc_md`, shown in the API's Dag details and the admin"),
     "owner_links": Honoured(DISPLAY),
     "dag_display_name": Honoured(DISPLAY),
     "auto_register": Honoured("the parse: Airflow's own DagBag finds the Dags"),
@@ -156,9 +163,11 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "render_template_as_native_obj": Honoured(TEMPLATES),
     "logger_name": Honoured(WORKER),
     "allow_nested_operators": Honoured(WORKER + " (a warning only)"),
-    "owner": Honoured(SHOWN_LATER),
+    "owner": Honoured(
+        CONVERSION + ": `owner`, shown by the API's tasks; the Dag's `owners` in the API and admin"
+    ),
     "doc": Honoured(DISPLAY),
-    "doc_md": Honoured(DISPLAY),
+    "doc_md": Honoured(CONVERSION + ": `doc_md`, shown by the API's tasks"),
     "doc_json": Honoured(DISPLAY),
     "doc_yaml": Honoured(DISPLAY),
     "doc_rst": Honoured(DISPLAY),

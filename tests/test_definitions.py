@@ -315,6 +315,22 @@ BAD_CASES = {
         "[0].tasks[0].retry",
         "unknown key 'retry' in a task",
     ),
+    # Issue 39: an Airflow attribute the ledger refuses is refused with the ledger's reason.
+    "refused_task_attribute": (
+        [{"dag_id": "d", "tasks": [{"task_id": "t", "pool": "etl"}]}],
+        "[0].tasks[0].pool",
+        "attribute 'pool' is refused by the asset service: pools are not supported",
+    ),
+    "refused_dag_attribute": (
+        {"dag_id": "d", "dagrun_timeout": 60},
+        "dagrun_timeout",
+        "attribute 'dagrun_timeout' is refused by the asset service: the service does not time",
+    ),
+    "refused_setup_task": (
+        {"dag_id": "d", "tasks": [{"task_id": "t", "is_setup": True}]},
+        "tasks[0].is_setup",
+        "attribute 'is_setup' is refused by the asset service: setup and teardown tasks",
+    ),
     "unknown_asset_ref_key": (
         [{"dag_id": "d", "tasks": [{"task_id": "t", "outlets": [{"name": "a", "url": "b"}]}]}],
         "[0].tasks[0].outlets[0].url",

@@ -1,5 +1,6 @@
 """Dags and tasks: schedule (with what is already satisfied), queued events with "clear", runs."""
 
+import inspect
 import json
 from typing import Any
 
@@ -225,6 +226,9 @@ class DagAdmin(admin.ModelAdmin):
                 "fields": (
                     "dag_id",
                     "description",
+                    "tag_list",
+                    "owners",
+                    "documentation",
                     "is_paused",
                     "max_active_runs",
                     "schedule_summary",
@@ -249,6 +253,9 @@ class DagAdmin(admin.ModelAdmin):
     readonly_fields = (
         "dag_id",
         "description",
+        "tag_list",
+        "owners",
+        "documentation",
         "schedule_summary",
         "consumption",
         "next_run",
@@ -294,6 +301,17 @@ class DagAdmin(admin.ModelAdmin):
             )
         )
 
+    @admin.display(description="tags")
+    def tag_list(self, obj):
+        return ", ".join(sorted(obj.tags)) or "-"
+
+    @admin.display(description="doc_md")
+    def documentation(self, obj):
+        """The Dag's `doc_md` as its text (escaped, de-indented as Airflow shows it)."""
+        if not obj.doc_md:
+            return "-"
+        return format_html('<pre class="aes-doc-md">{}</pre>', inspect.cleandoc(obj.doc_md))
+
     @admin.display(description="next run", ordering="next_dagrun_create_after")
     def next_run(self, obj):
         """When the timetable's next run is due, and its logical date when that differs
@@ -311,7 +329,9 @@ class DagAdmin(admin.ModelAdmin):
 
     @admin.display(description="time zone, dates, catchup")
     def time_bounds(self, obj):
-        if obj.timetable is None:
+        """Of every Dag that has them (issue 39: a manual or asset Dag's too, as Airflow's)."""
+        untimed = obj.start_date is None and obj.end_date is None and obj.timezone == "UTC"
+        if obj.timetable is None and untimed:
             return "-"
 
         def day(value):

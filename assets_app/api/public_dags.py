@@ -38,10 +38,12 @@ from .public_schemas import (
     ImportErrorResponse,
     NewTaskResponse,
     RunRanges,
+    TaskCollectionResponse,
     TaskInstanceCollectionResponse,
     TaskInstanceResponse,
     TaskInstancesBatchBody,
     TaskInstancesLogResponse,
+    TaskResponse,
     TriggerDagRunBody,
     responses,
 )
@@ -88,9 +90,7 @@ class DagFilters(Page):
     timetable_type: list[str] = Field(default_factory=list)
 
     def domain(self) -> dags.DagFilters:
-        values = self.dict(
-            exclude={"limit", "offset", "order_by", "tags_match_mode", "exclude_stale"}
-        )
+        values = self.dict(exclude={"limit", "offset", "order_by", "exclude_stale"})
         return dags.DagFilters(**values)
 
 
@@ -237,9 +237,7 @@ def patch_dags(
     """Pause or unpause every Dag matching `dag_id_pattern` / `dag_id_prefix_pattern` (`~`: all;
     neither: none), as Airflow's `PATCH /api/v2/dags`; answers a page of them."""
     _check_update_mask(filters.update_mask)
-    values = filters.dict(
-        exclude={"update_mask", "limit", "offset", "tags_match_mode", "exclude_stale"}
-    )
+    values = filters.dict(exclude={"update_mask", "limit", "offset", "exclude_stale"})
     page = dags.set_paused(
         is_paused=body.is_paused,
         filters=dags.DagFilters(**values),
@@ -273,6 +271,29 @@ def patch_dag(
     _check_update_mask(mask.update_mask)
     page = dags.set_paused(is_paused=body.is_paused, dag_id=dag_id, actor=actor_of(request))
     return DAGResponse.from_dag(page.rows[0])
+
+
+@router.get(
+    "/dags/{dag_id}/tasks", response=responses(TaskCollectionResponse, 400, 404), by_alias=True
+)
+@needs("view", Dag)
+def get_tasks(
+    request: HttpRequest, dag_id: str, order_by: str = "task_id"
+) -> TaskCollectionResponse:
+    """A Dag's tasks (Airflow: `GET /api/v2/dags/{dag_id}/tasks`), sorted by `order_by`."""
+    found = dags.get_tasks(dag_id, order_by=order_by)
+    tasks = [TaskResponse.from_task(task, dag=found.dag) for task in found.tasks]
+    return TaskCollectionResponse(tasks=tasks, total_entries=len(tasks))
+
+
+@router.get(
+    "/dags/{dag_id}/tasks/{task_id}", response=responses(TaskResponse, 400, 404), by_alias=True
+)
+@needs("view", Dag)
+def get_task(request: HttpRequest, dag_id: str, task_id: str) -> TaskResponse:
+    """One task of a Dag, or 404 (Airflow: same path)."""
+    found = dags.get_tasks(dag_id, task_id=task_id)
+    return TaskResponse.from_task(found.tasks[0], dag=found.dag)
 
 
 # --- Dag runs -------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ every field of Airflow's body; one naming a feature the service lacks (`partitio
 null. Query parameters are the endpoint's own (`public.py`, `public_dags.py`).
 """
 
-from datetime import datetime
+import inspect
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
@@ -28,6 +29,7 @@ from assets_app.models import (
     Dag,
     DagImportError,
     DagRun,
+    Task,
     TaskInstance,
 )
 from assets_app.models.assets import ASSET_KEY_MAX_LENGTH
@@ -346,7 +348,10 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         ),
         "timetable_partitioned": False,
         "timetable_periodic": False,
-        "tags": [],
+        "tags": [
+            {"name": tag, "dag_id": dag.dag_id, "dag_display_name": dag.dag_id}
+            for tag in sorted(dag.tags)
+        ],
         "max_active_tasks": AIRFLOW_MAX_ACTIVE_TASKS,
         "max_active_runs": dag.max_active_runs,
         "max_consecutive_failed_dag_runs": 0,
@@ -357,7 +362,8 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         "next_dagrun_data_interval_end": None,
         "next_dagrun_run_after": None,
         "allowed_run_types": dag.allowed_run_types,
-        "owners": [],
+        # Airflow's DAGResponse.get_owners: `DagModel.owners` split at commas.
+        "owners": [owner.strip() for owner in dag.owners.split(",")],
         "is_backfillable": False,
         "file_token": "",
     }
@@ -371,10 +377,11 @@ AIRFLOW_MAX_ACTIVE_TASKS = 16
 
 
 class DAGResponse(Schema):
-    """Airflow's DAGResponse. No tags, owners or bundles here: empty lists, nulls and Airflow's
-    defaults; the `timetable_*` fields are Airflow's ("Asset" for an asset schedule, "None" for
-    manual runs only, a timetable's own summary and description, AssetOrTimeSchedule's for
-    assets or time: `_time_fields`), the `next_dagrun_*` fields the stored next run;
+    """Airflow's DAGResponse: tags sorted by name, owners from the tasks' (`DagModel.owners`
+    split at commas). No bundles here: nulls and Airflow's defaults; the `timetable_*` fields
+    are Airflow's ("Asset" for an asset schedule, "None" for manual runs only, a timetable's
+    own summary and description, AssetOrTimeSchedule's for assets or time: `_time_fields`),
+    the `next_dagrun_*` fields the stored next run;
     `last_parsed_time` is the last time `sync_dags` changed the Dag."""
 
     dag_id: str
@@ -442,7 +449,8 @@ class DAGDetailsResponse(DAGResponse):
             catchup=dag.catchup,
             dag_run_timeout=None,
             asset_expression=dag_reads.asset_expression(dag),
-            doc_md=None,
+            # Airflow's DAGDetailsResponse.get_doc_md: the text de-indented.
+            doc_md=inspect.cleandoc(dag.doc_md) if dag.doc_md else None,
             start_date=dag.start_date,
             end_date=dag.end_date,
             is_paused_upon_creation=None,
@@ -723,6 +731,109 @@ class JobResponse(Schema):
     hostname: str | None
     unixname: str | None
     dag_display_name: str | None = None
+
+
+class TimeDelta(BaseModel):
+    """Airflow's TimeDelta (`{"__type": "TimeDelta", days, seconds, microseconds}`); routes
+    answering it serialize by alias. A plain pydantic model: ninja's Schema reads attributes
+    through Django's template lookup, which refuses a name starting with an underscore."""
+
+    object_type: str = Field("TimeDelta", alias="__type")
+    days: int
+    seconds: int
+    microseconds: int
+
+    @staticmethod
+    def of(seconds: float) -> dict[str, Any]:
+        """The input of one (by its alias), as `timedelta` splits `seconds`."""
+        value = timedelta(seconds=seconds)
+        return {
+            "__type": "TimeDelta",
+            "days": value.days,
+            "seconds": value.seconds,
+            "microseconds": value.microseconds,
+        }
+
+
+# What Airflow's TaskResponse answers for a BaseOperator left at its defaults, for what the
+# service does not store: no pools, queues, priorities or executors run here (the ledger refuses
+# other values), and the operator's class and template fields are the worker's, from the file.
+AIRFLOW_TASK_DEFAULTS: dict[str, Any] = {
+    "depends_on_past": False,
+    "wait_for_downstream": False,
+    "queue": run_reads.DEFAULT_QUEUE,
+    "pool": run_reads.DEFAULT_POOL,
+    "pool_slots": 1.0,
+    "execution_timeout": None,
+    "priority_weight": 1.0,
+    "weight_rule": "downstream",
+    "ui_color": "#fff",
+    "ui_fgcolor": "#000",
+    "template_fields": [],
+    "operator_name": None,
+    "params": {},
+    "class_ref": None,
+    "extra_links": [],
+}
+
+
+class TaskResponse(Schema):
+    """Airflow's TaskResponse (`GET /dags/{dag_id}/tasks`): what the service stores of a task
+    (owner, trigger rule, retries and their delay, doc_md, mapping, its downstream tasks), the
+    Dag's start and end dates (Airflow gives a task without its own the Dag's, and the ledger
+    refuses a task's own), and `AIRFLOW_TASK_DEFAULTS` for the rest."""
+
+    task_id: str | None
+    task_display_name: str | None
+    owner: str | None
+    start_date: datetime | None
+    end_date: datetime | None
+    trigger_rule: str | None
+    depends_on_past: bool
+    wait_for_downstream: bool
+    retries: float | None
+    queue: str | None
+    pool: str | None
+    pool_slots: float | None
+    execution_timeout: TimeDelta | None
+    retry_delay: TimeDelta | None
+    retry_exponential_backoff: float
+    priority_weight: float | None
+    weight_rule: str | None
+    ui_color: str | None
+    ui_fgcolor: str | None
+    template_fields: list[str] | None
+    downstream_task_ids: list[str] | None
+    doc_md: str | None
+    operator_name: str | None
+    params: dict[str, Any] | None
+    class_ref: dict[str, Any] | None
+    is_mapped: bool | None
+    extra_links: list[str]
+
+    @staticmethod
+    def from_task(task: Task, *, dag: Dag) -> "TaskResponse":
+        """From a task of `dag_reads.get_tasks` (its `downstream_ids` set)."""
+        return TaskResponse(
+            **AIRFLOW_TASK_DEFAULTS,
+            task_id=task.task_id,
+            task_display_name=task.task_id,
+            owner=task.owner,
+            start_date=dag.start_date,
+            end_date=dag.end_date,
+            trigger_rule=task.trigger_rule,
+            retries=float(task.retries),
+            retry_delay=TimeDelta.of(task.retry_delay_seconds),  # type: ignore[arg-type]
+            retry_exponential_backoff=task.retry_exponential_backoff,
+            downstream_task_ids=task.downstream_ids,  # type: ignore[attr-defined]  # (get_tasks)
+            doc_md=task.doc_md or None,
+            is_mapped=task.is_mapped,
+        )
+
+
+class TaskCollectionResponse(Schema):
+    tasks: list[TaskResponse]
+    total_entries: int
 
 
 class TaskInstanceResponse(Schema):

@@ -7,6 +7,8 @@ run with the highest id, as Airflow picks it): `last_run_state`, `last_run_start
 `last_run_end_date`, which Airflow's `dag_run_*` filters and `last_run_*` orderings use.
 """
 
+import functools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +37,8 @@ from ..models import (
     DagScheduleAliasReference,
     DagScheduleAssetReference,
     ScheduleMode,
+    Task,
+    TaskUpstream,
 )
 from ..operations import audit
 from ..sql import wakeups
@@ -99,11 +103,14 @@ def _with_latest_run(dags: QuerySet[Dag]) -> QuerySet[Dag]:
 
 @dataclass(frozen=True)
 class DagFilters:
-    """Airflow's `GET /dags` filters. Those on concepts this service has no values for (tags,
-    owners, bundles, favorites) match what Airflow matches when nothing has
-    them: asking for a value matches no Dag, asking for its absence matches every Dag."""
+    """Airflow's `GET /dags` filters. `tags` match as Airflow's `_TagsFilter` (a Dag with any
+    of them, or with all of them for `tags_match_mode` `all`), `owners` as its `_OwnersFilter`
+    (an owner's text anywhere in the Dag's owners, case-insensitive, any of them). Those on
+    concepts this service has no values for (bundles, favorites) match what Airflow matches when
+    nothing has them: asking for a value matches no Dag, asking for its absence every Dag."""
 
     tags: Sequence[str] = ()
+    tags_match_mode: str | None = None
     owners: Sequence[str] = ()
     dag_id_pattern: str | None = None
     dag_id_prefix_pattern: str | None = None
@@ -155,7 +162,12 @@ def _filter(dags: QuerySet[Dag], f: DagFilters) -> QuerySet[Dag]:
             param="dag_run_end_date",
         )
     )
-    if f.tags or f.owners or f.is_favorite:
+    if f.tags:
+        has = [Q(tags__contains=[tag]) for tag in f.tags]
+        q &= functools.reduce(operator.and_ if f.tags_match_mode == "all" else operator.or_, has)
+    if f.owners:
+        q &= functools.reduce(operator.or_, (Q(owners__icontains=o) for o in f.owners))
+    if f.is_favorite:
         q &= _NOTHING
     if f.has_import_errors is not None:
         q &= Q(_has_import_errors()) if f.has_import_errors else ~Q(_has_import_errors())
@@ -253,6 +265,86 @@ def asset_expression(dag: Dag) -> dict[str, Any] | None:
         return {op: [convert(child) for child in children]}
 
     return convert(dag.schedule)
+
+
+# Airflow's `_SORTABLE_TASK_FIELDS` (`GET /dags/{dag_id}/tasks?order_by=`): those the service
+# stores sort by their value; the others (Airflow's defaults here, the same for every task, or
+# the Dag's dates) leave the order by task_id, as Airflow's stable sort of equal keys would.
+TASK_ORDERING_STORED = {
+    "task_id": "task_id",
+    "task_display_name": "task_id",
+    "owner": "owner",
+    "trigger_rule": "trigger_rule",
+    "retries": "retries",
+    "retry_delay": "retry_delay_seconds",
+    "retry_exponential_backoff": "retry_exponential_backoff",
+}
+TASK_ORDERING_CONSTANT = frozenset(
+    {
+        "start_date",
+        "end_date",
+        "depends_on_past",
+        "wait_for_downstream",
+        "queue",
+        "pool",
+        "pool_slots",
+        "execution_timeout",
+        "priority_weight",
+        "weight_rule",
+        "ui_color",
+        "ui_fgcolor",
+        "operator_name",
+    }
+)
+
+
+@dataclass(frozen=True)
+class DagTasks:
+    """A Dag and its tasks (or the one asked for), each with `downstream_ids` set: the task_ids
+    that run after it, sorted."""
+
+    dag: Dag
+    tasks: list[Task]
+
+
+def get_tasks(dag_id: str, *, task_id: str | None = None, order_by: str = "task_id") -> DagTasks:
+    """The tasks of a Dag as Airflow's `GET /dags/{dag_id}/tasks` lists them (sorted by
+    `order_by`, `-` for descending; BadRequest `invalid_order_by` for a field Airflow does not
+    sort on), or only `task_id` (`GET /dags/{dag_id}/tasks/{task_id}`). NotFound for an unknown
+    Dag or task. 3 queries whatever the number of tasks; no locks."""
+    dag = Dag.objects.filter(dag_id=dag_id).first()
+    if dag is None:
+        raise exceptions.NotFound(
+            f"Dag with id {dag_id} was not found", reason="dag_not_found", dag_id=dag_id
+        )
+    field = order_by.lstrip("-")
+    if field not in TASK_ORDERING_STORED and field not in TASK_ORDERING_CONSTANT:
+        raise exceptions.BadRequest(
+            f"Ordering with '{field}' is disallowed or the attribute does not exist on the model",
+            reason="invalid_order_by",
+            field=field,
+        )
+    tasks = Task.objects.filter(dag=dag)
+    if task_id is not None:
+        tasks = tasks.filter(task_id=task_id)
+    column = TASK_ORDERING_STORED.get(field, "task_id")
+    descending = order_by.startswith("-") and field in TASK_ORDERING_STORED
+    found = list(tasks.order_by(f"-{column}" if descending else column, "task_id"))
+    if task_id is not None and not found:
+        raise exceptions.NotFound(
+            f"Task with id {task_id} was not found", reason="task_not_found", task_id=task_id
+        )
+    links = TaskUpstream.objects.filter(upstream__dag=dag)
+    if task_id is not None:
+        links = links.filter(upstream__task_id=task_id)
+    downstream: dict[int, list[str]] = {}
+    for upstream_pk, downstream_id in links.order_by("task__task_id").values_list(
+        "upstream_id", "task__task_id"
+    ):
+        downstream.setdefault(upstream_pk, []).append(downstream_id)
+    for task in found:
+        task.downstream_ids = downstream.get(task.pk, [])  # type: ignore[attr-defined]
+    return DagTasks(dag=dag, tasks=found)
 
 
 def after_unpause(dag_ids: Sequence[str]) -> None:

@@ -35,7 +35,14 @@ from pydantic_core import PydanticCustomError
 
 from ..guards import limits
 from ..models.assets import ASSET_KEY_MAX_LENGTH
-from ..models.dags import DAG_ID_MAX_LENGTH, DEFAULT_RETRY_DELAY_SECONDS, TriggerRule
+from ..models.dags import (
+    DAG_ID_MAX_LENGTH,
+    DEFAULT_OWNER,
+    DEFAULT_RETRY_DELAY_SECONDS,
+    OWNERS_MAX_LENGTH,
+    TAG_MAX_LENGTH,
+    TriggerRule,
+)
 from ..models.watchers import (
     BODY_FIELD_MAX_LENGTH,
     BODY_VALUE_MAX_LENGTH,
@@ -423,6 +430,10 @@ Expand = Annotated[
 ]
 
 
+DOC_MD_MAX_LENGTH = 100_000
+DagTag = Annotated[str, Field(min_length=1, max_length=TAG_MAX_LENGTH)]
+
+
 class Task(_Object):
     """A task of a Dag."""
 
@@ -454,6 +465,15 @@ class Task(_Object):
         "source for all of them); map index i of a task runs after map index i of its "
         "upstream tasks in the group. Its roots (the tasks with no upstream in the group) "
         'list the `{"xcom": ...}` task upstream.',
+    )
+    owner: str = Field(
+        DEFAULT_OWNER,
+        min_length=1,
+        max_length=OWNERS_MAX_LENGTH,
+        description="Airflow's task `owner` (shown only); the Dag's owners are its tasks'.",
+    )
+    doc_md: str | None = Field(
+        None, max_length=DOC_MD_MAX_LENGTH, description="Airflow's task `doc_md` (shown only)."
     )
 
 
@@ -624,6 +644,14 @@ class Dag(_Object):
         "absent: the service's DAGS_ARE_PAUSED_AT_CREATION (true by default, as Airflow).",
     )
     description: str = Field("", max_length=100_000)
+    tags: list[DagTag] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="Airflow's Dag `tags` (shown, and filtered on by the API's `tags`).",
+    )
+    doc_md: str | None = Field(
+        None, max_length=DOC_MD_MAX_LENGTH, description="Airflow's Dag `doc_md` (shown only)."
+    )
     tasks: list[Task] = Field(default_factory=list)
     timetable: TimetableSpec | None = None
     timezone: ZoneName = Field("UTC", description="The Dag's IANA time zone (cron ticks, dates).")
@@ -854,6 +882,22 @@ def _type(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
+def _refused_attribute(model: type[_Object], key: str) -> str | None:
+    """The attribute ledger's refusal (issue 39, `airflow_worker.ledger`) of a Dag's or task's
+    key the document format lacks because the service does not run it as Airflow does (`pool`,
+    `depends_on_past`, `params` of a Dag), or None for any other unknown key."""
+    from airflow_worker import ledger
+
+    entries = {
+        Dag: ledger.DAG_ATTRIBUTES,
+        Task: {**ledger.TASK_ATTRIBUTES, **ledger.AIRFLOW_SET_TASK_ATTRIBUTES},
+    }.get(model, {})
+    entry = entries.get(key)
+    if not isinstance(entry, ledger.Refused):
+        return None
+    return f"attribute {key!r} is refused by the asset service: {entry.reason}"
+
+
 def problem(exc: ValidationError) -> tuple[str, str]:
     """The first error of `exc` as (JSON path, message), e.g. (`[0].tasks[1].retries`,
     `must be at least 0, got -1`); "" is the document itself."""
@@ -875,6 +919,9 @@ def problem(exc: ValidationError) -> tuple[str, str]:
         return _path(loc[:-1]), f"{model.what if model else 'it'} needs {article}{key}"
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1]) or _Object
+        refused = _refused_attribute(model, str(loc[-1]))
+        if refused is not None:
+            return path, refused
         allowed = ", ".join(field.alias or name for name, field in model.model_fields.items())
         return path, model.unknown_key.format(key=loc[-1], what=model.what, allowed=allowed)
     if kind == "model_type":

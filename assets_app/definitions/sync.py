@@ -91,7 +91,7 @@ from ..models import (
     TriggerRule,
     WatcherRoute,
 )
-from ..models.dags import DEFAULT_RETRY_DELAY_SECONDS
+from ..models.dags import DEFAULT_OWNER, DEFAULT_RETRY_DELAY_SECONDS, OWNERS_MAX_LENGTH
 from ..operations import audit
 from ..sql import locks, wakeups
 from . import conditions, next_runs, timetables
@@ -110,6 +110,8 @@ TASK_FIELDS = (
     "map_length",
     "map_upstream",
     "map_group",
+    "owner",
+    "doc_md",
 )
 
 
@@ -142,6 +144,9 @@ class TaskDefinition:
     # A task of the mapped task group of this id (its source the one above, as for every task
     # of the group); "" when not in one.
     map_group: str = ""
+    # Shown only (issue 39): Airflow's task `owner` and `doc_md` ("" for none).
+    owner: str = DEFAULT_OWNER
+    doc_md: str = ""
     path: str = field(default="", compare=False)
 
 
@@ -168,6 +173,11 @@ class DagDefinition:
     # None: the definition says nothing (DAGS_ARE_PAUSED_AT_CREATION for a new Dag).
     is_paused: bool | None = None
     description: str = ""
+    # Shown only (issue 39): its tags (sorted, unique), its owners as Airflow's
+    # `DagModel.owners` (its tasks' owners joined), its `doc_md` ("" for none).
+    tags: tuple[str, ...] = ()
+    owners: str = DEFAULT_OWNER
+    doc_md: str = ""
     tasks: tuple[TaskDefinition, ...] = ()
     # A time schedule (issue 24): `Timetable.spec()` of the definition's timetable, the zone,
     # the bounds (aware UTC) and catchup.
@@ -310,6 +320,8 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
             max_retry_delay_seconds=task.max_retry_delay_seconds,
             **_mapping(task.expand, path=f"{join(path, 'tasks')}[{i}]"),
             map_group=task.map_group or "",
+            owner=task.owner,
+            doc_md=task.doc_md or "",
             path=f"{join(path, 'tasks')}[{i}]",
         )
         for i, task in enumerate(model.tasks)
@@ -320,6 +332,9 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         max_active_runs=model.max_active_runs,
         is_paused=model.is_paused,
         description=model.description,
+        tags=tuple(sorted(set(model.tags))),
+        owners=owners(task.owner for task in model.tasks),
+        doc_md=model.doc_md or "",
         tasks=tasks,
         xcom_read_scope=model.xcom_read_scope,
         max_events_per_run=_max_events_per_run(model.consumption),
@@ -347,6 +362,12 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         fileloc=fileloc,
         path=path,
     )
+
+
+def owners(task_owners: Iterable[str]) -> str:
+    """A Dag's owners as Airflow's `DagModel.owners`: its tasks' owners joined by ", " (sorted,
+    where Airflow joins a set), `[operators] default_owner` for a Dag without tasks."""
+    return ", ".join(sorted(set(task_owners))) or DEFAULT_OWNER
 
 
 def _mapping(expand: dict[str, Any] | None, *, path: str) -> dict[str, Any]:
@@ -456,7 +477,8 @@ def _check_watchers(dag: DagDefinition) -> DagDefinition:
 
 def _check_tasks(dag: DagDefinition) -> None:
     """What the schema cannot say about a Dag's tasks: no duplicate task ids, outlets, aliases
-    or upstream ids; every upstream id names another task of the Dag; no cycle (named)."""
+    or upstream ids; every upstream id names another task of the Dag; no cycle (named); their
+    owners joined fit the Dag's `owners`."""
 
     def error(path: str, message: str) -> DefinitionError:
         named = f"dag {dag.dag_id!r}"
@@ -495,6 +517,12 @@ def _check_tasks(dag: DagDefinition) -> None:
                     f"{join(task.path, 'upstream')}[{i}]",
                     f"unknown upstream task {upstream_id!r} (dag {dag.dag_id!r} has no such task)",
                 )
+    if len(dag.owners) > OWNERS_MAX_LENGTH:
+        raise error(
+            join(dag.path, "tasks"),
+            f"the tasks' owners joined ({dag.owners[:60]!r}...) are longer than the "
+            f"{OWNERS_MAX_LENGTH} characters of a Dag's owners (Airflow's DagModel.owners)",
+        )
     _check_mapping(dag, error)
     order = {task.task_id: i for i, task in enumerate(dag.tasks)}
     cycle = _cycle({task.task_id: task.upstream for task in dag.tasks}, order)
@@ -1137,6 +1165,9 @@ class _Sync:
         for definition in self.dags:
             values = {
                 "description": definition.description,
+                "tags": list(definition.tags),
+                "owners": definition.owners,
+                "doc_md": definition.doc_md,
                 "is_paused": definition.is_paused,
                 "max_active_runs": definition.max_active_runs,
                 "schedule": (

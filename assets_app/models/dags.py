@@ -7,6 +7,11 @@ from ..guards.limits import StoredJsonDecoder
 from .assets import Asset, AssetAlias
 
 DAG_ID_MAX_LENGTH = 250
+# Airflow's `TAG_MAX_LEN` (a Dag's tag) and the length of its `DagModel.owners`.
+TAG_MAX_LENGTH = 100
+OWNERS_MAX_LENGTH = 2000
+# Airflow's `[operators] default_owner`: a task's owner when the file names none.
+DEFAULT_OWNER = "airflow"
 
 
 class ScheduleMode(models.TextChoices):
@@ -39,6 +44,16 @@ class Dag(models.Model):
     # name} | {"all": [...]} | {"any": [...]}; null means manual runs only.
     schedule = models.JSONField(decoder=StoredJsonDecoder, null=True, blank=True)
     fileloc = models.CharField(max_length=2000, blank=True, default="")
+    # What the Dag says about itself (issue 39), shown as Airflow shows it: its tags (sorted,
+    # unique; Airflow's DagTag rows), its owners as Airflow's `DagModel.owners` ("a, b": its
+    # tasks' owners, sorted here where Airflow joins a set) and its `doc_md` ("" for none).
+    tags = models.JSONField(
+        default=list, db_default=models.Value([], models.JSONField()), blank=True
+    )
+    owners = models.CharField(
+        max_length=OWNERS_MAX_LENGTH, default=DEFAULT_OWNER, db_default=DEFAULT_OWNER
+    )
+    doc_md = models.TextField(blank=True, default="", db_default="")
     # Why the scheduler could not evaluate this Dag on its last try ("" when it could), and
     # since when: it skips the Dag and goes on with the others (invariant 13).
     schedule_error = models.TextField(blank=True, db_default="")
@@ -159,6 +174,12 @@ class Task(models.Model):
     retry_delay_seconds = models.FloatField(default=DEFAULT_RETRY_DELAY_SECONDS)
     retry_exponential_backoff = models.FloatField(default=0.0)
     max_retry_delay_seconds = models.FloatField(null=True, blank=True)
+    # Shown only (issue 39): Airflow's task `owner` (its Dag's owners are made of them) and
+    # `doc_md` ("" for none).
+    owner = models.CharField(
+        max_length=OWNERS_MAX_LENGTH, default=DEFAULT_OWNER, db_default=DEFAULT_OWNER
+    )
+    doc_md = models.TextField(blank=True, default="", db_default="")
     # Dynamic task mapping (issue 25): a mapped task runs once per value of what it expands
     # over, each TI a map index: a literal list (its length, known when a run is created) or the
     # return value of one of its upstream tasks (its task_id; the length is known when that

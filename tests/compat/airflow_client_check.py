@@ -147,6 +147,46 @@ def main() -> int:
         == {"asset": {"uri": "s3://client/orders", "name": "client-orders", "group": "asset"}},
         details.asset_expression,
     )
+    producer = dags.get_dag_details("client_producer")
+    check(
+        "get_dag_details(tags, owners, doc_md)",
+        [t.name for t in producer.tags] == ["client", "etl"]
+        and producer.owners == ["airflow", "data-eng"]
+        and producer.doc_md == "# Producer\nExtracts and loads.",
+        (producer.tags, producer.owners, producer.doc_md),
+    )
+    tagged = dags.get_dags(tags=["etl", "nope"], tags_match_mode="any", owners=["DATA"])
+    check("get_dags(tags, owners)", [d.dag_id for d in tagged.dags] == ["client_producer"])
+    both = dags.get_dags(tags=["etl", "nope"], tags_match_mode="all")
+    check("get_dags(tags_match_mode=all)", both.total_entries == 0, both.total_entries)
+
+    # --- tasks of a Dag (issue 39) -----------------------------------------------------------
+    task_api = af.TaskApi(api)
+    listed_tasks = task_api.get_tasks("client_producer", order_by="-task_id")
+    first = listed_tasks.tasks[0] if listed_tasks.tasks else None
+    check(
+        "get_tasks(order_by)",
+        [t.task_id for t in listed_tasks.tasks] == ["load", "extract"]
+        and listed_tasks.total_entries == 2
+        and first is not None
+        and first.pool == "default_pool"
+        and first.retry_delay.seconds == 300,
+        [t.task_id for t in listed_tasks.tasks],
+    )
+    extract = task_api.get_task("client_producer", "extract")
+    check(
+        "get_task",
+        (extract.owner, extract.retries, extract.trigger_rule, extract.is_mapped)
+        == ("data-eng", 1, "all_success", False),
+        extract,
+    )
+    expect("get_task(unknown task)", NotFoundException, lambda: task_api.get_task("~", "x"))
+    expect(
+        "get_tasks(order_by=unknown)",
+        BadRequestException,
+        lambda: task_api.get_tasks("client_producer", order_by="nope"),
+    )
+
     paused = dags.patch_dag("client_consumer", af.DAGPatchBody(is_paused=True))
     check("patch_dag(pause)", paused.is_paused is True)
     check("get_dag shows the pause", dags.get_dag("client_consumer").is_paused is True)

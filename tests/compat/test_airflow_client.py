@@ -24,9 +24,12 @@ DAGS = [
     {
         "dag_id": "client_producer",
         "is_paused": False,  # a sync pauses a new Dag unless it says so (issue 39)
+        "tags": ["etl", "client"],
+        "doc_md": "  # Producer\n  Extracts and loads.",
         "tasks": [
             {
                 "task_id": "extract",
+                "owner": "data-eng",
                 "retries": 1,
                 "outlets": [{"name": "client-orders", "uri": "s3://client/orders"}],
                 "outlet_aliases": ["client-cleaned"],

@@ -883,3 +883,103 @@ def test_fail_fast_is_carried_and_airflows_own_check_refuses_another_trigger_rul
     assert fast["fail_fast"] is True
     definitions.sync_documents(documents=[("fast.py", [fast])])
     assert Dag.objects.get(dag_id="fast").fail_fast
+
+
+@pytest.mark.django_db
+def test_what_a_dag_says_about_itself_is_carried_whatever_its_schedule(tmp_path):
+    """Issue 39: every tag (the service's own `xcom_read_scope:` ones too, ordinary tags to
+    Airflow), `doc_md`, each task's `owner` (through `default_args` too) and `doc_md`, and the
+    zone and dates of a Dag without a time schedule (manual or asset), as Airflow's Dag details
+    show them, are carried and stored; such a Dag still has no next run on a clock."""
+    (tmp_path / "described.py").write_text(
+        textwrap.dedent(
+            '''
+            import pendulum
+            from airflow.sdk import Asset, dag, task
+
+            ZURICH = pendulum.timezone("Europe/Zurich")
+
+            @dag(
+                dag_id="described",
+                schedule=None,
+                start_date=pendulum.datetime(2024, 3, 1, tz=ZURICH),
+                end_date=pendulum.datetime(2030, 1, 1, tz=ZURICH),
+                tags=["etl", "team", "xcom_read_scope:dag"],
+                default_args={"owner": "data-eng"},
+                doc_md="""
+                # Described
+                Says what it is.
+                """,
+            )
+            def described():
+                @task(owner="qa")
+                def check():
+                    """Checks the orders."""
+
+                task(task_id="load")(lambda: None)() >> check()
+
+            @dag(dag_id="on_assets", schedule=[Asset("orders")],
+                 start_date=pendulum.datetime(2024, 1, 1, tz="America/New_York"))
+            def on_assets():
+                task(task_id="t")(lambda: None)()
+
+            @dag(dag_id="plain", schedule=None)
+            def plain():
+                task(task_id="t")(lambda: None)()
+
+            described()
+            on_assets()
+            plain()
+            '''
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted["import_errors"] == {}
+    parsed = {d["dag_id"]: d for d in converted["described.py"]}
+    described = parsed["described"]
+    assert described["tags"] == ["etl", "team", "xcom_read_scope:dag"]
+    assert described["xcom_read_scope"] == "dag"
+    assert "# Described" in described["doc_md"]
+    tasks = {t["task_id"]: t for t in described["tasks"]}
+    assert tasks["load"]["owner"] == "data-eng" and tasks["check"]["owner"] == "qa"
+    assert tasks["check"]["doc_md"] == "Checks the orders."
+    assert described["timezone"] == "Europe/Zurich"
+    assert described["start_date"] == "2024-02-29T23:00:00+00:00"  # the SDK keeps UTC
+    assert described["end_date"] == "2029-12-31T23:00:00+00:00"
+    assert parsed["on_assets"]["timezone"] == "America/New_York"
+    assert "timetable" not in described and "timetable" not in parsed["on_assets"]
+    # Airflow's defaults (UTC, no dates, no catchup) are not sent.
+    assert not {"timezone", "start_date", "end_date", "catchup"} & set(parsed["plain"])
+    definitions.sync_definitions(
+        dags=[
+            d
+            for raw in parsed.values()
+            for d in definitions.parse_document(raw, file="described.py", fileloc="described.py")
+        ]
+    )
+    dag = Dag.objects.get(dag_id="described")
+    assert (dag.owners, dag.timezone, dag.timetable) == ("data-eng, qa", "Europe/Zurich", None)
+    assert dag.start_date.isoformat() == "2024-02-29T23:00:00+00:00"
+    assert dag.next_dagrun is None and dag.next_dagrun_create_after is None
+    on_assets = Dag.objects.get(dag_id="on_assets")
+    assert on_assets.start_date.isoformat() == "2024-01-01T05:00:00+00:00"
+    assert on_assets.next_dagrun_create_after is None
+
+
+def test_a_dag_file_importing_a_helper_module_beside_it_converts(tmp_path):
+    """Issue 39: Airflow's dag-processor (its BundleDagBag) puts the Dag folder on `sys.path`,
+    so a DAG file may import a helper module from it; the worker's parse does the same."""
+    (tmp_path / "shared_names.py").write_text('OWNER = "data-eng"\nTAGS = ["etl"]\n')
+    (tmp_path / "uses_helper.py").write_text(
+        "from airflow.sdk import dag, task\n"
+        "from shared_names import OWNER, TAGS\n"
+        "@dag(dag_id='uses_helper', schedule=None, tags=TAGS, default_args={'owner': OWNER})\n"
+        "def uses_helper():\n"
+        "    task(task_id='t')(lambda: None)()\n"
+        "uses_helper()\n"
+    )
+    converted = _convert(tmp_path)
+    assert converted["import_errors"] == {}
+    (definition,) = converted["uses_helper.py"]
+    assert definition["tags"] == ["etl"]
+    assert definition["tasks"] == [{"task_id": "t", "retries": 0, "owner": "data-eng"}]

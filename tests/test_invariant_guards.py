@@ -10,6 +10,7 @@ the test pass:
   skipped at once instead of waited for;
 - the scheduler deletes exactly the ADRQ rows it locked (invariant 8): a row another connection
   holds, and a row committed by a drain while the pass runs, both survive the pass;
+- a webhook deliverer's claim skips the endpoints another deliverer holds (invariant 5);
 - starting a TI locks only the TI row (invariant 9): its run's row held elsewhere is no wait.
 """
 
@@ -24,6 +25,8 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
+from assets_app.events_out import delivery as webhook_delivery
+from assets_app.events_out import webhooks
 from assets_app.models import (
     AssetDagRunQueue,
     AssetEvent,
@@ -31,6 +34,7 @@ from assets_app.models import (
     DagRun,
     DagRunState,
     TIState,
+    WebhookDelivery,
 )
 from assets_app.outbox import drain
 from assets_app.registration import outlets as registration
@@ -204,6 +208,27 @@ def test_a_worker_claim_skips_a_ti_another_claim_holds_and_never_waits():
         with lock_timeout():
             claimed = claims.claim_workloads(hostname="worker-2", limit=10)
     assert [w.ti.id for w in claimed] == [tis[1].id, tis[2].id]
+
+
+def test_a_webhook_claim_skips_an_endpoint_another_deliverer_holds_and_never_waits(settings):
+    """Two deliverers: while one holds an endpoint (its claim transaction), the other claims
+    the due messages of the other endpoints at once instead of queueing behind it."""
+    settings.WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1/32"]
+    specs = [webhooks.SubscriptionSpec("asset.event.registered", "*")]
+    held, free = (
+        webhooks.create_endpoint(url=f"http://127.0.0.1:9/{name}", subscriptions=specs).endpoint
+        for name in ("held", "free")
+    )
+    registration.register_payload(payload=payload(outlets=[asset_outlet(AssetFactory())]))
+    assert WebhookDelivery.objects.count() == 2
+
+    with other_connection() as other:
+        other.execute(
+            "SELECT id FROM assets_app_webhookendpoint WHERE id = %s FOR NO KEY UPDATE", [held.pk]
+        )
+        with lock_timeout():
+            claimed = webhook_delivery.claim()
+    assert [d.endpoint_id for d in claimed] == [free.pk]
 
 
 # --- invariant 9: starting a TI locks only the TI row ----------------------------------------

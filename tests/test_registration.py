@@ -157,6 +157,26 @@ def test_same_asset_and_extra_through_two_aliases_is_one_event_with_both_aliases
     ]
 
 
+def test_alias_links_are_inserted_in_lock_order():
+    """Invariant 7 on the alias -> asset links: two registrations linking some of the same
+    pairs wait for each other pair by pair, so one statement inserts them sorted by (alias,
+    asset). Ids come from a sequence as rows are inserted: `ORDER BY id` is the statement's
+    row order. Emitted in neither sorted nor reverse order, through several aliases each."""
+    aliases = ["a3", "a0", "a2", "a1"]
+    targets = ["t2", "t4", "t0", "t3", "t1"]
+    registration.register_payload(
+        payload=payload(
+            outlets=[alias_outlet(a) for a in aliases],
+            outlet_events=[
+                alias_event(a, t, f"s3://b/{t}", {"via": a}) for t in targets for a in aliases
+            ],
+        )
+    )
+    links = list(AssetAliasAsset.objects.order_by("id").values_list("alias_id", "asset_id"))
+    assert len(links) == len(aliases) * len(targets)
+    assert links == sorted(links), "alias -> asset links were not inserted in lock order"
+
+
 def test_adrq_rows_for_direct_and_alias_dags_paused_included_sorted_by_dag_then_event():
     orders = AssetFactory(name="orders")
     scheduled_dag("z_direct", "orders")

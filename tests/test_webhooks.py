@@ -335,6 +335,27 @@ def test_at_most_max_in_flight_per_endpoint(local):
         assert overlapping <= 3
 
 
+def test_a_claim_leases_its_messages_for_twice_the_timeout_and_a_second(local):
+    """A deliverer that dies mid-attempt leaves its lease: the message is due again, and frees
+    its endpoint's in-flight slot, 2 * WEBHOOK_TIMEOUT_SECONDS + 1 seconds after the claim.
+    Time-controlled: the claims are made at chosen instants (`claim(now=...)`)."""
+    local.WEBHOOK_TIMEOUT_SECONDS = 10.0
+    endpoint("http://127.0.0.1:9/a", max_in_flight=1)
+    registration.register_payload(payload=payload(outlets=[asset_outlet(AssetFactory())]))
+    registration.register_payload(payload=payload(outlets=[asset_outlet(AssetFactory())]))
+    first, second = WebhookDelivery.objects.order_by("id")
+    claimed_at = max(first.next_attempt_at, second.next_attempt_at) + timedelta(seconds=1)
+
+    assert [d.id for d in webhook_delivery.claim(now=claimed_at)] == [first.id]
+    first.refresh_from_db()
+    assert first.claimed_until == claimed_at + timedelta(seconds=21)
+    # Its deliverer died: nothing more is sent to the endpoint until the lease ends ...
+    assert webhook_delivery.claim(now=claimed_at + timedelta(seconds=20)) == []
+    # ... and then the same message is due again (the oldest first), holding the one slot.
+    again = webhook_delivery.claim(now=claimed_at + timedelta(seconds=22))
+    assert [d.id for d in again] == [first.id]
+
+
 def test_a_message_too_old_fails_and_replay_sends_it_again_with_its_id(local):
     local.WEBHOOK_MAX_AGE_SECONDS = 0.0
     with Receiver(plan=always(503)) as receiver:

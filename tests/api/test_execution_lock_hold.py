@@ -20,11 +20,13 @@ from assets_app.models import (
     AssetAliasEvent,
     AssetEvent,
     AssetEventQueue,
+    DagRun,
     DagRunAssetEvent,
+    DagRunState,
     TaskInstance,
     TIState,
 )
-from assets_app.task_state import retries, starting, success
+from assets_app.task_state import finishing, retries, starting, success
 from tests.factories import AssetAliasFactory, AssetFactory, TaskInstanceFactory
 
 START = datetime.fromisoformat("2026-06-30T10:00:00+00:00")
@@ -122,6 +124,39 @@ def test_inline_mode_success_registers_before_the_lock_and_holds_it_for_two_stat
     assert kinds(thousand) == kinds(one)
     assert AssetEventQueue.objects.count() == 0
     assert AssetEvent.objects.count() == 1001
+
+
+def _fail(ti) -> None:
+    finishing.finish(ti_id=ti.id, try_number=ti.try_number, state="failed", end_date=START)
+
+
+def _skip(ti) -> None:
+    finishing.finish(ti_id=ti.id, try_number=ti.try_number, state="skipped", end_date=START)
+
+
+def _retry_without_tries_left(ti) -> None:
+    retries.retry(ti_id=ti.id, try_number=ti.try_number, end_date=START)
+
+
+@pytest.mark.parametrize(
+    ("finish", "run_state"),
+    [
+        (_fail, DagRunState.FAILED),
+        (_skip, DagRunState.SUCCESS),
+        (_retry_without_tries_left, DagRunState.FAILED),
+    ],
+    ids=["failed", "skipped", "retry-exhausted"],
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_finish_other_than_success_holds_the_lock_for_two_statements(finish, run_state):
+    """What follows the finish (downstream evaluation, the run's finish and its webhook
+    messages) runs after the commit: the lock covers only the locking read and the UPDATE."""
+    ti = TaskInstanceFactory(running=True, max_tries=0)
+    with statement_log() as log:
+        finish(ti)
+    assert kinds(log.under_ti_lock()) == ["SELECT FOR UPDATE", "UPDATE"]
+    # The follow-up did run (the run's only TI finished it), just not under the lock.
+    assert DagRun.objects.get(id=ti.dag_run_id).state == run_state
 
 
 def make_consumed_events(ti, n: int) -> None:

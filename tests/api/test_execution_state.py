@@ -15,6 +15,7 @@ from assets_app.models import (
     TaskInstance,
     TIState,
 )
+from assets_app.outbox import drain
 from tests.factories import AssetEventFactory, DagRunFactory, TaskInstanceFactory
 
 from .snapshots import db_snapshot
@@ -98,6 +99,22 @@ def test_replayed_success_is_200_and_writes_nothing(worker_api):
     assert response.status_code == 200
     assert db_snapshot() == before
     assert AssetEventQueue.objects.count() == 1
+
+
+def test_a_success_replayed_after_the_drain_writes_nothing(worker_api):
+    """Once the first outbox row is drained (deleted), no unique index refuses a second one:
+    the replay itself must write nothing, not lean on the events' idempotency keys."""
+    ti = TaskInstanceFactory(running=True)
+    assert patch_state(worker_api, ti, SUCCESS).status_code == 204
+    assert drain.drain_batch(batch_size=10).registered == 1
+    assert AssetEventQueue.objects.count() == 0
+    before = db_snapshot()
+
+    response = patch_state(worker_api, ti, SUCCESS)
+
+    assert response.status_code == 200
+    assert db_snapshot() == before
+    assert AssetEventQueue.objects.count() == 0
 
 
 @pytest.mark.parametrize("state", ["queued", "failed", "skipped", "upstream_failed"])

@@ -1,8 +1,9 @@
 """Invariant 12: a worker token is valid for one try of one TI.
 
 A token carries the try it was issued for (`try` claim). After a retry, the token of try 1 must
-not start, heartbeat, succeed or fail try 2 (409 `stale_try`, nothing written); a token forged with
-another key is refused (403); the replay rule still holds within one try.
+not start, heartbeat, succeed, fail, retry or reschedule try 2 (409 `stale_try`, nothing
+written); a token forged with another key is refused (403); the replay rule still holds within
+one try.
 """
 
 import time
@@ -106,6 +107,8 @@ def test_the_token_of_try_1_changes_nothing_of_a_running_try_2(worker_api, setti
         call(worker_api, "PATCH", ti, "state", {"state": "failed", "end_date": END}, first)
     )
     assert_stale(retry(worker_api, ti, first))
+    reschedule = {"state": "up_for_reschedule", "reschedule_date": END, "end_date": END}
+    assert_stale(call(worker_api, "PATCH", ti, "state", reschedule, first))
     skip = {"tasks": ["other"]}
     assert_stale(call(worker_api, "PATCH", ti, "skip-downstream", skip, first))
     assert_stale(worker_api.request("GET", "/assets/by-name", token=first, name="orders"))

@@ -342,7 +342,8 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         "relative_fileloc": None,
         "fileloc": dag.fileloc,
         "description": dag.description or None,
-        "timetable_summary": "Asset" if scheduled else "None",
+        # Airflow's DAGResponse turns a NullTimetable's summary "None" into null.
+        "timetable_summary": "Asset" if scheduled else None,
         "timetable_description": (
             "Triggered by assets" if scheduled else "Never, external triggers only"
         ),

@@ -143,6 +143,14 @@ def test_a_dag_without_a_time_schedule_shows_its_zone_and_dates(api):
     assert details["next_dagrun_run_after"] is None
     plain = api.get("/api/v2/dags/plain/details").json()
     assert (plain["timezone"], plain["start_date"], plain["end_date"]) == ("UTC", None, None)
+    # Airflow's DAGResponse turns a NullTimetable's summary "None" into null.
+    assert (
+        plain["timetable_summary"],
+        api.get("/api/v2/dags/plain").json()["timetable_summary"],
+    ) == (
+        None,
+        None,
+    )
     get_user_model().objects.create_user("admin", password="pw", is_staff=True, is_superuser=True)
     client = Client()
     client.login(username="admin", password="pw")

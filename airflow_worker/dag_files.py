@@ -59,6 +59,9 @@ TASK_DEFAULTS: dict[str, Any] = {
     "retry_delay_seconds": 300.0,
     "retry_exponential_backoff": 0.0,
     "max_retry_delay_seconds": None,
+    "depends_on_past": False,
+    "ignore_first_depends_on_past": False,
+    "wait_for_downstream": False,
 }
 
 
@@ -346,6 +349,9 @@ def _task(task: Any) -> dict[str, Any]:
         "retry_delay_seconds": _seconds(task.retry_delay) or 0.0,
         "retry_exponential_backoff": float(task.retry_exponential_backoff or 0),
         "max_retry_delay_seconds": _seconds(task.max_retry_delay),
+        "depends_on_past": bool(task.depends_on_past),
+        "ignore_first_depends_on_past": bool(task.ignore_first_depends_on_past),
+        "wait_for_downstream": bool(task.wait_for_downstream),
     }
     definition.update({k: v for k, v in optional.items() if v != TASK_DEFAULTS[k]})
     if outlets:

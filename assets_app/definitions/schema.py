@@ -454,6 +454,19 @@ class Task(_Object):
         "upstream tasks in the group. Its roots (the tasks with no upstream in the group) "
         'list the `{"xcom": ...}` task upstream.',
     )
+    depends_on_past: bool = Field(
+        False,
+        description="Airflow's depends_on_past: a TI runs only once the task's TIs in the Dag's "
+        "previous run (by logical date) are success or skipped.",
+    )
+    ignore_first_depends_on_past: bool = Field(
+        False, description="Airflow's: depends_on_past does not hold back the task's first TI."
+    )
+    wait_for_downstream: bool = Field(
+        False,
+        description="Airflow's wait_for_downstream: depends_on_past, and the task's direct "
+        "downstream TIs in the previous run are success or skipped too.",
+    )
 
 
 # What a task token may read beyond its own run (issue 26; Airflow lets any token read any XCom).

@@ -109,6 +109,9 @@ TASK_FIELDS = (
     "map_length",
     "map_upstream",
     "map_group",
+    "depends_on_past",
+    "ignore_first_depends_on_past",
+    "wait_for_downstream",
 )
 
 
@@ -141,6 +144,10 @@ class TaskDefinition:
     # A task of the mapped task group of this id (its source the one above, as for every task
     # of the group); "" when not in one.
     map_group: str = ""
+    # Airflow's depends_on_past family (issue 39); wait_for_downstream implies depends_on_past.
+    depends_on_past: bool = False
+    ignore_first_depends_on_past: bool = False
+    wait_for_downstream: bool = False
     path: str = field(default="", compare=False)
 
 
@@ -304,6 +311,9 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
             max_retry_delay_seconds=task.max_retry_delay_seconds,
             **_mapping(task.expand, path=f"{join(path, 'tasks')}[{i}]"),
             map_group=task.map_group or "",
+            depends_on_past=task.depends_on_past or task.wait_for_downstream,
+            ignore_first_depends_on_past=task.ignore_first_depends_on_past,
+            wait_for_downstream=task.wait_for_downstream,
             path=f"{join(path, 'tasks')}[{i}]",
         )
         for i, task in enumerate(model.tasks)

@@ -161,6 +161,14 @@ class Task(models.Model):
     # (`sql/dependencies`), and a group mapped over a return value expands all its tasks when
     # its roots expand (`mapping`). "": not in a mapped group.
     map_group = models.CharField(max_length=DAG_ID_MAX_LENGTH, blank=True, default="")
+    # Airflow's `depends_on_past` (issue 39): a TI waits until the task's TIs in the Dag's
+    # previous run (by logical date) are success or skipped; `wait_for_downstream` also waits
+    # for their direct downstream TIs there (and sets `depends_on_past`, as Airflow's operator
+    # does); `ignore_first_depends_on_past` lets the task's first TI ever run
+    # (`sql/dependencies._past_sql`, Airflow 3.3.2's `PrevDagrunDep`).
+    depends_on_past = models.BooleanField(db_default=False, default=False)
+    ignore_first_depends_on_past = models.BooleanField(db_default=False, default=False)
+    wait_for_downstream = models.BooleanField(db_default=False, default=False)
     upstream = models.ManyToManyField(
         "self",
         through="TaskUpstream",

@@ -79,12 +79,26 @@ def evaluate_round(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) 
     (task_id, new state) of the TIs it changed
     (`dependencies_sql.evaluate_waiting_task_instances`). The same statement expands a mapped
     task's map-index -1 TI whose rule is met (issue 25): its map indexes queued, or it is
-    skipped / upstream_failed (`mapping`). On SQLite, which cannot write in a WITH, that TI is
+    skipped / upstream_failed (`mapping`). Given finished tasks, it also queues the TIs of the
+    Dag's later runs that waited only for them as their past (issue 39: depends_on_past,
+    wait_for_downstream; not returned). On SQLite, which cannot write in a WITH, that TI is
     left waiting and expanded by `mapping.expand` in a transaction of its own."""
     now = timezone.now()
-    changed = dependencies_sql.evaluate_waiting_task_instances(
+    rows = dependencies_sql.evaluate_waiting_task_instances(
         dag_run_id=dag_run_id, finished_task_ids=finished_task_ids, now=now
     )
+    changed = [(task_id, state) for task_id, state, run_pk in rows if run_pk == dag_run_id]
+    # TIs of later runs this round woke (issue 39: their past is done) are queued, except a
+    # mapped one expanding to skipped / upstream_failed: that run's downstream follow it (a
+    # query for the run's Dag and that run's own evaluation, only then).
+    woken_done: dict[int, list[str]] = {}
+    for task_id, state, run_pk in rows:
+        if run_pk != dag_run_id and state not in (TIState.QUEUED, TIState.SCHEDULED):
+            woken_done.setdefault(run_pk, []).append(task_id)
+    for run_pk, task_ids in sorted(woken_done.items()):
+        dag_id = DagRun.objects.filter(pk=run_pk).values_list("dag_id", flat=True).first()
+        if dag_id is not None:
+            follow_finishes(dag_run_id=run_pk, dag_id=dag_id, finished_task_ids=task_ids)
     ready = sorted({task_id for task_id, state in changed if state == TIState.SCHEDULED})
     if ready:
         with transaction.atomic():

@@ -105,10 +105,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "access_control": ("access_control={'Op': {'DAGs': {'can_read'}}}", ""),
     "fail_fast": ("fail_fast=True", ""),
     "allowed_run_types": ("allowed_run_types=['manual']", ""),
-    "depends_on_past": ("", "depends_on_past=True"),
-    "ignore_first_depends_on_past": ("", "ignore_first_depends_on_past=True"),
-    "wait_for_past_depends_before_skipping": ("", "wait_for_past_depends_before_skipping=True"),
-    "wait_for_downstream": ("", "wait_for_downstream=True"),
     "pool": ("", "pool='small'"),
     "pool_slots": ("", "pool_slots=2"),
     "priority_weight": ("", "priority_weight=5"),
@@ -185,7 +181,32 @@ def converted(tmp_path_factory):
             body=_body("") + "\n    EmptyOperator(task_id='u', pool='default_pool')",
         )
     )
+    (folder / "past.py").write_text(
+        _FILE.format(
+            dag_id="d_past",
+            start=START,
+            dag_kwargs="",
+            body=_body("depends_on_past=True, ignore_first_depends_on_past=True")
+            + "\n    EmptyOperator(task_id='u', wait_for_downstream=True, "
+            "wait_for_past_depends_before_skipping=True)",
+        )
+    )
     return _convert(folder)
+
+
+def test_depends_on_past_and_wait_for_downstream_are_carried(converted):
+    """Issue 39; wait_for_downstream brings depends_on_past, as Airflow's operator sets it."""
+    assert "past.py" not in converted["import_errors"]
+    ((dag,),) = [converted["past.py"]]
+    assert dag["tasks"] == [
+        {
+            "task_id": "t",
+            "retries": 0,
+            "depends_on_past": True,
+            "ignore_first_depends_on_past": True,
+        },
+        {"task_id": "u", "retries": 0, "depends_on_past": True, "wait_for_downstream": True},
+    ]
 
 
 @pytest.mark.parametrize("attribute", sorted(REFUSED))

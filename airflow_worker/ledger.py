@@ -94,7 +94,9 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "max_consecutive_failed_dag_runs": Refused(
         "the service does not pause a Dag after failed runs"
     ),
-    "dagrun_timeout": Refused("the service does not time out runs"),
+    "dagrun_timeout": Honoured(
+        CONVERSION + ": `dagrun_timeout_seconds`, the run-timeouts timer (`scheduling.timeouts`)"
+    ),
     "deadline": Refused("deadline alerts are not supported", _truthy("deadline")),
     "on_success_callback": Refused(
         "Dag-level callbacks are not run", _truthy("on_success_callback")

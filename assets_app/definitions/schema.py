@@ -608,6 +608,11 @@ class Dag(_Object):
     start_date: DateTimeText | None = None
     end_date: DateTimeText | None = None
     catchup: bool = Field(False, description="Create the runs missed since the start date.")
+    dagrun_timeout_seconds: Seconds | None = Field(
+        None,
+        description="Airflow's dagrun_timeout, in seconds: a running run older than this (from "
+        "its start) fails and its unfinished task instances are skipped.",
+    )
     schedule_mode: Literal["asset_or_time", "asset_and_time"] = Field(
         "asset_or_time",
         description="A Dag with both a schedule and a timetable: asset_or_time (Airflow's "

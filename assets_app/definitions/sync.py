@@ -61,7 +61,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -182,6 +182,8 @@ class DagDefinition:
     start_date: datetime | None = None
     end_date: datetime | None = None
     catchup: bool = False
+    # Airflow's dagrun_timeout (issue 39), None: none.
+    dagrun_timeout: timedelta | None = None
     # With both a schedule and a timetable: asset_or_time (Airflow's) or asset_and_time.
     schedule_mode: str = ScheduleMode.ASSET_OR_TIME
     xcom_read_scope: str = "run"
@@ -323,6 +325,11 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         schedule=conditions.from_model(model.schedule) if model.schedule is not None else None,
         max_active_runs=model.max_active_runs,
         is_paused=model.is_paused,
+        dagrun_timeout=(
+            None
+            if model.dagrun_timeout_seconds is None
+            else timedelta(seconds=model.dagrun_timeout_seconds)
+        ),
         description=model.description,
         tasks=tasks,
         xcom_read_scope=model.xcom_read_scope,
@@ -842,9 +849,14 @@ def sync_definitions(
                     if f not in files
                 ]
             import_errors = [*import_errors, *refused]
-        result = _Sync(dags, apply_pause=apply_pause).run()
+        syncing = _Sync(dags, apply_pause=apply_pause)
+        result = syncing.run()
         if result.changed:  # a timetable, a pause or a next run may have changed (at commit)
             wakeups.wake(wakeups.TIME)
+        if syncing.timeout_changed:
+            # Running runs time out by the Dag's new dagrun_timeout (issue 39): the timeout
+            # timer recomputes their due times when woken.
+            wakeups.wake(wakeups.TIMEOUTS)
         if import_errors is not None:
             result = replace(
                 result,
@@ -1010,6 +1022,8 @@ class _Sync:
         self.dags = list(dags)
         self.apply_pause = apply_pause
         self.changed_dags: set[str] = set()
+        # An existing Dag's dagrun_timeout changed (issue 39).
+        self.timeout_changed = False
         self.pause_kept: list[tuple[str, bool]] = []
 
     def run(self) -> SyncResult:
@@ -1145,6 +1159,7 @@ class _Sync:
                 "fileloc": definition.fileloc,
                 "xcom_read_scope": definition.xcom_read_scope,
                 "max_events_per_run": definition.max_events_per_run,
+                "dagrun_timeout": definition.dagrun_timeout,
                 **{name: getattr(definition, name) for name in TIME_FIELDS},
             }
             dag = stored.get(definition.dag_id)
@@ -1165,6 +1180,7 @@ class _Sync:
                 if dag.is_paused != definition.is_paused:
                     self.pause_kept.append((dag.dag_id, dag.is_paused))
             changed = [name for name, value in values.items() if getattr(dag, name) != value]
+            self.timeout_changed |= "dagrun_timeout" in changed
             if "schedule" in changed and dag.schedule_error:
                 # A new schedule (every door checked it): the scheduler's old verdict is void.
                 values.update(schedule_error="", schedule_error_at=None)

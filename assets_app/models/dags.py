@@ -50,6 +50,9 @@ class Dag(models.Model):
     start_date = models.DateTimeField(null=True, blank=True)
     end_date = models.DateTimeField(null=True, blank=True)
     catchup = models.BooleanField(db_default=False, default=False)
+    # Airflow's `dagrun_timeout` (issue 39): a running run older than this (from its start) is
+    # failed and its unfinished TIs skipped (`scheduling.timeouts`); None: never.
+    dagrun_timeout = models.DurationField(null=True, blank=True)
     schedule_mode = models.CharField(
         max_length=20,
         choices=ScheduleMode.choices,

@@ -480,6 +480,8 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         definition["is_paused"] = bool(dag.is_paused_upon_creation)
     if dag.max_active_runs:
         definition["max_active_runs"] = int(dag.max_active_runs)
+    if dag.max_consecutive_failed_dag_runs:
+        definition["max_consecutive_failed_dag_runs"] = int(dag.max_consecutive_failed_dag_runs)
     if dag.dagrun_timeout is not None:
         definition["dagrun_timeout_seconds"] = _seconds(dag.dagrun_timeout)
     scopes = sorted(

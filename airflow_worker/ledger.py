@@ -91,8 +91,9 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     ),
     "sla_miss_callback": Honoured(IGNORED_BY_AIRFLOW),
     "max_active_tasks": Refused("the service does not limit a Dag's running tasks"),
-    "max_consecutive_failed_dag_runs": Refused(
-        "the service does not pause a Dag after failed runs"
+    "max_consecutive_failed_dag_runs": Honoured(
+        CONVERSION + ": `max_consecutive_failed_dag_runs`, the Dag pauses after that many "
+        "failed runs (`scheduling.dependencies.finish_run_if_done`)"
     ),
     "dagrun_timeout": Honoured(
         CONVERSION + ": `dagrun_timeout_seconds`, the run-timeouts timer (`scheduling.timeouts`)"

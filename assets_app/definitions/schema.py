@@ -608,6 +608,12 @@ class Dag(_Object):
     start_date: DateTimeText | None = None
     end_date: DateTimeText | None = None
     catchup: bool = Field(False, description="Create the runs missed since the start date.")
+    max_consecutive_failed_dag_runs: int = Field(
+        0,
+        ge=0,
+        description="Airflow's max_consecutive_failed_dag_runs: the Dag is paused when this "
+        "many of its last runs failed; 0: never.",
+    )
     dagrun_timeout_seconds: Seconds | None = Field(
         None,
         description="Airflow's dagrun_timeout, in seconds: a running run older than this (from "

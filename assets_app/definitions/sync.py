@@ -184,6 +184,7 @@ class DagDefinition:
     catchup: bool = False
     # Airflow's dagrun_timeout (issue 39), None: none.
     dagrun_timeout: timedelta | None = None
+    max_consecutive_failed_dag_runs: int = 0
     # With both a schedule and a timetable: asset_or_time (Airflow's) or asset_and_time.
     schedule_mode: str = ScheduleMode.ASSET_OR_TIME
     xcom_read_scope: str = "run"
@@ -324,6 +325,7 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         dag_id=model.dag_id,
         schedule=conditions.from_model(model.schedule) if model.schedule is not None else None,
         max_active_runs=model.max_active_runs,
+        max_consecutive_failed_dag_runs=model.max_consecutive_failed_dag_runs,
         is_paused=model.is_paused,
         dagrun_timeout=(
             None
@@ -1160,6 +1162,7 @@ class _Sync:
                 "xcom_read_scope": definition.xcom_read_scope,
                 "max_events_per_run": definition.max_events_per_run,
                 "dagrun_timeout": definition.dagrun_timeout,
+                "max_consecutive_failed_dag_runs": definition.max_consecutive_failed_dag_runs,
                 **{name: getattr(definition, name) for name in TIME_FIELDS},
             }
             dag = stored.get(definition.dag_id)

@@ -53,6 +53,10 @@ class Dag(models.Model):
     # Airflow's `dagrun_timeout` (issue 39): a running run older than this (from its start) is
     # failed and its unfinished TIs skipped (`scheduling.timeouts`); None: never.
     dagrun_timeout = models.DurationField(null=True, blank=True)
+    # Airflow's `max_consecutive_failed_dag_runs` (issue 39): after a run fails, the Dag is
+    # paused when its last this many runs (by run_after) all failed
+    # (`dependencies.finish_run_if_done`); 0: never.
+    max_consecutive_failed_dag_runs = models.PositiveIntegerField(db_default=0, default=0)
     schedule_mode = models.CharField(
         max_length=20,
         choices=ScheduleMode.choices,

@@ -138,6 +138,8 @@ class DagRun(models.Model):
             models.Index(fields=["dag", "state"], name="dag_run_by_dag_state"),
             # A Dag's newest runs (retention keeps the last N: one probe per candidate run).
             models.Index(fields=["dag", "id"], name="dag_run_by_dag_id"),
+            # A Dag's last runs by run_after (max_consecutive_failed_dag_runs, issue 39).
+            models.Index(fields=["dag", "run_after", "id"], name="dag_run_by_dag_run_after"),
             # The running runs with a timeout, by when (`scheduling.timeouts`).
             models.Index(
                 fields=["timeout_at"],

@@ -52,8 +52,17 @@ from django.utils import timezone
 
 from ..cluster import nudges
 from ..events_out import webhooks
-from ..models import AssetDagRunQueue, DagRun, DagRunState, TaskInstance, TaskUpstream, TIState
+from ..models import (
+    AssetDagRunQueue,
+    AuditVia,
+    DagRun,
+    DagRunState,
+    TaskInstance,
+    TaskUpstream,
+    TIState,
+)
 from ..models.runs import TI_UNFINISHED_STATES
+from ..operations import audit
 from ..sql import dependencies as dependencies_sql
 from . import mapping
 
@@ -152,11 +161,14 @@ def _finish_run_update(dag_run_id: int, now: datetime) -> tuple[QuerySet[DagRun]
     return runs, values
 
 
-def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> int:
+def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> str | None:
     """Run `_finish_run_update`, compiled once per process
     (`dependencies_sql.run_update_compiled_once`: building its two `Exists` and the `Case` cost
-    ~3.5 ms of CPU on every finish)."""
-    return dependencies_sql.run_update_compiled_once(_finish_run_update, pk=dag_run_id, now=now)
+    ~3.5 ms of CPU on every finish). Returns the state it gave the run (None: not finished)."""
+    states = dependencies_sql.run_update_compiled_once(
+        _finish_run_update, pk=dag_run_id, now=now, returning="state"
+    )
+    return states[0] if states else None
 
 
 def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
@@ -166,6 +178,12 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
 
     A run that finishes frees a `max_active_runs` slot, so if its Dag has queued events waiting
     the scheduler is nudged (after commit) instead of leaving them to the one-minute sweep.
+
+    A run that finishes failed may pause its Dag (issue 39, Airflow 3.3.2's
+    `max_consecutive_failed_dag_runs`, checked where its `DagRun.update_state` fails a run for
+    a task failure): when the Dag's last that many runs by run_after all failed, it is paused
+    and audited with Airflow's log line (`_pause_after_consecutive_failures`): one
+    conditional UPDATE more, only for a run that failed; two audit INSERTs when it pauses.
     """
     # The run's `dag_run.succeeded` / `dag_run.failed` webhook messages commit with its state
     # (issue 29): one statement more, only for a run that finished. No savepoint inside a
@@ -174,9 +192,33 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
         finished = _execute_finish_run_update(dag_run_id, now=now)
         if finished:
             webhooks.write_run_finished(dag_run_id=dag_run_id, now=now)
+        if finished == DagRunState.FAILED:
+            _pause_after_consecutive_failures(dag_id=dag_id, now=now)
     if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():
         nudges.scheduler_on_commit(dag_ids=[dag_id])
     return bool(finished)
+
+
+# Airflow's log line (`DagRun._check_last_n_dagruns_failed`), the audit entry's summary.
+PAUSED_AFTER_FAILURES = "Pausing DAG {dag_id} because last {limit} DAG runs failed."
+# Airflow writes its `Log` row as owner "scheduler".
+SCHEDULER = audit.Actor(name="scheduler", via=AuditVia.SYSTEM)
+
+
+def _pause_after_consecutive_failures(*, dag_id: str, now: datetime) -> None:
+    """Inside `finish_run_if_done`'s transaction: pause the Dag after its
+    `max_consecutive_failed_dag_runs` failed runs (`dependencies_sql.
+    pause_after_consecutive_failures`), audited as a `dag.pause` when it did."""
+    limit = dependencies_sql.pause_after_consecutive_failures(dag_id=dag_id, now=now)
+    if limit is not None:
+        audit.record(
+            actor=SCHEDULER,
+            action="dag.pause",
+            summary=PAUSED_AFTER_FAILURES.format(dag_id=dag_id, limit=limit),
+            targets=[audit.Target(kind="dag", object_id=dag_id)],
+            dag_id=dag_id,
+            detail={"is_paused": True, "max_consecutive_failed_dag_runs": limit},
+        )
 
 
 def after_ti_finished(ti: TaskInstance) -> None:

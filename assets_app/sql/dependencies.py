@@ -525,14 +525,21 @@ def _compiled_update(
     return text, tuple(params), pk_slots, time_slots
 
 
-def run_update_compiled_once(build: UpdateBuilder, *, pk: int, now: datetime) -> int:
+def run_update_compiled_once(
+    build: UpdateBuilder, *, pk: int, now: datetime, returning: str
+) -> list[Any]:
     """`queryset.update(**values)` of `build(pk, now)`, the statement compiled once per process
     on PostgreSQL (SQLite: the ORM's update as built); autocommit or in the caller's
-    transaction. Returns the number of rows updated."""
+    transaction. Returns the column `returning` of the rows it updated (RETURNING: no statement
+    more; on SQLite a read after an update that changed anything)."""
     if connection.vendor != "postgresql":
         queryset, values = build(pk, now)
-        return queryset.update(**values)
+        if not queryset.update(**values):
+            return []
+        model = queryset.model
+        return list(model.objects.filter(pk=pk).values_list(returning, flat=True))
     text, template, pk_slots, time_slots = _compiled_update(build)
+    text += f" RETURNING {connection.ops.quote_name(returning)}"
     params = list(template)
     for slot in pk_slots:
         params[slot] = pk
@@ -540,4 +547,47 @@ def run_update_compiled_once(build: UpdateBuilder, *, pk: int, now: datetime) ->
         params[slot] = now
     with prepared_cursor() as cursor:
         cursor.execute(text, params)
-        return cursor.rowcount
+        return [row[0] for row in cursor.fetchall()]
+
+
+_PAUSE_SQL = f"""
+UPDATE {Dag._meta.db_table} d SET is_paused = TRUE, updated_at = %s
+WHERE d.dag_id = %s AND d.max_consecutive_failed_dag_runs > 0 AND NOT d.is_paused
+  AND d.max_consecutive_failed_dag_runs <= (
+    SELECT count(*) FROM (
+        SELECT r.state FROM {DagRun._meta.db_table} r WHERE r.dag_id = d.dag_id
+        ORDER BY r.run_after DESC, r.id DESC LIMIT d.max_consecutive_failed_dag_runs
+    ) last_runs WHERE last_runs.state = {_q(DagRunState.FAILED)})
+RETURNING d.max_consecutive_failed_dag_runs
+"""
+
+
+def pause_after_consecutive_failures(*, dag_id: str, now: datetime) -> int | None:
+    """Pause `dag_id` if it has `max_consecutive_failed_dag_runs` (> 0) and its last that many
+    runs by run_after (then id) all failed, as Airflow 3.3.2's
+    `DagRun._check_last_n_dagruns_failed`: one conditional UPDATE (a Dag without the setting,
+    or paused already, is not looked at further; the last runs are read through
+    `dag_run_by_dag_run_after`). Returns the limit when it paused the Dag, else None.
+    Autocommit or the caller's transaction."""
+    if connection.vendor != "postgresql":
+        limit = (
+            Dag.objects.filter(dag_id=dag_id, is_paused=False)
+            .values_list("max_consecutive_failed_dag_runs", flat=True)
+            .first()
+        )
+        if not limit:
+            return None
+        last = list(
+            DagRun.objects.filter(dag_id=dag_id)
+            .order_by("-run_after", "-id")
+            .values_list("state", flat=True)[:limit]
+        )
+        if len(last) < limit or any(state != DagRunState.FAILED for state in last):
+            return None
+        Dag.objects.filter(dag_id=dag_id).update(is_paused=True, updated_at=now)
+        return limit
+    at = connection.ops.adapt_datetimefield_value(now)
+    with prepared_cursor() as cursor:
+        cursor.execute(_PAUSE_SQL, [at, dag_id])
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])

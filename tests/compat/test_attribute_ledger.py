@@ -92,7 +92,6 @@ def test_every_timetable_and_its_parameters_are_honoured_or_refused(signatures):
 START = "pendulum.datetime(2026, 1, 1, tz='UTC')"
 REFUSED: dict[str, tuple[str, str]] = {
     "max_active_tasks": ("max_active_tasks=3", ""),
-    "max_consecutive_failed_dag_runs": ("max_consecutive_failed_dag_runs=2", ""),
     "deadline": (
         "deadline=DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, "
         "interval=datetime.timedelta(hours=1), callback=AsyncCallback(notify))",
@@ -184,7 +183,8 @@ def converted(tmp_path_factory):
         _FILE.format(
             dag_id="d_past",
             start=START,
-            dag_kwargs="dagrun_timeout=datetime.timedelta(hours=1)",
+            dag_kwargs="dagrun_timeout=datetime.timedelta(hours=1), "
+            "max_consecutive_failed_dag_runs=2",
             body=_body("depends_on_past=True, ignore_first_depends_on_past=True")
             + "\n    EmptyOperator(task_id='u', wait_for_downstream=True, "
             "wait_for_past_depends_before_skipping=True)",
@@ -198,6 +198,7 @@ def test_depends_on_past_wait_for_downstream_and_dagrun_timeout_are_carried(conv
     assert "past.py" not in converted["import_errors"]
     ((dag,),) = [converted["past.py"]]
     assert dag["dagrun_timeout_seconds"] == 3600.0
+    assert dag["max_consecutive_failed_dag_runs"] == 2
     assert dag["tasks"] == [
         {
             "task_id": "t",

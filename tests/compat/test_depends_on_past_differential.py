@@ -1,0 +1,135 @@
+"""depends_on_past against Airflow 3.3.2's own `PrevDagrunDep` (issue 39): the same scenarios
+(a Dag's flags, its runs by logical date and type, its TIs' states) played by Airflow's code on
+its own database (`airflow_prev_dagrun_driver.py`, the Airflow virtualenv's python) and by the
+service's evaluation; per scenario, whether the asked TI's past lets it run must agree.
+
+The asked TI is a root (no upstream: its trigger rule is met), so on the service's side it is
+queued exactly when its past passes. Airflow's "absent" TI (deleted) is a task its run did not
+have, as after a Dag gained the task."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from assets_app.definitions import sync as definitions
+from assets_app.models import DagRun, TaskInstance, TIState
+from assets_app.scheduling import dependencies, runs
+from tests.compat.airflow_worker_env import sdk_python
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+DRIVER = Path(__file__).with_name("airflow_prev_dagrun_driver.py")
+START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+PAST = [{"task_id": "a", "depends_on_past": True}]
+WAIT = [{"task_id": "a", "wait_for_downstream": True}, {"task_id": "b", "upstream": ["a"]}]
+WAIT += [{"task_id": "c", "upstream": ["b"]}]
+FIRST = [{"task_id": "a", "depends_on_past": True, "ignore_first_depends_on_past": True}]
+TWO = [{"day": 0}, {"day": 1}]
+
+
+def scenario(tasks, run_list, states, ask="1.a", **dag) -> dict:
+    return {"tasks": tasks, "runs": run_list, "states": states, "ask": ask, **dag}
+
+
+SCENARIOS: dict[str, dict] = {
+    "prev_success": scenario(PAST, TWO, {"0.a": "success"}),
+    "prev_skipped": scenario(PAST, TWO, {"0.a": "skipped"}),
+    "prev_failed": scenario(PAST, TWO, {"0.a": "failed"}),
+    "prev_running": scenario(PAST, TWO, {"0.a": "running"}),
+    "prev_upstream_failed": scenario(PAST, TWO, {"0.a": "upstream_failed"}),
+    "prev_none": scenario(PAST, TWO, {}),
+    "first_run": scenario(PAST, [{"day": 0}], {}, ask="0.a"),
+    "prev_by_logical_date": scenario(
+        PAST, [{"day": 5}, {"day": 1}, {"day": 3}], {"0.a": "failed", "1.a": "success"}, "2.a"
+    ),
+    "later_run_failed_does_not_count": scenario(
+        PAST, [{"day": 5}, {"day": 1}], {"0.a": "failed"}, "1.a"
+    ),
+    "no_logical_date": scenario(PAST, [{"day": 0}, {"day": None}], {"0.a": "failed"}),
+    "wait_downstream_running": scenario(WAIT, TWO, {"0.a": "success", "0.b": "running"}),
+    "wait_downstream_done": scenario(
+        WAIT, TWO, {"0.a": "success", "0.b": "success", "0.c": "failed"}
+    ),
+    "wait_downstream_skipped": scenario(WAIT, TWO, {"0.a": "success", "0.b": "skipped"}),
+    "catchup_skips_manual_prev": scenario(
+        PAST,
+        [{"day": 0, "run_type": "scheduled"}, {"day": 1}, {"day": 2, "run_type": "scheduled"}],
+        {"0.a": "failed", "1.a": "success"},
+        "2.a",
+        catchup=True,
+    ),
+    "no_catchup_manual_prev_counts": scenario(
+        PAST,
+        [{"day": 0, "run_type": "scheduled"}, {"day": 1}, {"day": 2, "run_type": "scheduled"}],
+        {"0.a": "failed", "1.a": "success"},
+        "2.a",
+    ),
+    "prev_without_the_task": scenario(PAST, TWO, {"0.a": "absent"}),
+    "ignore_first_prev_without_the_task": scenario(FIRST, TWO, {"0.a": "absent"}),
+    "ignore_first_an_earlier_ti": scenario(
+        FIRST, [{"day": 0}, {"day": 1}, {"day": 2}], {"0.a": "success", "1.a": "absent"}, "2.a"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def airflow_answers(tmp_path_factory) -> dict[str, bool]:
+    folder = tmp_path_factory.mktemp("prev_dagrun")
+    scenarios, out = folder / "scenarios.json", folder / "airflow.json"
+    scenarios.write_text(json.dumps(SCENARIOS))
+    done = subprocess.run(
+        [str(sdk_python()), str(DRIVER), str(scenarios), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    return json.loads(out.read_text())
+
+
+def _service_answer(name: str, doc: dict) -> bool:
+    dag = {"dag_id": name, "is_paused": False, "tasks": doc["tasks"]}
+    dag["catchup"] = doc.get("catchup", False)
+    definitions.sync_definitions(dags=definitions.parse_text(json.dumps(dag), file=name))
+    made: list[DagRun] = []
+    for run in doc["runs"]:
+        day = run["day"]
+        made.append(
+            runs.trigger_dag(
+                dag_id=name,
+                logical_date=None if day is None else START + dt.timedelta(days=day),
+                run_type=run.get("run_type", "manual"),
+            )
+        )
+    for key, state in doc["states"].items():
+        index, task_id = key.split(".")
+        tis = TaskInstance.objects.filter(dag_run=made[int(index)], task_id=task_id)
+        if state == "absent":
+            tis.delete()
+        else:
+            tis.update(state=state)
+    index, task_id = doc["ask"].split(".")
+    asked = TaskInstance.objects.filter(dag_run=made[int(index)], task_id=task_id)
+    asked.update(state=TIState.SCHEDULED)
+    dependencies.evaluate(dag_run_id=made[int(index)].pk, finished_task_ids=None)
+    return asked.get().state == TIState.QUEUED
+
+
+@pytest.mark.django_db
+def test_the_service_decides_depends_on_past_as_airflow(airflow_answers):
+    assert set(airflow_answers) == set(SCENARIOS)
+    service = {name: _service_answer(name, doc) for name, doc in SCENARIOS.items()}
+    differences = {
+        name: {"airflow": airflow_answers[name], "service": service[name]}
+        for name in SCENARIOS
+        if airflow_answers[name] != service[name]
+    }
+    assert differences == {}
+    # The scenarios cover both answers.
+    assert set(airflow_answers.values()) == {True, False}

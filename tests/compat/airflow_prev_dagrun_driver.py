@@ -8,7 +8,10 @@ processor's parse of its Dag (`update_dag_parsing_results_in_db`), its runs crea
 Airflow's `create_dagrun` (logical date, run type), its TIs set to the scenario's states (an
 "absent" TI deleted: a task its run did not have), and then for the asked TI whether
 `PrevDagrunDep` (as the scheduler's `DagRun._get_ready_tis` asks it: a plain `DepContext`)
-passes. Out: {scenario: true | false}.
+passes. A scenario of kind "consecutive" (max_consecutive_failed_dag_runs) has runs with a
+`run_after` and a state instead, and asks whether Airflow's `DagRun._check_last_n_dagruns_failed`
+(called on the last run, as `update_state` calls it when that run fails) pauses the Dag.
+Out: {scenario: true | false}.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ subprocess.run(
 )
 
 from airflow.dag_processing.collection import update_dag_parsing_results_in_db  # noqa: E402
+from airflow.models.dag import DagModel  # noqa: E402
 from airflow.models.dagbundle import DagBundleModel  # noqa: E402
 from airflow.models.serialized_dag import SerializedDagModel  # noqa: E402
 from airflow.models.taskinstance import TaskInstance  # noqa: E402
@@ -70,7 +74,7 @@ def dag_of(name: str, doc: dict) -> DAG:
     return dag
 
 
-def play(name: str, doc: dict) -> bool:
+def parse(name: str, doc: dict) -> None:
     with create_session() as session:
         if session.get(DagBundleModel, BUNDLE) is None:
             session.add(DagBundleModel(name=BUNDLE))
@@ -84,6 +88,33 @@ def play(name: str, doc: dict) -> bool:
             set(),
             session=session,
         )
+
+
+def consecutive(name: str, doc: dict) -> bool:
+    parse(name, doc)
+    with create_session() as session:
+        dag = SerializedDagModel.get_dag(name, session=session)
+        runs = [
+            dag.create_dagrun(
+                run_id=f"r{i}",
+                run_after=START + dt.timedelta(minutes=run["minute"]),
+                run_type=DagRunType.MANUAL,
+                triggered_by=DagRunTriggeredByType.TEST,
+                state=DagRunState(run["state"]),
+                session=session,
+            )
+            for i, run in enumerate(doc["runs"])
+        ]
+        session.flush()
+        runs[-1]._check_last_n_dagruns_failed(name, doc["limit"], session)
+        session.flush()
+        return bool(session.scalar(select(DagModel.is_paused).where(DagModel.dag_id == name)))
+
+
+def play(name: str, doc: dict) -> bool:
+    if doc.get("kind") == "consecutive":
+        return consecutive(name, doc)
+    parse(name, doc)
     with create_session() as session:
         dag = SerializedDagModel.get_dag(name, session=session)
         runs = []

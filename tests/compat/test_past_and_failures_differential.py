@@ -1,11 +1,14 @@
-"""depends_on_past against Airflow 3.3.2's own `PrevDagrunDep` (issue 39): the same scenarios
-(a Dag's flags, its runs by logical date and type, its TIs' states) played by Airflow's code on
-its own database (`airflow_prev_dagrun_driver.py`, the Airflow virtualenv's python) and by the
-service's evaluation; per scenario, whether the asked TI's past lets it run must agree.
+"""depends_on_past against Airflow 3.3.2's own `PrevDagrunDep` (issue 39), and
+max_consecutive_failed_dag_runs against its `DagRun._check_last_n_dagruns_failed`: the same
+scenarios (a Dag's flags, its runs by logical date and type, its TIs' states) played by
+Airflow's code on its own database (`airflow_prev_dagrun_driver.py`, the Airflow virtualenv's
+python) and by the service's evaluation; per scenario, whether the asked TI's past lets it run
+must agree.
 
 The asked TI is a root (no upstream: its trigger rule is met), so on the service's side it is
 queued exactly when its past passes. Airflow's "absent" TI (deleted) is a task its run did not
-have, as after a Dag gained the task."""
+have, as after a Dag gained the task. A "consecutive" scenario's runs have a run_after and a
+state; the question is whether the Dag is paused after its last run failed."""
 
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from assets_app.definitions import sync as definitions
-from assets_app.models import DagRun, TaskInstance, TIState
+from assets_app.models import Dag, DagRun, TaskInstance, TIState
 from assets_app.scheduling import dependencies, runs
+from assets_app.sql import dependencies as dependencies_sql
 from tests.compat.airflow_worker_env import sdk_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -78,6 +82,29 @@ SCENARIOS: dict[str, dict] = {
 }
 
 
+def consecutive(limit: int, *runs: tuple[int, str]) -> dict:
+    """Runs (minute of run_after, state) in creation order; the last one just failed."""
+    return {
+        "kind": "consecutive",
+        "tasks": [{"task_id": "a"}],
+        "limit": limit,
+        "runs": [{"minute": minute, "state": state} for minute, state in runs],
+    }
+
+
+SCENARIOS.update(
+    {
+        "three_failed": consecutive(3, (0, "failed"), (1, "failed"), (2, "failed")),
+        "two_of_three": consecutive(3, (0, "failed"), (1, "failed")),
+        "success_between": consecutive(2, (0, "failed"), (1, "success"), (2, "failed")),
+        "older_success_outside": consecutive(2, (0, "success"), (1, "failed"), (2, "failed")),
+        "by_run_after": consecutive(2, (5, "success"), (0, "failed"), (1, "failed")),
+        "a_newer_running_run": consecutive(2, (0, "failed"), (9, "running"), (1, "failed")),
+        "same_run_after_by_id": consecutive(2, (0, "success"), (1, "failed"), (1, "failed")),
+    }
+)
+
+
 @pytest.fixture(scope="module")
 def airflow_answers(tmp_path_factory) -> dict[str, bool]:
     folder = tmp_path_factory.mktemp("prev_dagrun")
@@ -93,7 +120,20 @@ def airflow_answers(tmp_path_factory) -> dict[str, bool]:
     return json.loads(out.read_text())
 
 
+def _service_consecutive(name: str, doc: dict) -> bool:
+    dag = {"dag_id": name, "is_paused": False, "tasks": doc["tasks"]}
+    dag["max_consecutive_failed_dag_runs"] = doc["limit"]
+    definitions.sync_definitions(dags=definitions.parse_text(json.dumps(dag), file=name))
+    for run in doc["runs"]:
+        made = runs.trigger_dag(dag_id=name, run_after=START + dt.timedelta(minutes=run["minute"]))
+        DagRun.objects.filter(pk=made.pk).update(state=run["state"])
+    dependencies_sql.pause_after_consecutive_failures(dag_id=name, now=START)
+    return Dag.objects.get(dag_id=name).is_paused
+
+
 def _service_answer(name: str, doc: dict) -> bool:
+    if doc.get("kind") == "consecutive":
+        return _service_consecutive(name, doc)
     dag = {"dag_id": name, "is_paused": False, "tasks": doc["tasks"]}
     dag["catchup"] = doc.get("catchup", False)
     definitions.sync_definitions(dags=definitions.parse_text(json.dumps(dag), file=name))

@@ -8,7 +8,10 @@ must agree.
 The asked TI is a root (no upstream: its trigger rule is met), so on the service's side it is
 queued exactly when its past passes. Airflow's "absent" TI (deleted) is a task its run did not
 have, as after a Dag gained the task. A "consecutive" scenario's runs have a run_after and a
-state; the question is whether the Dag is paused after its last run failed."""
+state; the question is whether the Dag is paused after its last run failed. A "timeout" scenario
+(dagrun_timeout) is one run running since some time ago with its TIs' states; the answer is the
+run's state and its skipped TIs after Airflow's scheduler (`_schedule_dag_run`) or the
+service's run-timeouts pass looked at it, both at the real clock."""
 
 from __future__ import annotations
 
@@ -18,11 +21,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from assets_app.definitions import sync as definitions
 from assets_app.models import Dag, DagRun, TaskInstance, TIState
-from assets_app.scheduling import dependencies, runs
+from assets_app.scheduling import dependencies, runs, timeouts
 from assets_app.sql import dependencies as dependencies_sql
+from assets_app.sql import timeouts as timeouts_sql
 from tests.compat.airflow_worker_env import sdk_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -105,8 +110,37 @@ SCENARIOS.update(
 )
 
 
+TIMEOUT_TASKS = [
+    {"task_id": "a"},
+    {"task_id": "b"},
+    {"task_id": "c", "upstream": ["a"]},
+    {"task_id": "d"},
+    {"task_id": "e"},
+]
+TIMEOUT_STATES = {"a": "running", "b": "success", "d": "up_for_retry", "e": "failed"}
+
+
+def timeout(seconds: float | None, started_ago: float) -> dict:
+    return {
+        "kind": "timeout",
+        "tasks": TIMEOUT_TASKS,
+        "timeout_seconds": seconds,
+        "started_ago": started_ago,
+        "states": TIMEOUT_STATES,
+    }
+
+
+SCENARIOS.update(
+    {
+        "timed_out": timeout(3600, 7200),
+        "in_time": timeout(3600, 600),
+        "no_timeout": timeout(None, 10 * 86400),
+    }
+)
+
+
 @pytest.fixture(scope="module")
-def airflow_answers(tmp_path_factory) -> dict[str, bool]:
+def airflow_answers(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("prev_dagrun")
     scenarios, out = folder / "scenarios.json", folder / "airflow.json"
     scenarios.write_text(json.dumps(SCENARIOS))
@@ -131,9 +165,28 @@ def _service_consecutive(name: str, doc: dict) -> bool:
     return Dag.objects.get(dag_id=name).is_paused
 
 
-def _service_answer(name: str, doc: dict) -> bool:
+def _service_timeout(name: str, doc: dict) -> dict:
+    dag = {"dag_id": name, "is_paused": False, "tasks": doc["tasks"]}
+    if doc["timeout_seconds"] is not None:
+        dag["dagrun_timeout_seconds"] = doc["timeout_seconds"]
+    definitions.sync_definitions(dags=definitions.parse_text(json.dumps(dag), file=name))
+    run = runs.trigger_dag(dag_id=name)
+    for task_id, state in doc["states"].items():
+        TaskInstance.objects.filter(dag_run=run, task_id=task_id).update(state=state)
+    now = timezone.now()
+    started = now - dt.timedelta(seconds=doc["started_ago"])
+    timeouts_sql.mark_run_running(dag_run_id=run.pk, now=started)
+    timeouts.time_out_due_runs(now=now)
+    run.refresh_from_db()
+    skipped = TaskInstance.objects.filter(dag_run=run, state=TIState.SKIPPED)
+    return {"run": run.state, "skipped": sorted(skipped.values_list("task_id", flat=True))}
+
+
+def _service_answer(name: str, doc: dict):
     if doc.get("kind") == "consecutive":
         return _service_consecutive(name, doc)
+    if doc.get("kind") == "timeout":
+        return _service_timeout(name, doc)
     dag = {"dag_id": name, "is_paused": False, "tasks": doc["tasks"]}
     dag["catchup"] = doc.get("catchup", False)
     definitions.sync_definitions(dags=definitions.parse_text(json.dumps(dag), file=name))
@@ -171,5 +224,9 @@ def test_the_service_decides_depends_on_past_as_airflow(airflow_answers):
         if airflow_answers[name] != service[name]
     }
     assert differences == {}
-    # The scenarios cover both answers.
-    assert set(airflow_answers.values()) == {True, False}
+    # The scenarios cover both answers, and a run that timed out.
+    assert {airflow_answers[name] for name in SCENARIOS if "kind" not in SCENARIOS[name]} == {
+        True,
+        False,
+    }
+    assert airflow_answers["timed_out"] == {"run": "failed", "skipped": ["a", "c", "d"]}

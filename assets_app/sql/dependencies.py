@@ -99,7 +99,9 @@ def _past_sql() -> str:
     skipped (running and waiting count, as Airflow's) holds the TI back, and so does, with
     wait_for_downstream, a TI of a direct downstream task there not success or skipped. Only
     TIs of such tasks are looked at; each lookup goes through an index (the Dag's runs by
-    logical date, a run's TIs by task)."""
+    logical date, a run's TIs by task). The one lookup that may read a Dag's history, "no TI
+    of the task in any earlier run", is made only with ignore_first_depends_on_past and a
+    previous run without the task, which happens once, just after the task was added."""
     ti, task, link, run = (
         TaskInstance._meta.db_table,
         Task._meta.db_table,
@@ -128,9 +130,11 @@ past AS (
         WHEN v.catchup AND v.start_date IS NOT NULL AND pr.logical_date < v.start_date THEN TRUE
         WHEN NOT EXISTS (
             SELECT 1 FROM {ti} pt WHERE pt.dag_run_id = v.prev_id AND pt.task_id = t.task_id)
-        THEN t.ignore_first_depends_on_past AND NOT EXISTS (
-            SELECT 1 FROM {ti} o JOIN {run} orun ON orun.id = o.dag_run_id
-            WHERE o.dag_id = v.dag_id AND o.task_id = t.task_id AND orun.logical_date < v.ld)
+        THEN CASE WHEN NOT t.ignore_first_depends_on_past THEN FALSE ELSE NOT EXISTS (
+            SELECT 1 FROM {run} orun
+            WHERE orun.dag_id = v.dag_id AND orun.logical_date < v.ld AND EXISTS (
+                SELECT 1 FROM {ti} o WHERE o.dag_run_id = orun.id AND o.task_id = t.task_id))
+        END
         WHEN EXISTS (
             SELECT 1 FROM {ti} pt WHERE pt.dag_run_id = v.prev_id AND pt.task_id = t.task_id
               AND pt.state NOT IN ({done}))

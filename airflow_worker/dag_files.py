@@ -65,6 +65,9 @@ TASK_DEFAULTS: dict[str, Any] = {
     "retry_delay_seconds": 300.0,
     "retry_exponential_backoff": 0.0,
     "max_retry_delay_seconds": None,
+    "depends_on_past": False,
+    "ignore_first_depends_on_past": False,
+    "wait_for_downstream": False,
 }
 
 
@@ -372,6 +375,9 @@ def _task(task: Any) -> dict[str, Any]:
         "retry_delay_seconds": _seconds(task.retry_delay) or 0.0,
         "retry_exponential_backoff": float(task.retry_exponential_backoff or 0),
         "max_retry_delay_seconds": _seconds(task.max_retry_delay),
+        "depends_on_past": bool(task.depends_on_past),
+        "ignore_first_depends_on_past": bool(task.ignore_first_depends_on_past),
+        "wait_for_downstream": bool(task.wait_for_downstream),
     }
     definition.update({k: v for k, v in optional.items() if v != TASK_DEFAULTS[k]})
     # Shown only (issue 39): the owner Airflow's Dag owners are made of, and the doc.
@@ -511,6 +517,10 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         definition["is_paused"] = bool(dag.is_paused_upon_creation)
     if dag.max_active_runs:
         definition["max_active_runs"] = int(dag.max_active_runs)
+    if dag.max_consecutive_failed_dag_runs:
+        definition["max_consecutive_failed_dag_runs"] = int(dag.max_consecutive_failed_dag_runs)
+    if dag.dagrun_timeout is not None:
+        definition["dagrun_timeout_seconds"] = _seconds(dag.dagrun_timeout)
     scopes = sorted(
         t[len(XCOM_READ_SCOPE_TAG) :] for t in dag.tags if t.startswith(XCOM_READ_SCOPE_TAG)
     )

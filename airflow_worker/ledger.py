@@ -98,10 +98,13 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     ),
     "sla_miss_callback": Honoured(IGNORED_BY_AIRFLOW),
     "max_active_tasks": Refused("the service does not limit a Dag's running tasks"),
-    "max_consecutive_failed_dag_runs": Refused(
-        "the service does not pause a Dag after failed runs"
+    "max_consecutive_failed_dag_runs": Honoured(
+        CONVERSION + ": `max_consecutive_failed_dag_runs`, the Dag pauses after that many "
+        "failed runs (`scheduling.dependencies.finish_run_if_done`)"
     ),
-    "dagrun_timeout": Refused("the service does not time out runs"),
+    "dagrun_timeout": Honoured(
+        CONVERSION + ": `dagrun_timeout_seconds`, the run-timeouts timer (`scheduling.timeouts`)"
+    ),
     "deadline": Refused("deadline alerts are not supported", _truthy("deadline")),
     "on_success_callback": Refused(
         "Dag-level callbacks are not run", _truthy("on_success_callback")
@@ -173,10 +176,18 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "doc_rst": Honoured(DISPLAY),
     "task_display_name": Honoured(DISPLAY),
     "sla": Honoured(IGNORED_BY_AIRFLOW),
-    "depends_on_past": Refused("depends_on_past is not supported"),
-    "ignore_first_depends_on_past": Refused("depends_on_past is not supported"),
-    "wait_for_past_depends_before_skipping": Refused("depends_on_past is not supported"),
-    "wait_for_downstream": Refused("wait_for_downstream is not supported"),
+    "depends_on_past": Honoured(
+        CONVERSION + ": `depends_on_past`, a TI waits for its previous run's (Airflow's "
+        "`PrevDagrunDep`, in the service's dependency evaluation)"
+    ),
+    "ignore_first_depends_on_past": Honoured(CONVERSION + ": `ignore_first_depends_on_past`"),
+    "wait_for_past_depends_before_skipping": Honoured(
+        "as Airflow 3.3.2's scheduler, which never reads it (its `DagRun` evaluates "
+        "dependencies with `wait_for_past_depends_before_skipping` off): no effect"
+    ),
+    "wait_for_downstream": Honoured(
+        CONVERSION + ": `wait_for_downstream` (and `depends_on_past`, as Airflow sets it)"
+    ),
     "pool": Refused("pools are not supported"),
     "pool_slots": Refused("pools are not supported"),
     "priority_weight": Refused("priority weights are not supported (claims ignore them)"),

@@ -322,9 +322,9 @@ BAD_CASES = {
         "attribute 'pool' is refused by the asset service: pools are not supported",
     ),
     "refused_dag_attribute": (
-        {"dag_id": "d", "dagrun_timeout": 60},
-        "dagrun_timeout",
-        "attribute 'dagrun_timeout' is refused by the asset service: the service does not time",
+        {"dag_id": "d", "access_control": {"Op": ["can_read"]}},
+        "access_control",
+        "attribute 'access_control' is refused by the asset service: Airflow's per-Dag access",
     ),
     "refused_setup_task": (
         {"dag_id": "d", "tasks": [{"task_id": "t", "is_setup": True}]},

@@ -475,6 +475,19 @@ class Task(_Object):
     doc_md: str | None = Field(
         None, max_length=DOC_MD_MAX_LENGTH, description="Airflow's task `doc_md` (shown only)."
     )
+    depends_on_past: bool = Field(
+        False,
+        description="Airflow's depends_on_past: a TI runs only once the task's TIs in the Dag's "
+        "previous run (by logical date) are success or skipped.",
+    )
+    ignore_first_depends_on_past: bool = Field(
+        False, description="Airflow's: depends_on_past does not hold back the task's first TI."
+    )
+    wait_for_downstream: bool = Field(
+        False,
+        description="Airflow's wait_for_downstream: depends_on_past, and the task's direct "
+        "downstream TIs in the previous run are success or skipped too.",
+    )
 
 
 # What a task token may read beyond its own run (issue 26; Airflow lets any token read any XCom).
@@ -658,6 +671,17 @@ class Dag(_Object):
     start_date: DateTimeText | None = None
     end_date: DateTimeText | None = None
     catchup: bool = Field(False, description="Create the runs missed since the start date.")
+    max_consecutive_failed_dag_runs: int = Field(
+        0,
+        ge=0,
+        description="Airflow's max_consecutive_failed_dag_runs: the Dag is paused when this "
+        "many of its last runs failed; 0: never.",
+    )
+    dagrun_timeout_seconds: Seconds | None = Field(
+        None,
+        description="Airflow's dagrun_timeout, in seconds: a running run older than this (from "
+        "its start) fails and its unfinished task instances are skipped.",
+    )
     schedule_mode: Literal["asset_or_time", "asset_and_time"] = Field(
         "asset_or_time",
         description="A Dag with both a schedule and a timetable: asset_or_time (Airflow's "

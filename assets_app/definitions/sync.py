@@ -61,7 +61,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -112,6 +112,9 @@ TASK_FIELDS = (
     "map_group",
     "owner",
     "doc_md",
+    "depends_on_past",
+    "ignore_first_depends_on_past",
+    "wait_for_downstream",
 )
 
 
@@ -147,6 +150,10 @@ class TaskDefinition:
     # Shown only (issue 39): Airflow's task `owner` and `doc_md` ("" for none).
     owner: str = DEFAULT_OWNER
     doc_md: str = ""
+    # Airflow's depends_on_past family (issue 39); wait_for_downstream implies depends_on_past.
+    depends_on_past: bool = False
+    ignore_first_depends_on_past: bool = False
+    wait_for_downstream: bool = False
     path: str = field(default="", compare=False)
 
 
@@ -186,6 +193,9 @@ class DagDefinition:
     start_date: datetime | None = None
     end_date: datetime | None = None
     catchup: bool = False
+    # Airflow's dagrun_timeout (issue 39), None: none.
+    dagrun_timeout: timedelta | None = None
+    max_consecutive_failed_dag_runs: int = 0
     # With both a schedule and a timetable: asset_or_time (Airflow's) or asset_and_time.
     schedule_mode: str = ScheduleMode.ASSET_OR_TIME
     xcom_read_scope: str = "run"
@@ -322,6 +332,9 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
             map_group=task.map_group or "",
             owner=task.owner,
             doc_md=task.doc_md or "",
+            depends_on_past=task.depends_on_past or task.wait_for_downstream,
+            ignore_first_depends_on_past=task.ignore_first_depends_on_past,
+            wait_for_downstream=task.wait_for_downstream,
             path=f"{join(path, 'tasks')}[{i}]",
         )
         for i, task in enumerate(model.tasks)
@@ -330,7 +343,13 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         dag_id=model.dag_id,
         schedule=conditions.from_model(model.schedule) if model.schedule is not None else None,
         max_active_runs=model.max_active_runs,
+        max_consecutive_failed_dag_runs=model.max_consecutive_failed_dag_runs,
         is_paused=model.is_paused,
+        dagrun_timeout=(
+            None
+            if model.dagrun_timeout_seconds is None
+            else timedelta(seconds=model.dagrun_timeout_seconds)
+        ),
         description=model.description,
         tags=tuple(sorted(set(model.tags))),
         owners=owners(task.owner for task in model.tasks),
@@ -872,9 +891,14 @@ def sync_definitions(
                     if f not in files
                 ]
             import_errors = [*import_errors, *refused]
-        result = _Sync(dags, apply_pause=apply_pause).run()
+        syncing = _Sync(dags, apply_pause=apply_pause)
+        result = syncing.run()
         if result.changed:  # a timetable, a pause or a next run may have changed (at commit)
             wakeups.wake(wakeups.TIME)
+        if syncing.timeout_changed:
+            # Running runs time out by the Dag's new dagrun_timeout (issue 39): the timeout
+            # timer recomputes their due times when woken.
+            wakeups.wake(wakeups.TIMEOUTS)
         if import_errors is not None:
             result = replace(
                 result,
@@ -1040,6 +1064,8 @@ class _Sync:
         self.dags = list(dags)
         self.apply_pause = apply_pause
         self.changed_dags: set[str] = set()
+        # An existing Dag's dagrun_timeout changed (issue 39).
+        self.timeout_changed = False
         self.pause_kept: list[tuple[str, bool]] = []
 
     def run(self) -> SyncResult:
@@ -1185,6 +1211,8 @@ class _Sync:
                     if definition.allowed_run_types is not None
                     else None
                 ),
+                "dagrun_timeout": definition.dagrun_timeout,
+                "max_consecutive_failed_dag_runs": definition.max_consecutive_failed_dag_runs,
                 **{name: getattr(definition, name) for name in TIME_FIELDS},
             }
             dag = stored.get(definition.dag_id)
@@ -1205,6 +1233,7 @@ class _Sync:
                 if dag.is_paused != definition.is_paused:
                     self.pause_kept.append((dag.dag_id, dag.is_paused))
             changed = [name for name, value in values.items() if getattr(dag, name) != value]
+            self.timeout_changed |= "dagrun_timeout" in changed
             if "schedule" in changed and dag.schedule_error:
                 # A new schedule (every door checked it): the scheduler's old verdict is void.
                 values.update(schedule_error="", schedule_error_at=None)

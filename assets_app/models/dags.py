@@ -69,6 +69,13 @@ class Dag(models.Model):
     start_date = models.DateTimeField(null=True, blank=True)
     end_date = models.DateTimeField(null=True, blank=True)
     catchup = models.BooleanField(db_default=False, default=False)
+    # Airflow's `dagrun_timeout` (issue 39): a running run older than this (from its start) is
+    # failed and its unfinished TIs skipped (`scheduling.timeouts`); None: never.
+    dagrun_timeout = models.DurationField(null=True, blank=True)
+    # Airflow's `max_consecutive_failed_dag_runs` (issue 39): after a run fails, the Dag is
+    # paused when its last this many runs (by run_after) all failed
+    # (`dependencies.finish_run_if_done`); 0: never.
+    max_consecutive_failed_dag_runs = models.PositiveIntegerField(db_default=0, default=0)
     schedule_mode = models.CharField(
         max_length=20,
         choices=ScheduleMode.choices,
@@ -192,6 +199,14 @@ class Task(models.Model):
     # (`sql/dependencies`), and a group mapped over a return value expands all its tasks when
     # its roots expand (`mapping`). "": not in a mapped group.
     map_group = models.CharField(max_length=DAG_ID_MAX_LENGTH, blank=True, default="")
+    # Airflow's `depends_on_past` (issue 39): a TI waits until the task's TIs in the Dag's
+    # previous run (by logical date) are success or skipped; `wait_for_downstream` also waits
+    # for their direct downstream TIs there (and sets `depends_on_past`, as Airflow's operator
+    # does); `ignore_first_depends_on_past` lets the task's first TI ever run
+    # (`sql/dependencies._past_sql`, Airflow 3.3.2's `PrevDagrunDep`).
+    depends_on_past = models.BooleanField(db_default=False, default=False)
+    ignore_first_depends_on_past = models.BooleanField(db_default=False, default=False)
+    wait_for_downstream = models.BooleanField(db_default=False, default=False)
     upstream = models.ManyToManyField(
         "self",
         through="TaskUpstream",

@@ -100,6 +100,10 @@ class DagRun(models.Model):
     data_interval_end = models.DateTimeField(null=True, blank=True)
     start_date = models.DateTimeField(null=True, blank=True)
     end_date = models.DateTimeField(null=True, blank=True)
+    # When a running run times out (issue 39): its start plus its Dag's `dagrun_timeout`, set
+    # when it starts running (and again when a sync changes the timeout); the timeout timer
+    # reads the earliest through `dag_run_timeout_due`. None: no timeout.
+    timeout_at = models.DateTimeField(null=True, blank=True)
     clear_number = models.PositiveIntegerField(default=0)
     # When the run was last queued: its creation, or its last clear (Airflow's `queued_at`).
     queued_at = models.DateTimeField(default=timezone.now)
@@ -134,6 +138,14 @@ class DagRun(models.Model):
             models.Index(fields=["dag", "state"], name="dag_run_by_dag_state"),
             # A Dag's newest runs (retention keeps the last N: one probe per candidate run).
             models.Index(fields=["dag", "id"], name="dag_run_by_dag_id"),
+            # A Dag's last runs by run_after (max_consecutive_failed_dag_runs, issue 39).
+            models.Index(fields=["dag", "run_after", "id"], name="dag_run_by_dag_run_after"),
+            # The running runs with a timeout, by when (`scheduling.timeouts`).
+            models.Index(
+                fields=["timeout_at"],
+                name="dag_run_timeout_due",
+                condition=models.Q(state="running", timeout_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

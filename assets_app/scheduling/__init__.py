@@ -3,8 +3,9 @@
 Owns: `runs` (creating runs and their TIs: manual trigger, materialize, the schedulers; a TI's
 initial state; clearing a run), `asset_runs` (ADRQ -> asset-triggered runs), `time_runs` (the time
 scheduler's pass over Dags with a timetable), `backfills` (plan, start, pause, cancel), `mapping` (a
-mapped task's TI becomes its map indexes) and `dependencies` (after a TI's finish commits: the run's
-waiting TIs by trigger rule, then the run's own finish).
+mapped task's TI becomes its map indexes), `dependencies` (after a TI's finish commits: the run's
+waiting TIs by trigger rule, then the run's own finish) and `timeouts` (a running run past its
+Dag's `dagrun_timeout` fails, its unfinished TIs skipped).
 
 Writes: `DagRun` and `TaskInstance` rows (created here only; their state afterwards is
 `task_state`'s), `DagRunAssetEvent` (the events a run consumed), `Backfill` and `BackfillDagRun`,

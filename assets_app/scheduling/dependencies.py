@@ -53,8 +53,17 @@ from django.utils import timezone
 
 from ..cluster import nudges
 from ..events_out import webhooks
-from ..models import AssetDagRunQueue, DagRun, DagRunState, TaskInstance, TaskUpstream, TIState
+from ..models import (
+    AssetDagRunQueue,
+    AuditVia,
+    DagRun,
+    DagRunState,
+    TaskInstance,
+    TaskUpstream,
+    TIState,
+)
 from ..models.runs import TI_UNFINISHED_STATES
+from ..operations import audit
 from ..sql import dependencies as dependencies_sql
 from . import mapping
 
@@ -82,12 +91,26 @@ def evaluate_round(*, dag_run_id: int, finished_task_ids: Sequence[str] | None) 
     (task_id, new state) of the TIs it changed
     (`dependencies_sql.evaluate_waiting_task_instances`). The same statement expands a mapped
     task's map-index -1 TI whose rule is met (issue 25): its map indexes queued, or it is
-    skipped / upstream_failed (`mapping`). On SQLite, which cannot write in a WITH, that TI is
+    skipped / upstream_failed (`mapping`). Given finished tasks, it also queues the TIs of the
+    Dag's later runs that waited only for them as their past (issue 39: depends_on_past,
+    wait_for_downstream; not returned). On SQLite, which cannot write in a WITH, that TI is
     left waiting and expanded by `mapping.expand` in a transaction of its own."""
     now = timezone.now()
-    changed = dependencies_sql.evaluate_waiting_task_instances(
+    rows = dependencies_sql.evaluate_waiting_task_instances(
         dag_run_id=dag_run_id, finished_task_ids=finished_task_ids, now=now
     )
+    changed = [(task_id, state) for task_id, state, run_pk in rows if run_pk == dag_run_id]
+    # TIs of later runs this round woke (issue 39: their past is done) are queued, except a
+    # mapped one expanding to skipped / upstream_failed: that run's downstream follow it (a
+    # query for the run's Dag and that run's own evaluation, only then).
+    woken_done: dict[int, list[str]] = {}
+    for task_id, state, run_pk in rows:
+        if run_pk != dag_run_id and state not in (TIState.QUEUED, TIState.SCHEDULED):
+            woken_done.setdefault(run_pk, []).append(task_id)
+    for run_pk, task_ids in sorted(woken_done.items()):
+        dag_id = DagRun.objects.filter(pk=run_pk).values_list("dag_id", flat=True).first()
+        if dag_id is not None:
+            follow_finishes(dag_run_id=run_pk, dag_id=dag_id, finished_task_ids=task_ids)
     ready = sorted({task_id for task_id, state in changed if state == TIState.SCHEDULED})
     if ready:
         with transaction.atomic():
@@ -141,11 +164,14 @@ def _finish_run_update(dag_run_id: int, now: datetime) -> tuple[QuerySet[DagRun]
     return runs, values
 
 
-def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> int:
+def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> str | None:
     """Run `_finish_run_update`, compiled once per process
     (`dependencies_sql.run_update_compiled_once`: building its two `Exists` and the `Case` cost
-    ~3.5 ms of CPU on every finish)."""
-    return dependencies_sql.run_update_compiled_once(_finish_run_update, pk=dag_run_id, now=now)
+    ~3.5 ms of CPU on every finish). Returns the state it gave the run (None: not finished)."""
+    states = dependencies_sql.run_update_compiled_once(
+        _finish_run_update, pk=dag_run_id, now=now, returning="state"
+    )
+    return states[0] if states else None
 
 
 def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
@@ -155,6 +181,12 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
 
     A run that finishes frees a `max_active_runs` slot, so if its Dag has queued events waiting
     the scheduler is nudged (after commit) instead of leaving them to the one-minute sweep.
+
+    A run that finishes failed may pause its Dag (issue 39, Airflow 3.3.2's
+    `max_consecutive_failed_dag_runs`, checked where its `DagRun.update_state` fails a run for
+    a task failure): when the Dag's last that many runs by run_after all failed, it is paused
+    and audited with Airflow's log line (`_pause_after_consecutive_failures`): one
+    conditional UPDATE more, only for a run that failed; two audit INSERTs when it pauses.
     """
     # The run's `dag_run.succeeded` / `dag_run.failed` webhook messages commit with its state
     # (issue 29): one statement more, only for a run that finished. No savepoint inside a
@@ -163,47 +195,73 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
         finished = _execute_finish_run_update(dag_run_id, now=now)
         if finished:
             webhooks.write_run_finished(dag_run_id=dag_run_id, now=now)
+        if finished == DagRunState.FAILED:
+            _pause_after_consecutive_failures(dag_id=dag_id, now=now)
     if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():
         nudges.scheduler_on_commit(dag_ids=[dag_id])
     return bool(finished)
 
 
+# Airflow's log line (`DagRun._check_last_n_dagruns_failed`), the audit entry's summary.
+PAUSED_AFTER_FAILURES = "Pausing DAG {dag_id} because last {limit} DAG runs failed."
+# Airflow writes its `Log` row as owner "scheduler".
+SCHEDULER = audit.Actor(name="scheduler", via=AuditVia.SYSTEM)
+
+
+def _pause_after_consecutive_failures(*, dag_id: str, now: datetime) -> None:
+    """Inside `finish_run_if_done`'s transaction: pause the Dag after its
+    `max_consecutive_failed_dag_runs` failed runs (`dependencies_sql.
+    pause_after_consecutive_failures`), audited as a `dag.pause` when it did."""
+    limit = dependencies_sql.pause_after_consecutive_failures(dag_id=dag_id, now=now)
+    if limit is not None:
+        audit.record(
+            actor=SCHEDULER,
+            action="dag.pause",
+            summary=PAUSED_AFTER_FAILURES.format(dag_id=dag_id, limit=limit),
+            targets=[audit.Target(kind="dag", object_id=dag_id)],
+            dag_id=dag_id,
+            detail={"is_paused": True, "max_consecutive_failed_dag_runs": limit},
+        )
+
+
 def after_ti_finished(ti: TaskInstance) -> None:
     """What follows a TI's finish (success, failed, skipped, upstream_failed), after its commit
     and without its lock: a failed one of a `fail_fast` Dag stops the rest of its run
-    (`stop_remaining`), then `follow_finishes` of its one task."""
-    if ti.state == TIState.FAILED:
-        stop_remaining(ti)
-    follow_finishes(dag_run_id=ti.dag_run_id, dag_id=ti.dag_id, finished_task_ids=[ti.task_id])
+    (`stop_remaining`), then `follow_finishes` of its task and the stopped ones (whose later
+    runs' depends_on_past TIs may wait for them)."""
+    stopped = stop_remaining(ti) if ti.state == TIState.FAILED else []
+    follow_finishes(
+        dag_run_id=ti.dag_run_id, dag_id=ti.dag_id, finished_task_ids=[ti.task_id, *stopped]
+    )
 
 
 # Airflow's `_stop_remaining_tasks` leaves these alone (and the failed task's own map indexes).
 _NOT_STOPPED = (TIState.SUCCESS, TIState.FAILED, TIState.SKIPPED)
 
 
-def stop_remaining(ti: TaskInstance) -> int:
+def stop_remaining(ti: TaskInstance) -> list[str]:
     """Airflow's fail_fast (`_stop_remaining_tasks`, which its execution API runs when a TI of a
     `fail_fast` Dag fails for good): every other TI of the run that is not success or failed,
     the failed task's own map indexes aside, is failed when running (its worker learns it at
     its next heartbeat, as from Airflow) and skipped otherwise (upstream_failed and removed
-    ones too, as Airflow does). Returns how many changed.
+    ones too, as Airflow does). Returns the task ids of those it changed.
 
     One SELECT on every failure (nothing for a Dag without fail_fast); then one single-row
     conditional UPDATE per TI, each its own autocommit statement: like a worker's, each holds
     one TI row lock for one statement, so it never waits while holding another (lock order
     step 1) and a TI that moved on meanwhile (started, finished) is judged on its latest state.
     A TI a concurrent expansion inserts after the SELECT is not stopped."""
-    ids = list(
+    candidates = list(
         TaskInstance.objects.filter(dag_run_id=ti.dag_run_id, dag_run__dag__fail_fast=True)
         .exclude(task_id=ti.task_id)
         .exclude(state__in=_NOT_STOPPED)
         .order_by("id")
-        .values_list("id", flat=True)
+        .values_list("id", "task_id")
     )
     now = timezone.now()
-    stopped = 0
-    for ti_id in ids:
-        stopped += (
+    stopped: list[str] = []
+    for ti_id, task_id in candidates:
+        changed = (
             TaskInstance.objects.filter(id=ti_id)
             .exclude(state__in=_NOT_STOPPED)
             .update(
@@ -215,14 +273,16 @@ def stop_remaining(ti: TaskInstance) -> int:
                 updated_at=now,
             )
         )
+        if changed:
+            stopped.append(task_id)
     if stopped:
         logger.info(
             "fail_fast: task %s of run %s failed; %d other task instances stopped",
             ti.task_id,
             ti.dag_run_id,
-            stopped,
+            len(stopped),
         )
-    return stopped
+    return sorted(set(stopped))
 
 
 def follow_finishes(*, dag_run_id: int, dag_id: str, finished_task_ids: Sequence[str]) -> None:

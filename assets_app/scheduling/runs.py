@@ -63,16 +63,22 @@ def initial_ti_states(
     """The state each of these tasks' TIs starts in, when a run is created and when TIs are
     cleared or added: the one place that decides it. A task with no upstream task (a root) is
     queued; the others wait (`scheduled`, not claimable) until `dependencies.evaluate` finds
-    their trigger rule met. Callers that cleared or added TIs of an existing run evaluate it
-    after their commit, since some upstream may already be done.
+    their trigger rule met, and so does a root that depends on the past (issue 39: its
+    previous run's TI may not be done; Airflow's `PrevDagrunDep`). Callers that cleared or
+    added TIs of an existing run evaluate it after their commit, since some upstream may
+    already be done.
 
-    `with_upstream`: those of `task_ids` that have upstream tasks, when the caller read them
-    already (run creation reads them with the tasks); otherwise one query."""
+    `with_upstream`: those of `task_ids` that have upstream tasks or depend on the past, when
+    the caller read them already (run creation reads them with the tasks); otherwise one
+    query."""
     if with_upstream is None:
         with_upstream = set(
-            TaskUpstream.objects.filter(task__dag_id=dag_id, task__task_id__in=list(task_ids))
-            .values_list("task__task_id", flat=True)
-            .distinct()
+            Task.objects.filter(dag_id=dag_id, task_id__in=list(task_ids))
+            .filter(
+                Exists(TaskUpstream.objects.filter(task_id=OuterRef("pk")))
+                | models.Q(depends_on_past=True)
+            )
+            .values_list("task_id", flat=True)
         )
     return {
         task_id: TIState.SCHEDULED if task_id in with_upstream else TIState.QUEUED
@@ -91,6 +97,8 @@ class NewTask(NamedTuple):
     # or mapped over an upstream's return value) and 0 get the one TI of map index -1, which
     # the evaluation expands once its trigger rule is met (`mapping`).
     map_length: int | None = None
+    # Airflow's depends_on_past (issue 39): even a root waits, for its previous run's TI.
+    depends_on_past: bool = False
 
     def map_indexes(self) -> range:
         return range(self.map_length) if self.map_length else range(-1, 0)
@@ -99,13 +107,15 @@ class NewTask(NamedTuple):
 def dag_tasks(dag_ids: Sequence[str]) -> dict[str, list[NewTask]]:
     """Each of `dag_ids`' tasks by task id (a Dag without tasks: []), in one query."""
     tasks: dict[str, list[NewTask]] = {dag_id: [] for dag_id in dag_ids}
-    for dag_id, task_id, retries, has_upstream, map_length in (
+    for dag_id, task_id, retries, has_upstream, map_length, depends_on_past in (
         Task.objects.filter(dag_id__in=list(dag_ids))
         .annotate(has_upstream=Exists(TaskUpstream.objects.filter(task_id=OuterRef("pk"))))
         .order_by("dag_id", "task_id")
-        .values_list("dag_id", "task_id", "retries", "has_upstream", "map_length")
+        .values_list(
+            "dag_id", "task_id", "retries", "has_upstream", "map_length", "depends_on_past"
+        )
     ):
-        tasks[dag_id].append(NewTask(task_id, retries, has_upstream, map_length))
+        tasks[dag_id].append(NewTask(task_id, retries, has_upstream, map_length, depends_on_past))
     return tasks
 
 
@@ -243,8 +253,17 @@ def _insert_runs(
         states = initial_ti_states(
             dag_id=run.dag_id,
             task_ids=[task.task_id for task in tasks],
-            with_upstream={task.task_id for task in tasks if task.has_upstream},
+            with_upstream={
+                task.task_id for task in tasks if task.has_upstream or task.depends_on_past
+            },
         )
+        # A root that depends on the past waits (issue 39); its previous run's TI may well be
+        # done already, so the run's waiting TIs are evaluated after the commit: one statement
+        # more, only for runs of Dags with such a root (the sweep repairs a crash before it).
+        if any(t.depends_on_past and not t.has_upstream for t in tasks):
+            transaction.on_commit(
+                functools.partial(dependencies.evaluate, dag_run_id=run.pk, finished_task_ids=None)
+            )
         # A root mapped over an empty literal has nothing to wait for: its map-index -1 TI is
         # skipped at once (Airflow expands it to skipped on the scheduler's first look), and its
         # downstream evaluated after the commit.

@@ -14,7 +14,19 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.db.models.sql import UpdateQuery
 
-from ..models import DagRun, Task, TaskInstance, TaskUpstream, TIState, TriggerRule, XCom
+from ..models import (
+    BackfillDagRun,
+    Dag,
+    DagRun,
+    DagRunState,
+    DagRunType,
+    Task,
+    TaskInstance,
+    TaskUpstream,
+    TIState,
+    TriggerRule,
+    XCom,
+)
 from ..models.runs import TI_FINISHED_STATES
 from .connection import prepared_cursor
 
@@ -74,6 +86,108 @@ def _decision_sql() -> str:
 _FAST_TRIGGERED = (TriggerRule.ONE_SUCCESS, TriggerRule.ONE_FAILED, TriggerRule.ONE_DONE)
 
 
+def _past_sql() -> str:
+    """The CTEs `prev` and `past` of the evaluation statement (issue 39): per candidate TI of a
+    task that depends on the past (`cand.dop`), whether Airflow 3.3.2's `PrevDagrunDep` passes
+    (`past.ok`); a TI with no row in `past` does not depend on it. Passes: a run without a
+    logical date (asset-triggered, manual without one: `DagRun.get_previous_dagrun` gives
+    None); the first run of a backfill (its planned run of sort ordinal 1); no previous run
+    (by logical date; with catchup, the previous run not manual:
+    `get_previous_scheduled_dagrun`); with catchup, a previous run before the Dag's start date.
+    Else the task's TIs in the previous run: none there passes only with
+    ignore_first_depends_on_past and no TI of the task in any earlier run; one not success or
+    skipped (running and waiting count, as Airflow's) holds the TI back, and so does, with
+    wait_for_downstream, a TI of a direct downstream task there not success or skipped. Only
+    TIs of such tasks are looked at; each lookup goes through an index (the Dag's runs by
+    logical date, a run's TIs by task). The one lookup that may read a Dag's history, "no TI
+    of the task in any earlier run", is made only with ignore_first_depends_on_past and a
+    previous run without the task, which happens once, just after the task was added."""
+    ti, task, link, run = (
+        TaskInstance._meta.db_table,
+        Task._meta.db_table,
+        TaskUpstream._meta.db_table,
+        DagRun._meta.db_table,
+    )
+    dag, bdr = Dag._meta.db_table, BackfillDagRun._meta.db_table
+    done = f"{_q(TIState.SUCCESS)}, {_q(TIState.SKIPPED)}"
+    return f""",
+prev AS (
+    SELECT c.ti_id, c.task_pk, r.dag_id, r.logical_date AS ld, d.catchup, d.start_date,
+        (r.run_type = {_q(DagRunType.BACKFILL)} AND EXISTS (
+            SELECT 1 FROM {bdr} b WHERE b.dag_run_id = r.id AND b.sort_ordinal = 1)) AS first_fill,
+        (SELECT p.id FROM {run} p
+         WHERE p.dag_id = r.dag_id AND p.logical_date < r.logical_date
+           AND (NOT d.catchup OR p.run_type <> {_q(DagRunType.MANUAL)})
+         ORDER BY p.logical_date DESC LIMIT 1) AS prev_id
+    FROM cand c
+    JOIN {run} r ON r.id = c.run_pk
+    JOIN {dag} d ON d.dag_id = r.dag_id
+    WHERE c.dop AND r.logical_date IS NOT NULL
+),
+past AS (
+    SELECT v.ti_id, CASE
+        WHEN v.first_fill OR v.prev_id IS NULL THEN TRUE
+        WHEN v.catchup AND v.start_date IS NOT NULL AND pr.logical_date < v.start_date THEN TRUE
+        WHEN NOT EXISTS (
+            SELECT 1 FROM {ti} pt WHERE pt.dag_run_id = v.prev_id AND pt.task_id = t.task_id)
+        THEN CASE WHEN NOT t.ignore_first_depends_on_past THEN FALSE ELSE NOT EXISTS (
+            SELECT 1 FROM {run} orun
+            WHERE orun.dag_id = v.dag_id AND orun.logical_date < v.ld AND EXISTS (
+                SELECT 1 FROM {ti} o WHERE o.dag_run_id = orun.id AND o.task_id = t.task_id))
+        END
+        WHEN EXISTS (
+            SELECT 1 FROM {ti} pt WHERE pt.dag_run_id = v.prev_id AND pt.task_id = t.task_id
+              AND pt.state NOT IN ({done}))
+        THEN FALSE
+        WHEN t.wait_for_downstream AND EXISTS (
+            SELECT 1 FROM {link} ld
+            JOIN {task} dt ON dt.id = ld.task_id
+            JOIN {ti} pd ON pd.dag_run_id = v.prev_id AND pd.task_id = dt.task_id
+            WHERE ld.upstream_id = t.id AND pd.state NOT IN ({done}))
+        THEN FALSE
+        ELSE TRUE END AS ok
+    FROM prev v
+    JOIN {task} t ON t.id = v.task_pk
+    LEFT JOIN {run} pr ON pr.id = v.prev_id
+)"""
+
+
+def _woken_sql(*, unexpanded: str) -> str:
+    """The evaluation's second set of candidates when given finished tasks (issue 39): the
+    waiting TIs, in the Dag's active runs with a later logical date, of the tasks whose past
+    those finishes may complete: a finished task that depends on the past, and a task with
+    wait_for_downstream upstream of a finished one. Which of them the finished run is the
+    previous run of is `past`'s to decide; the active runs bound how many are looked at. For
+    a Dag that uses neither, two index probes on the finished tasks that find nothing."""
+    ti, task, link, run = (
+        TaskInstance._meta.db_table,
+        Task._meta.db_table,
+        TaskUpstream._meta.db_table,
+        DagRun._meta.db_table,
+    )
+    active = f"{_q(DagRunState.QUEUED)}, {_q(DagRunState.RUNNING)}"
+    return f"""
+    UNION
+    SELECT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded},
+        w.dag_run_id AS run_pk, t.depends_on_past AS dop
+    FROM (
+        SELECT u0.id AS task_pk FROM {task} u0
+        WHERE u0.dag_id = (SELECT dag_id FROM this_run) AND u0.task_id IN (SELECT value FROM given)
+          AND u0.depends_on_past
+        UNION
+        SELECT lw.upstream_id FROM {task} u0
+        JOIN {link} lw ON lw.task_id = u0.id
+        JOIN {task} tw ON tw.id = lw.upstream_id AND tw.wait_for_downstream
+        WHERE u0.dag_id = (SELECT dag_id FROM this_run) AND u0.task_id IN (SELECT value FROM given)
+    ) k
+    JOIN {task} t ON t.id = k.task_pk
+    JOIN this_run r0 ON r0.logical_date IS NOT NULL
+    JOIN {run} r ON r.dag_id = r0.dag_id AND r.state IN ({active})
+        AND r.logical_date > r0.logical_date
+    JOIN {ti} w ON w.dag_run_id = r.id AND w.task_id = t.task_id
+        AND w.state = {_q(TIState.SCHEDULED)}"""
+
+
 def _evaluate_sql(*, from_tasks: bool) -> str:
     ti, task, link = TaskInstance._meta.db_table, Task._meta.db_table, TaskUpstream._meta.db_table
     waiting = _q(TIState.SCHEDULED)
@@ -92,19 +206,26 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
     # The waiting TIs to look at: downstream of the given tasks (found from them through the
     # indexes: task by (dag, task_id), links by upstream, TI by (run, task_id)), or (the sweep)
     # every waiting TI of the run.
+    # Issue 39: with them, the waiting TIs of later runs whose past these finishes may complete
+    # (`_woken_sql`); each candidate carries its run (`run_pk`) and whether its task depends on
+    # the past (`dop`, decided in `past`).
+    woken = _woken_sql(unexpanded=unexpanded)
     cand = (
-        f"""SELECT DISTINCT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded}
+        f"""SELECT DISTINCT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded},
+        w.dag_run_id AS run_pk, t.depends_on_past AS dop
     FROM {task} u0
     JOIN {link} l0 ON l0.upstream_id = u0.id
     JOIN {task} t ON t.id = l0.task_id
-    JOIN {ti} w ON w.dag_run_id = %s AND w.dag_id = t.dag_id AND w.task_id = t.task_id
-    WHERE u0.dag_id = (SELECT dag_id FROM {run} WHERE id = %s)
-      AND u0.task_id IN (SELECT value FROM given) AND w.state = {waiting}"""
+    JOIN {ti} w ON w.dag_run_id = (SELECT id FROM this_run) AND w.dag_id = t.dag_id
+        AND w.task_id = t.task_id
+    WHERE u0.dag_id = (SELECT dag_id FROM this_run)
+      AND u0.task_id IN (SELECT value FROM given) AND w.state = {waiting}{woken}"""
         if from_tasks
-        else f"""SELECT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded}
+        else f"""SELECT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded},
+        w.dag_run_id AS run_pk, t.depends_on_past AS dop
     FROM {ti} w
     JOIN {task} t ON t.dag_id = w.dag_id AND t.task_id = w.task_id
-    WHERE w.dag_run_id = %s AND w.state = {waiting}"""
+    WHERE w.dag_run_id = (SELECT id FROM this_run) AND w.state = {waiting}"""
     )
     given = (
         (
@@ -115,10 +236,11 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
         if from_tasks
         else ""
     )
+    given += f"this_run AS (SELECT id, dag_id, logical_date FROM {run} WHERE id = %s), "
     fast = ", ".join(_q(rule) for rule in _FAST_TRIGGERED)
     columns = (
         "c.ti_id, c.task_pk, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index,"
-        " c.retries, c.map_group"
+        " c.retries, c.map_group, c.run_pk"
     )
     # Per waiting TI, its upstream TIs' states (`ups`): every TI of an upstream task, except
     # inside a mapped group (issue 25; Airflow 3.3.2 `TriggerRuleDep._iter_upstream_conditions`):
@@ -131,7 +253,7 @@ WITH {given}cand AS (
     {cand}
 ),
 links AS (
-    SELECT c.ti_id, c.map_index, u.id AS up_id, u.task_id AS up_task_id,
+    SELECT c.ti_id, c.run_pk, c.map_index, u.id AS up_id, u.task_id AS up_task_id,
         COALESCE(c.map_group <> '' AND u.map_group = c.map_group AND c.map_index >= 0
             AND c.rule NOT IN ({fast}), FALSE) AS per_index
     FROM cand c
@@ -141,14 +263,15 @@ links AS (
 ups AS (
     SELECT k.ti_id, k.up_id, ut.state
     FROM links k
-    LEFT JOIN {ti} ut ON ut.dag_run_id = %s AND ut.task_id = k.up_task_id
+    LEFT JOIN {ti} ut ON ut.dag_run_id = k.run_pk AND ut.task_id = k.up_task_id
     WHERE NOT k.per_index
     UNION ALL
     SELECT k.ti_id, k.up_id, COALESCE(ut.state, um.state) AS state
     FROM links k
-    LEFT JOIN {ti} ut ON ut.dag_run_id = %s AND ut.task_id = k.up_task_id
+    LEFT JOIN {ti} ut ON ut.dag_run_id = k.run_pk AND ut.task_id = k.up_task_id
         AND ut.map_index = k.map_index
-    LEFT JOIN {ti} um ON um.dag_run_id = %s AND um.task_id = k.up_task_id AND um.map_index = -1
+    LEFT JOIN {ti} um ON um.dag_run_id = k.run_pk AND um.task_id = k.up_task_id
+        AND um.map_index = -1
     WHERE k.per_index
 ),
 counts AS (
@@ -163,11 +286,21 @@ counts AS (
     FROM cand c
     JOIN ups p ON p.ti_id = c.ti_id
     GROUP BY {columns}
-),
-decided AS (
+){_past_sql()},
+ruled AS (
     SELECT ti_id, task_pk, unexpanded, map_length, map_upstream, map_index, retries, map_group,
         {_decision_sql()} AS new_state
     FROM counts
+),
+decided AS (
+    -- Depending on the past holds back only a TI its rule would queue: Airflow's scheduler
+    -- still marks it upstream_failed / skipped (its TriggerRuleDep sets the state whatever
+    -- PrevDagrunDep says).
+    SELECT r.ti_id, r.task_pk, r.unexpanded, r.map_length, r.map_upstream, r.map_index,
+        r.retries, r.map_group,
+        CASE WHEN r.new_state = {_q(TIState.QUEUED)} AND NOT COALESCE(p.ok, TRUE) THEN NULL
+            ELSE r.new_state END AS new_state
+    FROM ruled r LEFT JOIN past p ON p.ti_id = r.ti_id
 ){_write_sql()}"""
 
 
@@ -228,7 +361,7 @@ UPDATE {ti} SET
     state = outcome.new_state,{set_times}
 FROM outcome
 WHERE {ti}.id = outcome.ti_id AND {ti}.state = {waiting}
-RETURNING {ti}.task_id, {ti}.state
+RETURNING {ti}.task_id, {ti}.state, {ti}.dag_run_id
 """
     columns, copies = _copy_columns("changed", try_number="1", max_tries="changed.task_retries")
     fresh = {
@@ -329,7 +462,7 @@ spread_rows AS (
     CROSS JOIN generate_series(src.grow_from, src.len - 1) AS g(i)
     ON CONFLICT DO NOTHING
 )
-SELECT task_id, state FROM changed
+SELECT task_id, state, dag_run_id FROM changed
 """
 
 
@@ -348,18 +481,20 @@ def evaluate_waiting_task_instances(
 ) -> list[tuple[str, str]]:
     """Decide the run's waiting TIs downstream of `finished_task_ids` (None: every waiting TI of
     the run) and write the decided ones: one statement, autocommit or in the caller's
-    transaction. Returns (task_id, new state) of the TIs it changed, a mapped task's expanded
+    transaction; given finished tasks, also the waiting TIs of later runs whose past they may
+    complete (issue 39, `_woken_sql`). Returns (task_id, new state, run id) of the TIs it
+    changed, a mapped task's expanded
     TIs once (its map index 0's row); on SQLite `scheduled` is a mapped task's TI of map index
     -1 whose rule is met, left waiting for the caller to expand (`mapping.expand`)."""
     at = connection.ops.adapt_datetimefield_value(now)
     spread = [at] if connection.vendor == "postgresql" else []  # `grouped`'s updated_at
     with prepared_cursor() as cursor:
         if finished_task_ids is None:
-            params = [dag_run_id, *[dag_run_id] * 3, at, at, at, *spread]
+            params = [dag_run_id, at, at, at, *spread]
             cursor.execute(_evaluate_statement(from_tasks=False), params)
         else:
             given = json.dumps(list(finished_task_ids))
-            params = [given, dag_run_id, dag_run_id, *[dag_run_id] * 3, at, at, at, *spread]
+            params = [given, dag_run_id, at, at, at, *spread]
             cursor.execute(_evaluate_statement(from_tasks=True), params)
         return list(cursor.fetchall())
 
@@ -394,14 +529,21 @@ def _compiled_update(
     return text, tuple(params), pk_slots, time_slots
 
 
-def run_update_compiled_once(build: UpdateBuilder, *, pk: int, now: datetime) -> int:
+def run_update_compiled_once(
+    build: UpdateBuilder, *, pk: int, now: datetime, returning: str
+) -> list[Any]:
     """`queryset.update(**values)` of `build(pk, now)`, the statement compiled once per process
     on PostgreSQL (SQLite: the ORM's update as built); autocommit or in the caller's
-    transaction. Returns the number of rows updated."""
+    transaction. Returns the column `returning` of the rows it updated (RETURNING: no statement
+    more; on SQLite a read after an update that changed anything)."""
     if connection.vendor != "postgresql":
         queryset, values = build(pk, now)
-        return queryset.update(**values)
+        if not queryset.update(**values):
+            return []
+        model = queryset.model
+        return list(model.objects.filter(pk=pk).values_list(returning, flat=True))
     text, template, pk_slots, time_slots = _compiled_update(build)
+    text += f" RETURNING {connection.ops.quote_name(returning)}"
     params = list(template)
     for slot in pk_slots:
         params[slot] = pk
@@ -409,4 +551,47 @@ def run_update_compiled_once(build: UpdateBuilder, *, pk: int, now: datetime) ->
         params[slot] = now
     with prepared_cursor() as cursor:
         cursor.execute(text, params)
-        return cursor.rowcount
+        return [row[0] for row in cursor.fetchall()]
+
+
+_PAUSE_SQL = f"""
+UPDATE {Dag._meta.db_table} d SET is_paused = TRUE, updated_at = %s
+WHERE d.dag_id = %s AND d.max_consecutive_failed_dag_runs > 0 AND NOT d.is_paused
+  AND d.max_consecutive_failed_dag_runs <= (
+    SELECT count(*) FROM (
+        SELECT r.state FROM {DagRun._meta.db_table} r WHERE r.dag_id = d.dag_id
+        ORDER BY r.run_after DESC, r.id DESC LIMIT d.max_consecutive_failed_dag_runs
+    ) last_runs WHERE last_runs.state = {_q(DagRunState.FAILED)})
+RETURNING d.max_consecutive_failed_dag_runs
+"""
+
+
+def pause_after_consecutive_failures(*, dag_id: str, now: datetime) -> int | None:
+    """Pause `dag_id` if it has `max_consecutive_failed_dag_runs` (> 0) and its last that many
+    runs by run_after (then id) all failed, as Airflow 3.3.2's
+    `DagRun._check_last_n_dagruns_failed`: one conditional UPDATE (a Dag without the setting,
+    or paused already, is not looked at further; the last runs are read through
+    `dag_run_by_dag_run_after`). Returns the limit when it paused the Dag, else None.
+    Autocommit or the caller's transaction."""
+    if connection.vendor != "postgresql":
+        limit = (
+            Dag.objects.filter(dag_id=dag_id, is_paused=False)
+            .values_list("max_consecutive_failed_dag_runs", flat=True)
+            .first()
+        )
+        if not limit:
+            return None
+        last = list(
+            DagRun.objects.filter(dag_id=dag_id)
+            .order_by("-run_after", "-id")
+            .values_list("state", flat=True)[:limit]
+        )
+        if len(last) < limit or any(state != DagRunState.FAILED for state in last):
+            return None
+        Dag.objects.filter(dag_id=dag_id).update(is_paused=True, updated_at=now)
+        return limit
+    at = connection.ops.adapt_datetimefield_value(now)
+    with prepared_cursor() as cursor:
+        cursor.execute(_PAUSE_SQL, [at, dag_id])
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])

@@ -54,6 +54,13 @@ without blocking the FOR KEY SHARE that writing a message takes on its endpoint 
 a run's finish and a park never wait for delivery); no HTTP request is made under it. Freshness
 policies claimed FOR UPDATE SKIP LOCKED by batch (`claim_freshness_policies`).
 
+Run timeouts (issue 39, `scheduling.timeouts`), alone in their own short transaction per
+batch: the due running DagRun rows FOR UPDATE SKIP LOCKED (`lock_timed_out_runs`: a run a
+finish or another timer holds is skipped, never waited on), then plain UPDATEs of those runs
+and of their unfinished TIs. That UPDATE may wait for a TI a worker holds for its state change,
+which holds nothing else (step 1), so it cannot close a cycle; a worker's run finish (after its
+TI commit, holding nothing) waits for the run row and then finds it no longer running.
+
 Queue watchers (issue 28): a message's registration takes no explicit lock (its dedup row's
 unique insert is the guard: a concurrent redelivery waits on that key, then writes nothing).
 An operator's requeue locks the chosen parked WatcherMessage rows alone, FOR UPDATE SKIP LOCKED
@@ -78,6 +85,8 @@ from ..models import (
     AssetEventQueue,
     Backfill,
     Dag,
+    DagRun,
+    DagRunState,
     FreshnessPolicy,
     FreshnessState,
     ScheduleMode,
@@ -469,4 +478,16 @@ def lock_parked_watcher_messages(ids: Sequence[int]) -> list[WatcherMessage]:
         .select_related("watcher")
         .filter(id__in=list(ids), state="parked")
         .order_by("id")
+    )
+
+
+def lock_timed_out_runs(*, now: datetime, limit: int) -> list[tuple[int, str, str]]:
+    """Lock up to `limit` running runs whose `timeout_at` passed (FOR UPDATE SKIP LOCKED,
+    earliest first, through `dag_run_timeout_due`): (id, dag_id, run_id) of each. Inside the
+    caller's transaction (see "Run timeouts" above)."""
+    return list(
+        DagRun.objects.filter(state=DagRunState.RUNNING, timeout_at__lte=now)
+        .order_by("timeout_at", "id")
+        .select_for_update(skip_locked=True)
+        .values_list("id", "dag_id", "run_id")[:limit]
     )

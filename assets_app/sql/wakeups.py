@@ -11,7 +11,9 @@ woke it. Several notifications of one channel in one transaction are delivered o
   timetable (or of a backfill) finished and freed a `max_active_runs` slot, a backfill changed;
 - `WEBHOOKS`: webhook messages were written, or made due again (a replay, an endpoint resumed);
 - `FRESHNESS`: a freshness policy was set or removed, or an event was registered for an asset
-  whose policy is late (it may be fresh again).
+  whose policy is late (it may be fresh again);
+- `TIMEOUTS`: a run of a Dag with a `dagrun_timeout` started, or a sync changed a Dag's
+  `dagrun_timeout` (issue 39).
 
 SQLite (the demo): no NOTIFY; the timers poll there.
 """
@@ -23,7 +25,8 @@ from ..models import FreshnessPolicy, FreshnessState
 TIME = "asset_events_time"
 WEBHOOKS = "asset_events_webhooks"
 FRESHNESS = "asset_events_freshness"
-CHANNELS = (TIME, WEBHOOKS, FRESHNESS)
+TIMEOUTS = "asset_events_timeouts"
+CHANNELS = (TIME, WEBHOOKS, FRESHNESS, TIMEOUTS)
 
 
 def supported() -> bool:

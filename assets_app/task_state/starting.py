@@ -20,13 +20,13 @@ from ..models import (
     AssetAliasEvent,
     AssetEvent,
     DagRun,
-    DagRunState,
     TaskInstance,
     TaskReschedule,
     TIState,
 )
 from ..runtime import xcoms
 from ..sql import locks
+from ..sql import timeouts as timeouts_sql
 from . import check_try, is_eligible_to_retry, not_found
 
 
@@ -72,9 +72,8 @@ class RunContext:
 
 
 def _mark_run_running(dag_run_id: int, *, now: datetime) -> None:
-    DagRun.objects.filter(id=dag_run_id, state=DagRunState.QUEUED).update(
-        state=DagRunState.RUNNING, start_date=now
-    )
+    # With its timeout due time (issue 39), in the same statement.
+    timeouts_sql.mark_run_running(dag_run_id=dag_run_id, now=now)
 
 
 # --- start ------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ and the read that says when it is next due:
 - freshness: the policies due (`freshness.evaluate_due`; the late ones too when woken); due at
   the earliest `due_at` of a policy not late; woken on `FRESHNESS` (a policy set, an event of a
   late policy's asset);
+- run-timeouts: running runs past their Dag's `dagrun_timeout` (`timeouts.time_out_due_runs`,
+  issue 39); due at the earliest `timeout_at` of a running run; woken on `TIMEOUTS` (a run with
+  a timeout started; a sync changed a timeout, and then the due times are recomputed first);
 - retention: the periodic clean (`retention.periodic_clean`), due at `retention.next_clean_at`;
 - repair: TIs whose worker died, runs a crash left waiting (`repair.repair_task_instances`),
   every TASK_REPAIR_INTERVAL_SECONDS.
@@ -29,7 +32,7 @@ from django.utils import timezone
 
 from ..events_out import delivery, freshness
 from ..operations import retention
-from ..scheduling import backfills, time_runs
+from ..scheduling import backfills, time_runs, timeouts
 from ..sql import wakeups
 from ..task_state import repair
 from .loop import DUE, Timer, Wake
@@ -60,6 +63,13 @@ def _freshness(woken: Wake) -> None:
     # Late policies wait for an event, not for a time: looked at when something woke the
     # timer (an event of a late policy's asset, a policy set, the start), not at a due time.
     freshness.evaluate_due(include_late=woken != {DUE})
+
+
+def _time_out_runs(woken: Wake) -> None:
+    if woken != {DUE}:
+        # Woken (or starting): a Dag's timeout may have changed since the runs' due times.
+        timeouts.retime()
+    timeouts.time_out_due_runs()
 
 
 def _clean(woken: Wake) -> None:
@@ -113,6 +123,12 @@ def groups() -> dict[str, list[Timer]]:
             ),
         ],
         "upkeep": [
+            Timer(
+                "run-timeouts",
+                work=_time_out_runs,
+                next_due=timeouts.next_due_at,
+                channels=(wakeups.TIMEOUTS,),
+            ),
             Timer("retention", work=_clean, next_due=retention.next_clean_at),
             Timer("repair", work=_repair, next_due=_next_repair),
         ],

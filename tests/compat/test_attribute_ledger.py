@@ -92,8 +92,6 @@ def test_every_timetable_and_its_parameters_are_honoured_or_refused(signatures):
 START = "pendulum.datetime(2026, 1, 1, tz='UTC')"
 REFUSED: dict[str, tuple[str, str]] = {
     "max_active_tasks": ("max_active_tasks=3", ""),
-    "max_consecutive_failed_dag_runs": ("max_consecutive_failed_dag_runs=2", ""),
-    "dagrun_timeout": ("dagrun_timeout=datetime.timedelta(hours=1)", ""),
     "deadline": (
         "deadline=DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, "
         "interval=datetime.timedelta(hours=1), callback=AsyncCallback(notify))",
@@ -102,10 +100,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "on_success_callback": ("on_success_callback=notify", ""),
     "on_failure_callback": ("on_failure_callback=[notify]", ""),
     "access_control": ("access_control={'Op': {'DAGs': {'can_read'}}}", ""),
-    "depends_on_past": ("", "depends_on_past=True"),
-    "ignore_first_depends_on_past": ("", "ignore_first_depends_on_past=True"),
-    "wait_for_past_depends_before_skipping": ("", "wait_for_past_depends_before_skipping=True"),
-    "wait_for_downstream": ("", "wait_for_downstream=True"),
     "pool": ("", "pool='small'"),
     "pool_slots": ("", "pool_slots=2"),
     "priority_weight": ("", "priority_weight=5"),
@@ -182,7 +176,35 @@ def converted(tmp_path_factory):
             body=_body("") + "\n    EmptyOperator(task_id='u', pool='default_pool')",
         )
     )
+    (folder / "past.py").write_text(
+        _FILE.format(
+            dag_id="d_past",
+            start=START,
+            dag_kwargs="dagrun_timeout=datetime.timedelta(hours=1), "
+            "max_consecutive_failed_dag_runs=2",
+            body=_body("depends_on_past=True, ignore_first_depends_on_past=True")
+            + "\n    EmptyOperator(task_id='u', wait_for_downstream=True, "
+            "wait_for_past_depends_before_skipping=True)",
+        )
+    )
     return _convert(folder)
+
+
+def test_depends_on_past_wait_for_downstream_and_dagrun_timeout_are_carried(converted):
+    """Issue 39; wait_for_downstream brings depends_on_past, as Airflow's operator sets it."""
+    assert "past.py" not in converted["import_errors"]
+    ((dag,),) = [converted["past.py"]]
+    assert dag["dagrun_timeout_seconds"] == 3600.0
+    assert dag["max_consecutive_failed_dag_runs"] == 2
+    assert dag["tasks"] == [
+        {
+            "task_id": "t",
+            "retries": 0,
+            "depends_on_past": True,
+            "ignore_first_depends_on_past": True,
+        },
+        {"task_id": "u", "retries": 0, "depends_on_past": True, "wait_for_downstream": True},
+    ]
 
 
 @pytest.mark.parametrize("attribute", sorted(REFUSED))

@@ -5,8 +5,9 @@ from assets_app.timers import process
 
 class Command(BaseCommand):
     help = (
-        "Run the timers: time schedules and backfills, webhook delivery, freshness, retention "
-        "and repair, each when it is due or woken by a NOTIFY (issue 41). A supervisor forks "
+        "Run the timers: time schedules and backfills, webhook delivery, freshness, run "
+        "timeouts, retention and repair, each when it is due or woken by a NOTIFY (issue 41). "
+        "A supervisor forks "
         "the timers again when they die; SIGTERM or Ctrl-C stops them. Any number may run."
     )
 

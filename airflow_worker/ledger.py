@@ -164,8 +164,13 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "wait_for_downstream": Refused("wait_for_downstream is not supported"),
     "pool": Refused("pools are not supported"),
     "pool_slots": Refused("pools are not supported"),
-    "priority_weight": Refused("priority weights are not supported (claims ignore them)"),
-    "weight_rule": Refused("priority weights are not supported (claims ignore them)"),
+    "priority_weight": Honoured(
+        CONVERSION + ": `priority_weight`; claims take the heaviest effective weight first"
+    ),
+    "weight_rule": Honoured(
+        CONVERSION + ": `weight_rule` (downstream, upstream, absolute; a custom strategy is "
+        "refused), totalled at sync as Airflow's priority strategy"
+    ),
     "queue": Refused("task queues are not supported (every worker claims every task)"),
     "max_active_tis_per_dag": Refused("the service does not limit a task's running instances"),
     "max_active_tis_per_dagrun": Refused("the service does not limit a task's running instances"),

@@ -455,6 +455,7 @@ class ClaimResponse(ResponseBody):
                         map_index=w.ti.map_index,
                         try_number=w.ti.try_number,
                         dag_version_id=uuid5(NAMESPACE_URL, f"dag:{w.ti.dag_id}"),
+                        priority_weight=w.priority_weight,
                     ),
                     dag_rel_path=w.dag_rel_path,
                     bundle_info=BundleInfo(name=BUNDLE_NAME),

@@ -35,7 +35,14 @@ from pydantic_core import PydanticCustomError
 
 from ..guards import limits
 from ..models.assets import ASSET_KEY_MAX_LENGTH
-from ..models.dags import DAG_ID_MAX_LENGTH, DEFAULT_RETRY_DELAY_SECONDS, TriggerRule
+from ..models.dags import (
+    DAG_ID_MAX_LENGTH,
+    DEFAULT_RETRY_DELAY_SECONDS,
+    PRIORITY_WEIGHT_MAX,
+    PRIORITY_WEIGHT_MIN,
+    TriggerRule,
+    WeightRule,
+)
 from ..models.watchers import (
     BODY_FIELD_MAX_LENGTH,
     BODY_VALUE_MAX_LENGTH,
@@ -445,6 +452,19 @@ class Task(_Object):
     )
     retry_exponential_backoff: Backoff = 0.0
     max_retry_delay_seconds: Seconds | None = None
+    priority_weight: int = Field(
+        1,
+        ge=PRIORITY_WEIGHT_MIN,
+        le=PRIORITY_WEIGHT_MAX,
+        description="Airflow's priority_weight: claims take heavier tasks first.",
+    )
+    weight_rule: WeightRule = Field(
+        WeightRule.DOWNSTREAM,
+        strict=False,  # the enum's values, as in JSON
+        description="Airflow's weight_rule: the effective weight is the task's own "
+        "priority_weight plus those of all its downstream tasks (downstream), all its upstream "
+        "tasks (upstream), or its own only (absolute).",
+    )
     expand: Expand | None = None
     map_group: Identifier | None = Field(
         None,

@@ -31,6 +31,7 @@ from .dags import (
     TaskOutletAssetReference,
     TaskUpstream,
     TriggerRule,
+    WeightRule,
     XComReadScope,
 )
 from .events import AssetAliasEvent, AssetEvent
@@ -117,6 +118,7 @@ __all__ = [
     "WebhookEndpoint",
     "WebhookEventType",
     "WebhookSubscription",
+    "WeightRule",
     "XCom",
     "XComReadScope",
 ]

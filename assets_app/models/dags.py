@@ -134,11 +134,28 @@ class TriggerRule(models.TextChoices):
 # Airflow's default `retry_delay` (timedelta(seconds=300)).
 DEFAULT_RETRY_DELAY_SECONDS = 300.0
 
+# Airflow's `db_safe_priority` bounds (`airflow/sdk/bases/operator.py`): a 32-bit integer.
+PRIORITY_WEIGHT_MIN = -2147483648
+PRIORITY_WEIGHT_MAX = 2147483647
+
+
+class WeightRule(models.TextChoices):
+    """Airflow's `WeightRule` (`airflow/task/weight_rule.py`): how a task's effective priority
+    weight is totalled from its own and its relatives' `priority_weight`
+    (`airflow/task/priority_strategy.py`)."""
+
+    DOWNSTREAM = "downstream"
+    UPSTREAM = "upstream"
+    ABSOLUTE = "absolute"
+
 
 class Task(models.Model):
     """A task of a Dag: its declared outlets (assets and aliases), its upstream tasks (through
     `TaskUpstream`) and trigger rule, and its retry policy (Airflow's `retries`, `retry_delay`,
-    `retry_exponential_backoff` (a multiplier, 0 = constant delay), `max_retry_delay`)."""
+    `retry_exponential_backoff` (a multiplier, 0 = constant delay), `max_retry_delay`), and
+    its priority (Airflow's `priority_weight` and `weight_rule`; `priority_weight_total` is the
+    effective weight the sync computes from them as Airflow's strategy does, which orders
+    claims)."""
 
     dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="tasks")
     task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
@@ -149,6 +166,11 @@ class Task(models.Model):
     retry_delay_seconds = models.FloatField(default=DEFAULT_RETRY_DELAY_SECONDS)
     retry_exponential_backoff = models.FloatField(default=0.0)
     max_retry_delay_seconds = models.FloatField(null=True, blank=True)
+    priority_weight = models.IntegerField(default=1)
+    weight_rule = models.CharField(
+        max_length=20, choices=WeightRule.choices, default=WeightRule.DOWNSTREAM
+    )
+    priority_weight_total = models.IntegerField(default=1)
     # Dynamic task mapping (issue 25): a mapped task runs once per value of what it expands
     # over, each TI a map index: a literal list (its length, known when a run is created) or the
     # return value of one of its upstream tasks (its task_id; the length is known when that
@@ -203,6 +225,9 @@ class Task(models.Model):
                 | models.Q(map_length__isnull=False)
                 | ~models.Q(map_upstream=""),
                 name="task_map_group_is_mapped",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(weight_rule__in=WeightRule.values), name="task_weight_rule"
             ),
         ]
 

@@ -70,7 +70,18 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from django.db.models import BooleanField, Count, ExpressionWrapper, Q, QuerySet
+from django.db.models import (
+    BooleanField,
+    Count,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+)
+from django.db.models.functions import Coalesce
 
 from ..models import (
     Asset,
@@ -81,6 +92,7 @@ from ..models import (
     FreshnessPolicy,
     FreshnessState,
     ScheduleMode,
+    Task,
     TaskInstance,
     TIState,
     WatcherMessage,
@@ -107,17 +119,32 @@ def lock_task_instances_to_clear(queryset: QuerySet[TaskInstance]) -> list[TaskI
 def claim_queued_task_instances(
     *, limit: int, now: datetime, claim_timeout: timedelta
 ) -> list[TaskInstance]:
-    """Lock up to `limit` claimable queued TIs, FIFO, skipping rows another claim holds.
+    """Lock up to `limit` claimable queued TIs, heaviest first, skipping rows another claim
+    holds, in one statement.
 
     Claimable: queued, past any retry delay, and never claimed or claimed longer ago than
-    `claim_timeout` (a worker that claimed it and never started it).
+    `claim_timeout` (a worker that claimed it and never started it). Order: Airflow's
+    (`_executable_task_instances_to_queued`): the task's effective priority weight
+    (`Task.priority_weight_total`, 1 for a TI whose task is gone) descending, then the run's
+    logical date (none last, as PostgreSQL sorts Airflow's NULLs) and the map index, then
+    FIFO (queued_at, id) where Airflow leaves the order open.
     """
+    weight = Task.objects.filter(dag_id=OuterRef("dag_id"), task_id=OuterRef("task_id")).values(
+        "priority_weight_total"
+    )[:1]
     return list(
         TaskInstance.objects.select_for_update(of=("self",), skip_locked=True)
         .filter(state=TIState.QUEUED)
         .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
         .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - claim_timeout))
-        .order_by("queued_at", "id")[:limit]
+        .annotate(weight=Coalesce(Subquery(weight), Value(1)))
+        .order_by(
+            F("weight").desc(),
+            F("dag_run__logical_date").asc(nulls_last=True),
+            "map_index",
+            "queued_at",
+            "id",
+        )[:limit]
     )
 
 

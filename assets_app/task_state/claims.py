@@ -25,10 +25,14 @@ class Workload:
     task_outlets: list[dict[str, Any]] = field(default_factory=list)
     # Where the Dag's file is, relative to its folder (Dag.fileloc; "" for JSON definitions).
     dag_rel_path: str = ""
+    # Its task's effective priority weight (Airflow's TI `priority_weight`), which ordered it.
+    priority_weight: int = 1
 
 
 def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
-    """Claim up to `limit` queued TIs for `hostname`, FIFO, never waiting on another claimer.
+    """Claim up to `limit` queued TIs for `hostname`, heaviest effective priority weight first
+    (then Airflow's tie-break, then FIFO: `locks.claim_queued_task_instances`), never waiting
+    on another claimer.
 
     Transaction: one durable transaction: `locks.claim_queued_task_instances` (SKIP LOCKED) and one
     UPDATE setting claimed_by/claimed_at. A claimed TI that is not started within
@@ -61,6 +65,7 @@ def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
             ti=ti,
             task_outlets=outlets.get((ti.dag_id, ti.task_id), []),
             dag_rel_path=_rel_path(files.get(ti.dag_id, "")),
+            priority_weight=ti.weight,  # type: ignore[attr-defined]  (the claim's annotation)
         )
         for ti in tis
     ]

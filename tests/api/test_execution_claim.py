@@ -107,6 +107,42 @@ def test_claim_is_fifo_and_respects_limit(worker_api):
     assert [w["ti"]["id"] for w in workloads] == [str(ti.id) for ti in tis[:3]]
 
 
+def test_claim_takes_the_heaviest_effective_weight_first(worker_api):
+    """One claim slot: the heavier TI goes first even though it was queued later (Airflow's
+    `-priority_weight` order); a TI whose task is gone weighs Airflow's default, 1."""
+    run = DagRunFactory()
+    light = TaskFactory(dag=run.dag, task_id="light", priority_weight_total=1)
+    heavy = TaskFactory(dag=run.dag, task_id="heavy", priority_weight_total=5)
+    now = timezone.now()
+    first = TaskInstanceFactory(dag_run=run, task_id=light.task_id, queued_at=now)
+    orphan = TaskInstanceFactory(dag_run=run, task_id="gone", queued_at=now)
+    later = TaskInstanceFactory(
+        dag_run=run, task_id=heavy.task_id, queued_at=now + timedelta(seconds=5)
+    )
+
+    got = [claim(worker_api, {"hostname": "a", "limit": 1}).json()["workloads"] for _ in range(3)]
+
+    assert [w[0]["ti"]["id"] for w in got] == [str(later.id), str(first.id), str(orphan.id)]
+    assert got[0][0]["ti"]["priority_weight"] == 5
+
+
+def test_equal_weights_go_by_logical_date_then_map_index(worker_api):
+    """Airflow's tie-break: the run's logical date (a run without one last), then map index."""
+    dag = DagFactory()
+    now = timezone.now()
+    undated = DagRunFactory(dag=dag, logical_date=None)
+    old = DagRunFactory(dag=dag, logical_date=now - timedelta(days=2))
+    new = DagRunFactory(dag=dag, logical_date=now - timedelta(days=1))
+    order = [
+        TaskInstanceFactory(dag_run=old, task_id="m", map_index=0, queued_at=now),
+        TaskInstanceFactory(dag_run=old, task_id="m", map_index=1, queued_at=now - timedelta(1)),
+        TaskInstanceFactory(dag_run=new, task_id="t", queued_at=now - timedelta(2)),
+        TaskInstanceFactory(dag_run=undated, task_id="t", queued_at=now - timedelta(3)),
+    ]
+    workloads = claim(worker_api, {"hostname": "a", "limit": 10}).json()["workloads"]
+    assert [w["ti"]["id"] for w in workloads] == [str(ti.id) for ti in order]
+
+
 @pytest.mark.parametrize(
     ("key", "status", "reason"),
     [(None, 401, "not_authenticated"), ("wrong", 403, "invalid_api_key")],

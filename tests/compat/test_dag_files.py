@@ -836,3 +836,86 @@ def test_a_dag_file_silent_on_pause_leaves_it_to_the_services_setting(tmp_path, 
     definitions.sync_documents(documents=[("paused.py", list(converted.values()))])
     paused = dict(Dag.objects.values_list("dag_id", "is_paused"))
     assert paused == {"silent": True, "runs": False, "held": True}
+
+
+_WEIGHTS = """
+import json
+from types import SimpleNamespace
+from airflow.sdk import DAG, BaseOperator
+from airflow.task.priority_strategy import validate_and_load_priority_weight_strategy as load
+exec(open("weights.py").read())
+print(json.dumps({
+    t.task_id: load(t.weight_rule).get_weight(SimpleNamespace(task=t)) for t in dag.tasks
+}))
+"""
+
+WEIGHT_DAG = """
+from airflow.sdk import DAG, BaseOperator
+from airflow.task.priority_strategy import _UpstreamPriorityWeightStrategy
+
+with DAG("weights", schedule=None) as dag:
+    a = BaseOperator(task_id="a", priority_weight=2)
+    b = BaseOperator(task_id="b", priority_weight=3, weight_rule="upstream")
+    c = BaseOperator(task_id="c", priority_weight=5, weight_rule="absolute")
+    d = BaseOperator(task_id="d", priority_weight=11, weight_rule=_UpstreamPriorityWeightStrategy())
+    e = BaseOperator(task_id="e", priority_weight=7)
+    big = BaseOperator(task_id="big", priority_weight=2**31 - 1)
+    a >> [b, c] >> e >> d
+    big >> a
+"""
+
+
+@pytest.mark.django_db
+def test_priority_weights_are_totalled_at_sync_as_airflows_strategies(tmp_path):
+    """The effective weights the sync stores are the ones Airflow's own priority strategies
+    give the same tasks (a diamond counts a task once; a total past 2**31-1 is clamped)."""
+    (tmp_path / "weights.py").write_text(WEIGHT_DAG)
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    airflow = json.loads(
+        subprocess.run(
+            [str(sdk_python()), "-c", _WEIGHTS],
+            cwd=tmp_path,
+            env={
+                "PYTHONPATH": str(ROOT),
+                "AIRFLOW_HOME": str(tmp_path / ".af"),
+                "PATH": "/usr/bin",
+            },
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    definitions.sync_documents(documents=[("weights.py", converted["weights.py"])])
+    stored = dict(
+        Task.objects.filter(dag_id="weights").values_list("task_id", "priority_weight_total")
+    )
+    # Airflow's strategy does not clamp a total; its operator clamps its own weight and the
+    # database column is a 32-bit integer, so the service clamps the total likewise.
+    assert stored == {k: max(-(2**31), min(2**31 - 1, v)) for k, v in airflow.items()}
+    assert stored["a"] == 2 + 3 + 5 + 7 + 11  # e once, through b and through c
+    assert stored["d"] == 2**31 - 1  # big's weight alone is the maximum
+
+
+def test_a_custom_priority_weight_strategy_is_refused_naming_the_task(tmp_path):
+    (tmp_path / "custom.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import DAG, BaseOperator
+            from airflow.task.priority_strategy import PriorityWeightStrategy
+
+            class Mine(PriorityWeightStrategy):
+                def get_weight(self, ti):
+                    return 3
+
+            with DAG("custom", schedule=None):
+                BaseOperator(task_id="t", weight_rule=Mine())
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert "custom.py" not in converted
+    assert "Dag 'custom', task 't': weight_rule" in converted["import_errors"]["custom.py"]
+    assert "custom priority weight strategy" in converted["import_errors"]["custom.py"]

@@ -162,8 +162,11 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "ignore_first_depends_on_past": Refused("depends_on_past is not supported"),
     "wait_for_past_depends_before_skipping": Refused("depends_on_past is not supported"),
     "wait_for_downstream": Refused("wait_for_downstream is not supported"),
-    "pool": Refused("pools are not supported"),
-    "pool_slots": Refused("pools are not supported"),
+    "pool": Honoured(
+        CONVERSION + ": `pool`; a claim never hands out more slots than the pool has open (a "
+        "pool that does not exist: its TIs are not claimed, as Airflow does not queue them)"
+    ),
+    "pool_slots": Honoured(CONVERSION + ": `pool_slots`, the slots each claimed TI holds"),
     "priority_weight": Honoured(
         CONVERSION + ": `priority_weight`; claims take the heaviest effective weight first"
     ),

@@ -456,6 +456,7 @@ class ClaimResponse(ResponseBody):
                         try_number=w.ti.try_number,
                         dag_version_id=uuid5(NAMESPACE_URL, f"dag:{w.ti.dag_id}"),
                         priority_weight=w.priority_weight,
+                        pool_slots=w.pool_slots,
                     ),
                     dag_rel_path=w.dag_rel_path,
                     bundle_info=BundleInfo(name=BUNDLE_NAME),

@@ -43,6 +43,7 @@ from ..models.dags import (
     TriggerRule,
     WeightRule,
 )
+from ..models.pools import DEFAULT_POOL_NAME, POOL_NAME_MAX_LENGTH
 from ..models.watchers import (
     BODY_FIELD_MAX_LENGTH,
     BODY_VALUE_MAX_LENGTH,
@@ -465,6 +466,15 @@ class Task(_Object):
         "priority_weight plus those of all its downstream tasks (downstream), all its upstream "
         "tasks (upstream), or its own only (absolute).",
     )
+    pool: str = Field(
+        DEFAULT_POOL_NAME,
+        min_length=1,
+        max_length=POOL_NAME_MAX_LENGTH,
+        description="Airflow's pool: the pool whose slots the task's claimed and running TIs "
+        "hold. A pool that does not exist keeps its TIs from being claimed until it is "
+        "created, as Airflow's scheduler does not queue them.",
+    )
+    pool_slots: int = Field(1, ge=1, description="Airflow's pool_slots: the slots one TI holds.")
     expand: Expand | None = None
     map_group: Identifier | None = Field(
         None,

@@ -74,6 +74,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..guards import encryption, exceptions, limits, masking
 from ..models import (
+    DEFAULT_POOL_NAME,
     Asset,
     AssetAlias,
     AssetAliasAsset,
@@ -110,6 +111,8 @@ TASK_FIELDS = (
     "priority_weight",
     "weight_rule",
     "priority_weight_total",
+    "pool",
+    "pool_slots",
     "map_length",
     "map_upstream",
     "map_group",
@@ -141,6 +144,8 @@ class TaskDefinition:
     weight_rule: str = WeightRule.DOWNSTREAM
     # The effective weight (`_with_weights`), as Airflow's priority strategy computes it.
     priority_weight_total: int = 1
+    pool: str = DEFAULT_POOL_NAME
+    pool_slots: int = 1
     # Mapped (issue 25): over a literal list of `map_length` values, or over the return value
     # of the upstream task `map_upstream`; `expand_path` is the JSON path of what it expands.
     map_length: int | None = None
@@ -312,6 +317,8 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
             max_retry_delay_seconds=task.max_retry_delay_seconds,
             priority_weight=task.priority_weight,
             weight_rule=task.weight_rule.value,
+            pool=task.pool,
+            pool_slots=task.pool_slots,
             **_mapping(task.expand, path=f"{join(path, 'tasks')}[{i}]"),
             map_group=task.map_group or "",
             path=f"{join(path, 'tasks')}[{i}]",

@@ -37,6 +37,7 @@ from .dags import (
 from .events import AssetAliasEvent, AssetEvent
 from .logs import TaskLogChunk
 from .metrics import ComponentHeartbeat, MetricCounter
+from .pools import DEFAULT_POOL_NAME, Pool
 from .queue import AssetDagRunQueue, AssetEventQueue, FailureKind
 from .runs import (
     DagRun,
@@ -63,6 +64,7 @@ from .webhooks import (
 )
 
 __all__ = [
+    "DEFAULT_POOL_NAME",
     "ApiToken",
     "Asset",
     "AssetAlias",
@@ -97,6 +99,7 @@ __all__ = [
     "MessageState",
     "MetricCounter",
     "ParkReason",
+    "Pool",
     "QueueWatcher",
     "RenderedTaskFields",
     "ReprocessBehavior",

@@ -5,6 +5,7 @@ from django.db import models
 
 from ..guards.limits import StoredJsonDecoder
 from .assets import Asset, AssetAlias
+from .pools import DEFAULT_POOL_NAME, POOL_NAME_MAX_LENGTH
 
 DAG_ID_MAX_LENGTH = 250
 
@@ -171,6 +172,10 @@ class Task(models.Model):
         max_length=20, choices=WeightRule.choices, default=WeightRule.DOWNSTREAM
     )
     priority_weight_total = models.IntegerField(default=1)
+    # Airflow's `pool` (a Pool's name; one that names no pool is stored as it is and its TIs
+    # are never claimed, as Airflow's scheduler never queues them) and `pool_slots`.
+    pool = models.CharField(max_length=POOL_NAME_MAX_LENGTH, default=DEFAULT_POOL_NAME)
+    pool_slots = models.PositiveIntegerField(default=1)
     # Dynamic task mapping (issue 25): a mapped task runs once per value of what it expands
     # over, each TI a map index: a literal list (its length, known when a run is created) or the
     # return value of one of its upstream tasks (its task_id; the length is known when that
@@ -229,6 +234,7 @@ class Task(models.Model):
             models.CheckConstraint(
                 condition=models.Q(weight_rule__in=WeightRule.values), name="task_weight_rule"
             ),
+            models.CheckConstraint(condition=models.Q(pool_slots__gte=1), name="task_pool_slots"),
         ]
 
     def __str__(self) -> str:

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from assets_app.api import auth
-from assets_app.models import TaskInstance
+from assets_app.models import DEFAULT_POOL_NAME, Pool, TaskInstance
 from assets_app.task_state import claims
 from tests.factories import (
     AssetAliasFactory,
@@ -115,7 +115,7 @@ def test_claim_takes_the_heaviest_effective_weight_first(worker_api):
     heavy = TaskFactory(dag=run.dag, task_id="heavy", priority_weight_total=5)
     now = timezone.now()
     first = TaskInstanceFactory(dag_run=run, task_id=light.task_id, queued_at=now)
-    orphan = TaskInstanceFactory(dag_run=run, task_id="gone", queued_at=now)
+    orphan = TaskInstanceFactory(dag_run=run, task_id="gone", queued_at=now + timedelta(1))
     later = TaskInstanceFactory(
         dag_run=run, task_id=heavy.task_id, queued_at=now + timedelta(seconds=5)
     )
@@ -184,6 +184,8 @@ def _claim_queries(limit: int) -> int:
 
 
 def test_claim_query_count_is_the_same_for_1_and_200_workloads():
+    # default_pool's 128 slots would stop the second claim short of 199.
+    Pool.objects.filter(name=DEFAULT_POOL_NAME).update(slots=-1)
     run = DagRunFactory()
     for i in range(200):
         task = TaskFactory(dag=run.dag, task_id=f"t{i}")

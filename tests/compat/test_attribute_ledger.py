@@ -109,8 +109,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "ignore_first_depends_on_past": ("", "ignore_first_depends_on_past=True"),
     "wait_for_past_depends_before_skipping": ("", "wait_for_past_depends_before_skipping=True"),
     "wait_for_downstream": ("", "wait_for_downstream=True"),
-    "pool": ("", "pool='small'"),
-    "pool_slots": ("", "pool_slots=2"),
     "queue": ("", "queue='gpu'"),
     "max_active_tis_per_dag": ("", "max_active_tis_per_dag=1"),
     "max_active_tis_per_dagrun": ("", "max_active_tis_per_dagrun=1"),
@@ -179,8 +177,8 @@ def converted(tmp_path_factory):
         _FILE.format(
             dag_id="d_default_args",
             start=START,
-            dag_kwargs="default_args={'pool': 'small'}",
-            body=_body("") + "\n    EmptyOperator(task_id='u', pool='default_pool')",
+            dag_kwargs="default_args={'depends_on_past': True}",
+            body=_body("") + "\n    EmptyOperator(task_id='u', depends_on_past=False)",
         )
     )
     return _convert(folder)
@@ -212,8 +210,9 @@ def test_airflows_defaults_set_explicitly_are_not_refused(converted):
 
 def test_a_value_default_args_brings_is_refused_on_each_task_it_reaches(converted):
     error = converted["import_errors"]["default_args.py"]
-    assert "(Dag 'd_default_args', task 't', attribute 'pool'): pools are not supported" in error
-    assert "task 'u'" not in error  # its own pool is the default one
+    reason = ledger.TASK_ATTRIBUTES["depends_on_past"].reason  # type: ignore[union-attr]
+    assert f"(Dag 'd_default_args', task 't', attribute 'depends_on_past'): {reason}" in error
+    assert "task 'u'" not in error  # its own value is the default one
     assert "default_args.py" not in converted
 
 

@@ -919,3 +919,28 @@ def test_a_custom_priority_weight_strategy_is_refused_naming_the_task(tmp_path):
     assert "custom.py" not in converted
     assert "Dag 'custom', task 't': weight_rule" in converted["import_errors"]["custom.py"]
     assert "custom priority weight strategy" in converted["import_errors"]["custom.py"]
+
+
+def test_pool_and_pool_slots_are_carried(tmp_path):
+    (tmp_path / "pooled.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import DAG, BaseOperator
+
+            with DAG("pooled", schedule=None, default_args={"pool": "gpu"}):
+                BaseOperator(task_id="big", pool_slots=2)
+                BaseOperator(task_id="plain", pool="default_pool")
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    ((dag,),) = converted.values()
+    tasks = {t["task_id"]: t for t in dag["tasks"]}
+    assert (tasks["big"]["pool"], tasks["big"]["pool_slots"]) == ("gpu", 2)
+    assert tasks["plain"] == {"task_id": "plain", "retries": 0}  # Airflow's defaults: not sent
+    (parsed,) = definitions.parse_document(dag, file="pooled.py")
+    assert {t.task_id: (t.pool, t.pool_slots) for t in parsed.tasks} == {
+        "big": ("gpu", 2),
+        "plain": ("default_pool", 1),
+    }

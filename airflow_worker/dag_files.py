@@ -2,9 +2,9 @@
 
 Files are parsed with Airflow's own DagBag (the Task SDK's Dag objects); each Dag becomes one
 definition document: its tasks with upstream, trigger rule, retries and retry delays, priority
-weight and weight rule, pool and pool slots, declared outlets (assets and aliases) and its
-asset schedule (`&`, `|`, aliases). The service validates and syncs them exactly as `sync_dags`
-does; nothing here writes anything.
+weight and weight rule, pool and pool slots, queue, declared outlets (assets and aliases)
+and its asset schedule (`&`, `|`, aliases). The service validates and syncs them exactly as
+`sync_dags` does; nothing here writes anything.
 
 Time schedules (issue 24) become the definition's `timetable` with the Dag's `timezone`,
 `start_date`, `end_date` and `catchup`: a cron string or preset and a `timedelta` (Airflow 3
@@ -64,6 +64,7 @@ TASK_DEFAULTS: dict[str, Any] = {
     "weight_rule": "downstream",
     "pool": "default_pool",
     "pool_slots": 1,
+    "queue": "default",
 }
 
 # Airflow's own priority strategies, by the names a `weight_rule` may give them
@@ -384,6 +385,7 @@ def _task(task: Any, *, where: str) -> dict[str, Any]:
         "weight_rule": _weight_rule(task, where=where),
         "pool": str(task.pool),
         "pool_slots": int(task.pool_slots),
+        "queue": str(task.queue),
     }
     definition.update({k: v for k, v in optional.items() if v != TASK_DEFAULTS[k]})
     if outlets:

@@ -174,7 +174,10 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
         CONVERSION + ": `weight_rule` (downstream, upstream, absolute; a custom strategy is "
         "refused), totalled at sync as Airflow's priority strategy"
     ),
-    "queue": Refused("task queues are not supported (every worker claims every task)"),
+    "queue": Honoured(
+        CONVERSION + ": `queue`; a worker claims only its queues (`bin/airflow-worker --queues`, "
+        "default `[operators] default_queue`)"
+    ),
     "max_active_tis_per_dag": Refused("the service does not limit a task's running instances"),
     "max_active_tis_per_dagrun": Refused("the service does not limit a task's running instances"),
     "start_date": Refused(

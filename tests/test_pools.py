@@ -292,3 +292,17 @@ def test_the_pools_command_sets_lists_and_deletes():
         call_command("pools", "delete", "default_pool")
     call_command("pools", "delete", "gpu", stdout=out)
     assert not Pool.objects.filter(name="gpu").exists()
+
+
+def test_a_pool_counts_the_slots_of_every_queue():
+    """Airflow's pools are counted across queues: a TI claimed from another queue holds its
+    pool's slot too."""
+    Pool.objects.create(name="p", slots=1)
+    run = DagRunFactory()
+    task = TaskFactory(dag=run.dag, pool="p", queue="gpu")
+    TaskInstanceFactory(dag_run=run, task_id=task.task_id)
+    (plain,) = queued(run, pool="p")
+    assert len(claims.claim_workloads(hostname="w", limit=5, queues=["gpu"])) == 1
+    assert claimed_ids() == []
+    TaskInstance.objects.exclude(id=plain.id).update(state=TIState.SUCCESS)
+    assert claimed_ids() == [plain.id]

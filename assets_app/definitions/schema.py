@@ -37,9 +37,11 @@ from ..guards import limits
 from ..models.assets import ASSET_KEY_MAX_LENGTH
 from ..models.dags import (
     DAG_ID_MAX_LENGTH,
+    DEFAULT_QUEUE,
     DEFAULT_RETRY_DELAY_SECONDS,
     PRIORITY_WEIGHT_MAX,
     PRIORITY_WEIGHT_MIN,
+    TASK_QUEUE_MAX_LENGTH,
     TriggerRule,
     WeightRule,
 )
@@ -475,6 +477,12 @@ class Task(_Object):
         "created, as Airflow's scheduler does not queue them.",
     )
     pool_slots: int = Field(1, ge=1, description="Airflow's pool_slots: the slots one TI holds.")
+    queue: str = Field(
+        DEFAULT_QUEUE,
+        min_length=1,
+        max_length=TASK_QUEUE_MAX_LENGTH,
+        description="Airflow's queue: only workers claiming from it take the task's TIs.",
+    )
     expand: Expand | None = None
     map_group: Identifier | None = Field(
         None,

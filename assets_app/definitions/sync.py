@@ -93,7 +93,12 @@ from ..models import (
     WatcherRoute,
     WeightRule,
 )
-from ..models.dags import DEFAULT_RETRY_DELAY_SECONDS, PRIORITY_WEIGHT_MAX, PRIORITY_WEIGHT_MIN
+from ..models.dags import (
+    DEFAULT_QUEUE,
+    DEFAULT_RETRY_DELAY_SECONDS,
+    PRIORITY_WEIGHT_MAX,
+    PRIORITY_WEIGHT_MIN,
+)
 from ..operations import audit
 from ..sql import locks, wakeups
 from . import conditions, next_runs, timetables
@@ -113,6 +118,7 @@ TASK_FIELDS = (
     "priority_weight_total",
     "pool",
     "pool_slots",
+    "queue",
     "map_length",
     "map_upstream",
     "map_group",
@@ -146,6 +152,7 @@ class TaskDefinition:
     priority_weight_total: int = 1
     pool: str = DEFAULT_POOL_NAME
     pool_slots: int = 1
+    queue: str = DEFAULT_QUEUE
     # Mapped (issue 25): over a literal list of `map_length` values, or over the return value
     # of the upstream task `map_upstream`; `expand_path` is the JSON path of what it expands.
     map_length: int | None = None
@@ -319,6 +326,7 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
             weight_rule=task.weight_rule.value,
             pool=task.pool,
             pool_slots=task.pool_slots,
+            queue=task.queue,
             **_mapping(task.expand, path=f"{join(path, 'tasks')}[{i}]"),
             map_group=task.map_group or "",
             path=f"{join(path, 'tasks')}[{i}]",

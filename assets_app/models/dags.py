@@ -135,6 +135,11 @@ class TriggerRule(models.TextChoices):
 # Airflow's default `retry_delay` (timedelta(seconds=300)).
 DEFAULT_RETRY_DELAY_SECONDS = 300.0
 
+# Airflow's `[operators] default_queue`, the queue of a task that names none and the one a worker
+# claims from unless told otherwise; a queue name is at most 256 characters (Airflow's column).
+DEFAULT_QUEUE = "default"
+TASK_QUEUE_MAX_LENGTH = 256
+
 # Airflow's `db_safe_priority` bounds (`airflow/sdk/bases/operator.py`): a 32-bit integer.
 PRIORITY_WEIGHT_MIN = -2147483648
 PRIORITY_WEIGHT_MAX = 2147483647
@@ -176,6 +181,9 @@ class Task(models.Model):
     # are never claimed, as Airflow's scheduler never queues them) and `pool_slots`.
     pool = models.CharField(max_length=POOL_NAME_MAX_LENGTH, default=DEFAULT_POOL_NAME)
     pool_slots = models.PositiveIntegerField(default=1)
+    # Airflow's `queue` (`[operators] default_queue`: "default"): only a worker claiming from
+    # it takes the task's TIs.
+    queue = models.CharField(max_length=TASK_QUEUE_MAX_LENGTH, default=DEFAULT_QUEUE)
     # Dynamic task mapping (issue 25): a mapped task runs once per value of what it expands
     # over, each TI a map index: a literal list (its length, known when a run is created) or the
     # return value of one of its upstream tasks (its task_id; the length is known when that

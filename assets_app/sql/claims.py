@@ -22,6 +22,7 @@ from datetime import datetime
 from django.db import connection
 
 from ..models import DEFAULT_POOL_NAME, DagRun, Pool, Task, TaskInstance
+from ..models.dags import DEFAULT_QUEUE
 
 _TI = TaskInstance._meta.db_table
 _TASK = Task._meta.db_table
@@ -46,29 +47,40 @@ def _params(now: datetime, expired: datetime) -> list:
     return [adapt(now), adapt(expired)]
 
 
-def lock_claim_pools(*, now: datetime, expired: datetime) -> list[str]:
+def _in_queues(queues: Sequence[str]) -> tuple[str, list[str]]:
+    """The condition "the TI's task is in one of `queues`" (a TI whose task is gone: in
+    Airflow's default queue) and its parameters."""
+    placeholders = ", ".join(["%s"] * len(queues))
+    return f"COALESCE(t.queue, %s) IN ({placeholders})", [DEFAULT_QUEUE, *queues]
+
+
+def lock_claim_pools(*, queues: Sequence[str], now: datetime, expired: datetime) -> list[str]:
     """Lock the rows of the pools named by the tasks of claimable TIs (queued, past any retry
-    delay, unclaimed or claimed before `expired`), by name, waiting for another claimer that
-    holds one; return their names. A pool name no pool row has is left out: its TIs are never
-    claimed (Airflow's scheduler logs "Tasks using non-existent pool" and does not queue
-    them). 1 statement, in the caller's transaction, as its first lock. SQLite: no row locks
-    (its IMMEDIATE transactions serialize claimers whole)."""
+    delay, unclaimed or claimed before `expired`, in one of `queues`), by name, waiting for
+    another claimer that holds one; return their names. A pool name no pool row has is left
+    out: its TIs are never claimed (Airflow's scheduler logs "Tasks using non-existent pool"
+    and does not queue them). 1 statement, in the caller's transaction, as its first lock.
+    SQLite: no row locks (its IMMEDIATE transactions serialize claimers whole)."""
+    if not queues:
+        return []
     lock = " FOR NO KEY UPDATE OF p" if connection.vendor == "postgresql" else ""
+    in_queues, queue_params = _in_queues(queues)
     text = (
         f"SELECT p.name FROM {_POOL} p WHERE p.name IN (SELECT COALESCE(t.pool, %s) "
-        f"FROM {_TI} ti {_TASK_JOIN} WHERE {_CLAIMABLE}) ORDER BY p.name{lock}"
+        f"FROM {_TI} ti {_TASK_JOIN} WHERE {_CLAIMABLE} AND {in_queues}) ORDER BY p.name{lock}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(text, [DEFAULT_POOL_NAME, *_params(now, expired)])
+        cursor.execute(text, [DEFAULT_POOL_NAME, *_params(now, expired), *queue_params])
         return [name for (name,) in cursor.fetchall()]
 
 
 def claim_task_instances(
-    *, pools: Sequence[str], limit: int, now: datetime, expired: datetime
+    *, pools: Sequence[str], queues: Sequence[str], limit: int, now: datetime, expired: datetime
 ) -> list[TaskInstance]:
-    """Lock and return up to `limit` claimable TIs of tasks in `pools` (whose rows the caller
-    locked, `lock_claim_pools`), heaviest first (`_ORDER`), FOR UPDATE SKIP LOCKED, such that
-    no pool hands out more slots than it has open. 1 statement, in the caller's transaction.
+    """Lock and return up to `limit` claimable TIs of tasks in `queues` and `pools` (whose rows
+    the caller locked, `lock_claim_pools`), heaviest first (`_ORDER`), FOR UPDATE SKIP LOCKED,
+    such that no pool hands out more slots than it has open. 1 statement, in the caller's
+    transaction.
 
     Open slots, as Airflow's `Pool.slots_stats`: the pool's `slots` (-1: unlimited) less the
     `pool_slots` of its TIs that are running or claimed by a claim that has not expired
@@ -80,19 +92,22 @@ def claim_task_instances(
     after it within this statement: they go in the next claim, which passes it over (a
     window sum, not a walk, keeps the statement flat in the number of TIs). A TI another
     transaction holds is skipped after that count, so a claim may take fewer, never more.
-    Each TI comes back with `weight` (its task's effective priority weight) and
-    `claim_pool_slots`."""
-    if not pools:
+    Each TI comes back with `weight` (its task's effective priority weight),
+    `claim_pool_slots` and `claim_queue`. Pools are counted across queues, as Airflow's are:
+    a TI of another queue holds its pool's slots too."""
+    if not pools or not queues:
         return []
     names = ", ".join(["%s"] * len(pools))
+    in_queues, queue_params = _in_queues(queues)
     lock = " FOR UPDATE OF ti SKIP LOCKED" if connection.vendor == "postgresql" else ""
     text = f"""
         WITH candidate AS (
             SELECT ti.id, ti.map_index, ti.queued_at, r.logical_date,
                    COALESCE(t.priority_weight_total, 1) AS weight,
-                   COALESCE(t.pool, %s) AS pool, COALESCE(t.pool_slots, 1) AS slots
+                   COALESCE(t.pool, %s) AS pool, COALESCE(t.pool_slots, 1) AS slots,
+                   COALESCE(t.queue, %s) AS queue
             FROM {_TI} ti JOIN {_RUN} r ON r.id = ti.dag_run_id {_TASK_JOIN}
-            WHERE {_CLAIMABLE} AND COALESCE(t.pool, %s) IN ({names})
+            WHERE {_CLAIMABLE} AND COALESCE(t.pool, %s) IN ({names}) AND {in_queues}
         ), occupied AS (
             SELECT COALESCE(t.pool, %s) AS pool, SUM(COALESCE(t.pool_slots, 1)) AS slots
             FROM {_TI} ti {_TASK_JOIN}
@@ -113,7 +128,7 @@ def claim_task_instances(
             ) AS taken
             FROM candidate c JOIN free f ON f.name = c.pool
         )
-        SELECT ti.*, k.weight AS weight, k.slots AS claim_pool_slots
+        SELECT ti.*, k.weight AS weight, k.slots AS claim_pool_slots, k.queue AS claim_queue
         FROM ranked k JOIN {_TI} ti ON ti.id = k.id
         WHERE k.open IS NULL OR (k.slots <= k.open AND k.taken <= k.open)
         ORDER BY {_ORDER.format("k.")}
@@ -121,7 +136,8 @@ def claim_task_instances(
     """
     now_, expired_ = _params(now, expired)
     params = [
-        *(DEFAULT_POOL_NAME, now_, expired_, DEFAULT_POOL_NAME, *pools),
+        *(DEFAULT_POOL_NAME, DEFAULT_QUEUE, now_, expired_, DEFAULT_POOL_NAME, *pools),
+        *queue_params,
         *(DEFAULT_POOL_NAME, expired_, DEFAULT_POOL_NAME),
         *pools,
         limit,

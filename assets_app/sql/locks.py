@@ -111,19 +111,26 @@ def lock_task_instances_to_clear(queryset: QuerySet[TaskInstance]) -> list[TaskI
     return list(queryset.select_for_update(of=("self",), skip_locked=True).order_by("id"))
 
 
-def lock_claim_pools(*, now: datetime, claim_timeout: timedelta) -> list[str]:
-    """Lock the pool rows claimable TIs' tasks name, FOR NO KEY UPDATE by name, waiting for a
-    claimer that holds one (a claim transaction is short); their names
+def lock_claim_pools(
+    *, queues: Sequence[str], now: datetime, claim_timeout: timedelta
+) -> list[str]:
+    """Lock the pool rows that claimable TIs' tasks in `queues` name, FOR NO KEY UPDATE by name,
+    waiting for a claimer that holds one (a claim transaction is short); their names
     (`claims_sql.lock_claim_pools`: the step before a worker claim's TI rows)."""
-    return claims_sql.lock_claim_pools(now=now, expired=now - claim_timeout)
+    return claims_sql.lock_claim_pools(queues=queues, now=now, expired=now - claim_timeout)
 
 
 def claim_queued_task_instances(
-    *, pools: Sequence[str], limit: int, now: datetime, claim_timeout: timedelta
+    *,
+    pools: Sequence[str],
+    queues: Sequence[str],
+    limit: int,
+    now: datetime,
+    claim_timeout: timedelta,
 ) -> list[TaskInstance]:
-    """Lock up to `limit` claimable queued TIs of tasks in `pools` (whose rows the caller locked
-    with `lock_claim_pools`), heaviest first, FOR UPDATE SKIP LOCKED, never more `pool_slots`
-    than each pool has open, in one statement (`claims_sql.claim_task_instances`).
+    """Lock up to `limit` claimable queued TIs of tasks in `queues` and `pools` (whose rows the
+    caller locked with `lock_claim_pools`), heaviest first, FOR UPDATE SKIP LOCKED, never more
+    `pool_slots` than each pool has open, in one statement (`claims_sql.claim_task_instances`).
 
     Claimable: queued, past any retry delay, and never claimed or claimed longer ago than
     `claim_timeout` (a worker that claimed it and never started it). Order: Airflow's
@@ -133,7 +140,7 @@ def claim_queued_task_instances(
     FIFO (queued_at, id) where Airflow leaves the order open.
     """
     return claims_sql.claim_task_instances(
-        pools=pools, limit=limit, now=now, expired=now - claim_timeout
+        pools=pools, queues=queues, limit=limit, now=now, expired=now - claim_timeout
     )
 
 

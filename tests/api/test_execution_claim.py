@@ -143,6 +143,27 @@ def test_equal_weights_go_by_logical_date_then_map_index(worker_api):
     assert [w["ti"]["id"] for w in workloads] == [str(ti.id) for ti in order]
 
 
+def test_a_claim_takes_only_its_queues_default_airflows_default_queue(worker_api):
+    """Airflow's task `queue`: a worker takes only the queues it listens on; without any, the
+    `[operators] default_queue`, "default" (a TI whose task is gone is in it)."""
+    run = DagRunFactory()
+    gpu = TaskFactory(dag=run.dag, task_id="train", queue="gpu")
+    plain = TaskFactory(dag=run.dag, task_id="load")
+    now = timezone.now()
+    on_gpu = TaskInstanceFactory(dag_run=run, task_id=gpu.task_id, queued_at=now)
+    on_default = TaskInstanceFactory(dag_run=run, task_id=plain.task_id, queued_at=now)
+
+    default = claim(worker_api, {"hostname": "a", "limit": 5}).json()["workloads"]
+    assert [(w["ti"]["id"], w["ti"]["queue"]) for w in default] == [(str(on_default.id), "default")]
+    assert claim(worker_api, {"hostname": "a", "limit": 5, "queues": ["cpu"]}).json() == {
+        "workloads": []
+    }
+    got = claim(worker_api, {"hostname": "b", "limit": 5, "queues": ["cpu", "gpu"]}).json()
+    assert [(w["ti"]["id"], w["ti"]["queue"]) for w in got["workloads"]] == [
+        (str(on_gpu.id), "gpu")
+    ]
+
+
 @pytest.mark.parametrize(
     ("key", "status", "reason"),
     [(None, 401, "not_authenticated"), ("wrong", 403, "invalid_api_key")],
@@ -167,7 +188,16 @@ def test_a_task_token_is_not_a_worker_api_key(worker_api):
 
 
 @pytest.mark.parametrize(
-    "body", [{"hostname": "a", "limit": 0}, {"hostname": "a", "limit": 1001}, {"limit": 1}, {}]
+    "body",
+    [
+        {"hostname": "a", "limit": 0},
+        {"hostname": "a", "limit": 1001},
+        {"limit": 1},
+        {},
+        {"hostname": "a", "queues": []},
+        {"hostname": "a", "queues": [""]},
+        {"hostname": "a", "queues": "default"},
+    ],
 )
 def test_invalid_claim_body_is_422(worker_api, body):
     TaskInstanceFactory()

@@ -109,7 +109,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "ignore_first_depends_on_past": ("", "ignore_first_depends_on_past=True"),
     "wait_for_past_depends_before_skipping": ("", "wait_for_past_depends_before_skipping=True"),
     "wait_for_downstream": ("", "wait_for_downstream=True"),
-    "queue": ("", "queue='gpu'"),
     "max_active_tis_per_dag": ("", "max_active_tis_per_dag=1"),
     "max_active_tis_per_dagrun": ("", "max_active_tis_per_dagrun=1"),
     "start_date": ("", "start_date=pendulum.datetime(2026, 6, 1, tz='UTC')"),

@@ -944,3 +944,57 @@ def test_pool_and_pool_slots_are_carried(tmp_path):
         "big": ("gpu", 2),
         "plain": ("default_pool", 1),
     }
+
+
+_QUEUES = """
+import json
+from airflow_worker.__main__ import _default_queues, _options
+print(json.dumps({
+    "given": _options(["--dags", ".", "--queues", "default, gpu"]).queues,
+    "unset": _options(["--dags", "."]).queues,
+    "default": _default_queues(),
+}))
+"""
+
+
+def test_the_worker_claims_its_queues_default_airflows_default_queue(tmp_path):
+    """`bin/airflow-worker --queues a,b`; without it, Airflow's `[operators] default_queue`
+    as the worker's Airflow config gives it (here set through the environment)."""
+    done = subprocess.run(
+        [str(sdk_python()), "-c", _QUEUES],
+        cwd=ROOT,
+        env={
+            "PYTHONPATH": str(ROOT),
+            "AIRFLOW_HOME": str(tmp_path),
+            "PATH": "/usr/bin",
+            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "celery",
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "given": ["default", "gpu"],
+        "unset": None,
+        "default": ["celery"],
+    }
+
+
+def test_queue_is_carried(tmp_path):
+    (tmp_path / "queued.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import DAG, BaseOperator
+
+            with DAG("queued", schedule=None):
+                BaseOperator(task_id="train", queue="gpu")
+                BaseOperator(task_id="plain", queue="default")
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    ((dag,),) = converted.values()
+    tasks = {t["task_id"]: t for t in dag["tasks"]}
+    assert tasks["train"]["queue"] == "gpu"
+    assert "queue" not in tasks["plain"]  # Airflow's default: not sent

@@ -65,6 +65,8 @@ TASK_DEFAULTS: dict[str, Any] = {
     "pool": "default_pool",
     "pool_slots": 1,
     "queue": "default",
+    "max_active_tis_per_dag": None,
+    "max_active_tis_per_dagrun": None,
 }
 
 # Airflow's own priority strategies, by the names a `weight_rule` may give them
@@ -386,6 +388,8 @@ def _task(task: Any, *, where: str) -> dict[str, Any]:
         "pool": str(task.pool),
         "pool_slots": int(task.pool_slots),
         "queue": str(task.queue),
+        "max_active_tis_per_dag": task.max_active_tis_per_dag,
+        "max_active_tis_per_dagrun": task.max_active_tis_per_dagrun,
     }
     definition.update({k: v for k, v in optional.items() if v != TASK_DEFAULTS[k]})
     if outlets:
@@ -514,6 +518,10 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         definition["is_paused"] = bool(dag.is_paused_upon_creation)
     if dag.max_active_runs:
         definition["max_active_runs"] = int(dag.max_active_runs)
+    # Airflow's [core] max_active_tasks_per_dag fills it when the Dag sets none; the
+    # definition's default is that setting's default, 16.
+    if int(dag.max_active_tasks) != 16:
+        definition["max_active_tasks"] = int(dag.max_active_tasks)
     scopes = sorted(
         t[len(XCOM_READ_SCOPE_TAG) :] for t in dag.tags if t.startswith(XCOM_READ_SCOPE_TAG)
     )

@@ -90,7 +90,9 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
         "the service runs the file as it stands, as Airflow's local Dag bundle (no versions)"
     ),
     "sla_miss_callback": Honoured(IGNORED_BY_AIRFLOW),
-    "max_active_tasks": Refused("the service does not limit a Dag's running tasks"),
+    "max_active_tasks": Honoured(
+        CONVERSION + ": `max_active_tasks`, claimed and running TIs of one run at once"
+    ),
     "max_consecutive_failed_dag_runs": Refused(
         "the service does not pause a Dag after failed runs"
     ),
@@ -178,8 +180,13 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
         CONVERSION + ": `queue`; a worker claims only its queues (`bin/airflow-worker --queues`, "
         "default `[operators] default_queue`)"
     ),
-    "max_active_tis_per_dag": Refused("the service does not limit a task's running instances"),
-    "max_active_tis_per_dagrun": Refused("the service does not limit a task's running instances"),
+    "max_active_tis_per_dag": Honoured(
+        CONVERSION + ": `max_active_tis_per_dag`, the task's claimed and running TIs at once"
+    ),
+    "max_active_tis_per_dagrun": Honoured(
+        CONVERSION + ": `max_active_tis_per_dagrun`, the task's claimed and running TIs of one "
+        "run at once"
+    ),
     "start_date": Refused(
         "a task's own start date is not supported (only the Dag's)", _own_date("start_date")
     ),

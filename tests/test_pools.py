@@ -19,7 +19,7 @@ from assets_app.api.public_auth import create_api_token
 from assets_app.models import DEFAULT_POOL_NAME, AuditEntry, Pool, TaskInstance, TIState
 from assets_app.task_state import claims
 from tests.api.snapshots import db_snapshot
-from tests.factories import DagRunFactory, TaskFactory, TaskInstanceFactory
+from tests.factories import DagFactory, DagRunFactory, TaskFactory, TaskInstanceFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -306,3 +306,80 @@ def test_a_pool_counts_the_slots_of_every_queue():
     assert claimed_ids() == []
     TaskInstance.objects.exclude(id=plain.id).update(state=TIState.SUCCESS)
     assert claimed_ids() == [plain.id]
+
+
+# --- max_active_tasks, max_active_tis_per_dag, max_active_tis_per_dagrun ---------------------
+
+
+def test_a_run_has_at_most_max_active_tasks_claimed_or_running():
+    """Airflow 3 counts a Dag's `max_active_tasks` per run: queued (claimed) and running."""
+    dag = DagFactory(max_active_tasks=2)
+    first, second = DagRunFactory(dag=dag), DagRunFactory(dag=dag)
+    tis = queued(first, n=4)
+    TaskInstance.objects.filter(id=tis[0].id).update(state=TIState.RUNNING)
+    others = queued(second, n=3)
+    assert set(claimed_ids()) == {tis[1].id, others[0].id, others[1].id}
+    assert claimed_ids() == []
+
+
+def test_a_task_has_at_most_max_active_tis_per_dag_over_runs_and_per_dagrun_in_one():
+    dag = DagFactory(max_active_tasks=100)
+    runs = [DagRunFactory(dag=dag) for _ in range(3)]
+    per_dag = TaskFactory(dag=dag, task_id="per_dag", max_active_tis_per_dag=2)
+    per_run = TaskFactory(dag=dag, task_id="per_run", max_active_tis_per_dagrun=1)
+    for run in runs:
+        for task in (per_dag, per_run):
+            for i in range(2):
+                TaskInstanceFactory(dag_run=run, task_id=task.task_id, map_index=i)
+    got = TaskInstance.objects.filter(id__in=claimed_ids())
+    assert got.filter(task_id="per_dag").count() == 2
+    assert sorted(got.filter(task_id="per_run").values_list("run_id", flat=True)) == sorted(
+        run.run_id for run in runs
+    )
+    assert claimed_ids() == []
+
+
+def test_a_ti_held_back_by_its_run_does_not_hold_back_another_runs_ti_in_its_pool():
+    """Airflow passes over a TI its run's limit keeps back (`starved_dags`); the pool's one
+    open slot goes to the next TI in line, now and not after the full run frees a slot."""
+    Pool.objects.create(name="p", slots=2)
+    full = DagRunFactory(dag=DagFactory(max_active_tasks=1))
+    (running, heavy) = queued(full, pool="p", weight=10, n=2)
+    TaskInstance.objects.filter(id=running.id).update(state=TIState.RUNNING)
+    (light,) = queued(DagRunFactory(), pool="p", weight=1)
+    assert claimed_ids() == [light.id]
+    assert heavy.id not in claimed_ids()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claimers_of_two_queues_never_exceed_a_runs_max_active_tasks():
+    """One run's TIs in two queues and two pools, claimers of each queue at once: both lock
+    the pools of the whole Dag's claimable TIs, so together they hold exactly
+    max_active_tasks."""
+    Pool.objects.create(name="gpus", slots=100)
+    run = DagRunFactory(dag=DagFactory(max_active_tasks=3))
+    gpu = TaskFactory(dag=run.dag, task_id="train", queue="gpu", pool="gpus")
+    for i in range(10):
+        TaskInstanceFactory(dag_run=run, task_id=gpu.task_id, map_index=i)
+    queued(run, n=10)
+    barrier = threading.Barrier(8)
+    got: list = []
+
+    def claimer(queue: str) -> None:
+        try:
+            barrier.wait()
+            for _ in range(3):
+                got.extend(
+                    w.ti.id for w in claims.claim_workloads(hostname=queue, limit=2, queues=[queue])
+                )
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=claimer, args=("gpu" if i % 2 else "default",)) for i in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(got) == len(set(got)) == 3

@@ -59,6 +59,8 @@ from . import timetables
 ID_PATTERN = r"^[A-Za-z0-9_.-]+$"
 NOT_BLANK = r"\S"
 DEFAULT_MAX_ACTIVE_RUNS = 16
+# Airflow's `[core] max_active_tasks_per_dag`.
+DEFAULT_MAX_ACTIVE_TASKS = 16
 
 # A dag_id, task_id or upstream id: it appears in URLs.
 Identifier = Annotated[str, Field(min_length=1, max_length=DAG_ID_MAX_LENGTH, pattern=ID_PATTERN)]
@@ -477,6 +479,20 @@ class Task(_Object):
         "created, as Airflow's scheduler does not queue them.",
     )
     pool_slots: int = Field(1, ge=1, description="Airflow's pool_slots: the slots one TI holds.")
+    max_active_tis_per_dag: int | None = Field(
+        None,
+        ge=0,
+        le=PRIORITY_WEIGHT_MAX,
+        description="Airflow's: at most this many TIs of the task, over all runs, claimed or "
+        "running at once (null: no limit).",
+    )
+    max_active_tis_per_dagrun: int | None = Field(
+        None,
+        ge=0,
+        le=PRIORITY_WEIGHT_MAX,
+        description="Airflow's: at most this many TIs of the task in one run (its map "
+        "indexes) claimed or running at once (null: no limit).",
+    )
     queue: str = Field(
         DEFAULT_QUEUE,
         min_length=1,
@@ -621,6 +637,13 @@ class Dag(_Object):
     dag_id: Identifier
     schedule: Schedule | None = None
     max_active_runs: int = Field(DEFAULT_MAX_ACTIVE_RUNS, ge=1)
+    max_active_tasks: int = Field(
+        DEFAULT_MAX_ACTIVE_TASKS,
+        ge=0,
+        le=PRIORITY_WEIGHT_MAX,
+        description="Airflow's max_active_tasks: at most this many TIs of one run claimed or "
+        "running at once.",
+    )
     is_paused: bool | None = Field(
         None,
         description="Paused when first synced (Airflow's is_paused_upon_creation); null or "

@@ -119,6 +119,8 @@ TASK_FIELDS = (
     "pool",
     "pool_slots",
     "queue",
+    "max_active_tis_per_dag",
+    "max_active_tis_per_dagrun",
     "map_length",
     "map_upstream",
     "map_group",
@@ -153,6 +155,8 @@ class TaskDefinition:
     pool: str = DEFAULT_POOL_NAME
     pool_slots: int = 1
     queue: str = DEFAULT_QUEUE
+    max_active_tis_per_dag: int | None = None
+    max_active_tis_per_dagrun: int | None = None
     # Mapped (issue 25): over a literal list of `map_length` values, or over the return value
     # of the upstream task `map_upstream`; `expand_path` is the JSON path of what it expands.
     map_length: int | None = None
@@ -184,6 +188,7 @@ class DagDefinition:
     dag_id: str
     schedule: Condition | None = None
     max_active_runs: int = dag_schema.DEFAULT_MAX_ACTIVE_RUNS
+    max_active_tasks: int = dag_schema.DEFAULT_MAX_ACTIVE_TASKS
     # None: the definition says nothing (DAGS_ARE_PAUSED_AT_CREATION for a new Dag).
     is_paused: bool | None = None
     description: str = ""
@@ -327,6 +332,8 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
             pool=task.pool,
             pool_slots=task.pool_slots,
             queue=task.queue,
+            max_active_tis_per_dag=task.max_active_tis_per_dag,
+            max_active_tis_per_dagrun=task.max_active_tis_per_dagrun,
             **_mapping(task.expand, path=f"{join(path, 'tasks')}[{i}]"),
             map_group=task.map_group or "",
             path=f"{join(path, 'tasks')}[{i}]",
@@ -337,6 +344,7 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         dag_id=model.dag_id,
         schedule=conditions.from_model(model.schedule) if model.schedule is not None else None,
         max_active_runs=model.max_active_runs,
+        max_active_tasks=model.max_active_tasks,
         is_paused=model.is_paused,
         description=model.description,
         tasks=tasks,
@@ -1189,6 +1197,7 @@ class _Sync:
                 "description": definition.description,
                 "is_paused": definition.is_paused,
                 "max_active_runs": definition.max_active_runs,
+                "max_active_tasks": definition.max_active_tasks,
                 "schedule": (
                     conditions.to_json(definition.schedule)
                     if definition.schedule is not None

@@ -36,6 +36,9 @@ class Dag(models.Model):
     description = models.TextField(blank=True, default="")
     is_paused = models.BooleanField(default=False)
     max_active_runs = models.PositiveIntegerField(default=16)
+    # Airflow's `max_active_tasks` ([core] max_active_tasks_per_dag, 16): at most this many TIs
+    # of one run claimed or running at once (the claim, `sql/claims.py`).
+    max_active_tasks = models.PositiveIntegerField(default=16)
     # Normalized condition (see definitions/conditions.py): {"asset": {"name", "uri"}} | {"alias":
     # name} | {"all": [...]} | {"any": [...]}; null means manual runs only.
     schedule = models.JSONField(decoder=StoredJsonDecoder, null=True, blank=True)
@@ -184,6 +187,10 @@ class Task(models.Model):
     # Airflow's `queue` (`[operators] default_queue`: "default"): only a worker claiming from
     # it takes the task's TIs.
     queue = models.CharField(max_length=TASK_QUEUE_MAX_LENGTH, default=DEFAULT_QUEUE)
+    # Airflow's `max_active_tis_per_dag` (this task's TIs of every run) and
+    # `max_active_tis_per_dagrun` (of one run) claimed or running at once; None: no limit.
+    max_active_tis_per_dag = models.PositiveIntegerField(null=True, blank=True)
+    max_active_tis_per_dagrun = models.PositiveIntegerField(null=True, blank=True)
     # Dynamic task mapping (issue 25): a mapped task runs once per value of what it expands
     # over, each TI a map index: a literal list (its length, known when a run is created) or the
     # return value of one of its upstream tasks (its task_id; the length is known when that

@@ -3,9 +3,10 @@
 Global lock order (a transaction that takes several locks takes them in this order, and no
 transaction takes a lock from an earlier step after one from a later step):
 
-  0. Pool rows (a worker claim, issue 39): the pools that claimable TIs' tasks name, FOR NO KEY
-     UPDATE by name, waiting (the one wait of a claim: it serializes claimers of one pool, each
-     for one short claim transaction, so each counts the slots the one before it took;
+  0. Pool rows (a worker claim, issue 39): the pools that the claimable TIs of the Dags it may
+     claim from name, FOR NO KEY UPDATE by name, waiting (the one wait of a claim: it
+     serializes claimers of one pool, and so of one Dag, each for one short claim transaction,
+     so each counts the slots and the run and task limits the one before it took;
      `lock_claim_pools`); then, in a new statement, those pools' claimable TI rows FOR UPDATE
      SKIP LOCKED (`claim_queued_task_instances`) and one UPDATE of them. Nothing else locks a
      pool row but an operator's edit or delete of one pool (a plain UPDATE/DELETE, alone in

@@ -91,7 +91,6 @@ def test_every_timetable_and_its_parameters_are_honoured_or_refused(signatures):
 # default; or the whole body of the `with DAG(...)` block.
 START = "pendulum.datetime(2026, 1, 1, tz='UTC')"
 REFUSED: dict[str, tuple[str, str]] = {
-    "max_active_tasks": ("max_active_tasks=3", ""),
     "max_consecutive_failed_dag_runs": ("max_consecutive_failed_dag_runs=2", ""),
     "dagrun_timeout": ("dagrun_timeout=datetime.timedelta(hours=1)", ""),
     "deadline": (
@@ -109,8 +108,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "ignore_first_depends_on_past": ("", "ignore_first_depends_on_past=True"),
     "wait_for_past_depends_before_skipping": ("", "wait_for_past_depends_before_skipping=True"),
     "wait_for_downstream": ("", "wait_for_downstream=True"),
-    "max_active_tis_per_dag": ("", "max_active_tis_per_dag=1"),
-    "max_active_tis_per_dagrun": ("", "max_active_tis_per_dagrun=1"),
     "start_date": ("", "start_date=pendulum.datetime(2026, 6, 1, tz='UTC')"),
     "end_date": ("", "end_date=pendulum.datetime(2026, 6, 1, tz='UTC')"),
     "executor": ("", "executor='LocalExecutor'"),

@@ -998,3 +998,29 @@ def test_queue_is_carried(tmp_path):
     tasks = {t["task_id"]: t for t in dag["tasks"]}
     assert tasks["train"]["queue"] == "gpu"
     assert "queue" not in tasks["plain"]  # Airflow's default: not sent
+
+
+def test_run_and_task_limits_are_carried(tmp_path):
+    (tmp_path / "limited.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import DAG, BaseOperator
+
+            with DAG("limited", schedule=None, max_active_tasks=3):
+                BaseOperator(task_id="t", max_active_tis_per_dag=2, max_active_tis_per_dagrun=1)
+            with DAG("unlimited", schedule=None):
+                BaseOperator(task_id="t")
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    dags = {d["dag_id"]: d for d in converted["limited.py"]}
+    assert dags["limited"]["max_active_tasks"] == 3
+    assert dags["limited"]["tasks"] == [
+        {"task_id": "t", "retries": 0, "max_active_tis_per_dag": 2, "max_active_tis_per_dagrun": 1}
+    ]
+    # Airflow's [core] max_active_tasks_per_dag (16), the definition's default: not sent.
+    assert "max_active_tasks" not in dags["unlimited"]
+    parsed = definitions.parse_document(converted["limited.py"], file="limited.py")
+    assert {d.dag_id: d.max_active_tasks for d in parsed} == {"limited": 3, "unlimited": 16}

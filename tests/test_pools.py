@@ -234,6 +234,7 @@ def test_default_pool_cannot_be_deleted_and_only_its_slots_change(api):
     ("method", "path", "body", "status"),
     [
         ("post", "/pools", {"name": "p", "slots": -2}, 422),
+        ("post", "/pools", {"name": "p", "slots": 2**31}, 422),
         ("post", "/pools", {"name": "", "slots": 1}, 422),
         ("post", "/pools", {"name": "p"}, 422),
         ("post", "/pools", {"name": "p", "slots": 1, "team_name": "t"}, 422),

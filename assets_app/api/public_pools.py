@@ -15,6 +15,7 @@ from .public import Page, actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
 from .public_schemas import StrictSchema, responses
+from .schemas import INT32_MAX
 
 router = Router(tags=["public"], auth=public_api_auth())
 
@@ -66,7 +67,7 @@ def _no_team(value: str | None) -> str | None:
 
 class PoolBody(StrictSchema):
     name: str = Field(min_length=1, max_length=256)
-    slots: int = Field(ge=-1, description="Number of slots. Use -1 for unlimited.")
+    slots: int = Field(ge=-1, le=INT32_MAX, description="Number of slots. Use -1 for unlimited.")
     description: str | None = None
     include_deferred: bool = False
     team_name: str | None = Field(default=None, max_length=50)
@@ -77,7 +78,7 @@ class PoolBody(StrictSchema):
 class PoolPatchBody(StrictSchema):
     # Airflow's field `name`, spelled `pool` on the wire (its alias), `name` accepted too.
     pool: str | None = Field(default=None, validation_alias=AliasChoices("pool", "name"))
-    slots: int | None = Field(default=None, ge=-1)
+    slots: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     description: str | None = None
     include_deferred: bool | None = None
     team_name: str | None = Field(default=None, max_length=50)

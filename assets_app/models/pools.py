@@ -22,6 +22,8 @@ class Pool(models.Model):
     expired (Airflow's `queued`: handed to an executor). A claim never hands out more slots
     than are open (`sql/claims.py`)."""
 
+    MAX_SLOTS = 2**31 - 1  # the column is a 32-bit integer
+
     name = models.CharField(max_length=POOL_NAME_MAX_LENGTH, unique=True)
     slots = models.IntegerField(default=0)
     description = models.TextField(null=True, blank=True)

@@ -101,9 +101,12 @@ def get_pool(*, name: str) -> PoolSlots:
 def _check(fields: dict[str, Any]) -> None:
     if "name" in fields and not fields["name"]:
         raise exceptions.InvalidInput("a pool name must not be empty", reason="invalid_name")
-    if "slots" in fields and (fields["slots"] is None or fields["slots"] < -1):
+    if "slots" in fields and (
+        fields["slots"] is None or not -1 <= fields["slots"] <= Pool.MAX_SLOTS
+    ):
         raise exceptions.InvalidInput(
-            "slots must be -1 (unlimited) or a number of slots >= 0", reason="invalid_slots"
+            f"slots must be -1 (unlimited) or a number of slots from 0 to {Pool.MAX_SLOTS}",
+            reason="invalid_slots",
         )
     if "include_deferred" in fields and fields["include_deferred"] is None:
         raise exceptions.InvalidInput(

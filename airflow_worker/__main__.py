@@ -7,7 +7,7 @@ airflow.sdk.execution_time.execute_workload` per TI instead.
     bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
         [--api-key KEY] [--sync-key KEY] [--wait S] [--concurrency 8] [--max-tis N] \\
         [--max-seconds S] [--idle-exit S] [--logs var/airflow-logs] [--manual-only] \\
-        [--sync-only | --no-sync]
+        [--queues default,gpu] [--sync-only | --no-sync]
 
 Task code runs here, with this machine's environment. Airflow's settings for the supervisor
 come from the environment it is started with (`AIRFLOW__CORE__DAGS_FOLDER`,
@@ -66,6 +66,13 @@ def _options(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--logs", type=Path, default=ROOT / "var/airflow-logs", help="log folder")
     parser.add_argument("--hostname", default=socket.gethostname())
+    parser.add_argument(
+        "--queues",
+        type=_queue_list,
+        default=None,
+        help="claim only TIs of tasks in these queues, comma-separated (default: Airflow's "
+        "[operators] default_queue, 'default')",
+    )
     parser.add_argument(
         "--manual-only",
         action="store_true",
@@ -228,12 +235,28 @@ def _key_hint(options: argparse.Namespace, response: httpx.Response) -> str:
     return ""
 
 
+def _queue_list(text: str) -> list[str]:
+    queues = [q.strip() for q in text.split(",") if q.strip()]
+    if not queues:
+        raise argparse.ArgumentTypeError("name at least one queue")
+    return queues
+
+
+def _default_queues() -> list[str]:
+    """Airflow's `[operators] default_queue`, as this interpreter's Airflow config gives it (the
+    queue a task that names none is in, so the one a worker listens on by default)."""
+    from airflow.configuration import conf
+
+    return [conf.get("operators", "default_queue")]
+
+
 def _claim(client: httpx.Client, options: argparse.Namespace, *, limit: int) -> list[dict]:
     """Claimed workloads; none (after a pause) when the service is unreachable or answers 5xx,
     so a restart of the service does not stop the worker. A 4xx (a wrong key) stops it."""
     try:
         response = client.post(
-            "/execution/workloads/claim", json={"hostname": options.hostname, "limit": limit}
+            "/execution/workloads/claim",
+            json={"hostname": options.hostname, "limit": limit, "queues": options.queues},
         )
     except httpx.TransportError as exc:
         _say(f"claim failed ({exc!r}); retrying in 2 s")
@@ -398,7 +421,12 @@ def main(argv: list[str] | None = None) -> int:
             sync(options, client)
         if options.sync_only:
             return 0
-        _say(f"logs under {options.logs.resolve()}; claiming as {options.hostname}")
+        if options.queues is None:
+            options.queues = _default_queues()
+        _say(
+            f"logs under {options.logs.resolve()}; claiming as {options.hostname} from the "
+            f"queue(s) {', '.join(options.queues)}"
+        )
         return run(options, client)
 
 

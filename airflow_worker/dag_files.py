@@ -1,9 +1,10 @@
 """Airflow DAG files -> the service's definition JSON (README "DAG definitions").
 
 Files are parsed with Airflow's own DagBag (the Task SDK's Dag objects); each Dag becomes one
-definition document: its tasks with upstream, trigger rule, retries and retry delays, declared
-outlets (assets and aliases) and its asset schedule (`&`, `|`, aliases). The service validates
-and syncs them exactly as `sync_dags` does; nothing here writes anything.
+definition document: its tasks with upstream, trigger rule, retries and retry delays, priority
+weight and weight rule, pool and pool slots, queue, declared outlets (assets and aliases)
+and its asset schedule (`&`, `|`, aliases). The service validates and syncs them exactly as
+`sync_dags` does; nothing here writes anything.
 
 Time schedules (issue 24) become the definition's `timetable` with the Dag's `timezone`,
 `start_date`, `end_date` and `catchup`: a cron string or preset and a `timedelta` (Airflow 3
@@ -68,6 +69,24 @@ TASK_DEFAULTS: dict[str, Any] = {
     "depends_on_past": False,
     "ignore_first_depends_on_past": False,
     "wait_for_downstream": False,
+    "priority_weight": 1,
+    "weight_rule": "downstream",
+    "pool": "default_pool",
+    "pool_slots": 1,
+    "queue": "default",
+    "max_active_tis_per_dag": None,
+    "max_active_tis_per_dagrun": None,
+}
+
+# Airflow's own priority strategies, by the names a `weight_rule` may give them
+# (`airflow/task/priority_strategy.py`: `get_airflow_priority_weight_strategies`).
+WEIGHT_RULES = {
+    "absolute": "absolute",
+    "downstream": "downstream",
+    "upstream": "upstream",
+    "airflow.task.priority_strategy._AbsolutePriorityWeightStrategy": "absolute",
+    "airflow.task.priority_strategy._DownstreamPriorityWeightStrategy": "downstream",
+    "airflow.task.priority_strategy._UpstreamPriorityWeightStrategy": "upstream",
 }
 
 
@@ -362,7 +381,25 @@ def _seconds(value: Any) -> float | None:
     return float(value.total_seconds()) if hasattr(value, "total_seconds") else float(value)
 
 
-def _task(task: Any) -> dict[str, Any]:
+def _weight_rule(task: Any, *, where: str) -> str:
+    """The definition's `weight_rule` of a task: one of Airflow's three strategies, named by
+    its rule, its class's qualified name or an instance of it. A custom strategy (a plugin's
+    `PriorityWeightStrategy`) is refused, naming the task: the service cannot run its code."""
+    rule = task.weight_rule
+    if isinstance(rule, str):
+        name = str(getattr(rule, "value", rule))
+    else:
+        name = f"{type(rule).__module__}.{type(rule).__qualname__}"
+    if name not in WEIGHT_RULES:
+        raise DagFileError(
+            f"{where}: Dag {task.dag_id!r}, task {task.task_id!r}: weight_rule {name!r} is a "
+            "custom priority weight strategy, which the service cannot run (only downstream, "
+            "upstream and absolute)"
+        )
+    return WEIGHT_RULES[name]
+
+
+def _task(task: Any, *, where: str) -> dict[str, Any]:
     from airflow.sdk import Asset, AssetAlias
 
     outlets = [_asset(o) for o in task.outlets if isinstance(o, Asset)]
@@ -378,6 +415,13 @@ def _task(task: Any) -> dict[str, Any]:
         "depends_on_past": bool(task.depends_on_past),
         "ignore_first_depends_on_past": bool(task.ignore_first_depends_on_past),
         "wait_for_downstream": bool(task.wait_for_downstream),
+        "priority_weight": int(task.priority_weight),
+        "weight_rule": _weight_rule(task, where=where),
+        "pool": str(task.pool),
+        "pool_slots": int(task.pool_slots),
+        "queue": str(task.queue),
+        "max_active_tis_per_dag": task.max_active_tis_per_dag,
+        "max_active_tis_per_dagrun": task.max_active_tis_per_dagrun,
     }
     definition.update({k: v for k, v in optional.items() if v != TASK_DEFAULTS[k]})
     # Shown only (issue 39): the owner Airflow's Dag owners are made of, and the doc.
@@ -486,7 +530,7 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         raise DagFileError("\n".join(refused))
     tasks = []
     for task in sorted(dag.tasks, key=lambda t: t.task_id):
-        definition = _task(task)
+        definition = _task(task, where=where)
         expand = _expand(task, where=where, dag_id=dag.dag_id)
         if expand is not None:
             definition["expand"] = expand
@@ -521,6 +565,10 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         definition["max_consecutive_failed_dag_runs"] = int(dag.max_consecutive_failed_dag_runs)
     if dag.dagrun_timeout is not None:
         definition["dagrun_timeout_seconds"] = _seconds(dag.dagrun_timeout)
+    # Airflow's [core] max_active_tasks_per_dag fills it when the Dag sets none; the
+    # definition's default is that setting's default, 16.
+    if int(dag.max_active_tasks) != 16:
+        definition["max_active_tasks"] = int(dag.max_active_tasks)
     scopes = sorted(
         t[len(XCOM_READ_SCOPE_TAG) :] for t in dag.tags if t.startswith(XCOM_READ_SCOPE_TAG)
     )

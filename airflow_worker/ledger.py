@@ -97,7 +97,9 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
         "the service runs the file as it stands, as Airflow's local Dag bundle (no versions)"
     ),
     "sla_miss_callback": Honoured(IGNORED_BY_AIRFLOW),
-    "max_active_tasks": Refused("the service does not limit a Dag's running tasks"),
+    "max_active_tasks": Honoured(
+        CONVERSION + ": `max_active_tasks`, claimed and running TIs of one run at once"
+    ),
     "max_consecutive_failed_dag_runs": Honoured(
         CONVERSION + ": `max_consecutive_failed_dag_runs`, the Dag pauses after that many "
         "failed runs (`scheduling.dependencies.finish_run_if_done`)"
@@ -188,13 +190,29 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "wait_for_downstream": Honoured(
         CONVERSION + ": `wait_for_downstream` (and `depends_on_past`, as Airflow sets it)"
     ),
-    "pool": Refused("pools are not supported"),
-    "pool_slots": Refused("pools are not supported"),
-    "priority_weight": Refused("priority weights are not supported (claims ignore them)"),
-    "weight_rule": Refused("priority weights are not supported (claims ignore them)"),
-    "queue": Refused("task queues are not supported (every worker claims every task)"),
-    "max_active_tis_per_dag": Refused("the service does not limit a task's running instances"),
-    "max_active_tis_per_dagrun": Refused("the service does not limit a task's running instances"),
+    "pool": Honoured(
+        CONVERSION + ": `pool`; a claim never hands out more slots than the pool has open (a "
+        "pool that does not exist: its TIs are not claimed, as Airflow does not queue them)"
+    ),
+    "pool_slots": Honoured(CONVERSION + ": `pool_slots`, the slots each claimed TI holds"),
+    "priority_weight": Honoured(
+        CONVERSION + ": `priority_weight`; claims take the heaviest effective weight first"
+    ),
+    "weight_rule": Honoured(
+        CONVERSION + ": `weight_rule` (downstream, upstream, absolute; a custom strategy is "
+        "refused), totalled at sync as Airflow's priority strategy"
+    ),
+    "queue": Honoured(
+        CONVERSION + ": `queue`; a worker claims only its queues (`bin/airflow-worker --queues`, "
+        "default `[operators] default_queue`)"
+    ),
+    "max_active_tis_per_dag": Honoured(
+        CONVERSION + ": `max_active_tis_per_dag`, the task's claimed and running TIs at once"
+    ),
+    "max_active_tis_per_dagrun": Honoured(
+        CONVERSION + ": `max_active_tis_per_dagrun`, the task's claimed and running TIs of one "
+        "run at once"
+    ),
     "start_date": Refused(
         "a task's own start date is not supported (only the Dag's)", _own_date("start_date")
     ),
@@ -301,7 +319,7 @@ def _rows(entries: dict[str, Honoured] | dict[str, Honoured | Refused]) -> list[
 def markdown() -> str:
     """The README's ledger tables (`tests/compat/test_attribute_ledger.py` keeps them equal)."""
     head = ["| attribute | | where it is honoured, or why it is refused |", "|---|---|---|"]
-    parts = [
+    parts: list[tuple[str, dict[str, Honoured] | dict[str, Honoured | Refused]]] = [
         ("`DAG(...)`", DAG_ATTRIBUTES),
         ("`BaseOperator(...)` (operators, `@task`, through `default_args` too)", TASK_ATTRIBUTES),
         (

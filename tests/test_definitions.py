@@ -587,6 +587,16 @@ BAD_CASES = {
         "tasks[0].expand.x",
         "expand over 1025 values, more than max_map_length 1024 (MAX_MAP_LENGTH) (dag 'd')",
     ),
+    "weight_rule_unknown": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "weight_rule": "sideways"}]},
+        "tasks[0].weight_rule",
+        "sideways",
+    ),
+    "priority_weight_beyond_32_bits": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "priority_weight": 2**31}]},
+        "tasks[0].priority_weight",
+        "2147483647",
+    ),
     "retry_delay_not_a_number": (
         {"dag_id": "d", "tasks": [{"task_id": "a", "max_retry_delay_seconds": "60"}]},
         "tasks[0].max_retry_delay_seconds",
@@ -819,3 +829,28 @@ def test_sync_says_which_queued_events_a_schedule_change_strands_and_clears_them
     assert (entry.action, entry.via, entry.row_count) == ("queued_events.clear", "command", 2)
     # The syncs that changed the Dag are audited too (issue 26).
     assert AuditEntry.objects.filter(action="sync_dags").count() == 2
+
+
+def test_effective_priority_weights_are_totalled_as_airflows_strategies(tmp_path):
+    """downstream: own + every task downstream once (a diamond's join counted once); upstream:
+    own + every task upstream; absolute: own. A second sync after a weight change rewrites
+    the totals that depend on it, and only those."""
+    document = {
+        "dag_id": "w",
+        "tasks": [
+            {"task_id": "a", "priority_weight": 2},
+            {"task_id": "b", "upstream": ["a"], "priority_weight": 3, "weight_rule": "upstream"},
+            {"task_id": "c", "upstream": ["a"], "priority_weight": 5, "weight_rule": "absolute"},
+            {"task_id": "e", "upstream": ["b", "c"], "priority_weight": 7},
+            {"task_id": "lone"},
+        ],
+    }
+    sync(write(tmp_path / "w.json", document))
+
+    def totals() -> dict[str, int]:
+        return dict(Task.objects.filter(dag_id="w").values_list("task_id", "priority_weight_total"))
+
+    assert totals() == {"a": 17, "b": 5, "c": 5, "e": 7, "lone": 1}
+    document["tasks"][3]["priority_weight"] = 10
+    sync(write(tmp_path / "w.json", document))
+    assert totals() == {"a": 20, "b": 5, "c": 5, "e": 10, "lone": 1}

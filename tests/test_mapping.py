@@ -450,6 +450,8 @@ def wide_dag(dag_id: str, *, mapped: bool) -> None:
     sync(
         {
             "dag_id": dag_id,
+            # Room for every map index at once (Airflow's default max_active_tasks is 16).
+            "max_active_tasks": 100,
             "tasks": [{"task_id": "list_files"}, each, {"task_id": "sum", "upstream": ["each"]}],
         }
     )
@@ -746,6 +748,7 @@ def test_a_50_wide_group_expands_with_the_statements_of_an_unmapped_success():
             task["upstream"] = ["list_files"]
             task["expand"] = {"x": {"xcom": "list_files"}}
         dag["tasks"][2]["expand"] = {"x": {"xcom": "list_files"}}
+        dag["max_active_tasks"] = 100  # every map index at once (Airflow's default: 16)
         sync(dag)
         run, counts[n] = statements_of_the_upstream_success(dag_id, returned=list(range(n)))
         assert tis(run, "g.a") == [(i, "queued") for i in range(n)]

@@ -40,6 +40,7 @@ from . import (  # noqa: E402  (routers register on the APIs)
     public,
     public_backfills,
     public_dags,
+    public_pools,
     public_settings,
     public_webhooks,
 )
@@ -51,5 +52,6 @@ execution_api.add_router("", execution_runtime.router)
 public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)
 public_api.add_router("", public_settings.router)
+public_api.add_router("", public_pools.router)
 public_api.add_router("", public_backfills.router)
 public_api.add_router("", public_webhooks.router)

@@ -117,7 +117,9 @@ def ti_skip_downstream(
     exclude_none=True,
 )
 def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
-    workloads = claims.claim_workloads(hostname=payload.hostname, limit=payload.limit)
+    workloads = claims.claim_workloads(
+        hostname=payload.hostname, limit=payload.limit, queues=payload.queues
+    )
     return schemas.ClaimResponse.from_domain(
         workloads, token_for=lambda ti: auth.issue_token(ti.id, try_number=ti.try_number)
     )

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from assets_app.catalog import asset_events
 from assets_app.guards import run_ids
 from assets_app.models import Asset, AssetEvent, DagRun, TaskInstance
+from assets_app.models.dags import DEFAULT_QUEUE, TASK_QUEUE_MAX_LENGTH
 from assets_app.registration.payloads import AssetProfile, OutletEvent
 from assets_app.task_state import claims, starting
 
@@ -138,6 +139,12 @@ class TISkippedDownstreamTasksStatePayload(RequestBody):
 class ClaimRequest(RequestBody):
     hostname: Annotated[str, Field(min_length=1, max_length=HOSTNAME_MAX_LENGTH)]
     limit: Annotated[int, Field(ge=1, le=1000)] = 1
+    # The queues this worker takes TIs from (Airflow's task `queue`); Airflow's
+    # `[operators] default_queue` when left out.
+    queues: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=TASK_QUEUE_MAX_LENGTH)]],
+        Field(min_length=1, max_length=100),
+    ] = [DEFAULT_QUEUE]
 
 
 class AssetEventWindow(BaseModel):
@@ -455,6 +462,9 @@ class ClaimResponse(ResponseBody):
                         map_index=w.ti.map_index,
                         try_number=w.ti.try_number,
                         dag_version_id=uuid5(NAMESPACE_URL, f"dag:{w.ti.dag_id}"),
+                        priority_weight=w.priority_weight,
+                        pool_slots=w.pool_slots,
+                        queue=w.queue,
                     ),
                     dag_rel_path=w.dag_rel_path,
                     bundle_info=BundleInfo(name=BUNDLE_NAME),

@@ -38,11 +38,17 @@ from ..models.assets import ASSET_KEY_MAX_LENGTH
 from ..models.dags import (
     DAG_ID_MAX_LENGTH,
     DEFAULT_OWNER,
+    DEFAULT_QUEUE,
     DEFAULT_RETRY_DELAY_SECONDS,
     OWNERS_MAX_LENGTH,
+    PRIORITY_WEIGHT_MAX,
+    PRIORITY_WEIGHT_MIN,
     TAG_MAX_LENGTH,
+    TASK_QUEUE_MAX_LENGTH,
     TriggerRule,
+    WeightRule,
 )
+from ..models.pools import DEFAULT_POOL_NAME, POOL_NAME_MAX_LENGTH
 from ..models.watchers import (
     BODY_FIELD_MAX_LENGTH,
     BODY_VALUE_MAX_LENGTH,
@@ -57,6 +63,8 @@ from . import timetables
 ID_PATTERN = r"^[A-Za-z0-9_.-]+$"
 NOT_BLANK = r"\S"
 DEFAULT_MAX_ACTIVE_RUNS = 16
+# Airflow's `[core] max_active_tasks_per_dag`.
+DEFAULT_MAX_ACTIVE_TASKS = 16
 
 # A dag_id, task_id or upstream id: it appears in URLs.
 Identifier = Annotated[str, Field(min_length=1, max_length=DAG_ID_MAX_LENGTH, pattern=ID_PATTERN)]
@@ -457,6 +465,48 @@ class Task(_Object):
     )
     retry_exponential_backoff: Backoff = 0.0
     max_retry_delay_seconds: Seconds | None = None
+    priority_weight: int = Field(
+        1,
+        ge=PRIORITY_WEIGHT_MIN,
+        le=PRIORITY_WEIGHT_MAX,
+        description="Airflow's priority_weight: claims take heavier tasks first.",
+    )
+    weight_rule: WeightRule = Field(
+        WeightRule.DOWNSTREAM,
+        strict=False,  # the enum's values, as in JSON
+        description="Airflow's weight_rule: the effective weight is the task's own "
+        "priority_weight plus those of all its downstream tasks (downstream), all its upstream "
+        "tasks (upstream), or its own only (absolute).",
+    )
+    pool: str = Field(
+        DEFAULT_POOL_NAME,
+        min_length=1,
+        max_length=POOL_NAME_MAX_LENGTH,
+        description="Airflow's pool: the pool whose slots the task's claimed and running TIs "
+        "hold. A pool that does not exist keeps its TIs from being claimed until it is "
+        "created, as Airflow's scheduler does not queue them.",
+    )
+    pool_slots: int = Field(1, ge=1, description="Airflow's pool_slots: the slots one TI holds.")
+    max_active_tis_per_dag: int | None = Field(
+        None,
+        ge=0,
+        le=PRIORITY_WEIGHT_MAX,
+        description="Airflow's: at most this many TIs of the task, over all runs, claimed or "
+        "running at once (null: no limit).",
+    )
+    max_active_tis_per_dagrun: int | None = Field(
+        None,
+        ge=0,
+        le=PRIORITY_WEIGHT_MAX,
+        description="Airflow's: at most this many TIs of the task in one run (its map "
+        "indexes) claimed or running at once (null: no limit).",
+    )
+    queue: str = Field(
+        DEFAULT_QUEUE,
+        min_length=1,
+        max_length=TASK_QUEUE_MAX_LENGTH,
+        description="Airflow's queue: only workers claiming from it take the task's TIs.",
+    )
     expand: Expand | None = None
     map_group: Identifier | None = Field(
         None,
@@ -651,6 +701,13 @@ class Dag(_Object):
     dag_id: Identifier
     schedule: Schedule | None = None
     max_active_runs: int = Field(DEFAULT_MAX_ACTIVE_RUNS, ge=1)
+    max_active_tasks: int = Field(
+        DEFAULT_MAX_ACTIVE_TASKS,
+        ge=0,
+        le=PRIORITY_WEIGHT_MAX,
+        description="Airflow's max_active_tasks: at most this many TIs of one run claimed or "
+        "running at once.",
+    )
     is_paused: bool | None = Field(
         None,
         description="Paused when first synced (Airflow's is_paused_upon_creation); null or "

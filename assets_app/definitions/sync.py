@@ -74,6 +74,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..guards import encryption, exceptions, limits, masking
 from ..models import (
+    DEFAULT_POOL_NAME,
     Asset,
     AssetAlias,
     AssetAliasAsset,
@@ -90,8 +91,16 @@ from ..models import (
     TaskUpstream,
     TriggerRule,
     WatcherRoute,
+    WeightRule,
 )
-from ..models.dags import DEFAULT_OWNER, DEFAULT_RETRY_DELAY_SECONDS, OWNERS_MAX_LENGTH
+from ..models.dags import (
+    DEFAULT_OWNER,
+    DEFAULT_QUEUE,
+    DEFAULT_RETRY_DELAY_SECONDS,
+    OWNERS_MAX_LENGTH,
+    PRIORITY_WEIGHT_MAX,
+    PRIORITY_WEIGHT_MIN,
+)
 from ..operations import audit
 from ..sql import locks, wakeups
 from . import conditions, next_runs, timetables
@@ -107,6 +116,14 @@ TASK_FIELDS = (
     "retry_delay_seconds",
     "retry_exponential_backoff",
     "max_retry_delay_seconds",
+    "priority_weight",
+    "weight_rule",
+    "priority_weight_total",
+    "pool",
+    "pool_slots",
+    "queue",
+    "max_active_tis_per_dag",
+    "max_active_tis_per_dagrun",
     "map_length",
     "map_upstream",
     "map_group",
@@ -139,6 +156,15 @@ class TaskDefinition:
     retry_delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
     retry_exponential_backoff: float = 0.0
     max_retry_delay_seconds: float | None = None
+    priority_weight: int = 1
+    weight_rule: str = WeightRule.DOWNSTREAM
+    # The effective weight (`_with_weights`), as Airflow's priority strategy computes it.
+    priority_weight_total: int = 1
+    pool: str = DEFAULT_POOL_NAME
+    pool_slots: int = 1
+    queue: str = DEFAULT_QUEUE
+    max_active_tis_per_dag: int | None = None
+    max_active_tis_per_dagrun: int | None = None
     # Mapped (issue 25): over a literal list of `map_length` values, or over the return value
     # of the upstream task `map_upstream`; `expand_path` is the JSON path of what it expands.
     map_length: int | None = None
@@ -177,6 +203,7 @@ class DagDefinition:
     dag_id: str
     schedule: Condition | None = None
     max_active_runs: int = dag_schema.DEFAULT_MAX_ACTIVE_RUNS
+    max_active_tasks: int = dag_schema.DEFAULT_MAX_ACTIVE_TASKS
     # None: the definition says nothing (DAGS_ARE_PAUSED_AT_CREATION for a new Dag).
     is_paused: bool | None = None
     description: str = ""
@@ -298,7 +325,7 @@ def parse_document(raw: Any, *, file: str, fileloc: str = "") -> list[DagDefinit
     for dag in dags:
         _check_tasks(dag)
         _check_consumption(dag)
-    return [_check_watchers(dag) for dag in dags]
+    return [_with_weights(_check_watchers(dag)) for dag in dags]
 
 
 def _naming_dag(raw: Any, path: str) -> str:
@@ -328,6 +355,13 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
                 else backoff
             ),
             max_retry_delay_seconds=task.max_retry_delay_seconds,
+            priority_weight=task.priority_weight,
+            weight_rule=task.weight_rule.value,
+            pool=task.pool,
+            pool_slots=task.pool_slots,
+            queue=task.queue,
+            max_active_tis_per_dag=task.max_active_tis_per_dag,
+            max_active_tis_per_dagrun=task.max_active_tis_per_dagrun,
             **_mapping(task.expand, path=f"{join(path, 'tasks')}[{i}]"),
             map_group=task.map_group or "",
             owner=task.owner,
@@ -344,6 +378,7 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         schedule=conditions.from_model(model.schedule) if model.schedule is not None else None,
         max_active_runs=model.max_active_runs,
         max_consecutive_failed_dag_runs=model.max_consecutive_failed_dag_runs,
+        max_active_tasks=model.max_active_tasks,
         is_paused=model.is_paused,
         dagrun_timeout=(
             None
@@ -552,6 +587,43 @@ def _check_tasks(dag: DagDefinition) -> None:
             + " -> ".join([*cycle, cycle[0]])
             + " (each runs after the one before it)",
         )
+
+
+def _with_weights(dag: DagDefinition) -> DagDefinition:
+    """`dag` with each task's effective priority weight (`priority_weight_total`), as Airflow's
+    priority strategies compute it (`airflow/task/priority_strategy.py`): `absolute` its own
+    `priority_weight`; `downstream` (`upstream`) its own plus that of every task downstream
+    (upstream) of it, each counted once however many paths lead there
+    (`get_flat_relative_ids`); clamped to a 32-bit integer as Airflow's `db_safe_priority`.
+    Runs after `_check_tasks` (ids known, no cycle)."""
+    upstream = {task.task_id: set(task.upstream) for task in dag.tasks}
+    downstream: dict[str, set[str]] = {task.task_id: set() for task in dag.tasks}
+    for task_id, ups in upstream.items():
+        for up in ups:
+            downstream[up].add(task_id)
+    weights = {task.task_id: task.priority_weight for task in dag.tasks}
+
+    def relatives(task_id: str, links: dict[str, set[str]]) -> set[str]:
+        seen: set[str] = set()
+        stack = list(links[task_id])
+        while stack:
+            current = stack.pop()
+            if current not in seen:
+                seen.add(current)
+                stack.extend(links[current])
+        return seen
+
+    def total(task: TaskDefinition) -> int:
+        if task.weight_rule == WeightRule.ABSOLUTE:
+            found = task.priority_weight
+        else:
+            links = downstream if task.weight_rule == WeightRule.DOWNSTREAM else upstream
+            found = task.priority_weight + sum(weights[i] for i in relatives(task.task_id, links))
+        return max(PRIORITY_WEIGHT_MIN, min(PRIORITY_WEIGHT_MAX, found))
+
+    return replace(
+        dag, tasks=tuple(replace(task, priority_weight_total=total(task)) for task in dag.tasks)
+    )
 
 
 def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> None:
@@ -1196,6 +1268,7 @@ class _Sync:
                 "doc_md": definition.doc_md,
                 "is_paused": definition.is_paused,
                 "max_active_runs": definition.max_active_runs,
+                "max_active_tasks": definition.max_active_tasks,
                 "schedule": (
                     conditions.to_json(definition.schedule)
                     if definition.schedule is not None

@@ -31,11 +31,13 @@ from .dags import (
     TaskOutletAssetReference,
     TaskUpstream,
     TriggerRule,
+    WeightRule,
     XComReadScope,
 )
 from .events import AssetAliasEvent, AssetEvent
 from .logs import TaskLogChunk
 from .metrics import ComponentHeartbeat, MetricCounter
+from .pools import DEFAULT_POOL_NAME, Pool
 from .queue import AssetDagRunQueue, AssetEventQueue, FailureKind
 from .runs import (
     DagRun,
@@ -62,6 +64,7 @@ from .webhooks import (
 )
 
 __all__ = [
+    "DEFAULT_POOL_NAME",
     "ApiToken",
     "Asset",
     "AssetAlias",
@@ -96,6 +99,7 @@ __all__ = [
     "MessageState",
     "MetricCounter",
     "ParkReason",
+    "Pool",
     "QueueWatcher",
     "RenderedTaskFields",
     "ReprocessBehavior",
@@ -117,6 +121,7 @@ __all__ = [
     "WebhookEndpoint",
     "WebhookEventType",
     "WebhookSubscription",
+    "WeightRule",
     "XCom",
     "XComReadScope",
 ]

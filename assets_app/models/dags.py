@@ -5,6 +5,7 @@ from django.db import models
 
 from ..guards.limits import StoredJsonDecoder
 from .assets import Asset, AssetAlias
+from .pools import DEFAULT_POOL_NAME, POOL_NAME_MAX_LENGTH
 
 DAG_ID_MAX_LENGTH = 250
 # Airflow's `TAG_MAX_LEN` (a Dag's tag) and the length of its `DagModel.owners`.
@@ -40,6 +41,9 @@ class Dag(models.Model):
     description = models.TextField(blank=True, default="")
     is_paused = models.BooleanField(default=False)
     max_active_runs = models.PositiveIntegerField(default=16)
+    # Airflow's `max_active_tasks` ([core] max_active_tasks_per_dag, 16): at most this many TIs
+    # of one run claimed or running at once (the claim, `sql/claims.py`).
+    max_active_tasks = models.PositiveIntegerField(default=16)
     # Normalized condition (see definitions/conditions.py): {"asset": {"name", "uri"}} | {"alias":
     # name} | {"all": [...]} | {"any": [...]}; null means manual runs only.
     schedule = models.JSONField(decoder=StoredJsonDecoder, null=True, blank=True)
@@ -166,11 +170,33 @@ class TriggerRule(models.TextChoices):
 # Airflow's default `retry_delay` (timedelta(seconds=300)).
 DEFAULT_RETRY_DELAY_SECONDS = 300.0
 
+# Airflow's `[operators] default_queue`, the queue of a task that names none and the one a worker
+# claims from unless told otherwise; a queue name is at most 256 characters (Airflow's column).
+DEFAULT_QUEUE = "default"
+TASK_QUEUE_MAX_LENGTH = 256
+
+# Airflow's `db_safe_priority` bounds (`airflow/sdk/bases/operator.py`): a 32-bit integer.
+PRIORITY_WEIGHT_MIN = -2147483648
+PRIORITY_WEIGHT_MAX = 2147483647
+
+
+class WeightRule(models.TextChoices):
+    """Airflow's `WeightRule` (`airflow/task/weight_rule.py`): how a task's effective priority
+    weight is totalled from its own and its relatives' `priority_weight`
+    (`airflow/task/priority_strategy.py`)."""
+
+    DOWNSTREAM = "downstream"
+    UPSTREAM = "upstream"
+    ABSOLUTE = "absolute"
+
 
 class Task(models.Model):
     """A task of a Dag: its declared outlets (assets and aliases), its upstream tasks (through
     `TaskUpstream`) and trigger rule, and its retry policy (Airflow's `retries`, `retry_delay`,
-    `retry_exponential_backoff` (a multiplier, 0 = constant delay), `max_retry_delay`)."""
+    `retry_exponential_backoff` (a multiplier, 0 = constant delay), `max_retry_delay`), and
+    its priority (Airflow's `priority_weight` and `weight_rule`; `priority_weight_total` is the
+    effective weight the sync computes from them as Airflow's strategy does, which orders
+    claims)."""
 
     dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="tasks")
     task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
@@ -187,6 +213,22 @@ class Task(models.Model):
         max_length=OWNERS_MAX_LENGTH, default=DEFAULT_OWNER, db_default=DEFAULT_OWNER
     )
     doc_md = models.TextField(blank=True, default="", db_default="")
+    priority_weight = models.IntegerField(default=1)
+    weight_rule = models.CharField(
+        max_length=20, choices=WeightRule.choices, default=WeightRule.DOWNSTREAM
+    )
+    priority_weight_total = models.IntegerField(default=1)
+    # Airflow's `pool` (a Pool's name; one that names no pool is stored as it is and its TIs
+    # are never claimed, as Airflow's scheduler never queues them) and `pool_slots`.
+    pool = models.CharField(max_length=POOL_NAME_MAX_LENGTH, default=DEFAULT_POOL_NAME)
+    pool_slots = models.PositiveIntegerField(default=1)
+    # Airflow's `queue` (`[operators] default_queue`: "default"): only a worker claiming from
+    # it takes the task's TIs.
+    queue = models.CharField(max_length=TASK_QUEUE_MAX_LENGTH, default=DEFAULT_QUEUE)
+    # Airflow's `max_active_tis_per_dag` (this task's TIs of every run) and
+    # `max_active_tis_per_dagrun` (of one run) claimed or running at once; None: no limit.
+    max_active_tis_per_dag = models.PositiveIntegerField(null=True, blank=True)
+    max_active_tis_per_dagrun = models.PositiveIntegerField(null=True, blank=True)
     # Dynamic task mapping (issue 25): a mapped task runs once per value of what it expands
     # over, each TI a map index: a literal list (its length, known when a run is created) or the
     # return value of one of its upstream tasks (its task_id; the length is known when that
@@ -250,6 +292,10 @@ class Task(models.Model):
                 | ~models.Q(map_upstream=""),
                 name="task_map_group_is_mapped",
             ),
+            models.CheckConstraint(
+                condition=models.Q(weight_rule__in=WeightRule.values), name="task_weight_rule"
+            ),
+            models.CheckConstraint(condition=models.Q(pool_slots__gte=1), name="task_pool_slots"),
         ]
 
     def __str__(self) -> str:

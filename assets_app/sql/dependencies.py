@@ -478,7 +478,7 @@ def _evaluate_statement(*, from_tasks: bool) -> str:
 
 def evaluate_waiting_task_instances(
     *, dag_run_id: int, finished_task_ids: Sequence[str] | None, now: datetime
-) -> list[tuple[str, str]]:
+) -> list[tuple[str, str, int]]:
     """Decide the run's waiting TIs downstream of `finished_task_ids` (None: every waiting TI of
     the run) and write the decided ones: one statement, autocommit or in the caller's
     transaction; given finished tasks, also the waiting TIs of later runs whose past they may

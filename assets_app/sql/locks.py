@@ -3,6 +3,14 @@
 Global lock order (a transaction that takes several locks takes them in this order, and no
 transaction takes a lock from an earlier step after one from a later step):
 
+  0. Pool rows (a worker claim, issue 39): the pools that the claimable TIs of the Dags it may
+     claim from name, FOR NO KEY UPDATE by name, waiting (the one wait of a claim: it
+     serializes claimers of one pool, and so of one Dag, each for one short claim transaction,
+     so each counts the slots and the run and task limits the one before it took;
+     `lock_claim_pools`); then, in a new statement, those pools' claimable TI rows FOR UPDATE
+     SKIP LOCKED (`claim_queued_task_instances`) and one UPDATE of them. Nothing else locks a
+     pool row but an operator's edit or delete of one pool (a plain UPDATE/DELETE, alone in
+     its transaction), and nothing that holds a TI row waits for a pool row.
   1. TaskInstance row (task_state): alone. While it is held the only other write is inserting one
      outbox row; nothing else is locked or loaded (invariant 1). `of=("self",)` always.
   2. Outbox rows (drain): claimed FOR UPDATE SKIP LOCKED, oldest due first, in a short claim
@@ -91,11 +99,11 @@ from ..models import (
     FreshnessState,
     ScheduleMode,
     TaskInstance,
-    TIState,
     WatcherMessage,
     WebhookEndpoint,
 )
 from ..models.runs import TI_FINISHED_STATES
+from . import claims as claims_sql
 from . import connection as connection_sql
 from . import fences as fences_sql
 from . import scheduling as scheduling_sql
@@ -113,20 +121,36 @@ def lock_task_instances_to_clear(queryset: QuerySet[TaskInstance]) -> list[TaskI
     return list(queryset.select_for_update(of=("self",), skip_locked=True).order_by("id"))
 
 
+def lock_claim_pools(
+    *, queues: Sequence[str], now: datetime, claim_timeout: timedelta
+) -> list[str]:
+    """Lock the pool rows that claimable TIs' tasks in `queues` name, FOR NO KEY UPDATE by name,
+    waiting for a claimer that holds one (a claim transaction is short); their names
+    (`claims_sql.lock_claim_pools`: the step before a worker claim's TI rows)."""
+    return claims_sql.lock_claim_pools(queues=queues, now=now, expired=now - claim_timeout)
+
+
 def claim_queued_task_instances(
-    *, limit: int, now: datetime, claim_timeout: timedelta
+    *,
+    pools: Sequence[str],
+    queues: Sequence[str],
+    limit: int,
+    now: datetime,
+    claim_timeout: timedelta,
 ) -> list[TaskInstance]:
-    """Lock up to `limit` claimable queued TIs, FIFO, skipping rows another claim holds.
+    """Lock up to `limit` claimable queued TIs of tasks in `queues` and `pools` (whose rows the
+    caller locked with `lock_claim_pools`), heaviest first, FOR UPDATE SKIP LOCKED, never more
+    `pool_slots` than each pool has open, in one statement (`claims_sql.claim_task_instances`).
 
     Claimable: queued, past any retry delay, and never claimed or claimed longer ago than
-    `claim_timeout` (a worker that claimed it and never started it).
+    `claim_timeout` (a worker that claimed it and never started it). Order: Airflow's
+    (`_executable_task_instances_to_queued`): the task's effective priority weight
+    (`Task.priority_weight_total`, 1 for a TI whose task is gone) descending, then the run's
+    logical date (none last, as PostgreSQL sorts Airflow's NULLs) and the map index, then
+    FIFO (queued_at, id) where Airflow leaves the order open.
     """
-    return list(
-        TaskInstance.objects.select_for_update(of=("self",), skip_locked=True)
-        .filter(state=TIState.QUEUED)
-        .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=now))
-        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - claim_timeout))
-        .order_by("queued_at", "id")[:limit]
+    return claims_sql.claim_task_instances(
+        pools=pools, queues=queues, limit=limit, now=now, expired=now - claim_timeout
     )
 
 

@@ -2,6 +2,7 @@
 outlets each claimed TI's task declares and its Dag's file.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -13,6 +14,7 @@ from django.utils import timezone
 from ..definitions import sync
 from ..guards import exceptions
 from ..models import Dag, Task, TaskInstance
+from ..models.dags import DEFAULT_QUEUE
 from ..sql import locks
 
 
@@ -25,13 +27,26 @@ class Workload:
     task_outlets: list[dict[str, Any]] = field(default_factory=list)
     # Where the Dag's file is, relative to its folder (Dag.fileloc; "" for JSON definitions).
     dag_rel_path: str = ""
+    # Its task's effective priority weight (Airflow's TI `priority_weight`), which ordered it,
+    # and the slots it holds in its task's pool.
+    priority_weight: int = 1
+    pool_slots: int = 1
+    queue: str = DEFAULT_QUEUE
 
 
-def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
-    """Claim up to `limit` queued TIs for `hostname`, FIFO, never waiting on another claimer.
+def claim_workloads(
+    *, hostname: str, limit: int, queues: Sequence[str] = (DEFAULT_QUEUE,)
+) -> list[Workload]:
+    """Claim up to `limit` queued TIs of tasks in `queues` (Airflow's task `queue`; a worker
+    listens on Airflow's `[operators] default_queue` unless told otherwise) for `hostname`,
+    heaviest effective priority weight first (then Airflow's tie-break, then FIFO:
+    `locks.claim_queued_task_instances`), never handing out more slots than a pool has open,
+    even to concurrent claimers.
 
-    Transaction: one durable transaction: `locks.claim_queued_task_instances` (SKIP LOCKED) and one
-    UPDATE setting claimed_by/claimed_at. A claimed TI that is not started within
+    Transaction: one durable transaction: `locks.lock_claim_pools` (the rows of the pools the
+    claimable TIs' tasks name, by name: the one wait, behind another claim of the same pools),
+    `locks.claim_queued_task_instances` (one statement, SKIP LOCKED) and one UPDATE setting
+    claimed_by/claimed_at. A claimed TI that is not started within
     `WORKLOAD_CLAIM_TIMEOUT_SECONDS` becomes claimable again. The declared outlets of the claimed
     TIs' Tasks and their Dags' files are read with 3 queries whatever `limit` is, inside the same
     transaction: a read that fails (the database went away) rolls the claim back, so a claim whose
@@ -41,7 +56,10 @@ def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
     now = timezone.now()
     timeout = timedelta(seconds=settings.WORKLOAD_CLAIM_TIMEOUT_SECONDS)
     with transaction.atomic(durable=True):
-        tis = locks.claim_queued_task_instances(limit=limit, now=now, claim_timeout=timeout)
+        pools = locks.lock_claim_pools(queues=queues, now=now, claim_timeout=timeout)
+        tis = locks.claim_queued_task_instances(
+            pools=pools, queues=queues, limit=limit, now=now, claim_timeout=timeout
+        )
         if not tis:
             return []
         TaskInstance.objects.filter(id__in=[ti.id for ti in tis]).update(
@@ -61,6 +79,9 @@ def claim_workloads(*, hostname: str, limit: int) -> list[Workload]:
             ti=ti,
             task_outlets=outlets.get((ti.dag_id, ti.task_id), []),
             dag_rel_path=_rel_path(files.get(ti.dag_id, "")),
+            priority_weight=ti.weight,  # type: ignore[attr-defined]  # the claim's columns
+            pool_slots=ti.claim_pool_slots,  # type: ignore[attr-defined]
+            queue=ti.claim_queue,  # type: ignore[attr-defined]
         )
         for ti in tis
     ]

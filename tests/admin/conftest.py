@@ -21,6 +21,7 @@ from assets_app.models import (
     DagScheduleAssetReference,
     FreshnessPolicy,
     MetricCounter,
+    Pool,
     QueueWatcher,
     RenderedTaskFields,
     TaskLogChunk,
@@ -106,6 +107,7 @@ def populate(n: int) -> None:
             dag_id=producer.dag_id,
         )
         Variable.objects.create(key=f"variable_{i}", val="v")
+        Pool.objects.create(name=f"pool_{i}", slots=i)
         variables.save_connection(
             conn_id=f"connection_{i}", create=True, conn_type="http", password="p", extra="{}"
         )

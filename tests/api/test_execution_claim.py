@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from assets_app.api import auth
-from assets_app.models import TaskInstance
+from assets_app.models import DEFAULT_POOL_NAME, Pool, TaskInstance
 from assets_app.task_state import claims
 from tests.factories import (
     AssetAliasFactory,
@@ -107,6 +107,63 @@ def test_claim_is_fifo_and_respects_limit(worker_api):
     assert [w["ti"]["id"] for w in workloads] == [str(ti.id) for ti in tis[:3]]
 
 
+def test_claim_takes_the_heaviest_effective_weight_first(worker_api):
+    """One claim slot: the heavier TI goes first even though it was queued later (Airflow's
+    `-priority_weight` order); a TI whose task is gone weighs Airflow's default, 1."""
+    run = DagRunFactory()
+    light = TaskFactory(dag=run.dag, task_id="light", priority_weight_total=1)
+    heavy = TaskFactory(dag=run.dag, task_id="heavy", priority_weight_total=5)
+    now = timezone.now()
+    first = TaskInstanceFactory(dag_run=run, task_id=light.task_id, queued_at=now)
+    orphan = TaskInstanceFactory(dag_run=run, task_id="gone", queued_at=now + timedelta(1))
+    later = TaskInstanceFactory(
+        dag_run=run, task_id=heavy.task_id, queued_at=now + timedelta(seconds=5)
+    )
+
+    got = [claim(worker_api, {"hostname": "a", "limit": 1}).json()["workloads"] for _ in range(3)]
+
+    assert [w[0]["ti"]["id"] for w in got] == [str(later.id), str(first.id), str(orphan.id)]
+    assert got[0][0]["ti"]["priority_weight"] == 5
+
+
+def test_equal_weights_go_by_logical_date_then_map_index(worker_api):
+    """Airflow's tie-break: the run's logical date (a run without one last), then map index."""
+    dag = DagFactory()
+    now = timezone.now()
+    undated = DagRunFactory(dag=dag, logical_date=None)
+    old = DagRunFactory(dag=dag, logical_date=now - timedelta(days=2))
+    new = DagRunFactory(dag=dag, logical_date=now - timedelta(days=1))
+    order = [
+        TaskInstanceFactory(dag_run=old, task_id="m", map_index=0, queued_at=now),
+        TaskInstanceFactory(dag_run=old, task_id="m", map_index=1, queued_at=now - timedelta(1)),
+        TaskInstanceFactory(dag_run=new, task_id="t", queued_at=now - timedelta(2)),
+        TaskInstanceFactory(dag_run=undated, task_id="t", queued_at=now - timedelta(3)),
+    ]
+    workloads = claim(worker_api, {"hostname": "a", "limit": 10}).json()["workloads"]
+    assert [w["ti"]["id"] for w in workloads] == [str(ti.id) for ti in order]
+
+
+def test_a_claim_takes_only_its_queues_default_airflows_default_queue(worker_api):
+    """Airflow's task `queue`: a worker takes only the queues it listens on; without any, the
+    `[operators] default_queue`, "default" (a TI whose task is gone is in it)."""
+    run = DagRunFactory()
+    gpu = TaskFactory(dag=run.dag, task_id="train", queue="gpu")
+    plain = TaskFactory(dag=run.dag, task_id="load")
+    now = timezone.now()
+    on_gpu = TaskInstanceFactory(dag_run=run, task_id=gpu.task_id, queued_at=now)
+    on_default = TaskInstanceFactory(dag_run=run, task_id=plain.task_id, queued_at=now)
+
+    default = claim(worker_api, {"hostname": "a", "limit": 5}).json()["workloads"]
+    assert [(w["ti"]["id"], w["ti"]["queue"]) for w in default] == [(str(on_default.id), "default")]
+    assert claim(worker_api, {"hostname": "a", "limit": 5, "queues": ["cpu"]}).json() == {
+        "workloads": []
+    }
+    got = claim(worker_api, {"hostname": "b", "limit": 5, "queues": ["cpu", "gpu"]}).json()
+    assert [(w["ti"]["id"], w["ti"]["queue"]) for w in got["workloads"]] == [
+        (str(on_gpu.id), "gpu")
+    ]
+
+
 @pytest.mark.parametrize(
     ("key", "status", "reason"),
     [(None, 401, "not_authenticated"), ("wrong", 403, "invalid_api_key")],
@@ -131,7 +188,16 @@ def test_a_task_token_is_not_a_worker_api_key(worker_api):
 
 
 @pytest.mark.parametrize(
-    "body", [{"hostname": "a", "limit": 0}, {"hostname": "a", "limit": 1001}, {"limit": 1}, {}]
+    "body",
+    [
+        {"hostname": "a", "limit": 0},
+        {"hostname": "a", "limit": 1001},
+        {"limit": 1},
+        {},
+        {"hostname": "a", "queues": []},
+        {"hostname": "a", "queues": [""]},
+        {"hostname": "a", "queues": "default"},
+    ],
 )
 def test_invalid_claim_body_is_422(worker_api, body):
     TaskInstanceFactory()
@@ -148,7 +214,10 @@ def _claim_queries(limit: int) -> int:
 
 
 def test_claim_query_count_is_the_same_for_1_and_200_workloads():
-    run = DagRunFactory()
+    # default_pool's 128 slots and Airflow's max_active_tasks of 16 per run would stop the
+    # second claim short of 199.
+    Pool.objects.filter(name=DEFAULT_POOL_NAME).update(slots=-1)
+    run = DagRunFactory(dag__max_active_tasks=1000)
     for i in range(200):
         task = TaskFactory(dag=run.dag, task_id=f"t{i}")
         task.outlet_assets.add(AssetFactory(name=f"a{i}"))
@@ -158,7 +227,7 @@ def test_claim_query_count_is_the_same_for_1_and_200_workloads():
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_claims_never_hand_out_the_same_ti():
-    run = DagRunFactory()
+    run = DagRunFactory(dag__max_active_tasks=100)
     ids = {TaskInstanceFactory(dag_run=run).id for _ in range(60)}
     results: list[list] = []
     barrier = threading.Barrier(4)

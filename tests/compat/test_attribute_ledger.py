@@ -91,7 +91,6 @@ def test_every_timetable_and_its_parameters_are_honoured_or_refused(signatures):
 # default; or the whole body of the `with DAG(...)` block.
 START = "pendulum.datetime(2026, 1, 1, tz='UTC')"
 REFUSED: dict[str, tuple[str, str]] = {
-    "max_active_tasks": ("max_active_tasks=3", ""),
     "deadline": (
         "deadline=DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, "
         "interval=datetime.timedelta(hours=1), callback=AsyncCallback(notify))",
@@ -100,13 +99,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "on_success_callback": ("on_success_callback=notify", ""),
     "on_failure_callback": ("on_failure_callback=[notify]", ""),
     "access_control": ("access_control={'Op': {'DAGs': {'can_read'}}}", ""),
-    "pool": ("", "pool='small'"),
-    "pool_slots": ("", "pool_slots=2"),
-    "priority_weight": ("", "priority_weight=5"),
-    "weight_rule": ("", "weight_rule='upstream'"),
-    "queue": ("", "queue='gpu'"),
-    "max_active_tis_per_dag": ("", "max_active_tis_per_dag=1"),
-    "max_active_tis_per_dagrun": ("", "max_active_tis_per_dagrun=1"),
     "start_date": ("", "start_date=pendulum.datetime(2026, 6, 1, tz='UTC')"),
     "end_date": ("", "end_date=pendulum.datetime(2026, 6, 1, tz='UTC')"),
     "executor": ("", "executor='LocalExecutor'"),
@@ -172,8 +164,8 @@ def converted(tmp_path_factory):
         _FILE.format(
             dag_id="d_default_args",
             start=START,
-            dag_kwargs="default_args={'pool': 'small'}",
-            body=_body("") + "\n    EmptyOperator(task_id='u', pool='default_pool')",
+            dag_kwargs="default_args={'depends_on_past': True}",
+            body=_body("") + "\n    EmptyOperator(task_id='u', depends_on_past=False)",
         )
     )
     (folder / "past.py").write_text(
@@ -233,8 +225,9 @@ def test_airflows_defaults_set_explicitly_are_not_refused(converted):
 
 def test_a_value_default_args_brings_is_refused_on_each_task_it_reaches(converted):
     error = converted["import_errors"]["default_args.py"]
-    assert "(Dag 'd_default_args', task 't', attribute 'pool'): pools are not supported" in error
-    assert "task 'u'" not in error  # its own pool is the default one
+    reason = ledger.TASK_ATTRIBUTES["depends_on_past"].reason  # type: ignore[union-attr]
+    assert f"(Dag 'd_default_args', task 't', attribute 'depends_on_past'): {reason}" in error
+    assert "task 'u'" not in error  # its own value is the default one
     assert "default_args.py" not in converted
 
 

@@ -983,3 +983,191 @@ def test_a_dag_file_importing_a_helper_module_beside_it_converts(tmp_path):
     (definition,) = converted["uses_helper.py"]
     assert definition["tags"] == ["etl"]
     assert definition["tasks"] == [{"task_id": "t", "retries": 0, "owner": "data-eng"}]
+
+
+_WEIGHTS = """
+import json
+from types import SimpleNamespace
+from airflow.sdk import DAG, BaseOperator
+from airflow.task.priority_strategy import validate_and_load_priority_weight_strategy as load
+exec(open("weights.py").read())
+print(json.dumps({
+    t.task_id: load(t.weight_rule).get_weight(SimpleNamespace(task=t)) for t in dag.tasks
+}))
+"""
+
+WEIGHT_DAG = """
+from airflow.sdk import DAG, BaseOperator
+from airflow.task.priority_strategy import _UpstreamPriorityWeightStrategy
+
+with DAG("weights", schedule=None) as dag:
+    a = BaseOperator(task_id="a", priority_weight=2)
+    b = BaseOperator(task_id="b", priority_weight=3, weight_rule="upstream")
+    c = BaseOperator(task_id="c", priority_weight=5, weight_rule="absolute")
+    d = BaseOperator(task_id="d", priority_weight=11, weight_rule=_UpstreamPriorityWeightStrategy())
+    e = BaseOperator(task_id="e", priority_weight=7)
+    big = BaseOperator(task_id="big", priority_weight=2**31 - 1)
+    a >> [b, c] >> e >> d
+    big >> a
+"""
+
+
+@pytest.mark.django_db
+def test_priority_weights_are_totalled_at_sync_as_airflows_strategies(tmp_path):
+    """The effective weights the sync stores are the ones Airflow's own priority strategies
+    give the same tasks (a diamond counts a task once; a total past 2**31-1 is clamped)."""
+    (tmp_path / "weights.py").write_text(WEIGHT_DAG)
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    airflow = json.loads(
+        subprocess.run(
+            [str(sdk_python()), "-c", _WEIGHTS],
+            cwd=tmp_path,
+            env={
+                "PYTHONPATH": str(ROOT),
+                "AIRFLOW_HOME": str(tmp_path / ".af"),
+                "PATH": "/usr/bin",
+            },
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    definitions.sync_documents(documents=[("weights.py", converted["weights.py"])])
+    stored = dict(
+        Task.objects.filter(dag_id="weights").values_list("task_id", "priority_weight_total")
+    )
+    # Airflow's strategy does not clamp a total; its operator clamps its own weight and the
+    # database column is a 32-bit integer, so the service clamps the total likewise.
+    assert stored == {k: max(-(2**31), min(2**31 - 1, v)) for k, v in airflow.items()}
+    assert stored["a"] == 2 + 3 + 5 + 7 + 11  # e once, through b and through c
+    assert stored["d"] == 2**31 - 1  # big's weight alone is the maximum
+
+
+def test_a_custom_priority_weight_strategy_is_refused_naming_the_task(tmp_path):
+    (tmp_path / "custom.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import DAG, BaseOperator
+            from airflow.task.priority_strategy import PriorityWeightStrategy
+
+            class Mine(PriorityWeightStrategy):
+                def get_weight(self, ti):
+                    return 3
+
+            with DAG("custom", schedule=None):
+                BaseOperator(task_id="t", weight_rule=Mine())
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert "custom.py" not in converted
+    assert "Dag 'custom', task 't': weight_rule" in converted["import_errors"]["custom.py"]
+    assert "custom priority weight strategy" in converted["import_errors"]["custom.py"]
+
+
+def test_pool_and_pool_slots_are_carried(tmp_path):
+    (tmp_path / "pooled.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import DAG, BaseOperator
+
+            with DAG("pooled", schedule=None, default_args={"pool": "gpu"}):
+                BaseOperator(task_id="big", pool_slots=2)
+                BaseOperator(task_id="plain", pool="default_pool")
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    ((dag,),) = converted.values()
+    tasks = {t["task_id"]: t for t in dag["tasks"]}
+    assert (tasks["big"]["pool"], tasks["big"]["pool_slots"]) == ("gpu", 2)
+    assert tasks["plain"] == {"task_id": "plain", "retries": 0}  # Airflow's defaults: not sent
+    (parsed,) = definitions.parse_document(dag, file="pooled.py")
+    assert {t.task_id: (t.pool, t.pool_slots) for t in parsed.tasks} == {
+        "big": ("gpu", 2),
+        "plain": ("default_pool", 1),
+    }
+
+
+_QUEUES = """
+import json
+from airflow_worker.__main__ import _default_queues, _options
+print(json.dumps({
+    "given": _options(["--dags", ".", "--queues", "default, gpu"]).queues,
+    "unset": _options(["--dags", "."]).queues,
+    "default": _default_queues(),
+}))
+"""
+
+
+def test_the_worker_claims_its_queues_default_airflows_default_queue(tmp_path):
+    """`bin/airflow-worker --queues a,b`; without it, Airflow's `[operators] default_queue`
+    as the worker's Airflow config gives it (here set through the environment)."""
+    done = subprocess.run(
+        [str(sdk_python()), "-c", _QUEUES],
+        cwd=ROOT,
+        env={
+            "PYTHONPATH": str(ROOT),
+            "AIRFLOW_HOME": str(tmp_path),
+            "PATH": "/usr/bin",
+            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "celery",
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "given": ["default", "gpu"],
+        "unset": None,
+        "default": ["celery"],
+    }
+
+
+def test_queue_is_carried(tmp_path):
+    (tmp_path / "queued.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import DAG, BaseOperator
+
+            with DAG("queued", schedule=None):
+                BaseOperator(task_id="train", queue="gpu")
+                BaseOperator(task_id="plain", queue="default")
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    ((dag,),) = converted.values()
+    tasks = {t["task_id"]: t for t in dag["tasks"]}
+    assert tasks["train"]["queue"] == "gpu"
+    assert "queue" not in tasks["plain"]  # Airflow's default: not sent
+
+
+def test_run_and_task_limits_are_carried(tmp_path):
+    (tmp_path / "limited.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import DAG, BaseOperator
+
+            with DAG("limited", schedule=None, max_active_tasks=3):
+                BaseOperator(task_id="t", max_active_tis_per_dag=2, max_active_tis_per_dagrun=1)
+            with DAG("unlimited", schedule=None):
+                BaseOperator(task_id="t")
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    dags = {d["dag_id"]: d for d in converted["limited.py"]}
+    assert dags["limited"]["max_active_tasks"] == 3
+    assert dags["limited"]["tasks"] == [
+        {"task_id": "t", "retries": 0, "max_active_tis_per_dag": 2, "max_active_tis_per_dagrun": 1}
+    ]
+    # Airflow's [core] max_active_tasks_per_dag (16), the definition's default: not sent.
+    assert "max_active_tasks" not in dags["unlimited"]
+    parsed = definitions.parse_document(converted["limited.py"], file="limited.py")
+    assert {d.dag_id: d.max_active_tasks for d in parsed} == {"limited": 3, "unlimited": 16}

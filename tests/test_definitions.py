@@ -317,9 +317,9 @@ BAD_CASES = {
     ),
     # Issue 39: an Airflow attribute the ledger refuses is refused with the ledger's reason.
     "refused_task_attribute": (
-        [{"dag_id": "d", "tasks": [{"task_id": "t", "pool": "etl"}]}],
-        "[0].tasks[0].pool",
-        "attribute 'pool' is refused by the asset service: pools are not supported",
+        [{"dag_id": "d", "tasks": [{"task_id": "t", "executor": "LocalExecutor"}]}],
+        "[0].tasks[0].executor",
+        "attribute 'executor' is refused by the asset service: choosing an executor is not",
     ),
     "refused_dag_attribute": (
         {"dag_id": "d", "access_control": {"Op": ["can_read"]}},

@@ -159,19 +159,22 @@ def test_a_dag_without_a_time_schedule_shows_its_zone_and_dates(api):
 
 
 def test_a_refused_attribute_on_the_json_door_names_the_ledgers_reason():
-    """Issue 39: a definition key that is an attribute the ledger refuses (`pool`) is refused
+    """Issue 39: a definition key that is an attribute the ledger refuses (`executor`) is refused
     with the ledger's reason, naming the Dag, task and key, not as an unknown key; nothing of
     that file is written and the other files sync."""
     result = _sync(
-        {"dag_id": "pooled", "tasks": [{"task_id": "t", "pool": "etl"}]},
+        {"dag_id": "pooled", "tasks": [{"task_id": "t", "executor": "LocalExecutor"}]},
         {"dag_id": "fine", "tasks": [{"task_id": "t"}]},
     )
     assert result.import_errors == ("pooled.py",)
     trace = DagImportError.objects.get(filename="pooled.py").stack_trace
     assert trace.startswith(
-        "refused by the asset service (Dag 'pooled', task 't', attribute 'pool'): "
+        "refused by the asset service (Dag 'pooled', task 't', attribute 'executor'): "
     )
-    assert "attribute 'pool' is refused by the asset service: pools are not supported" in trace
+    assert (
+        "attribute 'executor' is refused by the asset service: choosing an executor is not "
+        "supported" in trace
+    )
     assert "unknown key" not in trace
     assert list(Dag.objects.values_list("dag_id", flat=True)) == ["fine"]
 

@@ -46,7 +46,16 @@ from .runs import (
     TaskInstance,
     TIState,
 )
-from .runtime import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
+from .runtime import (
+    AssetStateStore,
+    AssetStateWriter,
+    Connection,
+    RenderedTaskFields,
+    TaskReschedule,
+    TaskStateStore,
+    Variable,
+    XCom,
+)
 from .watchers import MessageState, ParkReason, QueueWatcher, WatcherMessage, WatcherRoute
 from .webhooks import (
     DeliveryState,
@@ -70,6 +79,8 @@ __all__ = [
     "AssetDagRunQueue",
     "AssetEvent",
     "AssetEventQueue",
+    "AssetStateStore",
+    "AssetStateWriter",
     "AuditEntry",
     "AuditTarget",
     "AuditVia",
@@ -107,6 +118,7 @@ __all__ = [
     "TaskOutletAliasReference",
     "TaskOutletAssetReference",
     "TaskReschedule",
+    "TaskStateStore",
     "TaskUpstream",
     "TriggerRule",
     "Variable",

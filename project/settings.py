@@ -296,6 +296,9 @@ TASK_SUCCESS_OVERTIME_SECONDS = env.float("TASK_SUCCESS_OVERTIME_SECONDS", defau
 # (Airflow's `[state_store] max_value_storage_bytes`; a worker's write is held only to the body
 # limit, as Airflow's); `assets_app/runtime/state_store.py`.
 STATE_STORE_MAX_VALUE_BYTES = env.int("STATE_STORE_MAX_VALUE_BYTES", default=65535)
+# The expiry the public API gives a task state key written with `expires_at: "default"` (days;
+# 0 = never; Airflow's `[state_store] default_retention_days`, 30).
+STATE_STORE_DEFAULT_RETENTION_DAYS = env.int("STATE_STORE_DEFAULT_RETENTION_DAYS", default=30)
 # Task logs workers ship (PUT /execution/task-instances/{id}/logs/{try}): bytes per chunk, and
 # bytes kept per try (a chunk beyond it is refused, 413 log_too_large).
 TASK_LOG_CHUNK_MAX_BYTES = env.int("TASK_LOG_CHUNK_MAX_BYTES", default=256 * 1024)

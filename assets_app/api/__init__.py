@@ -43,6 +43,7 @@ from . import (  # noqa: E402  (routers register on the APIs)
     public_backfills,
     public_dags,
     public_settings,
+    public_state_store,
     public_webhooks,
 )
 
@@ -51,6 +52,8 @@ execution_api.add_router("", execution.router)
 execution_api.add_router("", execution_runtime.router)
 execution_api.add_router("", execution_store.router)
 # Static paths before the ones with a variable segment where both could match (`dagRuns/list`).
+# Before `public_dags`: its `.../taskInstances/{task_id}/{map_index}` would take `state-store`.
+public_api.add_router("", public_state_store.router)
 public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)
 public_api.add_router("", public_settings.router)

@@ -82,6 +82,42 @@ def task_scope(*, ti_id: Any) -> TaskScope:
     return TaskScope(*row)
 
 
+def task_scope_at(
+    *, dag_id: str, run_id: str, task_id: str, map_index: int | None = -1
+) -> TaskScope | None:
+    """The scope of the TI at this address (the public API's), None when there is none;
+    `map_index=None`: any map index of the task (a clear of all of them)."""
+    tis = TaskInstance.objects.filter(dag_id=dag_id, run_id=run_id, task_id=task_id)
+    if map_index is not None:
+        tis = tis.filter(map_index=map_index)
+    row = tis.values_list("dag_run_id", "dag_id", "run_id", "task_id", "map_index").first()
+    if row is None:
+        return None
+    return TaskScope(*row[:4], map_index if map_index is not None else row[4])
+
+
+def require_task_scope(
+    *, dag_id: str, run_id: str, task_id: str, map_index: int | None = -1
+) -> TaskScope:
+    """`task_scope_at`, NotFound with Airflow's message when the TI does not exist."""
+    scope = task_scope_at(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index)
+    if scope is None:
+        addressed = "all_map_indices=True" if map_index is None else f"map_index={map_index}"
+        raise exceptions.NotFound(
+            f"Task instance not found for dag_id={dag_id!r}, run_id={run_id!r}, "
+            f"task_id={task_id!r}, {addressed}"
+        )
+    return scope
+
+
+def asset_by_id(*, asset_id: int) -> Asset:
+    """The asset by id; NotFound (Airflow's message) when there is none."""
+    found = Asset.objects.filter(pk=asset_id).first()
+    if found is None:
+        raise exceptions.NotFound(f"Asset with id {asset_id!r} not found")
+    return found
+
+
 def asset_of(*, name: str | None = None, uri: str | None = None) -> Asset:
     """The asset by name or by URI; NotFound (Airflow's message) when there is none."""
     if name is not None:
@@ -138,10 +174,27 @@ def encode_value(value: Any, *, public: bool = False) -> str:
 
 def get_task_value(*, scope: TaskScope, key: str) -> str:
     """The stored JSON text of `key`; NotFound (`not_found`) when it is not set."""
-    text = scope.rows().filter(key=key).values_list("value", flat=True).first()
-    if text is None:
+    return get_task_row(scope=scope, key=key).value
+
+
+def get_task_row(*, scope: TaskScope | None, key: str) -> TaskStateStore:
+    """The row of `key` (None scope: no TI there); NotFound when it is not set."""
+    row = None if scope is None else scope.rows().filter(key=key).first()
+    if row is None:
         raise exceptions.NotFound(f"Task state store key {key!r} not found")
-    return text
+    return row
+
+
+def patch_task_value(*, scope: TaskScope, key: str, value: Any, actor: audit.Actor) -> None:
+    """Replace the value of an existing key, keeping its expiry (the public API's PATCH);
+    NotFound when it is not set. Own durable transaction, audited."""
+    _check_key(key)
+    text = encode_value(value, public=True)
+    with transaction.atomic(durable=True):
+        updated = scope.rows().filter(key=key).update(value=text, updated_at=timezone.now())
+        if not updated:
+            raise exceptions.NotFound(f"Task state store key {key!r} not found")
+        _audit_task(actor, "task_state.set", f"set task state {key}", scope, key=key)
 
 
 def set_task_value(
@@ -228,12 +281,15 @@ def _audit_task(actor: audit.Actor, action: str, summary: str, scope: TaskScope,
 
 def get_asset_value(*, asset: Asset, key: str) -> str:
     """The stored JSON text of the asset's `key`; NotFound when it is not set."""
-    text = (
-        AssetStateStore.objects.filter(asset=asset, key=key).values_list("value", flat=True).first()
-    )
-    if text is None:
+    return get_asset_row(asset=asset, key=key).value
+
+
+def get_asset_row(*, asset: Asset, key: str) -> AssetStateStore:
+    """The row of the asset's `key`; NotFound when it is not set."""
+    row = AssetStateStore.objects.filter(asset=asset, key=key).first()
+    if row is None:
         raise exceptions.NotFound(f"Asset state store key {key!r} not found")
-    return text
+    return row
 
 
 def set_asset_value(

@@ -1,0 +1,112 @@
+"""Issue 42's watermark acceptance: a Dag file using Airflow 3.3's task and asset state store
+(AIP-103), run three times through the stock Task SDK worker (`bin/airflow-worker`), reads back
+what it wrote. Before the service served `/store/...`, every read was a 404 the SDK takes for
+"no value": the watermark started from nothing on every run, silently.
+
+Run 1's first try writes its task state and fails; the retry reads it (task state is shared by
+the tries of a TI). Each successful run advances a watermark on the asset; runs 2 and 3 read
+the one the run before wrote (asset state outlives runs), and their own task state starts empty
+(it is per run)."""
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+
+from assets_app.models import AssetStateStore, DagRun, TaskInstance, TaskStateStore, XCom
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DAG = textwrap.dedent(
+    """
+    from datetime import timedelta
+
+    from airflow.sdk import Asset, dag, task
+    from airflow.sdk.execution_time.context import NEVER_EXPIRE
+
+    ORDERS = Asset(name="wm_orders", uri="s3://warehouse/wm_orders")
+
+    @dag(dag_id="watermark", schedule=None, is_paused_upon_creation=False)
+    def watermark():
+        @task(inlets=[ORDERS], outlets=[ORDERS], retries=1, retry_delay=timedelta(seconds=0))
+        def load(asset_state_store=None, task_state_store=None, ti=None):
+            state = asset_state_store[ORDERS]
+            runs = state.get("runs", default=0)
+            previous = state.get("watermark", default="start")
+            seen = task_state_store.get("attempt")
+            if runs == 0 and seen is None:
+                task_state_store.set("attempt", ti.try_number, retention=NEVER_EXPIRE)
+                raise RuntimeError("the first try fails after writing its task state")
+            state.set("runs", runs + 1)
+            state.set("watermark", f"after-run-{runs + 1}")
+            task_state_store.set("done", {"watermark": previous})
+            return {"runs_before": runs, "watermark_before": previous, "attempt_seen": seen}
+
+        load()
+
+    watermark()
+    """
+)
+
+
+@pytest.mark.timeout(1500)
+def test_a_watermark_dag_run_three_times_reads_back_what_it_wrote(servers, tmp_path):
+    web = servers("gunicorn")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "watermark.py").write_text(DAG)
+    env = {
+        **os.environ,
+        "WORKER_API_KEY": settings.WORKER_API_KEY,
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+    }
+    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
+    base += ["--logs", str(tmp_path / "logs")]
+    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+
+    returned = []
+    for _ in range(3):
+        call_command("trigger_dag", "watermark")
+        worker = subprocess.run(
+            [*base, "--no-sync", "--concurrency", "1", "--idle-exit", "5"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        run = DagRun.objects.order_by("-id").first()
+        ti = TaskInstance.objects.get(dag_run=run)
+        assert ti.state == "success", worker.stderr[-3000:]
+        returned.append(
+            (
+                ti.try_number,
+                XCom.objects.get(run_id=run.run_id, task_id="load", key="return_value").value,
+            )
+        )
+
+    assert returned == [
+        (2, {"runs_before": 0, "watermark_before": "start", "attempt_seen": 1}),
+        (1, {"runs_before": 1, "watermark_before": "after-run-1", "attempt_seen": None}),
+        (1, {"runs_before": 2, "watermark_before": "after-run-2", "attempt_seen": None}),
+    ]
+    assert dict(AssetStateStore.objects.values_list("key", "value")) == {
+        "runs": "3",
+        "watermark": '"after-run-3"',
+    }
+    writer = AssetStateStore.objects.get(key="runs")
+    assert (writer.last_updated_by_kind, writer.last_updated_by_task_id) == ("task", "load")
+    # Per run: run 1 kept its first try's key (NEVER_EXPIRE: no expiry) beside its "done".
+    keys = sorted(TaskStateStore.objects.values_list("run_id", "key", "expires_at"))
+    first_run = DagRun.objects.order_by("id").first().run_id
+    assert (first_run, "attempt", None) in keys
+    assert [k for _, k, _ in keys].count("done") == 3
+    # "done" used the default retention: an expiry the worker resolved (30 days).
+    assert all(expires is not None for _, key, expires in keys if key == "done")

@@ -1,5 +1,5 @@
 """What tasks read and write at run time besides their state (DESIGN 2): XComs, Variables,
-Connections, rendered template fields and sensor reschedules."""
+Connections, rendered template fields, sensor reschedules and state store keys."""
 
 from django.db import models
 from django.utils import timezone

@@ -89,12 +89,19 @@ def _task_writer(request: HttpRequest) -> state_store.Writer:
     )
 
 
-def _asset_get(request: HttpRequest, key: str, *, name=None, uri=None):
+def _asset_get(request: HttpRequest, key: str, *, name: str | None = None, uri: str | None = None):
     asset = _asset(request, name=name, uri=uri, write=False)
     return _value(state_store.get_asset_value(asset=asset, key=key))
 
 
-def _asset_put(request: HttpRequest, key: str, body, *, name=None, uri=None):
+def _asset_put(
+    request: HttpRequest,
+    key: str,
+    body: rs.AssetStateStorePutBody,
+    *,
+    name: str | None = None,
+    uri: str | None = None,
+):
     asset = _asset(request, name=name, uri=uri, write=True)
     state_store.set_asset_value(
         asset=asset,
@@ -106,13 +113,15 @@ def _asset_put(request: HttpRequest, key: str, body, *, name=None, uri=None):
     return Status(204, None)
 
 
-def _asset_delete(request: HttpRequest, key: str, *, name=None, uri=None):
+def _asset_delete(
+    request: HttpRequest, key: str, *, name: str | None = None, uri: str | None = None
+):
     asset = _asset(request, name=name, uri=uri, write=True)
     state_store.delete_asset_value(asset=asset, key=key, actor=auth.task_actor(request))
     return Status(204, None)
 
 
-def _asset_clear(request: HttpRequest, *, name=None, uri=None):
+def _asset_clear(request: HttpRequest, *, name: str | None = None, uri: str | None = None):
     asset = _asset(request, name=name, uri=uri, write=True)
     state_store.clear_asset_values(asset=asset, actor=auth.task_actor(request))
     return Status(204, None)

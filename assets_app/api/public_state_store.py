@@ -111,8 +111,8 @@ class AssetStateStoreCollectionResponse(StrictSchema):
 
 
 def _expires_at(requested: datetime | str | None) -> datetime | None:
-    if requested != "default":
-        return requested  # type: ignore[return-value]
+    if requested is None or isinstance(requested, datetime):
+        return requested
     days = settings.STATE_STORE_DEFAULT_RETENTION_DAYS
     if days < 0:
         raise exceptions.BadRequest(

@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from assets_app.models import AssetStateStore, DagRun, TaskInstance, TaskStateStore, XCom
+from assets_app.models import AssetStateStore, Dag, DagRun, TaskInstance, TaskStateStore, XCom
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -110,3 +110,68 @@ def test_a_watermark_dag_run_three_times_reads_back_what_it_wrote(servers, tmp_p
     assert [k for _, k, _ in keys].count("done") == 3
     # "done" used the default retention: an expiry the worker resolved (30 days).
     assert all(expires is not None for _, key, expires in keys if key == "done")
+
+
+EXAMPLES = ROOT / ".venv-airflow-worker/lib/python3.11/site-packages/airflow/example_dags"
+
+
+@pytest.mark.timeout(1500)
+def test_airflows_own_state_store_examples_succeed(servers, tmp_path):
+    """Airflow 3.3.2's `example_task_state_store` (the retry reattaches to the job its first try
+    stored) and `example_asset_state_store` (the producer advances a watermark on the asset,
+    the asset-triggered consumer reads it), as shipped, through the stock worker."""
+    web = servers("gunicorn")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    for name in ("example_task_state_store.py", "example_asset_state_store.py"):
+        (dags / name).write_text((EXAMPLES / name).read_text())
+    env = {
+        **os.environ,
+        "WORKER_API_KEY": settings.WORKER_API_KEY,
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+    }
+    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
+    base += ["--logs", str(tmp_path / "logs")]
+    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    # New Dags are paused at creation (as Airflow's DAGS_ARE_PAUSED_AT_CREATION): unpause them.
+    assert Dag.objects.filter(dag_id__startswith="example_").count() == 3
+    Dag.objects.filter(dag_id__startswith="example_").update(is_paused=False)
+    for dag_id in ("example_task_state_store", "example_asset_state_store_producer"):
+        call_command("trigger_dag", dag_id)
+    stderr = ""
+    for _ in range(2):
+        worker = subprocess.run(
+            [*base, "--no-sync", "--concurrency", "2", "--idle-exit", "10"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        stderr += worker.stderr
+        # The producer's event becomes the consumer's run (no django-q cluster runs here).
+        call_command("drain_asset_queue", "--once")
+        call_command("run_scheduler", "--once")
+    states = {
+        (ti.dag_id, ti.task_id): (ti.state, ti.try_number)
+        for ti in TaskInstance.objects.filter(dag_id__startswith="example_")
+    }
+    assert states == {
+        ("example_task_state_store", "run_job"): ("success", 2),
+        ("example_asset_state_store_producer", "load"): ("success", 1),
+        ("example_asset_state_store_consumer", "consume"): ("success", 1),
+    }, stderr[-3000:]
+    job = TaskStateStore.objects.get(dag_id="example_task_state_store", key="job_id")
+    assert job.value.startswith('"job-') and job.expires_at is None  # NEVER_EXPIRE
+    assert set(
+        TaskStateStore.objects.filter(dag_id="example_task_state_store").values_list(
+            "key", flat=True
+        )
+    ) == {"job_id", "submitted_at", "status", "result"}
+    keys = dict(AssetStateStore.objects.values_list("key", "value"))
+    assert keys["total_runs"] == "1" and set(keys) == {
+        "watermark",
+        "total_runs",
+        "last_run_summary",
+    }

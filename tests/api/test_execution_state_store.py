@@ -303,3 +303,17 @@ def test_state_store_needs_a_task_token(worker_api, running):
         worker_api.request("GET", "/store/asset/by-name/value", name="a", key="k").status_code
         == 401
     )
+
+
+def test_query_counts_are_pinned(worker_api, running, django_assert_num_queries):
+    """A task key read: the token's TI (try and state), its scope (run row id), the key; a write
+    the same with the upsert instead of the read. Flat: no statement per key or per try."""
+    from assets_app.api import auth
+
+    token = auth.issue_token(running.id, try_number=running.try_number)
+    worker_api.request("PUT", _key_path(running, "k"), {"value": 1}, token=token)
+    with django_assert_num_queries(3):
+        worker_api.request("GET", _key_path(running, "k"), token=token)
+    # + SAVEPOINT / RELEASE: its own transaction, nested in the test's here.
+    with django_assert_num_queries(5):
+        worker_api.request("PUT", _key_path(running, "k"), {"value": 2}, token=token)

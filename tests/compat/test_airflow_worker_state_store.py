@@ -8,6 +8,7 @@ the tries of a TI). Each successful run advances a watermark on the asset; runs 
 the one the run before wrote (asset state outlives runs), and their own task state starts empty
 (it is per run)."""
 
+import json
 import os
 import subprocess
 import textwrap
@@ -118,12 +119,15 @@ EXAMPLES = ROOT / ".venv-airflow-worker/lib/python3.11/site-packages/airflow/exa
 @pytest.mark.timeout(1500)
 def test_airflows_own_state_store_examples_succeed(servers, tmp_path):
     """Airflow 3.3.2's `example_task_state_store` (the retry reattaches to the job its first try
-    stored) and `example_asset_state_store` (the producer advances a watermark on the asset,
+    stored), `example_task_state_store_mapped` (a key per map index) and
+    `example_asset_state_store` (the producer advances a watermark on the asset,
     the asset-triggered consumer reads it), as shipped, through the stock worker."""
     web = servers("gunicorn")
     dags = tmp_path / "dags"
     dags.mkdir()
-    for name in ("example_task_state_store.py", "example_asset_state_store.py"):
+    names = ("example_task_state_store", "example_task_state_store_mapped")
+    names += ("example_asset_state_store",)
+    for name in (f"{n}.py" for n in names):
         (dags / name).write_text((EXAMPLES / name).read_text())
     env = {
         **os.environ,
@@ -135,9 +139,10 @@ def test_airflows_own_state_store_examples_succeed(servers, tmp_path):
     synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
     assert synced.returncode == 0, synced.stderr[-3000:]
     # New Dags are paused at creation (as Airflow's DAGS_ARE_PAUSED_AT_CREATION): unpause them.
-    assert Dag.objects.filter(dag_id__startswith="example_").count() == 3
+    assert Dag.objects.filter(dag_id__startswith="example_").count() == 4
     Dag.objects.filter(dag_id__startswith="example_").update(is_paused=False)
-    for dag_id in ("example_task_state_store", "example_asset_state_store_producer"):
+    manual = ("example_task_state_store", "example_task_state_store_mapped")
+    for dag_id in (*manual, "example_asset_state_store_producer"):
         call_command("trigger_dag", dag_id)
     stderr = ""
     for _ in range(2):
@@ -154,13 +159,18 @@ def test_airflows_own_state_store_examples_succeed(servers, tmp_path):
         call_command("drain_asset_queue", "--once")
         call_command("run_scheduler", "--once")
     states = {
-        (ti.dag_id, ti.task_id): (ti.state, ti.try_number)
+        (ti.dag_id, ti.task_id, ti.map_index): (ti.state, ti.try_number)
         for ti in TaskInstance.objects.filter(dag_id__startswith="example_")
     }
     assert states == {
-        ("example_task_state_store", "run_job"): ("success", 2),
-        ("example_asset_state_store_producer", "load"): ("success", 1),
-        ("example_asset_state_store_consumer", "consume"): ("success", 1),
+        ("example_task_state_store", "run_job", -1): ("success", 2),
+        ("example_task_state_store_mapped", "get_tables", -1): ("success", 1),
+        **{
+            ("example_task_state_store_mapped", "process_table", i): ("success", 1)
+            for i in range(3)
+        },
+        ("example_asset_state_store_producer", "load", -1): ("success", 1),
+        ("example_asset_state_store_consumer", "consume", -1): ("success", 1),
     }, stderr[-3000:]
     job = TaskStateStore.objects.get(dag_id="example_task_state_store", key="job_id")
     assert job.value.startswith('"job-') and job.expires_at is None  # NEVER_EXPIRE
@@ -169,6 +179,15 @@ def test_airflows_own_state_store_examples_succeed(servers, tmp_path):
             "key", flat=True
         )
     ) == {"job_id", "submitted_at", "status", "result"}
+    # Mapped: each map index its own keys, its own result.
+    mapped = TaskStateStore.objects.filter(dag_id="example_task_state_store_mapped", key="result")
+    results = {row.map_index: json.loads(row.value) for row in mapped}
+    assert {i: r["table"] for i, r in results.items()} == {
+        0: "orders",
+        1: "customers",
+        2: "products",
+    }
+    assert all(r["map_index"] == i for i, r in results.items())
     keys = dict(AssetStateStore.objects.values_list("key", "value"))
     assert keys["total_runs"] == "1" and set(keys) == {
         "watermark",

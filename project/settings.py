@@ -292,6 +292,13 @@ TASK_REPAIR_INTERVAL_SECONDS = env.float("TASK_REPAIR_INTERVAL_SECONDS", default
 # A finished TI's token reads Connections this long after (its callbacks; Airflow's
 # `[core] task_success_overtime`); `assets_app/runtime/scopes.py`.
 TASK_SUCCESS_OVERTIME_SECONDS = env.float("TASK_SUCCESS_OVERTIME_SECONDS", default=20)
+# The largest task or asset state value (bytes of JSON) the public API stores, 0 = no limit
+# (Airflow's `[state_store] max_value_storage_bytes`; a worker's write is held only to the body
+# limit, as Airflow's); `assets_app/runtime/state_store.py`.
+STATE_STORE_MAX_VALUE_BYTES = env.int("STATE_STORE_MAX_VALUE_BYTES", default=65535)
+# The expiry the public API gives a task state key written with `expires_at: "default"` (days;
+# 0 = never; Airflow's `[state_store] default_retention_days`, 30).
+STATE_STORE_DEFAULT_RETENTION_DAYS = env.int("STATE_STORE_DEFAULT_RETENTION_DAYS", default=30)
 # Task logs workers ship (PUT /execution/task-instances/{id}/logs/{try}): bytes per chunk, and
 # bytes kept per try (a chunk beyond it is refused, 413 log_too_large).
 TASK_LOG_CHUNK_MAX_BYTES = env.int("TASK_LOG_CHUNK_MAX_BYTES", default=256 * 1024)

@@ -16,6 +16,7 @@ from assets_app.models import (
     AssetAliasEvent,
     AssetDagRunQueue,
     AssetEvent,
+    AssetStateStore,
     AuditEntry,
     AuditTarget,
     ComponentHeartbeat,
@@ -26,6 +27,7 @@ from assets_app.models import (
     TaskInstance,
     TaskLogChunk,
     TaskReschedule,
+    TaskStateStore,
     TIState,
     WebhookAttempt,
     WebhookDelivery,
@@ -115,6 +117,7 @@ def test_a_clean_deletes_old_history_with_its_dependent_rows_and_keeps_the_last_
         "task_log_chunk": 0,
         "dagrun_asset_event": 1,
         "xcom": 2,  # the deleted run's; the kept last run keeps its XComs
+        "task_state_store": 0,
         "asset_event": 1,
         "asset_alias_event": 1,
         "audit_entry": 1,
@@ -488,6 +491,37 @@ def test_a_deleted_runs_task_logs_go_with_it():
     assert result.counts["task_log_chunk"] == 1
     assert not exists(DagRun, run.pk) and exists(DagRun, kept.pk)
     assert list(TaskLogChunk.objects.values_list("ti_id", flat=True)) == [kept_ti.id]
+
+
+def test_task_state_keys_go_with_their_run_or_once_expired_and_live_ones_stay():
+    """Issue 42: a run's task state keys go with it (Airflow's ON DELETE CASCADE; without this
+    step PostgreSQL's deferred foreign key refuses the batch at its commit); an expired key goes
+    on its own (Airflow's `airflow state-store clean`); a live key of a kept run stays, and so
+    does every asset state key."""
+    dag = DagFactory()
+    gone, (gone_ti,) = old_run(dag)
+    kept, (kept_ti,) = old_run(dag)
+
+    def key(ti, name, expires_at=None):
+        return TaskStateStore.objects.create(
+            dag_run=ti.dag_run, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
+            key=name, value="1", expires_at=expires_at,
+        )  # fmt: skip
+
+    key(gone_ti, "never_expires")
+    live = key(kept_ti, "never_expires")
+    later = key(kept_ti, "expires_later", expires_at=timezone.now() + timedelta(days=1))
+    expired = key(kept_ti, "expired", expires_at=ago(timedelta(seconds=1)))
+    asset_key = AssetStateStore.objects.create(asset=AssetFactory(), key="watermark", value="1")
+
+    dry = retention.clean(dry_run=True)
+    result = retention.clean()
+
+    assert dry.counts["task_state_store"] == result.counts["task_state_store"] == 2
+    assert not exists(DagRun, gone.pk) and exists(DagRun, kept.pk)
+    assert set(TaskStateStore.objects.values_list("pk", flat=True)) == {live.pk, later.pk}
+    assert not exists(TaskStateStore, expired.pk)
+    assert exists(AssetStateStore, asset_key.pk)
 
 
 def test_finished_webhook_messages_go_after_their_days_and_pending_ones_never(settings):

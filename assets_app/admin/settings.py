@@ -1,4 +1,4 @@
-"""Variables, Connections and XComs: what tasks read and write at run time.
+"""Variables, Connections, XComs and state store keys: what tasks read and write at run time.
 
 What a page shows is masked as Airflow's secrets masker does it (`masking`): a Connection's
 password is never shown (the form's password box is empty and keeps the stored one when left
@@ -14,7 +14,15 @@ from django import forms
 from django.contrib import admin, messages
 
 from ..guards import encryption, masking
-from ..models import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
+from ..models import (
+    AssetStateStore,
+    Connection,
+    RenderedTaskFields,
+    TaskReschedule,
+    TaskStateStore,
+    Variable,
+    XCom,
+)
 from ..runtime import variables
 from .base import ReadOnlyAdmin, actor_of
 
@@ -191,6 +199,26 @@ class XComAdmin(ReadOnlyAdmin):
     list_display = ("dag_id", "run_id", "task_id", "map_index", "key", "value", "timestamp")
     list_filter = ("dag_id",)
     search_fields = ("dag_id", "run_id", "task_id", "key")
+
+
+@admin.register(TaskStateStore)
+class TaskStateStoreAdmin(ReadOnlyAdmin):
+    """A task's state keys (AIP-103), read-only: a task writes them, the public API edits them."""
+
+    list_display = ("dag_id", "run_id", "task_id", "map_index", "key", "value", "updated_at")
+    list_display += ("expires_at",)
+    list_filter = ("dag_id",)
+    search_fields = ("dag_id", "run_id", "task_id", "key")
+
+
+@admin.register(AssetStateStore)
+class AssetStateStoreAdmin(ReadOnlyAdmin):
+    """An asset's state keys (AIP-103) and who last wrote each, read-only."""
+
+    list_display = ("asset", "key", "value", "updated_at", "last_updated_by_kind")
+    list_display += ("last_updated_by_dag_id", "last_updated_by_run_id", "last_updated_by_task_id")
+    list_select_related = ("asset",)
+    search_fields = ("asset__name", "key")
 
 
 @admin.register(TaskReschedule)

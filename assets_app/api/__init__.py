@@ -1,9 +1,10 @@
 """The two HTTP APIs (the worker-facing execution API, the public API) and request middleware.
 
-Owns: the worker API (`execution`, `execution_runtime`, `schemas`, `runtime_schemas`, `auth`), the
-public API (`public*`), the error mapping both share (`errors`), the JSON parser (`parser`) and
-the middleware (`middleware`: the JSON APIs' request guards; `service_middleware`: the latency
-histogram, the operator's time zone, 503 when the database is away).
+Owns: the worker API (`execution`, `execution_runtime`, `execution_store`, `schemas`,
+`runtime_schemas`, `auth`), the public API (`public*`), the error mapping both share (`errors`),
+the JSON parser (`parser`) and the middleware (`middleware`: the JSON APIs' request guards;
+`service_middleware`: the latency histogram, the operator's time zone, 503 when the database is
+away).
 
 Writes: nothing itself but `ApiToken` use (`public_auth`); views are thin and call the domain
 functions that own each write.
@@ -37,18 +38,23 @@ errors.install(public_api)
 from . import (  # noqa: E402  (routers register on the APIs)
     execution,
     execution_runtime,
+    execution_store,
     public,
     public_backfills,
     public_dags,
     public_pools,
     public_settings,
+    public_state_store,
     public_webhooks,
 )
 
 execution_api.add_router("", execution.router)
 # After `execution`: its static `/task-instances/...` paths stay first.
 execution_api.add_router("", execution_runtime.router)
+execution_api.add_router("", execution_store.router)
 # Static paths before the ones with a variable segment where both could match (`dagRuns/list`).
+# Before `public_dags`: its `.../taskInstances/{task_id}/{map_index}` would take `state-store`.
+public_api.add_router("", public_state_store.router)
 public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)
 public_api.add_router("", public_settings.router)

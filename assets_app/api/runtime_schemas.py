@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from assets_app.models import DagRun
 from assets_app.runtime.variables import ConnectionSecrets
 
-from .schemas import DagRunOut, RequestBody, ResponseBody, UtcDatetime
+from .schemas import DagRunOut, NaiveIsUtcDatetime, RequestBody, ResponseBody, UtcDatetime
 
 
 class OKMessage(ResponseBody):
@@ -163,3 +163,17 @@ class DagRunCountFilters(BaseModel):
     logical_dates: list[UtcDatetime] | None = None
     run_ids: list[str] | None = None
     states: list[str] | None = None
+
+
+class TaskStateStorePutBody(RequestBody):
+    """Airflow's `TaskStateStorePutBody`: the value (not null, `state_store` checks it) and the
+    expiry the worker resolved."""
+
+    value: Any
+    expires_at: NaiveIsUtcDatetime | None = None
+
+
+class AssetStateStorePutBody(RequestBody):
+    """Airflow's `AssetStateStorePutBody`."""
+
+    value: Any

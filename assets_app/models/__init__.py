@@ -48,7 +48,16 @@ from .runs import (
     TaskInstance,
     TIState,
 )
-from .runtime import Connection, RenderedTaskFields, TaskReschedule, Variable, XCom
+from .runtime import (
+    AssetStateStore,
+    AssetStateWriter,
+    Connection,
+    RenderedTaskFields,
+    TaskReschedule,
+    TaskStateStore,
+    Variable,
+    XCom,
+)
 from .watchers import MessageState, ParkReason, QueueWatcher, WatcherMessage, WatcherRoute
 from .webhooks import (
     DeliveryState,
@@ -73,6 +82,8 @@ __all__ = [
     "AssetDagRunQueue",
     "AssetEvent",
     "AssetEventQueue",
+    "AssetStateStore",
+    "AssetStateWriter",
     "AuditEntry",
     "AuditTarget",
     "AuditVia",
@@ -111,6 +122,7 @@ __all__ = [
     "TaskOutletAliasReference",
     "TaskOutletAssetReference",
     "TaskReschedule",
+    "TaskStateStore",
     "TaskUpstream",
     "TriggerRule",
     "Variable",

@@ -1,5 +1,5 @@
 """What tasks read and write at run time besides their state (DESIGN 2): XComs, Variables,
-Connections, rendered template fields and sensor reschedules."""
+Connections, rendered template fields, sensor reschedules and state store keys."""
 
 from django.db import models
 from django.utils import timezone
@@ -120,3 +120,95 @@ class TaskReschedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.ti_id} try {self.try_number} -> {self.reschedule_date}"
+
+
+class TaskStateStore(models.Model):
+    """A key a task keeps across its tries (Airflow 3.3's task state store, AIP-103): scoped to
+    (run, task_id, map_index) as Airflow's `task_state_store`, so every try of a TI, and a TI
+    cleared and run again, reads what an earlier one wrote; another run starts empty.
+
+    `value` is the JSON text the Task SDK sent, stored verbatim (Airflow's Text column: its
+    object key order and numbers come back as written). The row belongs to its run (deleting
+    the run deletes it, Airflow's `ON DELETE CASCADE`); clearing a TI keeps it. `expires_at`
+    is the worker's (it resolves `retention` and `default_retention_days`); null never expires."""
+
+    dag_run = models.ForeignKey("DagRun", on_delete=models.CASCADE, related_name="state_keys")
+    dag_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    run_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
+    map_index = models.IntegerField(default=-1)
+    key = models.CharField(max_length=KEY_MAX_LENGTH)
+    value = models.TextField()
+    updated_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "task state key"
+        ordering = ["dag_id", "run_id", "task_id", "map_index", "key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dag_run", "task_id", "map_index", "key"], name="task_state_store_unique"
+            ),
+            models.CheckConstraint(condition=~models.Q(key=""), name="task_state_key_not_empty"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["dag_id", "run_id", "task_id", "map_index"], name="task_state_by_ti"
+            ),
+            # Retention deletes expired keys in (expires_at) order.
+            models.Index(fields=["expires_at"], name="task_state_by_expiry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dag_id}.{self.task_id}[{self.map_index}] {self.key} ({self.run_id})"
+
+
+class AssetStateWriter(models.TextChoices):
+    """Who last wrote an asset state key (Airflow's `AssetStateStoreWriterKind`)."""
+
+    TASK = "task", "task"
+    WATCHER = "watcher", "watcher"
+    API = "api", "api"
+
+
+class AssetStateStore(models.Model):
+    """A key kept on an asset across runs (Airflow 3.3's asset state store, AIP-103), e.g. a
+    watermark a producer advances and its consumers read. Lives until deleted or its asset is.
+
+    `value` is the JSON text as sent (see `TaskStateStore`). The `last_updated_by_*` columns are
+    copies, not foreign keys (Airflow's): they outlive the run that wrote them."""
+
+    asset = models.ForeignKey("Asset", on_delete=models.CASCADE, related_name="state_keys")
+    key = models.CharField(max_length=KEY_MAX_LENGTH)
+    value = models.TextField()
+    updated_at = models.DateTimeField(default=timezone.now)
+    last_updated_by_kind = models.CharField(
+        max_length=16, choices=AssetStateWriter.choices, null=True, blank=True
+    )
+    last_updated_by_dag_id = models.CharField(max_length=DAG_ID_MAX_LENGTH, null=True, blank=True)
+    last_updated_by_run_id = models.CharField(max_length=DAG_ID_MAX_LENGTH, null=True, blank=True)
+    last_updated_by_task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH, null=True, blank=True)
+    last_updated_by_map_index = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "asset state key"
+        ordering = ["asset", "key"]
+        constraints = [
+            models.UniqueConstraint(fields=["asset", "key"], name="asset_state_store_unique"),
+            models.CheckConstraint(condition=~models.Q(key=""), name="asset_state_key_not_empty"),
+            # Airflow's `validate_writer_fields`: a task write names its TI, the others none.
+            models.CheckConstraint(
+                condition=(
+                    models.Q(last_updated_by_kind="task", last_updated_by_task_id__isnull=False)
+                    | (
+                        ~models.Q(last_updated_by_kind="task")
+                        & models.Q(last_updated_by_task_id__isnull=True)
+                    )
+                    | models.Q(last_updated_by_kind__isnull=True)
+                ),
+                name="asset_state_writer_fields",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.asset_id} {self.key}"

@@ -16,9 +16,13 @@ still needed (`docs/retention.md` says who may delete what):
 - runs planned by a backfill that is not completed (a pending date may reprocess its run).
 
 A run is deleted with its task instances, their rendered fields, reschedules and shipped log
-chunks, its consumed-event links and its XComs; an event with its alias links; an audit entry
-with its targets. Deletes are single statements by key list (`sql.retention.delete_rows`),
-children first.
+chunks, its consumed-event links, its XComs and its task state keys (Airflow's task state store
+rows go with their run); an expired task state key (`expires_at` passed: the worker resolved
+its `retention`, Airflow's `airflow state-store clean`) goes on its own, and a live one (no
+`expires_at`, or a future one) only with its run. Asset state keys are not history: they go
+with their asset or when a task or an operator deletes them. An event with its alias links; an
+audit entry with its targets. Deletes are single statements by key list
+(`sql.retention.delete_rows`), children first.
 
 A clean paces itself: after each batch it sleeps `RETENTION_SLEEP_RATIO` (3) times as long as
 the batch took, so that it works at most a quarter of the time and a busy database (slower
@@ -65,6 +69,7 @@ from ..models import (
     TaskInstance,
     TaskLogChunk,
     TaskReschedule,
+    TaskStateStore,
     WebhookAttempt,
     WebhookDelivery,
     XCom,
@@ -79,7 +84,7 @@ logger = logging.getLogger(__name__)
 COMPONENT = "retention"
 # What `--tables` names, in the order a clean goes through them (runs before events: an event
 # consumed only by deleted runs is deletable in the same clean).
-TABLES = ("dag_run", "xcom", "asset_event", "audit_entry", "webhook_delivery")
+TABLES = ("dag_run", "xcom", "task_state_store", "asset_event", "audit_entry", "webhook_delivery")
 FINISHED_RUN_STATES = (DagRunState.SUCCESS, DagRunState.FAILED)
 # A run is deleted with its task instances, links and XComs (five or more rows): a run batch
 # holds batch_size / RUN_BATCH_DIVISOR runs, so that its transaction is as short as the others
@@ -95,6 +100,7 @@ DELETED_MODELS = (
     TaskLogChunk,
     DagRunAssetEvent,
     XCom,
+    TaskStateStore,
     AssetEvent,
     AssetAliasEvent,
     AuditEntry,
@@ -164,6 +170,8 @@ class Policy:
         return {
             "dag_run": now - timedelta(days=self.run_days),
             "xcom": now - timedelta(days=self.xcom_days),
+            # Expiry is the row's own (`expires_at`): a key is a candidate once it has passed.
+            "task_state_store": now,
             "asset_event": now - timedelta(days=self.event_days),
             "audit_entry": now - timedelta(days=self.audit_days),
             "webhook_delivery": now - timedelta(days=self.webhook_days),
@@ -481,6 +489,7 @@ class _Clean:
             ("task_instance", TaskInstance.objects.filter(id__in=ti_ids)),
             ("dagrun_asset_event", DagRunAssetEvent.objects.filter(dag_run_id__in=runs)),
             ("xcom", xcoms),
+            ("task_state_store", TaskStateStore.objects.filter(dag_run_id__in=runs)),
             ("dag_run", DagRun.objects.filter(id__in=runs)),
         ]
 
@@ -524,6 +533,20 @@ class _Clean:
         return [
             pk for pk, dag_id, run_id in rows if (dag_id, run_id) not in self.assumed_deleted_pairs
         ]
+
+    def _clean_task_state_store(self) -> None:
+        self._clean_by_age(
+            "task_state_store",
+            TaskStateStore.objects.filter(expires_at__lt=self.cutoffs["task_state_store"]),
+            "expires_at",
+            lambda ids: [("task_state_store", TaskStateStore.objects.filter(id__in=ids))],
+            keep=self._state_not_counted_with_runs if self.dry_run else None,
+        )
+
+    def _state_not_counted_with_runs(self, ids: list[int]) -> list[int]:
+        """Dry run: the expired keys whose run the run step would not delete."""
+        rows = TaskStateStore.objects.filter(id__in=ids).values_list("id", "dag_run_id")
+        return [pk for pk, run in rows if run not in self.assumed_deleted_runs]
 
     def _clean_asset_event(self) -> None:
         candidates = event_candidates(

@@ -13,6 +13,11 @@ is held to its task instance:
 - **Other writes** (Variables `PUT|DELETE`, triggering or clearing a Dag run, skip-downstream):
   only while its TI runs. Its own state route keeps its rules (a replayed final state is 200,
   any other change of a finished TI 409: `task_state`).
+- **State store** (`/store/ti/...`, `/store/asset/...`): reads with a token of the TI's current
+  try; writes while its TI runs or in its overtime (a callback's), as for rendered fields. Task
+  keys only its own TI's (the path's TI must be the token's, Airflow's `ti:self`); asset keys of
+  any asset, as Airflow 3.3.2 (its per-task asset check is a TODO there; this service keeps no
+  inlets to check against, so a refusal here would fail a consumer Airflow runs).
 - **Connections**: only while its TI runs, or within TASK_SUCCESS_OVERTIME_SECONDS (20 s,
   Airflow's `[core] task_success_overtime`) after it finished, because the Task SDK reports the
   final state first and runs `on_success_callback` / `on_retry_callback` and listeners after
@@ -146,4 +151,19 @@ def check_connection_read(ti: TokenTI, *, now: datetime | None = None) -> None:
         f"(or in the {settings.TASK_SUCCESS_OVERTIME_SECONDS} s after it finished, for its "
         f"callbacks); task instance {ti.id} is {ti.state}",
         reason="connection_needs_running_task",
+    )
+
+
+def check_state_store_access(ti: TokenTI, *, token_try: int, write: bool) -> None:
+    """A state store call: a token of the TI's current try (StaleTry, 409, otherwise); a write
+    while the TI runs or in its overtime after it finished."""
+    if ti.try_number != token_try:
+        raise exceptions.StaleTry.of(ti_id=ti.id, token_try=token_try, current_try=ti.try_number)
+    if not write or ti.state == TIState.RUNNING or _in_overtime(ti, None):
+        return
+    raise exceptions.PermissionDenied(
+        "State store write refused: only a running task instance's token writes state (or in "
+        f"the {settings.TASK_SUCCESS_OVERTIME_SECONDS} s after it finished); task instance "
+        f"{ti.id} is {ti.state}",
+        reason="task_not_running",
     )

@@ -1,4 +1,5 @@
 import itertools
+import json
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -11,6 +12,7 @@ from assets_app.models import (
     AssetAliasAsset,
     AssetAliasEvent,
     AssetDagRunQueue,
+    AssetStateStore,
     Backfill,
     BackfillDagRun,
     ComponentHeartbeat,
@@ -28,6 +30,7 @@ from assets_app.models import (
     TaskOutletAliasReference,
     TaskOutletAssetReference,
     TaskReschedule,
+    TaskStateStore,
     TaskUpstream,
     Variable,
     WatcherMessage,
@@ -113,6 +116,13 @@ def populate(n: int) -> None:
         )
         XCom.objects.create(
             dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, key="k", value=[i]
+        )
+        TaskStateStore.objects.create(
+            dag_run=ti.dag_run, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
+            key=f"k{i}", value=json.dumps({"job": i}),
+        )  # fmt: skip
+        AssetStateStore.objects.create(
+            asset=asset, key=f"watermark_{i}", value=json.dumps(i), last_updated_by_kind="api"
         )
         TaskReschedule.objects.create(
             ti=ti,

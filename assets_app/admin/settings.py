@@ -205,8 +205,16 @@ class XComAdmin(ReadOnlyAdmin):
 class TaskStateStoreAdmin(ReadOnlyAdmin):
     """A task's state keys (AIP-103), read-only: a task writes them, the public API edits them."""
 
-    list_display = ("dag_id", "run_id", "task_id", "map_index", "key", "value", "updated_at")
-    list_display += ("expires_at",)
+    list_display = (
+        "dag_id",
+        "run_id",
+        "task_id",
+        "map_index",
+        "key",
+        "value",
+        "updated_at",
+        "expires_at",
+    )
     list_filter = ("dag_id",)
     search_fields = ("dag_id", "run_id", "task_id", "key")
 
@@ -215,8 +223,16 @@ class TaskStateStoreAdmin(ReadOnlyAdmin):
 class AssetStateStoreAdmin(ReadOnlyAdmin):
     """An asset's state keys (AIP-103) and who last wrote each, read-only."""
 
-    list_display = ("asset", "key", "value", "updated_at", "last_updated_by_kind")
-    list_display += ("last_updated_by_dag_id", "last_updated_by_run_id", "last_updated_by_task_id")
+    list_display = (
+        "asset",
+        "key",
+        "value",
+        "updated_at",
+        "last_updated_by_kind",
+        "last_updated_by_dag_id",
+        "last_updated_by_run_id",
+        "last_updated_by_task_id",
+    )
     list_select_related = ("asset",)
     search_fields = ("asset__name", "key")
 

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('assets_app', '0033_clear_bad_filelocs'),
+        ('assets_app', '0044_max_active_tasks'),
     ]
 
     operations = [

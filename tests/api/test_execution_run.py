@@ -391,6 +391,13 @@ def test_openapi_schema_lists_every_worker_endpoint(client):
         "/execution/dag-runs/{dag_id}/{run_id}",
         "/execution/dag-runs/{dag_id}/{run_id}/clear",
         "/execution/dag-runs/{dag_id}/{run_id}/state",
+        # The task and asset state store (issue 42, execution_store.py).
+        "/execution/store/ti/{task_instance_id}/{key}",
+        "/execution/store/ti/{task_instance_id}",
+        "/execution/store/asset/by-name/value",
+        "/execution/store/asset/by-name/clear",
+        "/execution/store/asset/by-uri/value",
+        "/execution/store/asset/by-uri/clear",
     }
 
 

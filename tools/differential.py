@@ -34,7 +34,8 @@ Airflow loads and the service refuses (an import error of its file) is reported 
 `refused: <the service's reason>`, never as differences. A difference matching an entry of
 `divergences` in `tools/differential.json` (Dag, task, field, and the two values when the entry
 names them; `*` for any) is documented: reported apart with its kind (`deliberate`: the service
-differs by design; `open`: not fixed yet) and its reason, and not a failure.
+differs by design; `open`: not fixed yet; `environment`: the run's surroundings, such as a path
+or the clock, not either system) and its reason, and not a failure.
 
 Prints a table (one row per Dag: equal, differ, divergent, refused, skipped, unfinished) and the
 differences (Dag, task, field, Airflow's value, ours), and writes the whole as JSON to `--out`.
@@ -72,7 +73,7 @@ RESULTS = ROOT / "tools/results"
 LOGICAL_DATE = "2026-01-01T00:00:00Z"
 CONF: dict = {}
 FINISHED = {"success", "failed"}
-KINDS = ("deliberate", "open")
+KINDS = ("deliberate", "open", "environment")
 SETTLE = 20.0  # seconds without a change in what Airflow's dag-processor stored
 KEY = "differential-worker-key-" + "x" * 24
 EXAMPLE_FOLDERS = (
@@ -227,7 +228,7 @@ class Service:
             "WORKER_API_KEY": KEY,
             "FERNET_KEY": Fernet.generate_key().decode(),
             "ADMIN_PASSWORD": "differential-admin",
-            "AIRFLOW_HOME": str(self.logs / "airflow-home"),
+            "AIRFLOW_HOME": str(self.logs / "worker-airflow-home"),
         }
         self.serve = servers.bin_serve(
             env, self.logs / "serve.log", ready_path="/api/v2/version", ready_timeout=300
@@ -356,13 +357,21 @@ def _settle(stock: StockAirflow, timeout: float) -> None:
 def trigger(api: requests.Session, url: str, dag_id: str) -> str | list:
     """Unpause `dag_id` and trigger one manual run (same body on both sides): its run_id, or
     [status, detail] when the trigger is refused."""
-    answer = api.patch(f"{url}/api/v2/dags/{dag_id}", json={"is_paused": False}, timeout=60)
+    for attempt in range(3):  # a 5xx (a busy SQLite on Airflow's side) is tried again
+        answer = api.patch(f"{url}/api/v2/dags/{dag_id}", json={"is_paused": False}, timeout=120)
+        if answer.status_code < 500:
+            break
+        time.sleep(2 * (attempt + 1))
     answer.raise_for_status()
-    answer = api.post(
-        f"{url}/api/v2/dags/{dag_id}/dagRuns",
-        json={"logical_date": LOGICAL_DATE, "conf": CONF},
-        timeout=60,
-    )
+    for attempt in range(3):
+        answer = api.post(
+            f"{url}/api/v2/dags/{dag_id}/dagRuns",
+            json={"logical_date": LOGICAL_DATE, "conf": CONF},
+            timeout=120,
+        )
+        if answer.status_code < 500:
+            break
+        time.sleep(2 * (attempt + 1))
     if answer.status_code >= 300:
         try:
             detail = answer.json().get("detail", answer.text)
@@ -404,7 +413,7 @@ def run(
     logs = Path(logs or tempfile.mkdtemp(prefix="differential-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    home = Path(tempfile.mkdtemp(prefix="differential-airflow-"))
+    home = logs / "airflow"  # Airflow's AIRFLOW_HOME, its task logs kept with the others
     service = Service(dags, database, logs, concurrency=concurrency)
     report: dict = {"folder": str(dags), "dags": {}, "differences": [], "divergences": []}
     try:
@@ -484,7 +493,8 @@ def run(
                 row["differences"] = len(undocumented)
     finally:
         service.stop()
-        shutil.rmtree(home, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (home / "airflow.db").unlink()  # the logs stay
     statuses = [row["status"] for row in report["dags"].values()]
     report["summary"] = {name: statuses.count(name) for name in sorted(set(statuses))}
     report["seconds"] = round(time.monotonic() - started, 1)
@@ -545,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         "--database", default=f"{os.environ.get('BENCH_DB_PREFIX', 'bench')}_differential"
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "differential.json")
+    parser.add_argument("--logs", type=Path, help="the processes' logs (default: a new temp dir)")
     options = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         folder = options.folder
@@ -558,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=options.concurrency,
             timeout=options.timeout,
             database=options.database,
+            logs=options.logs,
         )
     print(table(report))
     options.out.parent.mkdir(parents=True, exist_ok=True)

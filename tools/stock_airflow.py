@@ -7,7 +7,9 @@ public REST API), `airflow scheduler` (LocalExecutor, `[core] parallelism`) and
 `airflow dag-processor` (and `airflow triggerer`, which runs deferred tasks, with `triggerer`),
 each a `tests.servers.Server` in its own process group (a stop takes
 the scheduler's LocalExecutor workers and task supervisors with it). `rows()` reads Airflow's
-own metadata database (read only, a new connection per call: the scheduler writes it).
+own metadata database (read only, a new connection per call: the scheduler writes it). SQLite
+runs in write-ahead-log mode with a 60 s lock wait (`airflow_env`): with a 5 s wait, the API
+answered 500 ("database is locked") while 80 Dags ran.
 
 With `all_admins` (the harness), Airflow's simple auth manager treats every REST call as an
 admin's (`[core] simple_auth_manager_all_admins`): the API is on 127.0.0.1 only.
@@ -30,6 +32,7 @@ from tests import servers
 ROOT = Path(__file__).resolve().parents[1]
 AIRFLOW_VENV = ROOT / ".venv-airflow-worker"
 AIRFLOW = AIRFLOW_VENV / "bin/airflow"
+SQLITE_MODULE = "stock_airflow_sqlite"
 
 
 def airflow_env(
@@ -64,10 +67,20 @@ def airflow_env(
         "AIRFLOW__API_AUTH__JWT_SECRET": "stock-" + os.urandom(16).hex(),
         "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": str(all_admins),
+        # A TI queued for more than this is taken back and queued again at the next try (600 s
+        # by default): 80 Dags on `parallelism` 2 of a loaded 2-core machine waited that long,
+        # and ran at try 2 for it.
+        "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "7200",
     }
     # The checkout's interpreter may have set these for itself: not Airflow's business.
-    for name in ("PYTHONPATH", "VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE"):
+    for name in ("VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE"):
         env.pop(name, None)
+    # SQLite's lock wait: 60 s instead of 5 (the scheduler, the API's task updates and a client's
+    # REST calls write at once; Airflow answers 500 on "database is locked"), for both of
+    # Airflow's engines (sqlite3 and aiosqlite take the same `timeout`).
+    env["PYTHONPATH"] = str(home)
+    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = f"{SQLITE_MODULE}.CONNECT_ARGS"
+    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC"] = f"{SQLITE_MODULE}.CONNECT_ARGS"
     return env
 
 
@@ -110,9 +123,14 @@ class StockAirflow:
 
     def __enter__(self) -> StockAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / f"{SQLITE_MODULE}.py").write_text('CONNECT_ARGS = {"timeout": 60}\n')
         subprocess.run(
             [str(AIRFLOW), "db", "migrate"], env=self.env, check=True, capture_output=True
         )
+        # Write-ahead logging (kept in the file): readers (the harness, the API) no longer wait
+        # for the scheduler's writes. How SQLite journals, not what Airflow stores.
+        with contextlib.closing(sqlite3.connect(self.db)) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
         try:
             for command in self.commands:
                 server = servers.Server(

@@ -10,6 +10,7 @@ what counts as a difference and what a documented divergence covers.
 
 import json
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -101,13 +102,14 @@ def test_stored_json_is_read_as_json():
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_corpus_gives_the_same_results_on_airflow_and_on_the_service(tmp_path):
-    report = d.run(
-        CORPUS,
-        concurrency=2,
-        timeout=600,
-        database=f"{connection.settings_dict['NAME']}_differential",
-        logs=tmp_path / "logs",
-    )
+    database = f"{connection.settings_dict['NAME']}_differential"
+    try:
+        report = d.run(
+            CORPUS, concurrency=2, timeout=600, database=database, logs=tmp_path / "logs"
+        )
+    finally:
+        with psycopg.connect(f"{d.PG}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     print(d.table(report))
     statuses = {dag_id: row["status"] for dag_id, row in report["dags"].items()}
     assert set(statuses) == CORPUS_DAGS, statuses

@@ -14,8 +14,11 @@ compared run by run.
   `bin/airflow-worker --no-sync` (its pool of processes running Airflow's own supervisor).
 
 Both start paused at creation (each side's default), then, through each side's public REST API
-(the same calls: `PATCH /api/v2/dags/{id}` `is_paused: false`, `POST /api/v2/dags/{id}/dagRuns`
-with `CONF` and the logical date `LOGICAL_DATE`), each Dag is unpaused and triggered once. An
+(the same calls: `POST /api/v2/dags/{id}/dagRuns` with `CONF` and the logical date
+`LOGICAL_DATE`, `PATCH /api/v2/dags/{id}` `is_paused: false`), each Dag is triggered once and
+unpaused: on Airflow every Dag is triggered while paused and unpaused after the last trigger, so
+the burst of API calls does not meet the tasks' own (the service refuses a paused Dag's trigger,
+and runs nothing before its worker starts: each is unpaused, then triggered). An
 unpaused scheduled Dag may also get its scheduled run on either side (and a consumer its
 asset-triggered run): only the manual runs the harness triggered are compared. It waits until
 every triggered run is finished on both sides (or `--timeout`), then reads each side's own
@@ -266,6 +269,11 @@ class Service:
             str(self.logs / "task-logs"),
         ]
 
+    @property
+    def url(self) -> str:
+        assert self.serve is not None and self.serve.url is not None
+        return self.serve.url
+
     def start_worker(self) -> None:
         assert self.serve is not None
         argv = [*self._worker_argv(), "--no-sync", "--concurrency", str(self.concurrency)]
@@ -354,24 +362,27 @@ def _settle(stock: StockAirflow, timeout: float) -> None:
     raise TimeoutError(f"airflow: the Dag folder was not parsed within {timeout:g}s")
 
 
-def trigger(api: requests.Session, url: str, dag_id: str) -> str | list:
-    """Unpause `dag_id` and trigger one manual run (same body on both sides): its run_id, or
-    [status, detail] when the trigger is refused."""
+def _call(method, url: str, body: dict) -> requests.Response:
     for attempt in range(3):  # a 5xx (a busy SQLite on Airflow's side) is tried again
-        answer = api.patch(f"{url}/api/v2/dags/{dag_id}", json={"is_paused": False}, timeout=120)
+        answer = method(url, json=body, timeout=120)
         if answer.status_code < 500:
             break
         time.sleep(2 * (attempt + 1))
-    answer.raise_for_status()
-    for attempt in range(3):
-        answer = api.post(
-            f"{url}/api/v2/dags/{dag_id}/dagRuns",
-            json={"logical_date": LOGICAL_DATE, "conf": CONF},
-            timeout=120,
-        )
-        if answer.status_code < 500:
-            break
-        time.sleep(2 * (attempt + 1))
+    return answer
+
+
+def unpause(api: requests.Session, url: str, dag_id: str) -> None:
+    _call(api.patch, f"{url}/api/v2/dags/{dag_id}", {"is_paused": False}).raise_for_status()
+
+
+def trigger(api: requests.Session, url: str, dag_id: str) -> str | list:
+    """Trigger one manual run of `dag_id` (same body on both sides): its run_id, or
+    [status, detail] when the trigger is refused."""
+    answer = _call(
+        api.post,
+        f"{url}/api/v2/dags/{dag_id}/dagRuns",
+        {"logical_date": LOGICAL_DATE, "conf": CONF},
+    )
     if answer.status_code >= 300:
         try:
             detail = answer.json().get("detail", answer.text)
@@ -446,8 +457,11 @@ def run(
                 elif dag_id not in ours:
                     row.update(status="refused", reason=_refusal(dag_id, theirs[dag_id], errors))
                 else:
+                    # Airflow takes a run of a paused Dag (it waits, queued); the service
+                    # refuses one (dag_paused), and runs nothing before its worker starts.
                     their_run = trigger(airflow_api, stock.url, dag_id)
-                    our_run = trigger(service.api, service.serve.url, dag_id)  # type: ignore[union-attr]
+                    unpause(service.api, service.url, dag_id)
+                    our_run = trigger(service.api, service.url, dag_id)
                     if isinstance(their_run, str) and isinstance(our_run, str):
                         runs[dag_id] = (their_run, our_run)
                     elif isinstance(their_run, str) or isinstance(our_run, str):
@@ -457,6 +471,10 @@ def run(
                         row.update(status="differ", differences=1)
                     else:
                         row.update(status="skipped", reason=f"both refuse the trigger: {our_run}")
+            # Airflow's Dags unpaused only now: its tasks start after the burst of triggers
+            # (taken while they ran, it timed the tasks' API calls out on SQLite).
+            for dag_id in runs:
+                unpause(airflow_api, stock.url, dag_id)
             service.start_worker()
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:

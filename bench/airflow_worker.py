@@ -8,7 +8,8 @@ DAG file: `bench/airflow_dags/fifty.py`, 50 independent tasks that do nothing.
   LocalExecutor: `airflow db migrate` on a SQLite file in a temporary AIRFLOW_HOME, then
   `airflow api-server` (the execution API the supervisor talks to), `airflow scheduler`
   (LocalExecutor, `[core] parallelism` = C) and `airflow dag-processor`; the run is triggered
-  with `airflow dags trigger` once the Dag is parsed and unpaused.
+  with `airflow dags trigger` once the Dag is parsed and unpaused (`tools/stock_airflow.py`,
+  shared with the differential harness).
 
 Both read from their own database: latency = first TI start_date - the run's queued_at (trigger
 -> first task running), tasks/s = 50 / (last TI end_date - the run's queued_at). The machine's
@@ -19,11 +20,9 @@ Both read from their own database: latency = first TI start_date - the run's que
 """
 
 import argparse
-import contextlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import _harness as h  # bench/ is sys.path[0]: puts the checkout on sys.path
 import psycopg
 
 from tests import servers
+from tools.stock_airflow import AIRFLOW, StockAirflow
 
 ROOT = Path(__file__).resolve().parents[1]
 PG = os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432")
@@ -43,7 +43,6 @@ KEY = "bench-worker-key-" + "x" * 24
 DAGS = ROOT / "bench/airflow_dags"
 DAG_ID = "bench_fifty"
 TASKS = 50
-AIRFLOW_VENV = ROOT / ".venv-airflow-worker"
 
 
 def _sql(query: str, *args, db: str = DB):
@@ -126,99 +125,43 @@ def bench_service(concurrency: int, *, old: bool) -> list[dict]:
     return rows
 
 
-def _airflow_env(home: Path, port: int, concurrency: int) -> dict:
-    from cryptography.fernet import Fernet
-
-    return {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": str(concurrency),
-        # The Dag's 50 tasks at once, as the service runs them (it has no max_active_tasks:
-        # a Dag setting one is refused, issue 39, so the file leaves it to this setting).
-        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "64",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        # One secret for the scheduler (signs each task's token) and the API server (checks it).
-        "AIRFLOW__API_AUTH__JWT_SECRET": "bench-" + os.urandom(16).hex(),
-        "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
-    }
-
-
-def _airflow_rows(db: Path, query: str) -> list:
-    try:
-        with sqlite3.connect(db, timeout=10) as conn:
-            return conn.execute(query).fetchall()
-    except sqlite3.OperationalError:
-        return []
-
-
 def _parse(value: str) -> datetime:
     return datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
 def bench_airflow(concurrency: int) -> dict:
-    airflow = str(AIRFLOW_VENV / "bin/airflow")
     with tempfile.TemporaryDirectory(prefix="bench-airflow-") as tmp:
-        home = Path(tmp)
-        db = home / "airflow.db"
-        env = _airflow_env(home, h.free_port(), concurrency)
-        subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True)
-        processes = []
-        try:
-            for command in (["api-server", "--workers", "1"], ["scheduler"], ["dag-processor"]):
-                log = h.log_path("airflow_worker", f"airflow-{command[0]}").open("w")
-                processes.append(
-                    subprocess.Popen(
-                        [airflow, *command],
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-            _wait(
-                lambda: _airflow_rows(
-                    db, f"SELECT 1 FROM dag WHERE dag_id = '{DAG_ID}' AND NOT is_paused"
+        logs = h.log_path("airflow_worker", "airflow").parent
+        stock = StockAirflow(DAGS, Path(tmp), logs, parallelism=concurrency)
+        with stock:
+            stock.wait(
+                lambda: stock.rows(
+                    f"SELECT 1 FROM dag WHERE dag_id = '{DAG_ID}' AND NOT is_paused"
                 ),
                 600,
-                "airflow: parse the Dag",
+                "parse the Dag",
             )
             time.sleep(15)  # the scheduler's LocalExecutor workers are up
             subprocess.run(
-                [airflow, "dags", "trigger", DAG_ID], env=env, check=True, capture_output=True
+                [str(AIRFLOW), "dags", "trigger", DAG_ID],
+                env=stock.env,
+                check=True,
+                capture_output=True,
             )
-            _wait(
+            stock.wait(
                 lambda: (
                     (
-                        _airflow_rows(
-                            db, "SELECT count(*) FROM task_instance WHERE state='success'"
-                        )
+                        stock.rows("SELECT count(*) FROM task_instance WHERE state='success'")
                         or [(0,)]
                     )[0][0]
                     >= TASKS
                 ),
                 900,
-                "airflow: the run",
+                "the run",
             )
             load = os.getloadavg()[0]
-            (queued,) = _airflow_rows(db, "SELECT queued_at FROM dag_run")[0]
-            tis = _airflow_rows(db, "SELECT start_date, end_date FROM task_instance")
-        finally:
-            for process in processes:  # each in its own group: the scheduler's workers too
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
-            for process in processes:
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            (queued,) = stock.rows("SELECT queued_at FROM dag_run")[0]
+            tis = stock.rows("SELECT start_date, end_date FROM task_instance")
     return _row(
         "Airflow 3.3.2 scheduler + LocalExecutor",
         _parse(queued),

@@ -45,3 +45,26 @@ def validate_with_sdk(bodies: list[tuple[str, object]]) -> list[str]:
         text=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_worker(
+    service: dict, tmp_path: Path, dags: Path, *args: str, timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """`bin/airflow-worker` on `dags` against a running service (`{"url", "env"}`), its logs and
+    AIRFLOW_HOME under `tmp_path`, with `args` (`--sync-only`, `--no-sync --idle-exit 20`...)."""
+    return subprocess.run(
+        [
+            str(ROOT / "bin/airflow-worker"),
+            "--dags",
+            str(dags),
+            "--url",
+            service["url"],
+            "--logs",
+            str(tmp_path / "airflow-logs"),
+            *args,
+        ],
+        env={**service["env"], "AIRFLOW_HOME": str(tmp_path / "airflow-home")},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -4,7 +4,6 @@ through the stock Task SDK worker (`bin/airflow-worker`) and its task runs, retu
 helper gives; the Dag's tags, owners, doc_md and zone come back from the public API as Airflow
 shows them."""
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from django.contrib.auth import get_user_model
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import TaskInstance, XCom
+from tests.compat.airflow_worker_env import run_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -57,25 +57,6 @@ uses_helper()
 '''
 
 
-def _worker(service, tmp_path, dags: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            str(ROOT / "bin/airflow-worker"),
-            "--dags",
-            str(dags),
-            "--url",
-            service["url"],
-            "--logs",
-            str(tmp_path / "airflow-logs"),
-            *args,
-        ],
-        env={**service["env"], "AIRFLOW_HOME": str(tmp_path / "airflow-home")},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 @pytest.mark.timeout(1200)
 def test_a_dag_file_importing_a_helper_beside_it_syncs_runs_and_shows_itself(service, tmp_path):
     dags = tmp_path / "dags"
@@ -88,7 +69,7 @@ def test_a_dag_file_importing_a_helper_beside_it_syncs_runs_and_shows_itself(ser
     api.headers["Authorization"] = f"Bearer {key}"
     url = service["url"]
 
-    synced = _worker(service, tmp_path, dags, "--sync-only")
+    synced = run_worker(service, tmp_path, dags, "--sync-only")
     assert synced.returncode == 0, synced.stderr[-3000:]
     assert api.get(f"{url}/api/v2/importErrors").json()["total_entries"] == 0
     details = api.get(f"{url}/api/v2/dags/uses_helper/details").json()
@@ -100,7 +81,9 @@ def test_a_dag_file_importing_a_helper_beside_it_syncs_runs_and_shows_itself(ser
 
     answer = api.post(f"{url}/api/v2/dags/uses_helper/dagRuns", json={"logical_date": None})
     assert answer.status_code == 200, answer.text
-    ran = _worker(service, tmp_path, dags, "--no-sync", "--idle-exit", "20", "--max-seconds", "600")
+    ran = run_worker(
+        service, tmp_path, dags, "--no-sync", "--idle-exit", "20", "--max-seconds", "600"
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     ti = TaskInstance.objects.get(dag_id="uses_helper", task_id="greet")
     assert ti.state == "success", ran.stderr[-4000:]

@@ -26,6 +26,7 @@ from assets_app.models import (
     TaskInstance,
     XCom,
 )
+from tests.compat.airflow_worker_env import run_worker
 from tests.proof.conftest import figure
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -127,22 +128,7 @@ mapped_parts_consumer()
 
 
 def _worker(service, tmp_path, dags: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            str(ROOT / "bin/airflow-worker"),
-            "--dags",
-            str(dags),
-            "--url",
-            service["url"],
-            "--logs",
-            str(tmp_path / "airflow-logs"),
-            *args,
-        ],
-        env={**service["env"], "AIRFLOW_HOME": str(tmp_path / "airflow-home")},
-        capture_output=True,
-        text=True,
-        timeout=MAX_SECONDS + 200,
-    )
+    return run_worker(service, tmp_path, dags, *args, timeout=MAX_SECONDS + 200)
 
 
 def _settled() -> bool:

@@ -164,8 +164,8 @@ def converted(tmp_path_factory):
         _FILE.format(
             dag_id="d_default_args",
             start=START,
-            dag_kwargs="default_args={'depends_on_past': True}",
-            body=_body("") + "\n    EmptyOperator(task_id='u', depends_on_past=False)",
+            dag_kwargs="default_args={'executor': 'LocalExecutor'}",
+            body=_body("") + "\n    EmptyOperator(task_id='u', executor=None)",
         )
     )
     (folder / "past.py").write_text(
@@ -225,8 +225,8 @@ def test_airflows_defaults_set_explicitly_are_not_refused(converted):
 
 def test_a_value_default_args_brings_is_refused_on_each_task_it_reaches(converted):
     error = converted["import_errors"]["default_args.py"]
-    reason = ledger.TASK_ATTRIBUTES["depends_on_past"].reason  # type: ignore[union-attr]
-    assert f"(Dag 'd_default_args', task 't', attribute 'depends_on_past'): {reason}" in error
+    reason = ledger.TASK_ATTRIBUTES["executor"].reason  # type: ignore[union-attr]
+    assert f"(Dag 'd_default_args', task 't', attribute 'executor'): {reason}" in error
     assert "task 'u'" not in error  # its own value is the default one
     assert "default_args.py" not in converted
 

@@ -151,6 +151,11 @@ def pytest_run(
         # Only the plugins the suite's own tests need: importing hypothesis, schemathesis and
         # faker's plugins was most of a run's start-up (the fuzz tests are no mutant's tests).
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        # The copy has no .venv-airflow-worker (ignored): the compat tests' Task SDK runs in
+        # this tree's, which bin/airflow-worker checks against the copy's requirements hash.
+        "AIRFLOW_WORKER_VENV": os.environ.get(
+            "AIRFLOW_WORKER_VENV", str(ROOT / ".venv-airflow-worker")
+        ),
     }
     env.pop("TEST_DATABASE_URL", None)
     argv = [

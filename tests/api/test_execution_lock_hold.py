@@ -138,25 +138,39 @@ def _retry_without_tries_left(ti) -> None:
     retries.retry(ti_id=ti.id, try_number=ti.try_number, end_date=START)
 
 
+def _retry_with_a_try_left(ti) -> None:
+    retries.retry(ti_id=ti.id, try_number=ti.try_number, end_date=START)
+
+
 @pytest.mark.parametrize(
-    ("finish", "run_state"),
+    ("finish", "max_tries", "run_state"),
     [
-        (_fail, DagRunState.FAILED),
-        (_skip, DagRunState.SUCCESS),
-        (_retry_without_tries_left, DagRunState.FAILED),
+        (_fail, 0, DagRunState.FAILED),
+        (_skip, 0, DagRunState.SUCCESS),
+        (_retry_without_tries_left, 0, DagRunState.FAILED),
+        (_retry_with_a_try_left, 1, None),
     ],
-    ids=["failed", "skipped", "retry-exhausted"],
+    ids=["failed", "skipped", "retry-exhausted", "retry"],
 )
 @pytest.mark.django_db(transaction=True)
-def test_a_finish_other_than_success_holds_the_lock_for_two_statements(finish, run_state):
+def test_a_finish_other_than_success_holds_the_lock_for_two_statements(
+    finish, max_tries, run_state
+):
     """What follows the finish (downstream evaluation, the run's finish and its webhook
-    messages) runs after the commit: the lock covers only the locking read and the UPDATE."""
-    ti = TaskInstanceFactory(running=True, max_tries=0)
+    messages) runs after the commit: the lock covers only the locking read and the UPDATE.
+    A retry with a try left queues the next try in that same UPDATE."""
+    ti = TaskInstanceFactory(running=True, max_tries=max_tries)
+    before = DagRun.objects.get(id=ti.dag_run_id).state
     with statement_log() as log:
         finish(ti)
     assert kinds(log.under_ti_lock()) == ["SELECT FOR UPDATE", "UPDATE"]
-    # The follow-up did run (the run's only TI finished it), just not under the lock.
-    assert DagRun.objects.get(id=ti.dag_run_id).state == run_state
+    if run_state is None:  # a retry: the TI's next try waits for its delay, its run goes on
+        tried = ti.try_number
+        ti.refresh_from_db()
+        assert (ti.state, ti.try_number) == (TIState.QUEUED, tried + 1)  # the next try, delayed
+        assert DagRun.objects.get(id=ti.dag_run_id).state == before
+    else:  # the follow-up did run (the run's only TI finished it), just not under the lock
+        assert DagRun.objects.get(id=ti.dag_run_id).state == run_state
 
 
 def make_consumed_events(ti, n: int) -> None:

@@ -22,7 +22,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from assets_app.events_out import delivery as webhook_delivery
@@ -31,8 +31,12 @@ from assets_app.models import (
     AssetDagRunQueue,
     AssetEvent,
     AssetEventQueue,
+    Backfill,
+    Dag,
     DagRun,
     DagRunState,
+    FreshnessPolicy,
+    TaskInstance,
     TIState,
     WebhookDelivery,
 )
@@ -40,9 +44,10 @@ from assets_app.outbox import drain
 from assets_app.registration import outlets as registration
 from assets_app.scheduling import asset_runs as scheduling
 from assets_app.scheduling import runs
+from assets_app.sql import locks
 from assets_app.task_state import claims, starting
 from tests.asset_flow import asset_event, asset_outlet, outbox_row, payload, scheduled_dag
-from tests.factories import AssetFactory, DagRunFactory, TaskInstanceFactory
+from tests.factories import AssetFactory, DagFactory, DagRunFactory, TaskInstanceFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -320,3 +325,113 @@ def test_a_queued_event_committed_during_the_pass_survives_it(monkeypatch):
     assert list(AssetDagRunQueue.objects.values_list("asset_event_id", flat=True)) == late
     scheduling.schedule_dags()
     assert _consumed("d") == [[first], late]
+
+
+# --- invariant 5, every other claim: a row another session holds is skipped, never waited for --
+
+
+def _timetable_dags(now):
+    due = now - timedelta(minutes=1)
+    return [
+        DagFactory(timetable={"kind": "cron", "cron": "@daily"}, next_dagrun_create_after=due)
+        for _ in range(3)
+    ]
+
+
+def _timed_out_runs(now):
+    return [
+        DagRunFactory(state=DagRunState.RUNNING, timeout_at=now - timedelta(minutes=1))
+        for _ in range(3)
+    ]
+
+
+def _backfills(now):
+    return [
+        Backfill.objects.create(
+            dag=DagFactory(), from_date=now - timedelta(days=2), to_date=now - timedelta(days=1)
+        )
+        for _ in range(3)
+    ]
+
+
+def _freshness_policies(now):
+    return [
+        FreshnessPolicy.objects.create(
+            asset=AssetFactory(), kind="max_interval", interval_seconds=60
+        )
+        for _ in range(3)
+    ]
+
+
+# (name, table, the rows, the claim: returns the ids it locked, inside the caller's transaction)
+OTHER_CLAIMS = [
+    (
+        "due-timetable-dags",
+        Dag,
+        _timetable_dags,
+        lambda rows, now: [d.pk for d in locks.claim_due_timetable_dags(now=now, limit=10)],
+    ),
+    (
+        "timed-out-runs",
+        DagRun,
+        _timed_out_runs,
+        lambda rows, now: [r[0] for r in locks.lock_timed_out_runs(now=now, limit=10)],
+    ),
+    (
+        "active-backfills",
+        Backfill,
+        _backfills,
+        lambda rows, now: [
+            b.pk for b in locks.claim_active_backfills(ids=None, exclude=[], limit=10)
+        ],
+    ),
+    (
+        "freshness-policies",
+        FreshnessPolicy,
+        _freshness_policies,
+        lambda rows, now: [p.pk for p in locks.claim_freshness_policies(after_id=0, limit=10)],
+    ),
+    (
+        "runs-for-retention",
+        DagRun,
+        lambda now: [DagRunFactory(state=DagRunState.SUCCESS) for _ in range(3)],
+        lambda rows, now: locks.lock_runs_for_retention(
+            DagRun.objects.filter(pk__in=[r.pk for r in rows])
+        )[0],
+    ),
+    (
+        "task-instances-to-clear",
+        TaskInstance,
+        lambda now: [TaskInstanceFactory() for _ in range(3)],
+        lambda rows, now: [
+            ti.pk
+            for ti in locks.lock_task_instances_to_clear(
+                TaskInstance.objects.filter(pk__in=[r.pk for r in rows])
+            )
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("table", "make_rows", "claim"),
+    [claim[1:] for claim in OTHER_CLAIMS],
+    ids=[claim[0] for claim in OTHER_CLAIMS],
+)
+def test_every_other_claim_skips_a_row_another_session_holds_and_never_waits(
+    table, make_rows, claim
+):
+    """The time scheduler's Dags, the run-timeout timer's runs, the backfill pass, the freshness
+    evaluator, retention's runs and an operator's clear: with the first row held by another
+    session (FOR UPDATE, the strongest lock any claim takes), each claim returns the others at
+    once; a claim that waited fails on `lock_timeout` instead."""
+    now = timezone.now()
+    rows = make_rows(now)
+    with other_connection() as other:
+        other.execute(
+            f"SELECT 1 FROM {table._meta.db_table} WHERE {table._meta.pk.column} = %s FOR UPDATE",
+            [rows[0].pk],
+        )
+        with lock_timeout(), transaction.atomic():
+            locked = claim(rows, now)
+    assert sorted(locked) == sorted(r.pk for r in rows[1:])

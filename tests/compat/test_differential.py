@@ -20,6 +20,7 @@ CORPUS = d.ROOT / "tests/compat/differential_dags"
 CORPUS_DAGS = {
     "diff_assets",
     "diff_branching",
+    "diff_fail_fast",
     "diff_mapping",
     "diff_retries",
     "diff_short_circuit",

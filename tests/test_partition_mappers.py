@@ -60,9 +60,20 @@ def mapper_call(mapper: p.Mapper, op: str, arg: Any) -> dict[str, Any]:
     raise AssertionError(op)
 
 
-def timetable_call(timetable: p.CronPartitionTimetable, op: str, arg: Any) -> dict[str, Any]:
+def build_timetable(spec: dict[str, Any]) -> Any:
+    if spec["kind"] == "partitioned_asset":
+        return p.PartitionedAssetTimetable.from_spec(spec)
+    return p.CronPartitionTimetable.from_spec(spec)
+
+
+def timetable_call(timetable: Any, op: str, arg: Any) -> dict[str, Any]:
     def parse(text: str) -> dt.datetime:
         return dt.datetime.fromisoformat(text)
+
+    if op == "mapper_for":
+        return outcome(lambda: timetable.mapper_for(name=arg[0], uri=arg[1]).spec())
+    if op == "partition_date":
+        return outcome(lambda: iso(timetable.resolve_partition_date(arg)))
 
     if op == "partition_info":
         return outcome(lambda: [iso((part := timetable.partition(parse(arg))).date), part.key])
@@ -112,6 +123,10 @@ def test_golden_corpus_is_pinned_airflow() -> None:
         "fan_out",
     }
     assert kinds >= set(p.TEMPORAL)
+    assert {c["timetable"]["kind"] for c in corpus["timetables"]} == {
+        "cron_partition",
+        "partitioned_asset",
+    }
 
 
 @pytest.mark.parametrize("section", ["mappers", "timetables"])
@@ -119,7 +134,7 @@ def test_golden_partition_arithmetic_equals_airflow(section: str) -> None:
     build, call, spec_key = (
         (p.mapper_from_spec, mapper_call, "mapper")
         if section == "mappers"
-        else (p.CronPartitionTimetable.from_spec, timetable_call, "timetable")
+        else (build_timetable, timetable_call, "timetable")
     )
     compared = 0
     found: list[tuple[str, Any]] = []

@@ -16,6 +16,8 @@ This module answers those questions exactly as Airflow's own code does, read fro
   partition_mapper_max_downstream_keys`, default 1000);
 - airflow/jobs/scheduler_job_runner.py `_resolve_asset_partition_status` (a rollup's
   `wait_policy.is_satisfied_by_keys(matched, expected=to_upstream(key))`);
+- airflow/timetables/simple.py `PartitionedAssetTimetable` (`get_partition_mapper`, which
+  mapper an asset's events take; `_decode_partition_date`, a run key's partition date);
 - airflow/timetables/trigger.py `CronPartitionTimetable` (`_get_partition_info`,
   `iter_partition_dagrun_infos`, `_decode_partition_date`) and airflow/_shared/timezones/
   timezone.py `make_aware` with pendulum 3's `Timezone.convert` (how a naive wall time gets its
@@ -46,7 +48,11 @@ writes (one-to-one with Airflow's `encode_partition_mapper` output, every defaul
                "direction": "forward" | "backward"} | {"kind": "segment", "segments": [...]}
 
 and any mapper may carry "max_downstream_keys": n. The cron partition timetable is
-{"kind": "cron_partition", "cron", "timezone", "run_offset", "key_format"}.
+{"kind": "cron_partition", "cron", "timezone", "run_offset", "key_format"}, the partitioned
+asset timetable {"kind": "partitioned_asset", "assets": [{"name", "uri"}], "asset_refs":
+[{"name"} | {"uri"}], "partition_mapper_config": [{"assets", "asset_refs", "mapper"}],
+"default_partition_mapper": <mapper>} (the condition's assets and references in Airflow's
+iteration order; the condition itself stays in the Dag's `schedule`).
 
 Airflow's behaviour is kept where it surprises, because a Dag must mean the same here: a
 `DayWindow` is 24 naive hourly steps, so on a spring-forward day the skipped hour's key is
@@ -1025,3 +1031,107 @@ class CronPartitionTimetable:
                 f"key_format {self.key_format!r}: {exc}"
             ) from exc
         return make_aware(naive, self.tz)
+
+
+# --- PartitionedAssetTimetable (airflow/timetables/simple.py) -------------------------------
+
+
+def _asset_refs(spec: Mapping[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(assets as (name, uri), references as ("name"|"uri", value)), in the spec's order."""
+    assets = [(a["name"], a["uri"]) for a in spec.get("assets", [])]
+    refs = []
+    for ref in spec.get("asset_refs", []):
+        if set(ref) not in ({"name"}, {"uri"}):
+            raise PartitionSpecError(f"an asset reference has a name or a uri, not {ref!r}")
+        ((field, value),) = ref.items()
+        refs.append((field, value))
+    return assets, refs
+
+
+def _refs_spec(assets: list[tuple[str, str]], refs: list[tuple[str, str]]) -> dict[str, Any]:
+    return {
+        "assets": [{"name": name, "uri": uri} for name, uri in assets],
+        "asset_refs": [{field: value} for field, value in refs],
+    }
+
+
+class PartitionedAssetTimetable:
+    """Which mapper each upstream asset's events go through, and a run key's partition date.
+
+    `assets` and `asset_refs` are those of the Dag's asset condition, in Airflow's order; each
+    `partition_mapper_config` entry names assets (or references) and their mapper, a later
+    entry overriding an earlier one. Lookup is Airflow's `get_partition_mapper`: by name when a
+    name is given (an unknown name falls to the default *without* trying the uri, so a mapper
+    configured by `Asset.ref(uri=...)` never applies to the named assets the scheduler asks
+    for), by uri only when no name is given, else `default_partition_mapper` (identity)."""
+
+    def __init__(
+        self,
+        *,
+        assets: list[tuple[str, str]],
+        asset_refs: list[tuple[str, str]],
+        config: list[tuple[list[tuple[str, str]], list[tuple[str, str]], Mapper]],
+        default: Mapper,
+    ) -> None:
+        self.assets = assets
+        self.asset_refs = asset_refs
+        self.config = config
+        self.default = default
+        self._by_name: dict[str, Mapper] = {}
+        self._by_uri: dict[str, Mapper] = {}
+        for entry_assets, entry_refs, mapper in config:
+            for name, uri in entry_assets:
+                self._by_name[name] = mapper
+                self._by_uri[uri] = mapper
+            for field, value in entry_refs:
+                (self._by_name if field == "name" else self._by_uri)[value] = mapper
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> PartitionedAssetTimetable:
+        assets, refs = _asset_refs(spec)
+        config = []
+        for entry in spec.get("partition_mapper_config", []):
+            entry_assets, entry_refs = _asset_refs(entry)
+            config.append((entry_assets, entry_refs, mapper_from_spec(entry["mapper"])))
+        default = spec.get("default_partition_mapper") or {"kind": "identity"}
+        return cls(assets=assets, asset_refs=refs, config=config, default=mapper_from_spec(default))
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "kind": "partitioned_asset",
+            **_refs_spec(self.assets, self.asset_refs),
+            "partition_mapper_config": [
+                {**_refs_spec(a, r), "mapper": m.spec()} for a, r, m in self.config
+            ],
+            "default_partition_mapper": self.default.spec(),
+        }
+
+    def mapper_for(self, *, name: str = "", uri: str = "") -> Mapper:
+        if name:
+            return self._by_name.get(name, self.default)
+        if uri:
+            return self._by_uri.get(uri, self.default)
+        return self.default
+
+    def resolve_partition_date(self, key: str | None) -> dt.datetime | None:
+        """`_decode_partition_date`: the anchor every time mapper of the condition's assets
+        agrees on, None when none is a time or they disagree; a mapper that cannot read the
+        key raises InvalidPartitionKeyError."""
+        if key is None:
+            return None
+        mappers = [self.mapper_for(name=name, uri=uri) for name, uri in self.assets]
+        mappers += [
+            self.mapper_for(name=value) if field == "name" else self.mapper_for(uri=value)
+            for field, value in self.asset_refs
+        ]
+        anchors: set[dt.datetime] = set()
+        for mapper in mappers:
+            try:
+                anchor = mapper.to_partition_date(key)
+            except ValueError as exc:
+                raise InvalidPartitionKeyError(
+                    f"Partition key {key!r} is invalid for this timetable's mappers: {exc}"
+                ) from exc
+            if anchor is not None:
+                anchors.add(anchor)
+        return anchors.pop() if len(anchors) == 1 else None

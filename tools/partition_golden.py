@@ -34,7 +34,17 @@ SDK -> encode -> decode): `partition_info` run date -> [partition_date, partitio
 `iter_partition_dagrun_infos` (a backfill's partitions) and `decode` key ->
 `resolve_partition_date`. Instants are ISO 8601 with offset.
 
-Deterministic: fixed inputs, no randomness; the output is sorted JSON.
+Timetable cases also drive `airflow.timetables.simple.PartitionedAssetTimetable`:
+`mapper_for` [name, uri] -> the spec of `get_partition_mapper(name=, uri=)`, and `partition_date`
+key -> `resolve_partition_date`.
+
+Example cases bag airflow/example_dags/example_asset_partition.py with Airflow's BundleDagBag
+(as the dag-processor does) and record every partitioned Dag's timetable and each distinct
+mapper it uses, called with `keys` (the keys one event queues, sorted: a segment fan-out yields
+them in a frozenset's order) and follow-ups chosen from Airflow's own answers.
+
+Deterministic: fixed inputs, no randomness, set-ordered answers sorted; the output is sorted
+JSON, one case a line.
 """
 
 from __future__ import annotations
@@ -210,6 +220,9 @@ def call(core: Any, op: str, arg: Any) -> dict[str, Any]:
             return {"ok": out if isinstance(out, str) else list(out)}
         if op == "queue":
             return queue(core, *arg)
+        if op == "keys":  # the keys one event queues, as a sorted list (a set's order varies)
+            queued = queue(core, arg, DEFAULT_GLOBAL_CAP)
+            return {"ok": sorted(queued["ok"])} if "ok" in queued else queued
         if op == "to_upstream":
             return {"ok": sorted(core.to_upstream(arg))}
         if op == "partition_date":
@@ -975,7 +988,7 @@ def partitioned_case(
     condition: Any,
     config: list[tuple[Any, dict[str, Any]]],
     default: dict[str, Any] | None,
-    calls: list[tuple[str, Any]],
+    calls: tuple[list[list[str]], list[str]],
 ) -> dict[str, Any]:
     """A `PartitionedAssetTimetable(assets=condition, partition_mapper_config=dict(config),
     default_partition_mapper=default)`, SDK -> encode -> decode; its spec lists the condition's
@@ -988,9 +1001,19 @@ def partitioned_case(
         kwargs["default_partition_mapper"] = build_mapper(default)
     encoded = _plain(encode_timetable(sdk.PartitionedAssetTimetable(**kwargs)))
     core = decode_timetable(encoded)
+    return partitioned_case_from_core(name, core, *calls)
+
+
+def partitioned_case_from_core(
+    name: str, core: Any, lookups: list[list[str]], keys: list[str]
+) -> dict[str, Any]:
+    """The spec and answers of a decoded (core) PartitionedAssetTimetable: the mapper for each
+    (name, uri) lookup, and each key's partition date."""
 
     def mapper_spec(mapper: Any) -> dict[str, Any]:
         return spec_from_airflow(_plain(encode_partition_mapper(mapper)))
+
+    calls = [("mapper_for", k) for k in lookups] + [("partition_date", k) for k in keys]
 
     spec = {
         "kind": "partitioned_asset",
@@ -1044,7 +1067,7 @@ def partitioned_cases() -> list[dict[str, Any]]:
         ["", ""],
     ]
     keys = ["2024-03-13", "2024-03-13T10", "2024-11-03", "2024-03-13|us", "x", ""]
-    calls = [("mapper_for", k) for k in lookups] + [("partition_date", k) for k in keys]
+    calls = (lookups, keys)
     table: list[tuple[str, Any, list[tuple[Any, dict[str, Any]]], dict[str, Any] | None]] = [
         ("identity by default", a & b, [], None),
         ("one day mapper", a & b, [(a, day)], None),
@@ -1067,14 +1090,135 @@ def partitioned_cases() -> list[dict[str, Any]]:
     ]
 
 
+# --- the partition example Dags shipped with Airflow (airflow/example_dags/) ----------------
+
+EXAMPLE_FILE = "example_asset_partition.py"
+EXAMPLE_KEYS = [
+    "2024-03-13T10:00:00",
+    "2024-03-10T02:00:00",
+    "2024-11-03T01:00:00",
+    "2024-03-13",
+    "2024-03-31",
+    "2024-03",
+    "us",
+    "eu",
+    "apac",
+    "xx",
+    "us|2024-03-13T10:00:00",
+    "2024-03-13T10:00:00|us",
+    "",
+]
+
+
+def example_dags() -> list[Any]:
+    """The Dags of Airflow's partition example file, bagged as the dag-processor bags them."""
+    import os
+    import shutil
+    import tempfile
+
+    import airflow.example_dags
+    from airflow.dag_processing.dagbag import BundleDagBag
+
+    source = Path(airflow.example_dags.__file__).parent / EXAMPLE_FILE
+    folder = Path(tempfile.mkdtemp(prefix="partition-examples-"))
+    try:
+        shutil.copy(source, folder / EXAMPLE_FILE)
+        os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+        bag = BundleDagBag(dag_folder=str(folder), bundle_path=folder)
+        assert not bag.import_errors, bag.import_errors
+        return [bag.dags[dag_id] for dag_id in sorted(bag.dags)]
+    finally:
+        shutil.rmtree(folder)
+
+
+def example_calls(core: Any) -> list[tuple[str, Any]]:
+    """Airflow's own answers pick the follow-up calls: each queued key's partition date, and
+    for a rollup what it waits for and whether half of it is enough."""
+    calls: list[tuple[str, Any]] = [("keys", k) for k in EXAMPLE_KEYS]
+    downstream: list[str] = []
+    for key in EXAMPLE_KEYS:
+        for found in call(core, "keys", key).get("ok", []):
+            if found not in downstream:
+                downstream.append(found)
+    for key in downstream[:4]:
+        calls.append(("partition_date", key))
+        if core.is_rollup:
+            calls.append(("to_upstream", key))
+            expected = sorted(core.to_upstream(key))
+            calls.append(("satisfied", [key, expected[: len(expected) // 2]]))
+            calls.append(("satisfied", [key, expected]))
+    return calls
+
+
+def example_cases() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(mapper cases, timetable cases) from the example Dags: every partitioned asset Dag's
+    timetable (its mapper per asset, its partition dates) and each distinct mapper it uses;
+    every cron partition Dag's keys."""
+    mappers: list[dict[str, Any]] = []
+    timetables: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    instants = [
+        "2024-03-13T10:00:00+00:00",
+        "2024-03-10T07:15:00+00:00",
+        "2024-03-11T00:00:00+00:00",
+    ]
+    for dag in example_dags():
+        name = f"example {dag.dag_id}"
+        kind = type(dag.timetable).__name__
+        encoded = _plain(encode_timetable(dag.timetable))
+        if kind == "CronPartitionTimetable":
+            var = encoded["__var"]
+            spec = {
+                "kind": "cron_partition",
+                "cron": var["expression"],
+                "timezone": var["timezone"],
+                "run_offset": var["run_offset"],
+                "key_format": var["key_format"],
+            }
+            calls = [("partition_info", i) for i in instants] + [
+                ("iter", ["2024-03-10T00:00:00+00:00", "2024-03-11T03:00:00+00:00"]),
+                ("decode", "2024-03-13T10:00:00"),
+            ]
+            timetables.append(timetable_case(name, spec, calls))
+            continue
+        if kind != "PartitionedAssetTimetable":
+            continue  # PartitionedAtRuntime: keys come from the task, no arithmetic
+        core = decode_timetable(encoded)
+        lookups = [[k.name, k.uri] for k, _ in core.asset_condition.iter_assets()]
+        lookups += [
+            [getattr(r, "name", ""), getattr(r, "uri", "")]
+            for r in core.asset_condition.iter_asset_refs()
+        ]
+        case = partitioned_case_from_core(name, core, lookups, EXAMPLE_KEYS[:6])
+        timetables.append(case)
+        for lookup in lookups:
+            mapper = core.get_partition_mapper(name=lookup[0], uri=lookup[1])
+            spec = spec_from_airflow(_plain(encode_partition_mapper(mapper)))
+            text = json.dumps(spec, sort_keys=True)
+            if text in seen:
+                continue
+            seen.add(text)
+            mappers.append(
+                {
+                    "name": f"{name} {lookup[0] or lookup[1]}",
+                    "mapper": spec,
+                    "calls": [
+                        [op, arg, call(mapper, op, arg)] for op, arg in example_calls(mapper)
+                    ],
+                }
+            )
+    return mappers, timetables
+
+
 def corpus() -> dict[str, Any]:
     mappers = (
         temporal_cases() + simple_cases() + composite_cases() + rollup_cases() + fan_out_cases()
     )
+    example_mappers, example_timetables = example_cases()
     return {
         "airflow": _airflow_version(),
-        "mappers": mappers,
-        "timetables": timetable_cases() + partitioned_cases(),
+        "mappers": mappers + example_mappers,
+        "timetables": timetable_cases() + partitioned_cases() + example_timetables,
     }
 
 

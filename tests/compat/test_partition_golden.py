@@ -7,6 +7,7 @@ or an Airflow upgrade that changes an answer, fails here until the corpus is reg
 from __future__ import annotations
 
 import difflib
+import os
 import subprocess
 
 import pytest
@@ -27,6 +28,7 @@ def test_committed_corpus_is_what_pinned_airflow_answers(tmp_path) -> None:
         text=True,
         timeout=600,
         cwd=ROOT,
+        env={**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow-home")},
     )
     committed = GOLDEN.read_text(encoding="utf-8")
     regenerated = fresh.read_text(encoding="utf-8")

@@ -3,7 +3,8 @@
 Owns: `sync` (parse, validate and sync DAG definition files: `sync_dags` and the worker's sync),
 `schema` (the document as pydantic models, and the JSON Schema published for DAG authors),
 `conditions` (the schedule condition language: parse, references, evaluate), `timetables`
-(Airflow's timetables as pure computation: when a run is due, which interval it covers) and
+(Airflow's timetables as pure computation: when a run is due, which interval it covers),
+`partitions` (Airflow's partition mappers and partition keys as pure computation) and
 `next_runs` (a Dag's stored next run: computed at a sync, an unpause and by the time scheduler).
 
 Writes: `Dag`, `Task`, `Asset`, `AssetAlias`, the schedule and outlet references, `QueueWatcher` and

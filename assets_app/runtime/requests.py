@@ -273,9 +273,9 @@ def trigger_from_task(
 ) -> DagRun:
     """A run of `dag_id` asked for by the running TI `ti_id` (run type operator_triggered; the
     triggering user is that of the TI's own run), audited as `actor` (that TI, issue 26).
-    Conflict (`already_exists`) when `run_id` exists, NotFound for an unknown Dag, BadRequest for
-    a paused one (Airflow would queue it; here its TIs would be claimed at once, so it is
-    refused)."""
+    Conflict (`already_exists`) when `run_id` exists, NotFound for an unknown Dag. A paused
+    Dag's run is taken and waits, queued, for the unpause, as Airflow 3.3.2's execution API
+    `trigger_dag_run` takes it."""
     parent = TaskInstance.objects.filter(id=ti_id).select_related("dag_run").first()
     try:
         return runs.trigger_dag(
@@ -295,8 +295,6 @@ def trigger_from_task(
             f"A run already exists for Dag '{dag_id}' with run_id '{run_id}'",
             reason="already_exists",
         ) from exc
-    except exceptions.InvalidState as exc:
-        raise exceptions.BadRequest(exc.message, reason=exc.reason) from exc
 
 
 def clear_run(*, dag_id: str, run_id: str, actor: audit.Actor | None = None) -> None:

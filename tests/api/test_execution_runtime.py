@@ -376,6 +376,12 @@ def test_dag_runs_state_count_trigger_clear(worker_api, running):
         worker_api.request("GET", "/dag-runs/target/nope/state", ti_id=running.id).status_code
         == 404
     )
+    # A paused Dag's run is taken (TriggerDagRunOperator; Airflow's execution API does not look
+    # at the pause) and waits, queued, for the unpause.
+    DagFactory(dag_id="paused_target", paused=True)
+    paused = worker_api.request("POST", "/dag-runs/paused_target/held", {}, ti_id=running.id)
+    assert paused.status_code == 204, paused.content
+    assert DagRun.objects.get(dag_id="paused_target").state == "queued"
 
 
 def test_unknown_routes_and_methods_answer_json(worker_api, running):

@@ -16,7 +16,7 @@ from assets_app.api.public_auth import create_api_token
 from assets_app.guards import exceptions
 from assets_app.models import ApiToken, Dag, DagRun, TaskInstance
 from assets_app.scheduling import runs
-from assets_app.task_state import claims
+from assets_app.task_state import claims, starting
 from tests.factories import AssetEventFactory, DagFactory, DagRunFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db
@@ -332,14 +332,27 @@ def test_api_paused_dag_run_is_taken_and_waits_queued_until_the_unpause(api, dag
     assert [(w.ti.dag_id, w.ti.task_id) for w in claimed] == [("held", "root")]
 
 
-def test_a_running_run_of_a_dag_paused_later_keeps_its_claims(dag):
-    """Only a run that has not started waits for the unpause: pausing the Dag of a running
-    run does not hold its queued TIs (the worker's claim stands for Airflow's executor, which
-    runs what was queued to it)."""
+def test_pausing_holds_a_running_runs_unclaimed_tis_and_lets_a_claimed_one_start(dag):
+    """Airflow queues no TI of a paused Dag (`_executable_task_instances_to_queued`:
+    `~DM.is_paused`), and a TI already queued to its executor runs: here a TI claimed before
+    the pause starts, the others wait for the unpause."""
     run = runs.trigger_dag(dag_id="report")
-    DagRun.objects.filter(pk=run.pk).update(state="running")
+    (first,) = claims.claim_workloads(hostname="w", limit=1)
     Dag.objects.filter(dag_id="report").update(is_paused=True)
-    assert len(claims.claim_workloads(hostname="w", limit=10)) == 2
+    assert claims.claim_workloads(hostname="w", limit=10) == []
+    starting.start(
+        ti_id=first.ti.id,
+        try_number=1,
+        hostname="w",
+        unixname="u",
+        pid=1,
+        start_date=timezone.now(),
+    )
+    run.refresh_from_db()
+    assert run.state == "running"
+    assert claims.claim_workloads(hostname="w", limit=10) == []
+    Dag.objects.filter(dag_id="report").update(is_paused=False)
+    assert len(claims.claim_workloads(hostname="w", limit=10)) == 1
 
 
 def test_a_cleared_run_of_a_paused_dag_waits_queued(dag):

@@ -13,8 +13,8 @@ manual run is created regardless of how many runs are active; only the asset sch
 active runs before it creates one.
 
 Paused Dags: a trigger (or a clear) of a paused Dag is accepted, as Airflow's, and the run stays
-`queued` until the Dag is unpaused: the claim takes no TI of a queued run of a paused Dag
-(`sql/claims`), as Airflow's scheduler starts no queued run of one.
+`queued` until the Dag is unpaused: the claim takes no TI of a paused Dag (`sql/claims`), as
+Airflow's scheduler starts no queued run of one and queues none of its TIs.
 """
 
 import functools

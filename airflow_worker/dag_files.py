@@ -2,8 +2,9 @@
 
 Files are parsed with Airflow's own DagBag (the Task SDK's Dag objects); each Dag becomes one
 definition document: its tasks with upstream, trigger rule, retries and retry delays, priority
-weight and weight rule, pool and pool slots, queue, declared outlets (assets and aliases)
-and its asset schedule (`&`, `|`, aliases). The service validates and syncs them exactly as
+weight and weight rule, pool and pool slots, queue, declared outlets (assets and aliases),
+its task groups (`task_groups`: each group's tasks) and its asset schedule (`&`, `|`,
+aliases). The service validates and syncs them exactly as
 `sync_dags` does; nothing here writes anything.
 
 Time schedules (issue 24) become the definition's `timetable` with the Dag's `timezone`,
@@ -554,6 +555,14 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
     # `xcom_read_scope:` / `consumption:` ones too (ordinary tags to Airflow), and the doc.
     if dag.tags:
         definition["tags"] = sorted(dag.tags)
+    # Every task group (Airflow's `task_group_dict`, nested ones too) with the tasks in it, for
+    # the reads by `task_group_id` (`get_task_states`, `get_ti_count`).
+    groups = {
+        group_id: sorted(task.task_id for task in group.iter_tasks())
+        for group_id, group in sorted(dag.task_group_dict.items())
+    }
+    if groups:
+        definition["task_groups"] = groups
     if dag.doc_md:
         definition["doc_md"] = str(dag.doc_md)
     if dag.is_paused_upon_creation is not None:

@@ -89,7 +89,10 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "owner_links": Honoured(DISPLAY),
     "dag_display_name": Honoured(DISPLAY),
     "auto_register": Honoured("the parse: Airflow's own DagBag finds the Dags"),
-    "task_group": Honoured(STRUCTURE + " (a group only prefixes its tasks' ids)"),
+    "task_group": Honoured(
+        STRUCTURE + " (a group prefixes its tasks' ids; the definition's `task_groups` lists "
+        "each group's tasks for the reads by `task_group_id`)"
+    ),
     "disable_bundle_versioning": Honoured(
         "the service runs the file as it stands, as Airflow's local Dag bundle (no versions)"
     ),
@@ -135,7 +138,9 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
 TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "task_id": Honoured(CONVERSION + ": `task_id`"),
     "dag": Honoured(STRUCTURE),
-    "task_group": Honoured(STRUCTURE + " (mapped groups: `expand` and `map_group`)"),
+    "task_group": Honoured(
+        STRUCTURE + " (mapped groups: `expand` and `map_group`; every group: `task_groups`)"
+    ),
     "default_args": Honoured(STRUCTURE + " (each value is checked as the task's own)"),
     "retries": Honoured(CONVERSION + ": `retries`, the service's retry state"),
     "retry_delay": Honoured(CONVERSION + ": `retry_delay_seconds`"),

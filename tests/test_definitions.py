@@ -166,18 +166,19 @@ def test_acceptance_sync_then_trigger(tmp_path):
         "0 unchanged; 3 assets and 1 aliases created"
     )
 
-    for dag_id in ("producer", "consumer"):
+    # archive is paused: its run is taken and waits, queued, for the unpause (as on Airflow).
+    for dag_id in ("producer", "consumer", "archive"):
         call_command("trigger_dag", dag_id, stdout=StringIO())
-    with pytest.raises(CommandError, match="dag 'archive' is paused"):
-        call_command("trigger_dag", "archive", stdout=StringIO())
 
     assert sorted(DagRun.objects.values_list("dag_id", "run_type", "state")) == [
+        ("archive", "manual", "queued"),
         ("consumer", "manual", "queued"),
         ("producer", "manual", "queued"),
     ]
     assert sorted(
         TaskInstance.objects.values_list("dag_id", "task_id", "state", "try_number", "max_tries")
     ) == [
+        ("archive", "copy", "queued", 1, 0),
         ("consumer", "notify", "queued", 1, 0),
         ("consumer", "report", "queued", 1, 1),
         ("producer", "extract", "queued", 1, 0),
@@ -597,6 +598,11 @@ BAD_CASES = {
         "tasks[0].priority_weight",
         "2147483647",
     ),
+    "task_group_lists_an_unknown_task": (
+        {"dag_id": "d", "tasks": [{"task_id": "g.a"}], "task_groups": {"g": ["g.a", "g.b"]}},
+        "task_groups.g",
+        "task group 'g' lists 'g.b', not a task of the Dag",
+    ),
     "retry_delay_not_a_number": (
         {"dag_id": "d", "tasks": [{"task_id": "a", "max_retry_delay_seconds": "60"}]},
         "tasks[0].max_retry_delay_seconds",
@@ -854,3 +860,19 @@ def test_effective_priority_weights_are_totalled_as_airflows_strategies(tmp_path
     document["tasks"][3]["priority_weight"] = 10
     sync(write(tmp_path / "w.json", document))
     assert totals() == {"a": 20, "b": 5, "c": 5, "e": 10, "lone": 1}
+
+
+def test_task_groups_are_stored_sorted_and_a_second_sync_changes_nothing(tmp_path):
+    """Airflow's task groups (issue 39): each group's tasks as the worker's reads by
+    `task_group_id` find them (`runtime.requests`)."""
+    document = {
+        "dag_id": "grouped",
+        "tasks": [{"task_id": "g.b"}, {"task_id": "g.a"}, {"task_id": "lone"}],
+        "task_groups": {"g": ["g.b", "g.a"], "g.empty": []},
+    }
+    sync(write(tmp_path / "g.json", document))
+    assert Dag.objects.get(dag_id="grouped").task_groups == {"g": ["g.a", "g.b"], "g.empty": []}
+    assert sync(tmp_path).dags_updated == 0
+    del document["task_groups"]
+    sync(write(tmp_path / "g.json", document))
+    assert Dag.objects.get(dag_id="grouped").task_groups == {}

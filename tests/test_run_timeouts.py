@@ -11,6 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from assets_app.catalog import dags
 from assets_app.definitions import sync as definitions
 from assets_app.models import AuditEntry, Dag, DagRun, DagRunState, TaskInstance, TIState
 from assets_app.scheduling import runs, timeouts
@@ -67,6 +68,54 @@ def test_the_timeout_is_stored_and_a_started_run_gets_its_due_time():
     assert run.state == DagRunState.RUNNING
     assert run.timeout_at == run.start_date + HOUR
     assert timeouts.next_due_at() == run.timeout_at
+
+
+def test_a_run_that_never_started_never_times_out_as_on_airflow():
+    """Airflow 3.3.2 checks `dagrun_timeout` only in `_schedule_dag_run`, on the running runs
+    it examines, against their `start_date` (set when `_start_queued_dagruns` starts them): a
+    queued run, however old (a paused Dag's, held by max_active_runs), is never timed out, and
+    once started its timeout counts from its start. Same here."""
+    sync(3600)
+    Dag.objects.filter(dag_id="d").update(is_paused=True)
+    run = runs.trigger_dag(dag_id="d")
+    DagRun.objects.filter(pk=run.pk).update(queued_at=timezone.now() - 1000 * HOUR)
+    assert timeouts.next_due_at() is None
+    assert timeouts.time_out_due_runs(now=timezone.now() + 1000 * HOUR).runs == ()
+    run.refresh_from_db()
+    assert (run.state, run.timeout_at) == (DagRunState.QUEUED, None)
+    Dag.objects.filter(dag_id="d").update(is_paused=False)
+    start(run, "a")
+    run.refresh_from_db()
+    assert run.timeout_at == run.start_date + HOUR
+
+
+def test_a_paused_dags_running_run_times_out_only_once_unpaused():
+    """Airflow examines only the running runs of unpaused Dags
+    (`DagRun.get_running_dag_runs_to_examine`), so a paused Dag's run past its timeout stays
+    running until the unpause, and is then timed out at the scheduler's next look. Here the
+    unpause wakes the timer, whose next pass ends it."""
+    sync(3600)
+    run = runs.trigger_dag(dag_id="d")
+    start(run, "a")
+    run.refresh_from_db()
+    late = run.start_date + 2 * HOUR
+    Dag.objects.filter(dag_id="d").update(is_paused=True)
+    assert timeouts.next_due_at() is None
+    assert timeouts.time_out_due_runs(now=late).runs == ()
+    assert DagRun.objects.get(pk=run.pk).state == DagRunState.RUNNING
+    dags.set_paused(dag_id="d", is_paused=False)
+    assert timeouts.next_due_at() == run.timeout_at
+    assert timeouts.time_out_due_runs(now=late).runs == ((run.pk, "d", run.run_id),)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unpause_wakes_the_timeout_timer():
+    sync(3600)
+    Dag.objects.filter(dag_id="d").update(is_paused=True)
+    with connection_sql.open_listener(wakeups.TIMEOUTS, using="default") as listener:
+        dags.set_paused(dag_id="d", is_paused=False)
+        received = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in received] == [wakeups.TIMEOUTS]
 
 
 def test_a_dag_without_a_timeout_never_times_out():

@@ -14,8 +14,9 @@ from django.utils.crypto import get_random_string
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.guards import exceptions
-from assets_app.models import ApiToken, DagRun, TaskInstance
+from assets_app.models import ApiToken, Dag, DagRun, TaskInstance
 from assets_app.scheduling import runs
+from assets_app.task_state import claims, starting
 from tests.factories import AssetEventFactory, DagFactory, DagRunFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db
@@ -92,7 +93,6 @@ def test_trigger_dag_run_ids_are_unique_within_one_timestamp(dag):
     ("kwargs", "error", "reason"),
     [
         ({"dag_id": "nope"}, exceptions.NotFound, "dag_not_found"),
-        ({"dag_id": "paused"}, exceptions.InvalidState, "dag_paused"),
         ({"dag_id": "report", "conf": [1]}, exceptions.InvalidInput, "invalid_conf"),
         ({"dag_id": "report", "conf": "x"}, exceptions.InvalidInput, "invalid_conf"),
     ],
@@ -178,7 +178,6 @@ def test_trigger_dag_command_prints_run_and_tis(dag):
     ("args", "message"),
     [
         (["nope"], "dag 'nope' does not exist"),
-        (["paused"], "dag 'paused' is paused"),
         (["report", "--conf", "{bad"], "--conf is not valid JSON"),
         (["report", "--conf", "[1]"], "conf must be a JSON object"),
     ],
@@ -303,12 +302,70 @@ def test_api_unknown_dag_is_404(api):
     }
 
 
-def test_api_paused_dag_is_409(api):
-    DagFactory(dag_id="paused", paused=True)
-    response = post(api, "paused")
-    assert response.status_code == 409
-    assert response.json()["detail"]["reason"] == "dag_paused"
-    assert DagRun.objects.count() == 0
+def test_api_paused_dag_run_is_taken_and_waits_queued_until_the_unpause(api, dag):
+    """Airflow 3.3.2 takes a paused Dag's trigger (`trigger_dag_run` does not look at the
+    pause) and its scheduler starts no queued run of a paused Dag
+    (`DagRun.get_queued_dag_runs_to_set_running`): the run waits, queued, and its TIs are
+    claimed once the Dag is unpaused; another Dag's run is claimed meanwhile."""
+    held = DagFactory(dag_id="held", paused=True)
+    TaskFactory(dag=held, task_id="root")
+    TaskFactory(dag=held, task_id="down").upstream.add(held.tasks.get(task_id="root"))
+    response = post(api, "held", {"conf": {"x": 1}})
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "queued"
+    run = DagRun.objects.get(dag_id="held")
+    assert dict(run.task_instances.values_list("task_id", "state")) == {
+        "root": "queued",
+        "down": "scheduled",
+    }
+    runs.trigger_dag(dag_id="report")
+    claimed = claims.claim_workloads(hostname="w", limit=10)
+    assert sorted(w.ti.dag_id for w in claimed) == ["report", "report"]
+    assert claims.claim_workloads(hostname="w", limit=10) == []
+    run.refresh_from_db()
+    assert run.state == "queued"
+    unpaused = api.patch(
+        "/api/v2/dags/held", data=json.dumps({"is_paused": False}), content_type="application/json"
+    )
+    assert unpaused.status_code == 200, unpaused.content
+    claimed = claims.claim_workloads(hostname="w", limit=10)
+    assert [(w.ti.dag_id, w.ti.task_id) for w in claimed] == [("held", "root")]
+
+
+def test_pausing_holds_a_running_runs_unclaimed_tis_and_lets_a_claimed_one_start(dag):
+    """Airflow queues no TI of a paused Dag (`_executable_task_instances_to_queued`:
+    `~DM.is_paused`), and a TI already queued to its executor runs: here a TI claimed before
+    the pause starts, the others wait for the unpause."""
+    run = runs.trigger_dag(dag_id="report")
+    (first,) = claims.claim_workloads(hostname="w", limit=1)
+    Dag.objects.filter(dag_id="report").update(is_paused=True)
+    assert claims.claim_workloads(hostname="w", limit=10) == []
+    starting.start(
+        ti_id=first.ti.id,
+        try_number=1,
+        hostname="w",
+        unixname="u",
+        pid=1,
+        start_date=timezone.now(),
+    )
+    run.refresh_from_db()
+    assert run.state == "running"
+    assert claims.claim_workloads(hostname="w", limit=10) == []
+    Dag.objects.filter(dag_id="report").update(is_paused=False)
+    assert len(claims.claim_workloads(hostname="w", limit=10)) == 1
+
+
+def test_a_cleared_run_of_a_paused_dag_waits_queued(dag):
+    """Airflow clears a paused Dag's run (queued again) and starts it on the unpause."""
+    run = runs.trigger_dag(dag_id="report")
+    TaskInstance.objects.filter(dag_run=run).update(state="success")
+    DagRun.objects.filter(pk=run.pk).update(state="success")
+    Dag.objects.filter(dag_id="report").update(is_paused=True)
+    cleared = runs.clear_dag_run(dag_id="report", run_id=run.run_id, dry_run=False)
+    assert cleared.run.state == "queued" and len(cleared.task_instances) == 2
+    assert claims.claim_workloads(hostname="w", limit=10) == []
+    Dag.objects.filter(dag_id="report").update(is_paused=False)
+    assert len(claims.claim_workloads(hostname="w", limit=10)) == 2
 
 
 def test_api_explicit_run_id_and_duplicate(api, dag):

@@ -16,9 +16,8 @@ compared run by run.
 Both start paused at creation (each side's default), then, through each side's public REST API
 (the same calls: `POST /api/v2/dags/{id}/dagRuns` with `CONF` and the logical date
 `LOGICAL_DATE`, `PATCH /api/v2/dags/{id}` `is_paused: false`), each Dag is triggered once and
-unpaused: on Airflow every Dag is triggered while paused and unpaused after the last trigger, so
-the burst of API calls does not meet the tasks' own (the service refuses a paused Dag's trigger,
-and runs nothing before its worker starts: each is unpaused, then triggered). An
+unpaused: on both sides every Dag is triggered while paused (its run waits, queued) and unpaused
+after the last trigger, so the burst of API calls does not meet the tasks' own. An
 unpaused scheduled Dag may also get its scheduled run on either side (and a consumer its
 asset-triggered run): only the manual runs the harness triggered are compared. It waits until
 every triggered run is finished on both sides (or `--timeout`), then reads each side's own
@@ -457,10 +456,8 @@ def run(
                 elif dag_id not in ours:
                     row.update(status="refused", reason=_refusal(dag_id, theirs[dag_id], errors))
                 else:
-                    # Airflow takes a run of a paused Dag (it waits, queued); the service
-                    # refuses one (dag_paused), and runs nothing before its worker starts.
+                    # Both take a run of a paused Dag: it waits, queued, for the unpause.
                     their_run = trigger(airflow_api, stock.url, dag_id)
-                    unpause(service.api, service.url, dag_id)
                     our_run = trigger(service.api, service.url, dag_id)
                     if isinstance(their_run, str) and isinstance(our_run, str):
                         runs[dag_id] = (their_run, our_run)
@@ -471,10 +468,11 @@ def run(
                         row.update(status="differ", differences=1)
                     else:
                         row.update(status="skipped", reason=f"both refuse the trigger: {our_run}")
-            # Airflow's Dags unpaused only now: its tasks start after the burst of triggers
-            # (taken while they ran, it timed the tasks' API calls out on SQLite).
+            # The Dags unpaused only now: their tasks start after the burst of triggers (taken
+            # while they ran, Airflow timed the tasks' API calls out on SQLite).
             for dag_id in runs:
                 unpause(airflow_api, stock.url, dag_id)
+                unpause(service.api, service.url, dag_id)
             service.start_worker()
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:

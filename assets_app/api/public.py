@@ -194,7 +194,7 @@ def materialize_asset(
     request: HttpRequest, asset_id: int, body: MaterializeAssetBody | None = None
 ) -> DAGRunResponse:
     """Trigger a run of the one Dag that produces the asset (Airflow: same path): 404 when no Dag
-    produces it, 409 when several do or the Dag is paused."""
+    produces it, 409 when several do (a paused Dag's run waits, queued, as on Airflow)."""
     body = body or MaterializeAssetBody()
     run = run_writes.materialize_asset(
         asset_id=asset_id,

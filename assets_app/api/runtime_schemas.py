@@ -150,6 +150,7 @@ class TIFilters(BaseModel):
     dag_id: str
     map_index: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
     task_ids: list[str] | None = None
+    task_group_id: str | None = None
     logical_dates: list[UtcDatetime] | None = None
     run_ids: list[str] | None = None
 

@@ -351,9 +351,10 @@ def after_unpause(dag_ids: Sequence[str]) -> None:
     """What follows the unpause of these Dags, in the caller's transaction: each one's next run
     of that instant is stored (`next_runs.store`, issue 40), the time scheduler woken to it and
     the asset scheduler nudged for their queued events (after commit), so that neither waits
-    for a sweep."""
+    for a sweep; the run-timeout timer is woken too (a paused Dag's running runs past their
+    timeout end now, `scheduling.timeouts`)."""
     next_runs.store(dag_ids)
-    wakeups.wake(wakeups.TIME)
+    wakeups.wake(wakeups.TIME, wakeups.TIMEOUTS)
     nudges.scheduler_on_commit(dag_ids=dag_ids)
 
 

@@ -776,6 +776,12 @@ class Dag(_Object):
         description="Queue watchers feeding this Dag's scheduled assets (Airflow's "
         "AssetWatcher on a message queue).",
     )
+    task_groups: dict[Identifier, list[Identifier]] = Field(
+        default_factory=dict,
+        description="Airflow's task groups (its `task_group_dict`): each group's id and the "
+        "task ids in it, its nested groups' included. A task's reads by `task_group_id` (the "
+        "ExternalTaskSensor's) find them; another group id is a 404, as on Airflow.",
+    )
 
     @model_validator(mode="after")
     def _time_schedule(self) -> Dag:
@@ -826,6 +832,14 @@ class Dag(_Object):
             error = self._run_types_error(set(self.allowed_run_types))
             if error is not None:
                 raise invalid("allowed_run_types", error)
+        task_ids = {task.task_id for task in self.tasks}
+        for group_id, members in self.task_groups.items():
+            unknown = sorted(set(members) - task_ids)
+            if unknown:
+                raise invalid(
+                    f"task_groups.{group_id}",
+                    f"task group {group_id!r} lists {unknown[0]!r}, not a task of the Dag",
+                )
         if self.schedule is not None or self.timetable is not None:
             error = dag_params.schedule_error(self.dag_id, self.param_specs())
             if error is not None:

@@ -235,6 +235,9 @@ class DagDefinition:
     # Airflow's allowed_run_types, sorted (None: every type).
     allowed_run_types: tuple[str, ...] | None = None
     fail_fast: bool = False
+    # Airflow's task groups (`task_group_dict`): group id -> its task ids (nested included),
+    # sorted; `runtime.requests` answers the reads by `task_group_id` from them.
+    task_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Where it came from: the file as given (for messages), its resolved path (stored), the JSON
     # path of the object in the file ("" or "[i]").
     file: str = field(default="", compare=False)
@@ -394,6 +397,10 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         max_events_per_run=_max_events_per_run(model.consumption),
         params=dag_params.dump(model.param_specs()),
         fail_fast=model.fail_fast,
+        task_groups=tuple(
+            (group_id, tuple(sorted(set(members))))
+            for group_id, members in sorted(model.task_groups.items())
+        ),
         allowed_run_types=(
             # Airflow stores an empty list as null: every type.
             tuple(sorted(set(model.allowed_run_types))) if model.allowed_run_types else None
@@ -1279,6 +1286,9 @@ class _Sync:
                 "max_events_per_run": definition.max_events_per_run,
                 "params": definition.params,
                 "fail_fast": definition.fail_fast,
+                "task_groups": {
+                    group_id: list(members) for group_id, members in definition.task_groups
+                },
                 "allowed_run_types": (
                     list(definition.allowed_run_types)
                     if definition.allowed_run_types is not None

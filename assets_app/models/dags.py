@@ -104,6 +104,12 @@ class Dag(models.Model):
     # Airflow's `fail_fast`: a TI that fails for good stops the rest of its run
     # (`dependencies.stop_remaining`, issue 39).
     fail_fast = models.BooleanField(db_default=False, default=False)
+    # Airflow's task groups (its `task_group_dict`): group id -> the ids of its tasks, nested
+    # groups' included (sorted). The worker's reads by `task_group_id` (ExternalTaskSensor)
+    # look a group up here (`runtime.requests`); {}: none.
+    task_groups = models.JSONField(
+        default=dict, db_default=models.Value({}, models.JSONField()), blank=True
+    )
     # The next run the timetable gives (Airflow's DagModel fields): its logical date, data
     # interval and the time it may be created from. Null when there is none (no timetable,
     # the end date passed). The scheduler reads only the Dags due by `next_dagrun_create_after`.

@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import transaction
+from django.db.models import Q, QuerySet
 
 from ..guards import exceptions
 from ..models import (
@@ -106,17 +107,54 @@ def _ti_filter(
     return tis
 
 
+def _group_task_ids(*, dag_id: str, task_group_id: str) -> list[str]:
+    """The task ids of the Dag's task group `task_group_id`, nested groups' included (Airflow
+    3.3.2's `_get_group_tasks` in `execution_api/routes/task_instances.py`, which reads the
+    group from the Dag's latest version): NotFound with Airflow's messages for an unknown Dag
+    or group (its 404 `{"reason": "not_found", "message": ...}`)."""
+    groups = Dag.objects.filter(dag_id=dag_id).values_list("task_groups", flat=True).first()
+    if groups is None:
+        raise exceptions.NotFound(f"The Dag with ID: `{dag_id}` was not found")
+    if task_group_id not in groups:
+        raise exceptions.NotFound(f"Task group {task_group_id} not found in DAG {dag_id}")
+    return list(groups[task_group_id])
+
+
+def _group_tis(
+    *,
+    dag_id: str,
+    task_group_id: str,
+    map_index: int | None,
+    logical_dates: Sequence[datetime] | None,
+    run_ids: Sequence[str] | None,
+) -> QuerySet[TaskInstance]:
+    """The TIs of the group's tasks in those runs (an empty group has none)."""
+    members = _group_task_ids(dag_id=dag_id, task_group_id=task_group_id)
+    if not members:
+        return TaskInstance.objects.none()
+    return _ti_filter(
+        dag_id=dag_id,
+        map_index=map_index,
+        task_ids=members,
+        logical_dates=logical_dates,
+        run_ids=run_ids,
+    )
+
+
 def count_task_instances(
     *,
     dag_id: str,
     map_index: int | None = None,
     task_ids: Sequence[str] | None = None,
+    task_group_id: str | None = None,
     logical_dates: Sequence[datetime] | None = None,
     run_ids: Sequence[str] | None = None,
     states: Sequence[str] | None = None,
 ) -> int:
     """How many TIs match (Airflow's `GET /execution/task-instances/count`). A TI here always
-    has a state, so "null" in `states` matches none."""
+    has a state, so "null" in `states` matches none. With `task_group_id`, only the (task,
+    map index) pairs the group's TIs of those runs have, or the group id itself (-1) when it
+    has none, as Airflow's `get_task_instance_count` counts (404 for an unknown group)."""
     tis = _ti_filter(
         dag_id=dag_id,
         map_index=map_index,
@@ -124,6 +162,19 @@ def count_task_instances(
         logical_dates=logical_dates,
         run_ids=run_ids,
     )
+    if task_group_id:
+        members = _group_tis(
+            dag_id=dag_id,
+            task_group_id=task_group_id,
+            map_index=map_index,
+            logical_dates=logical_dates,
+            run_ids=run_ids,
+        )
+        pairs = set(members.values_list("task_id", "map_index")) or {(task_group_id, -1)}
+        pair_q = Q(pk__in=[])
+        for task_id, index in sorted(pairs):
+            pair_q |= Q(task_id=task_id, map_index=index)
+        tis = tis.filter(pair_q)
     if states:
         tis = tis.filter(state__in=[s for s in states if s != "null"])
     return tis.count()
@@ -134,18 +185,32 @@ def task_instance_states(
     dag_id: str,
     map_index: int | None = None,
     task_ids: Sequence[str] | None = None,
+    task_group_id: str | None = None,
     logical_dates: Sequence[datetime] | None = None,
     run_ids: Sequence[str] | None = None,
 ) -> dict[str, dict[str, str]]:
-    """{run_id: {task_id (or `task_id_mapindex` when mapped): state}}."""
+    """{run_id: {task_id (or `task_id_mapindex` when mapped): state}} (Airflow's `GET
+    /execution/task-instances/states`). With `task_group_id`: the group's TIs of those runs,
+    added to those of `task_ids` when given, else instead of every TI of the Dag (404 for an
+    unknown group, as Airflow's `get_task_instance_states`)."""
     result: dict[str, dict[str, str]] = defaultdict(dict)
-    rows = _ti_filter(
+    found = _ti_filter(
         dag_id=dag_id,
         map_index=map_index,
         task_ids=task_ids,
         logical_dates=logical_dates,
         run_ids=run_ids,
-    ).values_list("run_id", "task_id", "map_index", "state")
+    )
+    if task_group_id:
+        group = _group_tis(
+            dag_id=dag_id,
+            task_group_id=task_group_id,
+            map_index=map_index,
+            logical_dates=logical_dates,
+            run_ids=run_ids,
+        )
+        found = found | group if task_ids else group
+    rows = found.values_list("run_id", "task_id", "map_index", "state")
     for run_id, task_id, index, state in rows:
         result[run_id][task_id if index < 0 else f"{task_id}_{index}"] = state
     return dict(result)
@@ -208,9 +273,9 @@ def trigger_from_task(
 ) -> DagRun:
     """A run of `dag_id` asked for by the running TI `ti_id` (run type operator_triggered; the
     triggering user is that of the TI's own run), audited as `actor` (that TI, issue 26).
-    Conflict (`already_exists`) when `run_id` exists, NotFound for an unknown Dag, BadRequest for
-    a paused one (Airflow would queue it; here its TIs would be claimed at once, so it is
-    refused)."""
+    Conflict (`already_exists`) when `run_id` exists, NotFound for an unknown Dag. A paused
+    Dag's run is taken and waits, queued, for the unpause, as Airflow 3.3.2's execution API
+    `trigger_dag_run` takes it."""
     parent = TaskInstance.objects.filter(id=ti_id).select_related("dag_run").first()
     try:
         return runs.trigger_dag(
@@ -230,8 +295,6 @@ def trigger_from_task(
             f"A run already exists for Dag '{dag_id}' with run_id '{run_id}'",
             reason="already_exists",
         ) from exc
-    except exceptions.InvalidState as exc:
-        raise exceptions.BadRequest(exc.message, reason=exc.reason) from exc
 
 
 def clear_run(*, dag_id: str, run_id: str, actor: audit.Actor | None = None) -> None:

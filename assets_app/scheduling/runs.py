@@ -11,6 +11,10 @@ run is created `queued`; Airflow's scheduler then applies `max_active_runs` when
 runs to running. This service has no such start step (workers claim queued TIs directly), so a
 manual run is created regardless of how many runs are active; only the asset scheduler counts
 active runs before it creates one.
+
+Paused Dags: a trigger (or a clear) of a paused Dag is accepted, as Airflow's, and the run stays
+`queued` until the Dag is unpaused: the claim takes no TI of a paused Dag (`sql/claims`), as
+Airflow's scheduler starts no queued run of one and queues none of its TIs.
 """
 
 import functools
@@ -316,14 +320,17 @@ def trigger_dag(
     audited when `actor` is given (an operator's trigger; the scheduler's runs are not).
     `run_type` is asset_materialization for `materialize_asset`.
 
-    Errors (nothing written): unknown Dag -> NotFound ("dag_not_found"); paused Dag ->
-    InvalidState ("dag_paused"); `conf` not a JSON object -> InvalidInput ("invalid_conf"),
-    nested deeper than `limits.MAX_JSON_DEPTH` -> InvalidInput ("too_deep"), wider or larger
-    than the other `limits` -> InvalidInput ("too_wide" / "too_long" / "too_large"); a
-    `run_id` already used by the Dag -> Conflict ("dag_run_exists"). Manual runs are not limited
-    by `max_active_runs` (see the module docstring). A conf the Dag's params refuse ->
-    BadRequest ("value_error", Airflow's `Invalid input for param ...`); a run type the Dag's
-    `allowed_run_types` leave out -> BadRequest ("denied_run_type").
+    A paused Dag's run is created as any other and waits, queued, for the unpause (Airflow
+    3.3.2's `trigger_dag_run` does not look at the pause; the claim does, `sql/claims`).
+
+    Errors (nothing written): unknown Dag -> NotFound ("dag_not_found"); `conf` not a JSON
+    object -> InvalidInput ("invalid_conf"), nested deeper than `limits.MAX_JSON_DEPTH` ->
+    InvalidInput ("too_deep"), wider or larger than the other `limits` -> InvalidInput
+    ("too_wide" / "too_long" / "too_large"); a `run_id` already used by the Dag -> Conflict
+    ("dag_run_exists"). Manual runs are not limited by `max_active_runs` (see the module
+    docstring). A conf the Dag's params refuse -> BadRequest ("value_error", Airflow's `Invalid
+    input for param ...`); a run type the Dag's `allowed_run_types` leave out -> BadRequest
+    ("denied_run_type").
     """
     if conf is None:
         conf = {}
@@ -339,10 +346,6 @@ def trigger_dag(
         if dag is None:
             raise exceptions.NotFound(f"dag {dag_id!r} does not exist", reason="dag_not_found")
         check_run_type(dag, run_type)
-        if dag.is_paused:
-            raise exceptions.InvalidState(
-                f"dag {dag_id!r} is paused; unpause it to trigger a run", reason="dag_paused"
-            )
         dag_params.check_conf(dag_params.load(dag.params), conf)
         run = create_dag_run(
             dag=dag,
@@ -526,9 +529,9 @@ def clear_dag_run(
     default, as in Airflow) writes nothing and says which TIs would be cleared (or, with
     `only_new`, which tasks the Dag gained since the run was created); otherwise those TIs get a
     new try, or the new tasks get TIs, in the state `initial_ti_states` gives, the run is queued
-    again, and `note` (when given) replaces the run's note. Errors, nothing written: unknown run
-    -> NotFound; paused Dag -> InvalidState (`dag_paused`: claim does not look at pauses, so its
-    TIs would run at once). Each write is its own durable transaction."""
+    again, and `note` (when given) replaces the run's note; a paused Dag's run waits, queued,
+    for the unpause (`sql/claims`), as Airflow's. Errors, nothing written: unknown run ->
+    NotFound. Each write is its own durable transaction."""
     run = DagRun.objects.select_related("dag").filter(dag_id=dag_id, run_id=run_id).first()
     if run is None:
         raise exceptions.NotFound(
@@ -553,10 +556,6 @@ def clear_dag_run(
         new_task_ids = []
     if dry_run:
         return RunClearResult(run=run, task_instances=planned, new_task_ids=new_task_ids)
-    if run.dag.is_paused:
-        raise exceptions.InvalidState(
-            f"dag {dag_id!r} is paused; unpause it to clear a run", reason="dag_paused"
-        )
     if only_new:
         _add_new_task_instances(run, tasks, actor=actor)
     else:

@@ -13,6 +13,11 @@ starts running, in the statement that starts it, which wakes the timeout timer
 and then ends the due runs in batches (`time_out_due_runs`). A sync that changes a Dag's timeout
 wakes it too, and then the running runs' due times are recomputed (`retime`), since Airflow
 reads the Dag's current timeout at each look.
+
+A paused Dag's runs are left alone until it is unpaused (the unpause wakes the timer:
+`catalog.dags.after_unpause`), as Airflow examines only the running runs of unpaused Dags
+(`DagRun.get_running_dag_runs_to_examine`); a queued run never times out (it has no start),
+as there.
 """
 
 from dataclasses import dataclass
@@ -93,9 +98,12 @@ def time_out_due_runs(*, now: datetime | None = None, batch: int = BATCH) -> Tim
 
 
 def next_due_at() -> datetime | None:
-    """The earliest `timeout_at` of a running run (one index read), None when none has one."""
+    """The earliest `timeout_at` of a running run of an unpaused Dag (one index read), None
+    when none has one."""
     return (
-        DagRun.objects.filter(state=DagRunState.RUNNING, timeout_at__isnull=False)
+        DagRun.objects.filter(
+            state=DagRunState.RUNNING, timeout_at__isnull=False, dag__is_paused=False
+        )
         .order_by("timeout_at")
         .values_list("timeout_at", flat=True)
         .first()

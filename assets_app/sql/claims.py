@@ -39,6 +39,12 @@ _CLAIMABLE = (
     "ti.state = 'queued' AND (ti.retry_at IS NULL OR ti.retry_at <= %s) "
     "AND (ti.claimed_at IS NULL OR ti.claimed_at < %s)"
 )
+# No TI of a paused Dag is claimed until the unpause, as Airflow 3.3.2's scheduler starts only
+# queued runs of unpaused Dags (`DagRun.get_queued_dag_runs_to_set_running`) and queues only
+# their scheduled TIs (`_executable_task_instances_to_queued`: `~DM.is_paused`). A claimed TI
+# (Airflow's queued, at the executor) goes on. A run triggered or cleared while its Dag is
+# paused so stays queued (its first started TI is what starts a run here).
+_DAG_UNPAUSED = "NOT d.is_paused"
 # Airflow's order: priority weight descending, then the run's logical date (PostgreSQL puts
 # Airflow's NULLs last; spelled out for SQLite), then map index; then FIFO.
 _ORDER = (
@@ -136,7 +142,7 @@ def claim_task_instances(
                    t.max_active_tis_per_dagrun AS run_task_max
             FROM {_TI} ti JOIN {_RUN} r ON r.id = ti.dag_run_id
             JOIN {_DAG} d ON d.dag_id = r.dag_id {_TASK_JOIN}
-            WHERE {_CLAIMABLE} AND {in_queues}
+            WHERE {_CLAIMABLE} AND {in_queues} AND {_DAG_UNPAUSED}
         ), live AS (
             SELECT ti.dag_id, ti.run_id, ti.task_id, COALESCE(t.pool, %s) AS pool,
                    COALESCE(t.pool_slots, 1) AS slots

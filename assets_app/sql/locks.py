@@ -506,12 +506,12 @@ def lock_parked_watcher_messages(ids: Sequence[int]) -> list[WatcherMessage]:
 
 
 def lock_timed_out_runs(*, now: datetime, limit: int) -> list[tuple[int, str, str]]:
-    """Lock up to `limit` running runs whose `timeout_at` passed (FOR UPDATE SKIP LOCKED,
-    earliest first, through `dag_run_timeout_due`): (id, dag_id, run_id) of each. Inside the
-    caller's transaction (see "Run timeouts" above)."""
+    """Lock up to `limit` running runs of unpaused Dags whose `timeout_at` passed (FOR UPDATE
+    SKIP LOCKED of the run rows only, earliest first, through `dag_run_timeout_due`): (id,
+    dag_id, run_id) of each. Inside the caller's transaction (see "Run timeouts" above)."""
     return list(
-        DagRun.objects.filter(state=DagRunState.RUNNING, timeout_at__lte=now)
+        DagRun.objects.filter(state=DagRunState.RUNNING, timeout_at__lte=now, dag__is_paused=False)
         .order_by("timeout_at", "id")
-        .select_for_update(skip_locked=True)
+        .select_for_update(skip_locked=True, of=("self",))
         .values_list("id", "dag_id", "run_id")[:limit]
     )

@@ -33,12 +33,13 @@ def supported() -> bool:
     return connection.vendor == "postgresql"
 
 
-def wake(channel: str) -> None:
-    """NOTIFY `channel`, delivered when the caller's transaction commits (at once in
+def wake(*channels: str) -> None:
+    """NOTIFY each of `channels`, delivered when the caller's transaction commits (at once in
     autocommit). 1 statement; nothing on SQLite."""
-    if supported():
+    if supported() and channels:
+        notify = ", ".join(["pg_notify(%s, '')"] * len(channels))
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [channel])
+            cursor.execute(f"SELECT {notify}", list(channels))
 
 
 def wake_sql(channel: str, *, if_rows_in: str) -> str:

@@ -285,6 +285,69 @@ def test_task_instance_count_and_states(worker_api, running):
     }
 
 
+def test_task_group_reads_answer_as_airflow(worker_api, running):
+    """Reads by `task_group_id` (the ExternalTaskSensor's `get_task_states`, `get_ti_count`)
+    as Airflow 3.3.2's routes answer them (`_get_group_tasks`): the group's TIs (nested
+    groups' included), an unknown group or Dag a 404 with its body, an empty group no states
+    and a count over the group id itself."""
+    dag = running.dag_run.dag
+    dag.task_groups = {"outer": ["outer.a", "outer.inner.b"], "outer.inner": ["outer.inner.b"]}
+    dag.task_groups["empty"] = []
+    dag.save()
+    run = running.dag_run
+    TaskInstanceFactory(dag_run=run, task_id="outer.a", state=TIState.SUCCESS)
+    TaskInstanceFactory(dag_run=run, task_id="outer.inner.b", map_index=0, state=TIState.FAILED)
+    TaskInstanceFactory(dag_run=run, task_id="outer.inner.b", map_index=1, state=TIState.SUCCESS)
+
+    def get(path, **params):
+        return worker_api.request("GET", path, ti_id=running.id, dag_id=dag.dag_id, **params)
+
+    states = get("/task-instances/states", task_group_id="outer")
+    assert _answer("TaskStatesResponse", states) == {
+        "task_states": {
+            run.run_id: {
+                "outer.a": "success",
+                "outer.inner.b_0": "failed",
+                "outer.inner.b_1": "success",
+            }
+        }
+    }
+    both = get("/task-instances/states", task_group_id="outer.inner", task_ids=["produce"])
+    assert _answer("TaskStatesResponse", both) == {
+        "task_states": {
+            run.run_id: {
+                "produce": "running",
+                "outer.inner.b_0": "failed",
+                "outer.inner.b_1": "success",
+            }
+        }
+    }
+    assert json.loads(get("/task-instances/count", task_group_id="outer").content) == 3
+    failed = get("/task-instances/count", task_group_id="outer", states=["failed", "skipped"])
+    assert json.loads(failed.content) == 1
+    empty = get("/task-instances/states", task_group_id="empty")
+    assert _answer("TaskStatesResponse", empty) == {"task_states": {}}
+    assert json.loads(get("/task-instances/count", task_group_id="empty").content) == 0
+    for path in ("/task-instances/states", "/task-instances/count"):
+        missing = get(path, task_group_id="parent_dag_task_group_id")
+        assert (missing.status_code, json.loads(missing.content)) == (
+            404,
+            {
+                "detail": {
+                    "reason": "not_found",
+                    "message": f"Task group parent_dag_task_group_id not found in DAG {dag.dag_id}",
+                }
+            },
+        )
+    no_dag = worker_api.request(
+        "GET", "/task-instances/states", ti_id=running.id, dag_id="nope", task_group_id="g"
+    )
+    assert (no_dag.status_code, json.loads(no_dag.content)) == (
+        404,
+        {"detail": {"reason": "not_found", "message": "The Dag with ID: `nope` was not found"}},
+    )
+
+
 def test_dag_runs_state_count_trigger_clear(worker_api, running):
     run = running.dag_run
     state = worker_api.request(
@@ -313,6 +376,12 @@ def test_dag_runs_state_count_trigger_clear(worker_api, running):
         worker_api.request("GET", "/dag-runs/target/nope/state", ti_id=running.id).status_code
         == 404
     )
+    # A paused Dag's run is taken (TriggerDagRunOperator; Airflow's execution API does not look
+    # at the pause) and waits, queued, for the unpause.
+    DagFactory(dag_id="paused_target", paused=True)
+    paused = worker_api.request("POST", "/dag-runs/paused_target/held", {}, ti_id=running.id)
+    assert paused.status_code == 204, paused.content
+    assert DagRun.objects.get(dag_id="paused_target").state == "queued"
 
 
 def test_unknown_routes_and_methods_answer_json(worker_api, running):

@@ -415,7 +415,13 @@ def test_tasks_of_a_mapped_task_group_become_map_group_definitions_the_service_s
     assert tasks["per_literal.twice"]["expand"] == {"x": [None, None]}
     assert tasks["per_literal.plus"]["map_group"] == "per_literal"
     assert "map_group" not in tasks["total"] and "expand" not in tasks["total"]
+    # Every group with its tasks (Airflow's task_group_dict), for reads by task_group_id.
+    assert dag["task_groups"] == {
+        "per_literal": ["per_literal.plus", "per_literal.twice"],
+        "per_number": ["per_number.add", "per_number.double"],
+    }
     definitions.sync_definitions(dags=definitions.parse_document(dag, file="groups.py"))
+    assert Dag.objects.get(dag_id="groups").task_groups == dag["task_groups"]
     stored = Task.objects.filter(dag_id="groups").exclude(map_group="")
     assert {(t.task_id, t.map_length, t.map_upstream, t.map_group) for t in stored} == {
         ("per_number.double", None, "numbers", "per_number"),

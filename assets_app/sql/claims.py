@@ -164,7 +164,11 @@ def claim_task_instances(
     if not pools or not queues or limit < 1:
         return ClaimedBatch(tis=[], window_full=False)
     names = ", ".join(["%s"] * len(pools))
-    in_queues, queue_params = _in_queues(queues)
+    queue_names = ", ".join(["%s"] * len(queues))
+    # A TI whose task is gone is in the default queue and pool. The task's columns are
+    # compared bare (not COALESCEd) so that the planner sees their statistics and hashes.
+    gone_queue = "TRUE" if DEFAULT_QUEUE in queues else "FALSE"
+    gone_pool = "TRUE" if DEFAULT_POOL_NAME in pools else "FALSE"
     lock = " FOR UPDATE OF ti SKIP LOCKED" if connection.vendor == "postgresql" else ""
     order = {alias: _ORDER.format(alias) for alias in ("", "c.", "k.")}
     window = candidate_window(limit)
@@ -202,11 +206,13 @@ def claim_task_instances(
                        r.logical_date, COALESCE(t.priority_weight_total, 1) AS weight,
                        COALESCE(t.pool, %s) AS pool, COALESCE(t.pool_slots, 1) AS slots,
                        COALESCE(t.queue, %s) AS queue, t.max_active_tis_per_dag AS task_max,
-                       t.max_active_tis_per_dagrun AS run_task_max, f.open
+                       t.max_active_tis_per_dagrun AS run_task_max
                 FROM {_TI} ti JOIN {_RUN} r ON r.id = ti.dag_run_id {_TASK_JOIN}
-                JOIN free f ON f.name = COALESCE(t.pool, %s)
-                WHERE {_CLAIMABLE} AND {in_queues}
-                  AND (f.open IS NULL OR COALESCE(t.pool_slots, 1) <= f.open)
+                WHERE {_CLAIMABLE}
+                  AND (t.queue IN ({queue_names}) OR (t.task_id IS NULL AND {gone_queue}))
+                  AND (t.pool IN ({names}) OR (t.task_id IS NULL AND {gone_pool}))
+                  AND NOT EXISTS (SELECT 1 FROM free f WHERE f.name = COALESCE(t.pool, %s)
+                      AND f.open < COALESCE(t.pool_slots, 1))
                   AND NOT EXISTS (SELECT 1 FROM starved_run s WHERE s.dag_run_id = ti.dag_run_id)
                   AND NOT EXISTS (SELECT 1 FROM starved_task s
                       WHERE s.dag_id = ti.dag_id AND s.task_id = ti.task_id)
@@ -216,7 +222,7 @@ def claim_task_instances(
             ORDER BY {order[""]}
             LIMIT %s
         ), counted AS (
-            SELECT c.*, d.max_active_tasks AS run_max, COALESCE(rl.n, 0) AS run_n,
+            SELECT c.*, f.open, d.max_active_tasks AS run_max, COALESCE(rl.n, 0) AS run_n,
                 COALESCE(tl.n, 0) AS task_n, COALESCE(rtl.n, 0) AS run_task_n,
                 ROW_NUMBER() OVER (PARTITION BY c.dag_run_id ORDER BY {order["c."]})
                     AS run_rank,
@@ -224,7 +230,8 @@ def claim_task_instances(
                     AS task_rank,
                 ROW_NUMBER() OVER (PARTITION BY c.dag_run_id, c.task_id ORDER BY {order["c."]})
                     AS run_task_rank
-            FROM candidate c JOIN {_DAG} d ON d.dag_id = c.dag_id
+            FROM candidate c JOIN free f ON f.name = c.pool
+            JOIN {_DAG} d ON d.dag_id = c.dag_id
             LEFT JOIN run_live rl ON rl.dag_run_id = c.dag_run_id
             LEFT JOIN task_live tl ON tl.dag_id = c.dag_id AND tl.task_id = c.task_id
             LEFT JOIN run_task_live rtl ON rtl.dag_run_id = c.dag_run_id
@@ -250,8 +257,10 @@ def claim_task_instances(
     params = [
         *(DEFAULT_POOL_NAME, expired_),
         *pools,
-        *(DEFAULT_POOL_NAME, DEFAULT_QUEUE, DEFAULT_POOL_NAME, now_, expired_),
-        *queue_params,
+        *(DEFAULT_POOL_NAME, DEFAULT_QUEUE, now_, expired_),
+        *queues,
+        *pools,
+        DEFAULT_POOL_NAME,
         window,
         limit,
     ]

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import DEFAULT_POOL_NAME, AuditEntry, Pool, TaskInstance, TIState
+from assets_app.sql import claims as claims_sql
 from assets_app.task_state import claims
 from tests.api.snapshots import db_snapshot
 from tests.factories import DagFactory, DagRunFactory, TaskFactory, TaskInstanceFactory
@@ -161,6 +162,68 @@ def test_concurrent_claimers_never_hold_more_slots_than_the_pool_has(slots):
         got = _claim_at_once(threads=8, tries=3, limit=3)
         assert len(got) == len(set(got)) == 4 // slots
         TaskInstance.objects.filter(id__in=got).update(state=TIState.SUCCESS)
+
+
+# --- a bounded claim: the candidate window and the starved ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "starved_by",
+    ["pool", "max_active_tasks", "max_active_tis_per_dag", "max_active_tis_per_dagrun"],
+)
+def test_a_ti_behind_more_starved_candidates_than_a_window_holds_is_claimed(starved_by):
+    """Five windows' worth of heavier TIs ahead of it are starved (their pool full, their run,
+    task or task of the run at its limit): they take no place in the bounded set a claim
+    statement examines (`claims_sql.candidate_window`), as Airflow's starvation filters come
+    before its `.limit(max_tis)`, so the TI behind them is claimed."""
+    ahead = 5 * claims_sql.candidate_window(1)
+    Pool.objects.create(name="p", slots=1 if starved_by == "pool" else 1000)
+    dag = DagFactory(max_active_tasks=1 if starved_by == "max_active_tasks" else 1000)
+    one = {starved_by: 1} if starved_by.startswith("max_active_tis") else {}
+    task = TaskFactory(dag=dag, pool="p", priority_weight_total=10, **one)
+    run = DagRunFactory(dag=dag)
+    TaskInstance.objects.bulk_create(
+        TaskInstance(
+            dag_run=run,
+            dag_id=run.dag_id,
+            run_id=run.run_id,
+            task_id=task.task_id,
+            map_index=i,
+            state=TIState.RUNNING if i == 0 else TIState.QUEUED,
+        )
+        for i in range(ahead + 1)
+    )
+    (behind,) = queued(DagRunFactory(), weight=1)
+    assert claimed_ids(limit=1) == [behind.id]
+    assert claimed_ids() == []
+
+
+def test_a_claim_goes_on_past_a_window_that_one_runs_limit_fills():
+    """Every candidate of the first statement's window is of a run with one slot left: that
+    statement claims one, and the claim goes on (the run now starved, Airflow's loop) to the
+    next run's TIs, up to its limit, with one more statement."""
+    first = DagRunFactory(dag=DagFactory(max_active_tasks=1))
+    heavy = queued(first, weight=10, n=claims_sql.candidate_window(3) + 5)
+    light = queued(DagRunFactory(), weight=1, n=3)
+    with CaptureQueriesContext(connection) as ctx:
+        got = claimed_ids(limit=3)
+    assert got == [heavy[0].id, light[0].id, light[1].id]
+    assert sum("AS claim_pool_slots" in q["sql"] for q in ctx.captured_queries) == 2
+    assert claimed_ids() == [light[2].id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claimers_going_past_full_windows_hold_each_runs_limit_exactly():
+    """Six runs with one slot each (`max_active_tasks` 1), each with more TIs than a window
+    of a claim of 2 holds, in order run after run: every claim goes past a full window, and
+    8 threads claiming at once hold exactly one TI of each run, the first in line."""
+    dag = DagFactory(max_active_tasks=1)
+    firsts = []
+    for r in range(6):
+        run = DagRunFactory(dag=dag)
+        firsts.append(queued(run, weight=100 - r, n=claims_sql.candidate_window(2) + 3)[0].id)
+    got = _claim_at_once(threads=8, tries=2, limit=2)
+    assert sorted(got) == sorted(firsts)
 
 
 # --- /api/v2/pools ----------------------------------------------------------------------------

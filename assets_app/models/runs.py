@@ -235,6 +235,14 @@ class TaskInstance(models.Model):
                 name="ti_running_heartbeat",
                 condition=models.Q(state="running"),
             ),
+            # A claim's count of the slots and limits held (`sql/claims.py`): the queued TIs
+            # claimed by a claim that has not expired, next to ti_running_heartbeat's running
+            # ones, without reading the backlog of queued TIs nobody claimed.
+            models.Index(
+                fields=["claimed_at"],
+                name="ti_queued_claimed",
+                condition=models.Q(state="queued", claimed_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

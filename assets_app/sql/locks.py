@@ -8,7 +8,8 @@ transaction takes a lock from an earlier step after one from a later step):
      serializes claimers of one pool, and so of one Dag, each for one short claim transaction,
      so each counts the slots and the run and task limits the one before it took;
      `lock_claim_pools`); then, in a new statement, those pools' claimable TI rows FOR UPDATE
-     SKIP LOCKED (`claim_queued_task_instances`) and one UPDATE of them. Nothing else locks a
+     SKIP LOCKED (`claim_queued_task_instances`) and one UPDATE of them (that pair again while
+     it comes back short with its bounded window of candidates full). Nothing else locks a
      pool row but an operator's edit or delete of one pool (a plain UPDATE/DELETE, alone in
      its transaction), and nothing that holds a TI row waits for a pool row.
   1. TaskInstance row (task_state): alone. While it is held the only other write is inserting one
@@ -137,10 +138,12 @@ def claim_queued_task_instances(
     limit: int,
     now: datetime,
     claim_timeout: timedelta,
-) -> list[TaskInstance]:
+) -> claims_sql.ClaimedBatch:
     """Lock up to `limit` claimable queued TIs of tasks in `queues` and `pools` (whose rows the
     caller locked with `lock_claim_pools`), heaviest first, FOR UPDATE SKIP LOCKED, never more
-    `pool_slots` than each pool has open, in one statement (`claims_sql.claim_task_instances`).
+    `pool_slots` than each pool has open, in one statement over a bounded window of candidates
+    (`claims_sql.claim_task_instances`: the caller repeats it while it comes back short with
+    its window full).
 
     Claimable: queued, past any retry delay, and never claimed or claimed longer ago than
     `claim_timeout` (a worker that claimed it and never started it). Order: Airflow's

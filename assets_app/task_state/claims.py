@@ -45,26 +45,38 @@ def claim_workloads(
 
     Transaction: one durable transaction: `locks.lock_claim_pools` (the rows of the pools the
     claimable TIs' tasks name, by name: the one wait, behind another claim of the same pools),
-    `locks.claim_queued_task_instances` (one statement, SKIP LOCKED) and one UPDATE setting
-    claimed_by/claimed_at. A claimed TI that is not started within
-    `WORKLOAD_CLAIM_TIMEOUT_SECONDS` becomes claimable again. The declared outlets of the claimed
-    TIs' Tasks and their Dags' files are read with 3 queries whatever `limit` is, inside the same
-    transaction: a read that fails (the database went away) rolls the claim back, so a claim whose
-    answer is an error never strands its TIs for the claim timeout. The claimed TI rows are
-    locked by nobody else (they were queued and SKIP LOCKED), so the longer hold costs no waiter.
+    `locks.claim_queued_task_instances` (one statement over a bounded window of candidates, SKIP
+    LOCKED) and one UPDATE setting claimed_by/claimed_at; that pair again only while it claimed
+    some but fewer than `limit` with its window full (candidates that the run and task limits
+    ranked out within the window: Airflow's loop in `_executable_task_instances_to_queued`),
+    each pair taking at least one TI, so at most `limit` pairs. A claimed TI that is not started
+    within `WORKLOAD_CLAIM_TIMEOUT_SECONDS` becomes claimable again. The declared outlets of the
+    claimed TIs' Tasks and their Dags' files are read with 3 queries whatever `limit` is, inside
+    the same transaction: a read that fails (the database went away) rolls the claim back, so a
+    claim whose answer is an error never strands its TIs for the claim timeout. The claimed TI
+    rows are locked by nobody else (they were queued and SKIP LOCKED), so the longer hold costs
+    no waiter.
     """
     now = timezone.now()
     timeout = timedelta(seconds=settings.WORKLOAD_CLAIM_TIMEOUT_SECONDS)
     with transaction.atomic(durable=True):
         pools = locks.lock_claim_pools(queues=queues, now=now, claim_timeout=timeout)
-        tis = locks.claim_queued_task_instances(
-            pools=pools, queues=queues, limit=limit, now=now, claim_timeout=timeout
-        )
+        tis: list[TaskInstance] = []
+        while True:
+            batch = locks.claim_queued_task_instances(
+                pools=pools, queues=queues, limit=limit - len(tis), now=now, claim_timeout=timeout
+            )
+            if not batch.tis:
+                break
+            # Stamped before the next statement, which counts them against the limits.
+            TaskInstance.objects.filter(id__in=[ti.id for ti in batch.tis]).update(
+                claimed_by=hostname, claimed_at=now
+            )
+            tis += batch.tis
+            if len(tis) >= limit or not batch.window_full:
+                break
         if not tis:
             return []
-        TaskInstance.objects.filter(id__in=[ti.id for ti in tis]).update(
-            claimed_by=hostname, claimed_at=now
-        )
         outlets = _declared_outlets({(ti.dag_id, ti.task_id) for ti in tis})
         files = dict(
             Dag.objects.filter(dag_id__in={ti.dag_id for ti in tis}).values_list(

@@ -2,10 +2,10 @@
 
 Files are parsed with Airflow's own DagBag (the Task SDK's Dag objects); each Dag becomes one
 definition document: its tasks with upstream, trigger rule, retries and retry delays, priority
-weight and weight rule, pool and pool slots, queue, declared outlets (assets and aliases),
-its task groups (`task_groups`: each group's tasks) and its asset schedule (`&`, `|`,
-aliases). The service validates and syncs them exactly as
-`sync_dags` does; nothing here writes anything.
+weight and weight rule, pool and pool slots, queue, declared outlets (assets and aliases) and
+inlets (assets), its task groups (`task_groups`: each group's tasks) and its asset schedule (`&`,
+`|`, aliases). The service validates and syncs them exactly as `sync_dags` does; nothing here
+writes anything.
 
 Time schedules (issue 24) become the definition's `timetable` with the Dag's `timezone`,
 `start_date`, `end_date` and `catchup`: a cron string or preset and a `timedelta` (Airflow 3
@@ -405,6 +405,9 @@ def _task(task: Any, *, where: str) -> dict[str, Any]:
 
     outlets = [_asset(o) for o in task.outlets if isinstance(o, Asset)]
     aliases = [o.name for o in task.outlets if isinstance(o, AssetAlias)]
+    # Its `Asset` inlets only, as Airflow's inlet check reads them (`validate_inlets_and_outlets`
+    # in airflow/api_fastapi/execution_api/routes/task_instances.py).
+    inlets = [_asset(i) for i in task.inlets if isinstance(i, Asset)]
     definition: dict[str, Any] = {"task_id": task.task_id, "retries": int(task.retries or 0)}
     # Only what differs from the definition format's defaults (which are Airflow's).
     optional = {
@@ -434,6 +437,8 @@ def _task(task: Any, *, where: str) -> dict[str, Any]:
         definition["outlets"] = outlets
     if aliases:
         definition["outlet_aliases"] = aliases
+    if inlets:
+        definition["inlets"] = inlets
     return definition
 
 

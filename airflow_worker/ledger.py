@@ -153,7 +153,10 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
         CONVERSION + ": `trigger_rule` (a rule the service does not know is refused there)"
     ),
     "outlets": Honoured(CONVERSION + ": `outlets` and `outlet_aliases`"),
-    "inlets": Honoured(WORKER + " (inlet events through the worker API)"),
+    "inlets": Honoured(
+        CONVERSION + ": `inlets` (its assets: an inactive one fails the task as on Airflow); inlet "
+        "events through the worker API"
+    ),
     "params": Honoured(WORKER + " (a task's own params)"),
     "execution_timeout": Honoured(WORKER),
     "on_execute_callback": Honoured(WORKER),

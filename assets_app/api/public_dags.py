@@ -514,7 +514,9 @@ def get_task_instance_log(
     ti = run_reads.get_task_instance(
         dag_id=dag_id, run_id=dag_run_id, task_id=task_id, map_index=map_index
     )
-    if not 1 <= try_number <= ti.try_number:
+    # Airflow reads the TI at `try_number` or its history: a TI that never ran (try 0) has an
+    # empty log at try 0, any other TI its tries 1..try_number.
+    if try_number != ti.try_number and not 1 <= try_number <= ti.try_number:
         raise exceptions.NotFound(
             f"TaskInstance {dag_id}.{task_id} of run {dag_run_id} has no try {try_number}",
             reason="task_instance_not_found",

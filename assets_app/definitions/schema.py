@@ -449,6 +449,14 @@ class Task(_Object):
     task_id: Identifier
     retries: int = Field(0, ge=0)
     outlets: list[AssetRef] = Field(default_factory=list, description="Assets it produces.")
+    inlets: list[AssetRef] = Field(
+        default_factory=list,
+        description=(
+            "Assets it reads (Airflow's inlets). The task fails before it runs when one is "
+            "inactive: its name or uri held by another asset (Airflow's "
+            "AirflowInactiveAssetInInletOrOutletException)."
+        ),
+    )
     outlet_aliases: list[AssetKey] = Field(
         default_factory=list, description="Aliases it emits events through."
     )

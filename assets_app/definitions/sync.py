@@ -132,6 +132,7 @@ TASK_FIELDS = (
     "depends_on_past",
     "ignore_first_depends_on_past",
     "wait_for_downstream",
+    "inlets",
 )
 
 
@@ -151,6 +152,7 @@ class TaskDefinition:
     retries: int = 0
     outlets: tuple[AssetRef, ...] = ()
     outlet_aliases: tuple[str, ...] = ()
+    inlet_refs: tuple[AssetRef, ...] = ()
     upstream: tuple[str, ...] = ()
     trigger_rule: str = TriggerRule.ALL_SUCCESS
     retry_delay_seconds: float = DEFAULT_RETRY_DELAY_SECONDS
@@ -181,6 +183,11 @@ class TaskDefinition:
     ignore_first_depends_on_past: bool = False
     wait_for_downstream: bool = False
     path: str = field(default="", compare=False)
+
+    @property
+    def inlets(self) -> list[list[str]]:
+        """The inlets as Task.inlets stores them."""
+        return [[ref.name, ref.uri] for ref in self.inlet_refs]
 
 
 @dataclass(frozen=True)
@@ -348,6 +355,8 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
             retries=task.retries,
             outlets=tuple(conditions.asset_ref(ref) for ref in task.outlets),
             outlet_aliases=tuple(task.outlet_aliases),
+            # As declared, once each (Task.inlets).
+            inlet_refs=tuple(dict.fromkeys(conditions.asset_ref(ref) for ref in task.inlets)),
             upstream=tuple(task.upstream),
             trigger_rule=task.trigger_rule.value,
             retry_delay_seconds=task.retry_delay_seconds,

@@ -266,6 +266,13 @@ class Task(models.Model):
     outlet_assets = models.ManyToManyField(
         Asset, through="TaskOutletAssetReference", related_name="producing_tasks", blank=True
     )
+    # Airflow's `inlets` (its `Asset`s only, as its execution API's inlet check reads them):
+    # `[[name, uri], ...]` as declared. Kept as declared, not as Asset rows: an inlet whose name
+    # or uri another asset holds is Airflow's inactive asset, which fails the task
+    # (`catalog.asset_activity`), and must not refuse the Dag's sync.
+    inlets = models.JSONField(
+        default=list, db_default=models.Value([], models.JSONField()), blank=True
+    )
     outlet_aliases = models.ManyToManyField(
         AssetAlias, through="TaskOutletAliasReference", related_name="producing_tasks", blank=True
     )

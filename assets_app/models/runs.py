@@ -65,6 +65,15 @@ TI_FINISHED_STATES = frozenset(
 TI_UNFINISHED_STATES = tuple(sorted(set(TIState.values) - TI_FINISHED_STATES))
 
 
+def first_try_number(state: str) -> int:
+    """The try a new TI starts at in `state`. Airflow 3.3.2 counts a try when its scheduler
+    queues a TI (`DagRun.schedule_tis` sets try_number + 1), so 1 for one created queued, else 0
+    (waiting for its upstream, or skipped at once: a mapped task over an empty literal); the
+    waiting one gets its first try when it is queued (`sql/dependencies`, `mapping.expand`:
+    at least 1, so a cleared TI, already at its next try, keeps it)."""
+    return 1 if state == TIState.QUEUED else 0
+
+
 def fresh_try_values(*, queued_at: datetime, retry_at: datetime | None) -> dict[str, Any]:
     """The columns a TI's reset for a fresh try sets (a retry, a reschedule's next poke, a
     clear), written once: queued at `queued_at`, claimable from `retry_at` (None: at once), and
@@ -183,6 +192,8 @@ class TaskInstance(models.Model):
     run_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
     task_id = models.CharField(max_length=DAG_ID_MAX_LENGTH)
     map_index = models.IntegerField(default=-1)
+    # Airflow's: 0 until the TI is first queued (`first_try_number`), + 1 at each retry and
+    # clear. A worker's token is bound to the try it claimed (always 1 or more).
     try_number = models.PositiveIntegerField(default=1)
     max_tries = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=20, choices=TIState.choices, default=TIState.QUEUED)
@@ -209,7 +220,14 @@ class TaskInstance(models.Model):
             models.CheckConstraint(
                 condition=models.Q(state__in=TIState.values), name="ti_state_valid"
             ),
-            models.CheckConstraint(condition=models.Q(try_number__gte=1), name="ti_try_positive"),
+            # Airflow 3.3.2 counts a try when its scheduler queues a TI (`DagRun.schedule_tis`:
+            # try_number + 1): a TI waiting for its upstream, or skipped / upstream_failed
+            # before it was ever queued, is at try 0. Queued, running or retrying it has one.
+            models.CheckConstraint(
+                condition=models.Q(try_number__gte=1)
+                | ~models.Q(state__in=["queued", "running", "up_for_retry"]),
+                name="ti_try_counted_once_queued",
+            ),
             models.CheckConstraint(
                 condition=models.Q(pid__isnull=True) | models.Q(pid__gt=0), name="ti_pid_positive"
             ),

@@ -15,9 +15,9 @@ from uuid import UUID
 from django.db import transaction
 from django.db.models import Q, QuerySet
 
+from ..catalog import asset_activity
 from ..guards import exceptions
 from ..models import (
-    Asset,
     Dag,
     DagRun,
     DagRunState,
@@ -47,16 +47,16 @@ def set_rendered_fields(*, ti_id: UUID, fields: dict[str, Any]) -> None:
 
 
 def inactive_assets(*, ti_id: UUID) -> list[dict[str, str]]:
-    """The declared asset outlets of the TI's task that the service does not know as assets
-    (Airflow's "inactive": no Dag declares them any more). Inlets are not declared here, so
-    only outlets are checked. Profiles as `{"name", "uri", "type": "Asset"}`."""
+    """The TI's task's inlet and outlet assets Airflow would call inactive (its name or uri held
+    by another asset: `catalog.asset_activity`), as Airflow's `validate_inlets_and_outlets`
+    answers them: `{"name", "uri", "type": "Asset"}` profiles. A task the service no longer
+    has declares none (Airflow's answer when the serialized Dag lacks the task)."""
     ti = _task_instance(ti_id)
     task = Task.objects.filter(dag_id=ti.dag_id, task_id=ti.task_id).first()
     if task is None:
         return []
-    declared = {(a.name, a.uri) for a in task.outlet_assets.all()}
-    known = set(Asset.objects.filter(name__in=[n for n, _ in declared]).values_list("name", "uri"))
-    return [{"name": name, "uri": uri, "type": "Asset"} for name, uri in sorted(declared - known)]
+    found = asset_activity.inactive(asset_activity.declared(task=task))
+    return [{"name": key.name, "uri": key.uri, "type": "Asset"} for key in found]
 
 
 def previous_successful_run(*, ti_id: UUID) -> DagRun | None:

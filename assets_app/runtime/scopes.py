@@ -16,8 +16,8 @@ is held to its task instance:
 - **State store** (`/store/ti/...`, `/store/asset/...`): reads with a token of the TI's current
   try; writes while its TI runs or in its overtime (a callback's), as for rendered fields. Task
   keys only its own TI's (the path's TI must be the token's, Airflow's `ti:self`); asset keys of
-  any asset, as Airflow 3.3.2 (its per-task asset check is a TODO there; this service keeps no
-  inlets to check against, so a refusal here would fail a consumer Airflow runs).
+  any asset, as Airflow 3.3.2 (its per-task asset check is a TODO there, so a refusal here
+  would fail a consumer Airflow runs).
 - **Connections**: only while its TI runs, or within TASK_SUCCESS_OVERTIME_SECONDS (20 s,
   Airflow's `[core] task_success_overtime`) after it finished, because the Task SDK reports the
   final state first and runs `on_success_callback` / `on_retry_callback` and listeners after

@@ -31,8 +31,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 
 from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models.functions import Greatest
 
 from ..models import DagRun, Task, TaskInstance, TaskUpstream, TIState, XCom
+from ..models.runs import first_try_number
 from ..sql.dependencies import RETURN_VALUE_KEY
 
 
@@ -121,6 +123,11 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
     ).update(
         state=Case(*(When(task_id=t, then=Value(s)) for t, s in outcome.items())),
         map_index=Case(When(task_id__in=expanded, then=Value(0)), default=F("map_index")),
+        # Queued: its first try (a cleared TI keeps the one its clear gave it).
+        try_number=Case(
+            When(task_id__in=expanded, then=Greatest(F("try_number"), Value(1))),
+            default=F("try_number"),
+        ),
         queued_at=Case(When(task_id__in=expanded, then=Value(now)), default=F("queued_at")),
         end_date=Case(When(task_id__in=finished, then=Value(now)), default=F("end_date")),
         updated_at=now,
@@ -129,7 +136,7 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
     def copies(
         task_ids: Iterable[str], length: Mapping[str, int | None], state: str
     ) -> Iterator[TaskInstance]:
-        """Map indexes 1..n-1 of each task, first tries."""
+        """Map indexes 1..n-1 of each task, first tries (try 0 while they wait)."""
         return (
             TaskInstance(
                 dag_run_id=dag_run_id,
@@ -137,7 +144,7 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
                 run_id=run_id,
                 task_id=task_id,
                 map_index=map_index,
-                try_number=1,
+                try_number=first_try_number(state),
                 max_tries=retries[task_id],
                 state=state,
                 queued_at=now,

@@ -42,7 +42,7 @@ from ..models import (
     TaskUpstream,
     TIState,
 )
-from ..models.runs import TI_FINISHED_STATES, fresh_try_values
+from ..models.runs import TI_FINISHED_STATES, first_try_number, fresh_try_values
 from ..operations import audit
 from ..sql import locks
 from ..sql import scheduling as scheduling_sql
@@ -289,7 +289,7 @@ def _insert_runs(
                 run_id=run.run_id,
                 task_id=task.task_id,
                 map_index=map_index,
-                try_number=1,
+                try_number=first_try_number(states[task.task_id]),
                 max_tries=task.retries,
                 state=states[task.task_id],
                 queued_at=now,
@@ -603,11 +603,9 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
                     run_id=run.run_id,
                     task_id=task_id,
                     map_index=map_index,
-                    try_number=1,
+                    try_number=first_try_number(state),
                     max_tries=retries,
-                    state=TIState.SCHEDULED
-                    if task_id in mapped and map_index == -1
-                    else states[task_id],
+                    state=state,
                     queued_at=now,
                 )
                 for task_id, retries in sorted(tasks.items())
@@ -615,6 +613,9 @@ def _add_new_task_instances(run: DagRun, tasks: dict[str, int], *, actor) -> Non
                     range(mapped[task_id].map_length or 0) or range(-1, 0)
                     if task_id in mapped
                     else range(-1, 0)
+                )
+                for state in (
+                    TIState.SCHEDULED if task_id in mapped and map_index == -1 else states[task_id],
                 )
             ],
             ignore_conflicts=True,

@@ -326,7 +326,8 @@ def _write_sql() -> str:
     return value, waiting again (a clear) when its rule is met, is revised as Airflow's
     `DagRun._revise_map_indexes_if_mapped` does: beyond the new length it is removed, and map
     index 0's row inserts the map indexes the new length adds. New TIs are a first try (try 1,
-    the task's retries).
+    the task's retries; try 0 while they wait, and a waiting TI this statement queues gets try
+    1, `models.runs.first_try_number`).
 
     A mapped group (`Task.map_group`) expands as one: when the statement expands (or grows) a
     task of the group, the group's tasks downstream of others in it get the same map indexes,
@@ -346,7 +347,12 @@ def _write_sql() -> str:
     ti, xcom = TaskInstance._meta.db_table, XCom._meta.db_table
     task, link = Task._meta.db_table, TaskUpstream._meta.db_table
     waiting, queued = _q(TIState.SCHEDULED), _q(TIState.QUEUED)
+    # Queued: the TI's first try (Airflow counts one when its scheduler queues a TI; a cleared
+    # TI keeps the next try its clear gave it). Skipped or upstream_failed: its try stays.
+    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
     set_times = f"""
+    try_number = CASE WHEN outcome.new_state = {queued}
+        THEN {greatest}({ti}.try_number, 1) ELSE {ti}.try_number END,
     queued_at = CASE WHEN outcome.new_state = {queued} THEN %s ELSE {ti}.queued_at END,
     end_date = CASE WHEN outcome.new_state = {queued} THEN {ti}.end_date ELSE %s END,
     updated_at = %s"""
@@ -365,7 +371,7 @@ RETURNING {ti}.task_id, {ti}.state, {ti}.dag_run_id
 """
     columns, copies = _copy_columns("changed", try_number="1", max_tries="changed.task_retries")
     fresh = {
-        "try_number": "1",
+        "try_number": "0",  # waiting: no try counted yet (`models.runs.first_try_number`)
         "max_tries": "src.task_retries",
         "state": waiting,
         "hostname": "''",

@@ -11,8 +11,10 @@ from cryptography.fernet import Fernet
 from django.db import connection as db
 from django.utils import timezone
 
+from assets_app.definitions import sync
 from assets_app.models import (
     Connection,
+    Dag,
     DagRun,
     DagRunType,
     RenderedTaskFields,
@@ -214,6 +216,32 @@ def test_rtif_validate_and_previous_successful_run(worker_api, running):
         "GET", f"/task-instances/{ti.id}/previous-successful-dagrun", ti_id=ti.id
     )
     assert _answer("PrevSuccessfulDagRunResponse", prev)["start_date"] is None
+
+
+def test_validate_names_an_inactive_inlet_as_airflow_answers(worker_api):
+    """Airflow's `example_inlet_event_extra` reads Asset("s3://output/1.txt") while
+    `example_outlet_event_extra` produces Asset(name="test-asset", uri="s3://output/1.txt"):
+    the reader's inlet is inactive, answered as an `AssetProfile` (the Task SDK then fails the
+    task with AirflowInactiveAssetInInletOrOutletException); the producer's outlet is not."""
+    uri = "s3://output/1.txt"
+    documents = [
+        {"dag_id": "producer", "tasks": [{"task_id": "t", "outlets": [{"name": "n", "uri": uri}]}]},
+        {"dag_id": "reader", "tasks": [{"task_id": "t", "inlets": [uri]}]},
+    ]
+    sync.sync_documents(documents=[(f"{d['dag_id']}.py", d) for d in documents])
+    answers = {}
+    for dag_id in ("producer", "reader"):
+        ti = TaskInstanceFactory(
+            running=True, task_id="t", dag_run=DagRunFactory(dag=Dag.objects.get(dag_id=dag_id))
+        )
+        path = f"/task-instances/{ti.id}/validate-inlets-and-outlets"
+        answers[dag_id] = _answer(
+            "InactiveAssetsResponse", worker_api.request("GET", path, ti_id=ti.id)
+        )
+    assert answers == {
+        "producer": {"inactive_assets": []},
+        "reader": {"inactive_assets": [{"name": uri, "uri": uri, "type": "Asset"}]},
+    }
 
 
 def test_previous_successful_run_by_logical_date(worker_api):

@@ -111,6 +111,19 @@ def test_the_public_logs_endpoint_answers_airflows_shape_with_continuation(api):
     assert _valid_for_airflow([body, rest, full]) == []
 
 
+def test_a_ti_that_never_ran_has_an_empty_log_at_try_0(api):
+    """Airflow 3.3.2's log route reads the TI whose try_number is the one asked: a TI skipped
+    before it was queued is at try 0, with nothing logged; it has no try 1."""
+    ti = TaskInstanceFactory(state="skipped", try_number=0)
+    answer = api.get(_logs_url(ti, 0))
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["content"] == []
+    assert api.get(_logs_url(ti, 1)).status_code == 404
+    ran = TaskInstanceFactory(state="failed", try_number=2)
+    assert api.get(_logs_url(ran, 0)).status_code == 404
+    assert _valid_for_airflow([answer.json()]) == []
+
+
 def _valid_for_airflow(bodies):
     """Failures of airflow-core 3.3.2's own TaskInstancesLogResponse on each body."""
     from tests.compat.airflow_worker_env import sdk_python

@@ -1,0 +1,69 @@
+"""Issue 39's silent divergence on Airflow's own `example_inlet_event_extra`: its readers read
+`Asset("s3://output/1.txt")` while `example_outlet_event_extra`'s producers write
+`Asset(name="test-asset", uri="s3://output/1.txt")`. On Airflow 3.3.2 one of the two is inactive
+and the Task SDK fails its tasks before they run; before the service answered the inlet check as
+Airflow does, both readers succeeded here (the classic one echoing the producers' extra).
+
+Both files, as shipped, through the stock Task SDK worker (`bin/airflow-worker`): the producers
+succeed (their asset, an outlet's, wins), the readers fail without running and push nothing."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+
+from assets_app.models import AssetEvent, Dag, TaskInstance, XCom
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / ".venv-airflow-worker/lib/python3.11/site-packages/airflow/example_dags"
+PRODUCERS = (
+    "asset_with_extra_by_context",
+    "asset_with_extra_by_yield",
+    "asset_with_extra_from_classic_operator",
+)
+READERS = ("read_asset_event", "read_asset_event_from_classic")
+
+
+@pytest.mark.timeout(1500)
+def test_airflows_inlet_event_extra_readers_fail_on_their_inactive_inlet(servers, tmp_path):
+    web = servers("gunicorn")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    for name in ("example_inlet_event_extra.py", "example_outlet_event_extra.py"):
+        (dags / name).write_text((EXAMPLES / name).read_text())
+    env = {
+        **os.environ,
+        "WORKER_API_KEY": settings.WORKER_API_KEY,
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+    }
+    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
+    base += ["--logs", str(tmp_path / "logs")]
+    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    assert set(Dag.objects.values_list("dag_id", flat=True)) == {*PRODUCERS, *READERS}
+    Dag.objects.update(is_paused=False)
+    for dag_id in PRODUCERS:
+        call_command("trigger_dag", dag_id)
+    worker = [*base, "--no-sync", "--concurrency", "2", "--idle-exit", "10"]
+    done = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    call_command("drain_asset_queue", "--once")  # no django-q cluster runs here
+    # The producers' events exist: a reader that ran would find one.
+    assert AssetEvent.objects.filter(asset__name="test-asset").count() == 3
+    for dag_id in READERS:
+        call_command("trigger_dag", dag_id)
+    done = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    states = dict(TaskInstance.objects.values_list("dag_id", "state"))
+    assert states == {
+        **dict.fromkeys(PRODUCERS, "success"),
+        **dict.fromkeys(READERS, "failed"),
+    }, done.stderr[-3000:]
+    assert not XCom.objects.filter(dag_id__in=READERS).exists()
+    logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("*") if p.is_file())
+    assert "AirflowInactiveAssetInInletOrOutletException" in logs

@@ -349,6 +349,7 @@ def _runner(options: argparse.Namespace):
         return _InterpreterPerTask(options.concurrency, logs=options.logs)
     from airflow_worker import pool
 
+    pool.route_queues(options.queues)
     pool.preload()
     return pool.Pool(
         options.concurrency,

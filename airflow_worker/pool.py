@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import sys
 from collections.abc import Iterable
@@ -183,6 +184,14 @@ class Pool:
                 slot.conn.close()
                 self._slots[index] = self._start(slot.number)
                 yield ti, -1, monotonic() - slot.started
+
+    def wait(self, timeout: float) -> None:
+        """Until a busy process answers or dies, or `timeout` seconds: the worker claims for a
+        freed slot as it frees, not at its next poll."""
+        waitables = [s.conn for s in self._slots if s.ti is not None]
+        waitables += [s.process.sentinel for s in self._slots if s.ti is not None]
+        if waitables:
+            multiprocessing.connection.wait(waitables, timeout)
 
     def close(self, timeout: float = 10) -> None:
         for slot in self._slots:

@@ -41,8 +41,10 @@ class WakingActivitySubprocess(ActivitySubprocess):
 
     def wait(self) -> int:
         pidfd = None
-        if self._exit_code is None:
-            with contextlib.suppress(ProcessLookupError):  # reaped already: nothing to wake for
+        if self._exit_code is None and hasattr(os, "pidfd_open"):
+            # Reaped already (nothing to wake for), or no pidfd here (a kernel before 5.3, no fd
+            # left): the stock supervisor's wait, as it is.
+            with contextlib.suppress(OSError):
                 pidfd = _PidFd(self.pid)
                 self.selector.register(
                     pidfd, selectors.EVENT_READ, (_exited, self.selector.unregister)

@@ -159,3 +159,48 @@ def test_the_supervisor_wakes_when_its_task_process_exits_after_its_sockets_clos
     seconds = float(line.rsplit("after ", 1)[1].rstrip("s"))
     # 2 s of lingering plus the task's start; the stock supervisor: more than 120 s.
     assert 2 <= seconds < 60, line
+
+
+def test_the_pool_routes_its_queues_to_its_coordinator_and_keeps_a_configured_one(tmp_path):
+    """Issue 44: `pool.route_queues` sends the Python tasks of the worker's queues to
+    `PoolCoordinator` through Airflow's own `[sdk]` settings (Airflow's `CoordinatorManager`
+    resolves it), and a queue the configuration routes to a coordinator of its own keeps it."""
+    python = subprocess.run(
+        [str(ROOT / "bin/airflow-worker"), "--python"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    script = textwrap.dedent(
+        """
+        import json, os
+        from airflow_worker import pool
+        from airflow.sdk.execution_time.coordinator import get_coordinator_manager
+
+        pool.route_queues(["default", "java", "gpu"])
+        print(json.dumps({
+            "specs": json.loads(os.environ["AIRFLOW__SDK__COORDINATORS"]),
+            "routes": json.loads(os.environ["AIRFLOW__SDK__QUEUE_TO_COORDINATOR"]),
+            "default": type(get_coordinator_manager().for_queue("default")).__name__,
+            "unrouted": type(get_coordinator_manager().for_queue("other")).__name__,
+        }))
+        """
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+        "AIRFLOW__SDK__COORDINATORS": json.dumps({"jdk": {"classpath": "somewhere.Java"}}),
+        "AIRFLOW__SDK__QUEUE_TO_COORDINATOR": json.dumps({"java": "jdk"}),
+    }
+    done = subprocess.run([python, "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["routes"] == {
+        "java": "jdk",
+        "default": "airflow-worker-pool",
+        "gpu": "airflow-worker-pool",
+    }
+    assert seen["specs"] == {
+        "jdk": {"classpath": "somewhere.Java"},
+        "airflow-worker-pool": {"classpath": "airflow_worker.coordinator.PoolCoordinator"},
+    }
+    assert seen["default"] == "PoolCoordinator"
+    assert seen["unrouted"] == "_PythonCoordinator"  # a queue the worker does not serve

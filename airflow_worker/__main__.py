@@ -224,6 +224,9 @@ class _InterpreterPerTask:
             log.close()
             yield ti, process.returncode, time.monotonic() - started
 
+    def wait(self, timeout: float) -> None:
+        time.sleep(min(timeout, 0.02))
+
     def close(self) -> None:
         for process, *_ in self._running:
             process.wait()
@@ -349,6 +352,7 @@ def _runner(options: argparse.Namespace):
         return _InterpreterPerTask(options.concurrency, logs=options.logs)
     from airflow_worker import pool
 
+    pool.route_queues(options.queues)
     pool.preload()
     return pool.Pool(
         options.concurrency,
@@ -365,8 +369,9 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
     idle_since = time.monotonic()
     try:
         while True:
+            ended = []
             for ti, code, seconds in runner.finished():
-                shipper.finish(ti["id"])
+                ended.append(ti["id"])
                 finished += 1
                 failed += code != 0
                 _say(
@@ -385,6 +390,9 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
                     shipper.track(workload)
                     runner.submit(workload)
                 claimed += len(got)
+            # The freed slots are claimed for first; the ended tries' last log lines follow.
+            for ti_id in ended:
+                shipper.finish(ti_id)
             shipper.tick()
             busy = runner.busy()
             if busy or got:
@@ -393,7 +401,10 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
                 options.idle_exit and time.monotonic() - idle_since >= options.idle_exit
             ):
                 break
-            time.sleep(0.02 if got or busy else 0.1)
+            if busy and (runner.idle() == 0 or out_of_time or out_of_tis):
+                runner.wait(0.5)  # nothing to claim for until a slot frees: wake when one does
+            else:
+                time.sleep(0.02 if got or busy else 0.1)
     finally:
         runner.close()
     elapsed = time.monotonic() - started

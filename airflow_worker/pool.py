@@ -13,6 +13,18 @@ task code runs in its own process exactly as under Airflow, and a task that cras
 A pool process that dies (killed, or a crash in the supervisor itself) is replaced; the workload
 it held is reported as lost with exit code -1 and its TI is left to the service's heartbeat
 timeout, as Airflow's scheduler leaves a TI whose worker died.
+
+Issue 44, the stalls: Airflow 3.3.2's supervisor (`ActivitySubprocess._monitor_subprocess`) loops
+`while exit_code is None or open sockets` on `selector.select(timeout=min(..., [workers]
+min_heartbeat_interval))`, and a task process closes its log and requests sockets itself before
+`os._exit` (`supervisor._fork_main`'s `exit`); its stdout/stderr close as the kernel tears the
+process down, a moment before the process can be reaped. When the supervisor reads the last EOF
+in that moment, it unregisters the last socket, finds no exit code, and sleeps in `select` on an
+empty selector for the whole interval (5 s) before it looks again: the slot stays busy 5 s after
+a task that took 0.3 s (README, "Airflow workers", has the measurements).
+airflow_worker/coordinator.py's supervisor is the stock class plus the task process's pidfd in
+that selector, so the `select` returns when the process exits; the pool routes its queues to it
+through Airflow 3.3's `[sdk] coordinators` (`route_queues`).
 """
 
 from __future__ import annotations
@@ -20,8 +32,10 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -40,8 +54,29 @@ def preload() -> None:
     from airflow.sdk import dag, task  # noqa: F401
     from airflow.sdk.execution_time import supervisor, task_runner  # noqa: F401
 
+    from airflow_worker import coordinator  # noqa: F401  (route_queues' coordinator)
+
     DagBundlesManager()  # reads the bundle configuration once
     from pydantic import TypeAdapter  # noqa: F401
+
+
+COORDINATOR = "airflow-worker-pool"
+
+
+def route_queues(queues: Iterable[str]) -> None:
+    """Run the Python tasks of `queues` through `PoolCoordinator` (Airflow 3.3's `[sdk]
+    coordinators` and `queue_to_coordinator`, read when the first task is supervised), written
+    to this process's environment before the pool forks. A queue the configuration already routes
+    to a coordinator of its own (a Java task's, say) keeps it."""
+    from airflow.sdk.configuration import conf
+
+    specs = conf.getjson("sdk", "coordinators", fallback={}) or {}
+    routes = conf.getjson("sdk", "queue_to_coordinator", fallback={}) or {}
+    specs[COORDINATOR] = {"classpath": "airflow_worker.coordinator.PoolCoordinator"}
+    for queue in queues:
+        routes.setdefault(queue, COORDINATOR)
+    os.environ["AIRFLOW__SDK__COORDINATORS"] = json.dumps(specs)
+    os.environ["AIRFLOW__SDK__QUEUE_TO_COORDINATOR"] = json.dumps(routes)
 
 
 def _serve(conn: Connection, number: int, logs: Path, server: str) -> None:
@@ -149,6 +184,14 @@ class Pool:
                 slot.conn.close()
                 self._slots[index] = self._start(slot.number)
                 yield ti, -1, monotonic() - slot.started
+
+    def wait(self, timeout: float) -> None:
+        """Until a busy process answers or dies, or `timeout` seconds: the worker claims for a
+        freed slot as it frees, not at its next poll."""
+        waitables = [s.conn for s in self._slots if s.ti is not None]
+        waitables += [s.process.sentinel for s in self._slots if s.ti is not None]
+        if waitables:
+            multiprocessing.connection.wait(waitables, timeout)
 
     def close(self, timeout: float = 10) -> None:
         for slot in self._slots:

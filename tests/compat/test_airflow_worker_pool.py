@@ -91,3 +91,116 @@ def test_a_pool_process_supervises_tis_one_after_another_and_survives_a_crash(se
     # ... each task in its own forked process, never in the pool process itself.
     assert all(record["pid"] not in supervisors for record in seen.values()), seen
     assert len({record["pid"] for record in seen.values()}) == 3, seen
+
+
+LINGER_DAG = textwrap.dedent(
+    """
+    import atexit, os, stat, time
+    from airflow.sdk import dag, task
+
+    def close_sockets_then_linger():
+        # The end of a task process, widened: every socket to the supervisor reaches EOF (as
+        # _fork_main's exit and the kernel close them), and the process is reaped only later.
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                    os.close(int(name))
+            except OSError:
+                pass
+        time.sleep(2)
+
+    @dag(dag_id="pool_linger", schedule=None, is_paused_upon_creation=False)
+    def pool_linger():
+        @task(task_id="linger")
+        def linger():
+            atexit.register(close_sockets_then_linger)  # run by _fork_main's exit
+
+        linger()
+
+    pool_linger()
+    """
+)
+
+
+@pytest.mark.timeout(900)
+def test_the_supervisor_wakes_when_its_task_process_exits_after_its_sockets_closed(
+    servers, tmp_path
+):
+    """Issue 44, the stalls: Airflow's supervisor, once every socket of the task process has
+    reached EOF, looks for the process's exit only every `[workers] min_heartbeat_interval`
+    (a `select` on an empty selector). Here that interval is 120 s and the task process exits
+    2 s after closing its sockets: the stock supervisor holds the slot for about 120 s, the
+    pool's (a pidfd in the selector) for about 2."""
+    web = servers("gunicorn")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "pool_linger.py").write_text(LINGER_DAG)
+    env = {
+        **os.environ,
+        "WORKER_API_KEY": settings.WORKER_API_KEY,
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+        "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "120",
+    }
+    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
+    base += ["--logs", str(tmp_path / "logs")]
+    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    call_command("trigger_dag", "pool_linger")
+    worker = subprocess.run(
+        [*base, "--no-sync", "--concurrency", "1", "--max-tis", "1", "--idle-exit", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert TaskInstance.objects.get().state == "success", worker.stderr[-3000:]
+    (line,) = [x for x in worker.stderr.splitlines() if "pool_linger.linger try 1 exited" in x]
+    seconds = float(line.rsplit("after ", 1)[1].rstrip("s"))
+    # 2 s of lingering plus the task's start; the stock supervisor: more than 120 s.
+    assert 2 <= seconds < 60, line
+
+
+def test_the_pool_routes_its_queues_to_its_coordinator_and_keeps_a_configured_one(tmp_path):
+    """Issue 44: `pool.route_queues` sends the Python tasks of the worker's queues to
+    `PoolCoordinator` through Airflow's own `[sdk]` settings (Airflow's `CoordinatorManager`
+    resolves it), and a queue the configuration routes to a coordinator of its own keeps it."""
+    python = subprocess.run(
+        [str(ROOT / "bin/airflow-worker"), "--python"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    script = textwrap.dedent(
+        """
+        import json, os
+        from airflow_worker import pool
+        from airflow.sdk.execution_time.coordinator import get_coordinator_manager
+
+        pool.route_queues(["default", "java", "gpu"])
+        print(json.dumps({
+            "specs": json.loads(os.environ["AIRFLOW__SDK__COORDINATORS"]),
+            "routes": json.loads(os.environ["AIRFLOW__SDK__QUEUE_TO_COORDINATOR"]),
+            "default": type(get_coordinator_manager().for_queue("default")).__name__,
+            "unrouted": type(get_coordinator_manager().for_queue("other")).__name__,
+        }))
+        """
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+        "AIRFLOW__SDK__COORDINATORS": json.dumps({"jdk": {"classpath": "somewhere.Java"}}),
+        "AIRFLOW__SDK__QUEUE_TO_COORDINATOR": json.dumps({"java": "jdk"}),
+    }
+    done = subprocess.run([python, "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["routes"] == {
+        "java": "jdk",
+        "default": "airflow-worker-pool",
+        "gpu": "airflow-worker-pool",
+    }
+    assert seen["specs"] == {
+        "jdk": {"classpath": "somewhere.Java"},
+        "airflow-worker-pool": {"classpath": "airflow_worker.coordinator.PoolCoordinator"},
+    }
+    assert seen["default"] == "PoolCoordinator"
+    assert seen["unrouted"] == "_PythonCoordinator"  # a queue the worker does not serve

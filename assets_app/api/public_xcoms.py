@@ -8,7 +8,7 @@ read `xcomEntries` as a map index: a literal segment wins over a parameter, as i
 """
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
@@ -20,7 +20,7 @@ from .public import Page, actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
 from .public_schemas import StrictSchema, responses
-from .schemas import UtcDatetime
+from .schemas import INT32_MAX, UtcDatetime
 
 router = Router(tags=["public"], auth=public_api_auth())
 
@@ -73,7 +73,7 @@ class XComCollectionResponse(Schema):
 
 class XComFilters(Page):
     xcom_key: str | None = None
-    map_index: int | None = Field(default=None, ge=-1)
+    map_index: int | None = Field(default=None, ge=-1, le=INT32_MAX)
     xcom_key_pattern: str | None = None
     xcom_key_prefix_pattern: str | None = None
     dag_display_name_pattern: str | None = None
@@ -82,7 +82,7 @@ class XComFilters(Page):
     run_id_prefix_pattern: str | None = None
     task_id_pattern: str | None = None
     task_id_prefix_pattern: str | None = None
-    map_index_filter: int | None = None
+    map_index_filter: int | None = Field(default=None, ge=-INT32_MAX, le=INT32_MAX)
     logical_date_gte: UtcDatetime | None = None
     logical_date_gt: UtcDatetime | None = None
     logical_date_lte: UtcDatetime | None = None
@@ -94,7 +94,7 @@ class XComFilters(Page):
 
 
 class XComEntryQuery(Schema):
-    map_index: int = Field(default=-1, ge=-1)
+    map_index: int = Field(default=-1, ge=-1, le=INT32_MAX)
     deserialize: bool = False
     stringify: bool = False
 
@@ -143,19 +143,22 @@ def get_xcom_entry(
     return XComResponseNative(**XComResponse.fields_of(xcom), value=value)
 
 
+MapIndex = Annotated[int, Field(ge=-1, le=INT32_MAX)]
+
+
 class XComCreateBody(StrictSchema):
     key: str
     value: Any
-    map_index: int = -1
+    map_index: MapIndex = -1
 
 
 class XComUpdateBody(StrictSchema):
     value: Any
-    map_index: int = -1
+    map_index: MapIndex = -1
 
 
-class MapIndex(Schema):
-    map_index: int = Field(default=-1, ge=-1)
+class MapIndexQuery(Schema):
+    map_index: MapIndex = -1
 
 
 @router.post(ENTRIES, response=responses(XComResponseNative, 400, 404, 409, status=201))
@@ -208,7 +211,7 @@ def delete_xcom_entry(
     dag_run_id: str,
     task_id: str,
     xcom_key: str,
-    query: Query[MapIndex],
+    query: Query[MapIndexQuery],
 ):
     """Delete one XCom: 204, or 404 when there is none."""
     xcoms.delete_entry(

@@ -400,7 +400,9 @@ def create_entry(
     """An operator's new XCom (the public API's POST), own durable transaction, audited:
     NotFound for an unknown Dag, a task the Dag does not have or an unknown run (Airflow's
     messages, in its order); Conflict when the address holds a value already (the unique
-    constraint decides under concurrency)."""
+    constraint decides under concurrency); BadRequest for an empty key."""
+    if not key:
+        raise exceptions.BadRequest("XCom key must be a non-empty string.", reason="invalid_key")
     check_no_reserved_keys(value)
     limits.check_lengths(XCom, _address(dag_id, run_id, task_id, key))
     limits.check_json(value, field="value", loc=("body", "value"))

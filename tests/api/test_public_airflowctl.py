@@ -272,6 +272,12 @@ def test_xcom_create_refuses_unknown_dag_task_run_and_reserved_keys_writing_noth
         )
         assert response.status_code == 422, (value, response.content)
         assert response.json()["detail"][0]["ctx"]["reason"] == "reserved_xcom_keys"
+    url = f"{RUN}/extract/xcomEntries"
+    empty = api.post(url, {"key": "", "value": 1}, "application/json")
+    assert (empty.status_code, empty.json()["detail"]["reason"]) == (400, "invalid_key")
+    beyond = api.post(url, {"key": "k", "value": 1, "map_index": 2**31}, "application/json")
+    assert beyond.status_code == 422
+    assert api.get(f"{url}/k", {"map_index": 2**31}).status_code == 422
     assert XCom.objects.count() == before
     assert not AuditEntry.objects.filter(action__startswith="xcom.").exists()
 

@@ -41,11 +41,14 @@ from . import (  # noqa: E402  (routers register on the APIs)
     execution_store,
     public,
     public_backfills,
+    public_dag_lists,
     public_dags,
     public_pools,
+    public_service,
     public_settings,
     public_state_store,
     public_webhooks,
+    public_xcoms,
 )
 
 execution_api.add_router("", execution.router)
@@ -53,11 +56,15 @@ execution_api.add_router("", execution.router)
 execution_api.add_router("", execution_runtime.router)
 execution_api.add_router("", execution_store.router)
 # Static paths before the ones with a variable segment where both could match (`dagRuns/list`).
-# Before `public_dags`: its `.../taskInstances/{task_id}/{map_index}` would take `state-store`.
+# Before `public_dags`: its `.../taskInstances/{task_id}/{map_index}` would take `state-store`
+# and `xcomEntries` (a literal segment wins over a parameter, as in Airflow).
 public_api.add_router("", public_state_store.router)
+public_api.add_router("", public_xcoms.router)
 public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)
 public_api.add_router("", public_settings.router)
 public_api.add_router("", public_pools.router)
 public_api.add_router("", public_backfills.router)
 public_api.add_router("", public_webhooks.router)
+public_api.add_router("", public_dag_lists.router)
+public_api.add_router("", public_service.router)

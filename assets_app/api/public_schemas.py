@@ -29,6 +29,7 @@ from assets_app.models import (
     Dag,
     DagImportError,
     DagRun,
+    DagRunType,
     Task,
     TaskInstance,
 )
@@ -365,11 +366,14 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         "allowed_run_types": dag.allowed_run_types,
         # Airflow's DAGResponse.get_owners: `DagModel.owners` split at commas.
         "owners": [owner.strip() for owner in dag.owners.split(",")],
-        "is_backfillable": False,
         "file_token": "",
     }
     if dag.timetable is not None:
         fields.update(_time_fields(dag))
+    # Airflow's DAGResponse.is_backfillable: a periodic timetable, and backfill runs allowed.
+    fields["is_backfillable"] = fields["timetable_periodic"] and (
+        dag.allowed_run_types is None or DagRunType.BACKFILL in dag.allowed_run_types
+    )
     return fields
 
 
@@ -380,7 +384,7 @@ AIRFLOW_MAX_ACTIVE_TASKS = 16
 class DAGResponse(Schema):
     """Airflow's DAGResponse: tags sorted by name, owners from the tasks' (`DagModel.owners`
     split at commas). No bundles here: nulls and Airflow's defaults; the `timetable_*` fields
-    are Airflow's ("Asset" for an asset schedule, "None" for manual runs only, a timetable's
+    are Airflow's ("Asset" for an asset schedule, null for manual runs only, a timetable's
     own summary and description, AssetOrTimeSchedule's for assets or time: `_time_fields`),
     the `next_dagrun_*` fields the stored next run;
     `last_parsed_time` is the last time `sync_dags` changed the Dag."""

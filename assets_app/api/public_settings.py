@@ -211,6 +211,42 @@ def post_connection(request: HttpRequest, body: ConnectionBody):
     return Status(201, ConnectionResponse.from_connection(connection))
 
 
+# `/connections/test` and `/connections/defaults` come before `/connections/{connection_id}`:
+# a literal segment wins over a parameter, as in Airflow (`routes/public/connections.py`).
+
+
+class ConnectionTestResponse(StrictSchema):
+    status: bool
+    message: str
+
+
+@router.post("/connections/test", response=responses(ConnectionTestResponse))
+@needs("add", Connection)
+def test_connection(request: HttpRequest, body: ConnectionBody):
+    """Airflow 3.3.2 tests a connection only when `[core] test_connection` is `Enabled` (by
+    default it is not: 403, `_ensure_test_connection_enabled`). This service runs no hooks, so
+    it never tests one: always that 403, with Airflow's message."""
+    raise exceptions.PermissionDenied(
+        "Testing connections is disabled in Airflow configuration. "
+        "Contact your deployment admin to enable it.",
+        reason="connection_test_disabled",
+    )
+
+
+@router.post("/connections/defaults", response=responses(None, status=204))
+@needs("add", Connection)
+def create_default_connections(request: HttpRequest):
+    """Airflow creates its ~60 default connections (`airflow.utils.db.create_default_connections`:
+    its metadata database, cloud providers' `*_default`). They name services this one neither
+    runs nor emulates, so it creates none: 403, and nothing is written."""
+    raise exceptions.PermissionDenied(
+        "This service does not create Airflow's default connections: they point at Airflow's "
+        "own services and providers, which it does not run. Create the connections your tasks "
+        "use with POST /api/v2/connections.",
+        reason="default_connections_not_offered",
+    )
+
+
 @router.get(
     "/connections/{connection_id}", response=responses(ConnectionResponse, 404), by_alias=True
 )

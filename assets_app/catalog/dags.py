@@ -466,3 +466,53 @@ def get_import_error(*, import_error_id: int) -> DagImportError:
             import_error_id=import_error_id,
         )
     return error
+
+
+# --- tags and run counts (Airflow 3.3.2 `routes/public/dag_tags.py`, `dag_stats.py`) ---------
+
+
+def list_dag_tags(
+    *,
+    limit: int,
+    offset: int,
+    order_by: Sequence[str] | None = None,
+    tag_name_pattern: str | None = None,
+    tag_name_prefix_pattern: str | None = None,
+) -> listing.Page:
+    """The distinct tags of the Dags, by name (Airflow groups `DagTag.name` of the Dags that are
+    not stale; no Dag is stale here), filtered and paged. One query; the tags are a JSON list on
+    each Dag, so they are gathered and matched in Python (`listing.matches`)."""
+    tags = {tag for dag_tags in Dag.objects.values_list("tags", flat=True) for tag in dag_tags}
+    kept = [
+        tag
+        for tag in tags
+        if listing.matches(tag, pattern=tag_name_pattern, prefix=tag_name_prefix_pattern)
+    ]
+    return listing.sorted_page(kept, order_by=order_by, names=("name",), limit=limit, offset=offset)
+
+
+@dataclass(frozen=True)
+class DagStats:
+    dag_id: str
+    counts: dict[str, int]  # every DagRunState, in Airflow's order, 0 when none
+
+
+def dag_stats(*, dag_ids: Sequence[str] = ()) -> list[DagStats]:
+    """Per Dag that has runs (those of `dag_ids` when given), how many runs are in each state
+    (Airflow's `get_dag_stats`: runs grouped by Dag and state, Dags by id). One query."""
+    runs = DagRun.objects.all()
+    if dag_ids:
+        runs = runs.filter(dag_id__in=dag_ids)
+    counted: dict[str, dict[str, int]] = {}
+    for row in runs.values("dag_id", "state").annotate(n=Count("*")).order_by("dag_id", "state"):
+        counts = counted.setdefault(row["dag_id"], {state: 0 for state in DagRunState.values})
+        counts[row["state"]] = row["n"]
+    return [DagStats(dag_id=dag_id, counts=counts) for dag_id, counts in counted.items()]
+
+
+def check_dag_exists(dag_id: str) -> None:
+    """NotFound with Airflow's message (`get_latest_version_of_dag`) when no such Dag."""
+    if not Dag.objects.filter(dag_id=dag_id).exists():
+        raise exceptions.NotFound(
+            f"The Dag with ID: `{dag_id}` was not found", reason="dag_not_found", dag_id=dag_id
+        )

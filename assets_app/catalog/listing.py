@@ -24,6 +24,7 @@ writes or locks. Endpoints declare what they offer (an `Ordering`), domain modul
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -105,6 +106,23 @@ def prefix_q(field: str, value: str | None) -> Q:
     for term in _terms(value):
         q |= Q(**{f"{field}__startswith": term}) if term else Q(**{f"{field}__isnull": False})
     return q
+
+
+def _like_regex(term: str) -> str:
+    return "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in term)
+
+
+def matches(value: str, *, pattern: str | None = None, prefix: str | None = None) -> bool:
+    """`pattern_q` and `prefix_q` on one value in Python, for the few lists not read from a
+    column (a Dag's tags are a JSON list): the same wildcards, alternatives and `~`."""
+    if pattern is not None:
+        terms = _terms("%" if pattern == "~" else pattern)
+        regexes = [re.compile(f".*{_like_regex(t)}.*", re.IGNORECASE | re.DOTALL) for t in terms]
+        if not any(r.fullmatch(value) for r in regexes):
+            return False
+    return prefix is None or any(
+        value.startswith(t) for t in _terms("" if prefix == "~" else prefix)
+    )
 
 
 def range_q(
@@ -217,6 +235,24 @@ class Page:
     total_entries_limit: int | None = None
     next_cursor: str | None = None
     previous_cursor: str | None = None
+
+
+def sorted_page(
+    values: Sequence[Any],
+    *,
+    order_by: Sequence[str] | None,
+    names: Sequence[str],
+    limit: int,
+    offset: int,
+) -> Page:
+    """One page of values already in memory, ordered by themselves: `order_by` may name one of
+    `names` (`-` for descending; another name is the 400 `invalid_order_by`, as for a query)."""
+    ordering = Ordering(keys={name: name for name in names}, default=(names[0],), pk=names[0])
+    resolve_order(ordering, order_by)
+    descending = next((o for o in order_by or () if o), "").startswith("-")
+    rows = sorted(values, reverse=descending)
+    limit = page_limit(limit)
+    return Page(rows=rows[offset : offset + limit] if limit else [], total_entries=len(rows))
 
 
 def offset_page(

@@ -35,7 +35,9 @@ class Backfill(models.Model):
     dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="backfills")
     from_date = models.DateTimeField()
     to_date = models.DateTimeField()
-    dag_run_conf = models.JSONField(decoder=StoredJsonDecoder, default=dict, blank=True)
+    # Null when the backfill was created without one, as Airflow stores it (`_create_backfill`
+    # passes `dag_run_conf=None` through); its runs then get an empty conf.
+    dag_run_conf = models.JSONField(decoder=StoredJsonDecoder, null=True, blank=True)
     # Whether new runs are created (runs already created go on).
     is_paused = models.BooleanField(default=False)
     reprocess_behavior = models.CharField(

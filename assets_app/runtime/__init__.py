@@ -7,9 +7,9 @@ back by the admin and the public API), `state_store` (the task and asset state s
 `scopes` (what a task token may do beyond its own TI's state routes).
 
 Writes: `XCom`, `Variable`, `Connection`, `RenderedTaskFields`, `TaskLogChunk`, `TaskStateStore`,
-`AssetStateStore`. It deletes the XComs a task deletes (Airflow's XCom delete), the state keys a
-task or an operator deletes, and the Variables and Connections an operator deletes; never history
-(retention's).
+`AssetStateStore`. It deletes the XComs a task or an operator deletes (Airflow's XCom delete),
+the state keys a task or an operator deletes, and the Variables and Connections an operator
+deletes; never history (retention's).
 
 May import: the layers to its right (`outbox` ... `events_out`; a run-time trigger creates runs
 through `scheduling.runs`) and the shared packages; never `task_state` or a door.

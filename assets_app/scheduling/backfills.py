@@ -251,7 +251,7 @@ def create_backfill(
                     dag_id=dag_id,
                     from_date=from_date,
                     to_date=to_date,
-                    dag_run_conf=dag_run_conf or {},
+                    dag_run_conf=dag_run_conf,
                     reprocess_behavior=reprocess_behavior,
                     max_active_runs=max_active_runs,
                     run_backwards=run_backwards,

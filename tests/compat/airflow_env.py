@@ -69,3 +69,33 @@ def airflow_openapi() -> dict:
     wheel = next((_ensure() / "wheels").glob(f"apache_airflow_core-{version}-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         return yaml.safe_load(archive.read(CORE_DOCUMENT))
+
+
+def airflow_response_problems(answers: list[tuple[str, str, int, object]]) -> list[str]:
+    """Validate answers against Airflow's own document: each (method, Airflow's path template as
+    in the document, e.g. `/api/v2/dagTags`, status, JSON body) must have that status documented
+    with a JSON schema there, and the body must validate against it (JSON Schema 2020-12, the
+    document's `components` for its `$ref`s). Returns the problems (empty: all valid)."""
+    import jsonschema
+
+    doc = airflow_openapi()
+    problems = []
+    for method, path, status, body in answers:
+        operation = doc["paths"].get(path, {}).get(method.lower())
+        if operation is None:
+            problems.append(f"{method} {path}: not in Airflow's document")
+            continue
+        response = operation["responses"].get(str(status))
+        schema = (response or {}).get("content", {}).get("application/json", {}).get("schema")
+        if schema is None:
+            problems.append(f"{method} {path}: Airflow documents no JSON {status}")
+            continue
+        validator = jsonschema.Draft202012Validator(
+            {**schema, "components": doc["components"]},
+            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
+        )
+        problems += [
+            f"{method} {path} {status}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(body)
+        ]
+    return problems

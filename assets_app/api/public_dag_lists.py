@@ -1,0 +1,169 @@
+"""Public API v2: the lists about Dags that Airflow 3.3.2 serves beside them, with its paths,
+parameters and shapes (`routes/public/dag_tags.py`, `dag_stats.py`, `dag_warning.py`,
+`dag_versions.py`):
+
+- `GET /dagTags`: the distinct tags of the Dags, filtered and paged.
+- `GET /dagStats`: per Dag with runs, its runs counted by state.
+- `GET /dagWarnings`: an empty list. Airflow's warning types (asset conflict, non-existent pool,
+  runtime-varying value) are not detected here; a Dag the scheduler cannot evaluate shows its
+  `schedule_error` in the admin instead.
+- `GET /dags/{dag_id}/dagVersions[/{version_number}]`: the service keeps no Dag versions (a sync
+  replaces a definition): an empty list, and 404 for a version, as Airflow answers for a version
+  it does not have; 404 too for an unknown Dag (`~` lists every Dag's).
+"""
+
+from typing import Literal
+
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema
+
+from assets_app.catalog import dags, listing
+from assets_app.guards import exceptions
+from assets_app.models import Dag, DagRun
+
+from .public import Page
+from .public_auth import public_api_auth
+from .public_permissions import needs
+from .public_schemas import DagVersionResponse, responses
+from .schemas import UtcDatetime
+
+router = Router(tags=["public"], auth=public_api_auth())
+
+
+class DAGTagCollectionResponse(Schema):
+    tags: list[str]
+    total_entries: int
+
+
+class TagFilters(Page):
+    tag_name_pattern: str | None = None
+    tag_name_prefix_pattern: str | None = None
+
+
+@router.get("/dagTags", response=responses(DAGTagCollectionResponse))
+@needs("view", Dag)
+def get_dag_tags(request: HttpRequest, filters: Query[TagFilters]) -> DAGTagCollectionResponse:
+    page = dags.list_dag_tags(**filters.dict())
+    return DAGTagCollectionResponse(tags=page.rows, total_entries=page.total_entries)
+
+
+RunState = Literal["queued", "running", "success", "failed"]
+
+
+class DagStatsStateResponse(Schema):
+    state: RunState
+    count: int
+
+
+class DagStatsResponse(Schema):
+    dag_id: str
+    dag_display_name: str
+    stats: list[DagStatsStateResponse]
+
+
+class DagStatsCollectionResponse(Schema):
+    dags: list[DagStatsResponse]
+    total_entries: int
+
+
+class StatsFilters(Schema):
+    dag_ids: list[str] = Field(default_factory=list)
+
+
+@router.get("/dagStats", response=responses(DagStatsCollectionResponse, 400, 404))
+@needs("view", DagRun)
+def get_dag_stats(request: HttpRequest, filters: Query[StatsFilters]) -> DagStatsCollectionResponse:
+    found = dags.dag_stats(dag_ids=filters.dag_ids)
+    return DagStatsCollectionResponse(
+        dags=[
+            DagStatsResponse(
+                dag_id=s.dag_id,
+                dag_display_name=s.dag_id,
+                stats=[
+                    DagStatsStateResponse(state=state, count=count)  # type: ignore[arg-type]
+                    for state, count in s.counts.items()
+                ],
+            )
+            for s in found
+        ],
+        total_entries=len(found),
+    )
+
+
+WarningType = Literal["asset conflict", "non-existent pool", "runtime varying value"]
+
+
+class DAGWarningResponse(Schema):
+    dag_id: str
+    warning_type: WarningType
+    message: str
+    timestamp: UtcDatetime
+    dag_display_name: str
+
+
+class DAGWarningCollectionResponse(Schema):
+    dag_warnings: list[DAGWarningResponse]
+    total_entries: int
+
+
+class WarningFilters(Page):
+    dag_id: str | None = None
+    warning_type: WarningType | None = None
+
+
+@router.get("/dagWarnings", response=responses(DAGWarningCollectionResponse))
+@needs("view", Dag)
+def list_dag_warnings(
+    request: HttpRequest, filters: Query[WarningFilters]
+) -> DAGWarningCollectionResponse:
+    """No warnings (see the module docstring); an `order_by` Airflow refuses is refused."""
+    page = listing.sorted_page(
+        [],
+        order_by=filters.order_by,
+        names=("dag_id", "warning_type", "message", "timestamp"),
+        limit=filters.limit,
+        offset=0,
+    )
+    return DAGWarningCollectionResponse(dag_warnings=page.rows, total_entries=0)
+
+
+class DAGVersionCollectionResponse(Schema):
+    dag_versions: list[DagVersionResponse]
+    total_entries: int
+
+
+class VersionFilters(Page):
+    version_number: int | None = None
+    bundle_name: str | None = None
+    bundle_version: str | None = None
+
+
+@router.get("/dags/{dag_id}/dagVersions", response=responses(DAGVersionCollectionResponse, 404))
+@needs("view", Dag)
+def get_dag_versions(
+    request: HttpRequest, dag_id: str, filters: Query[VersionFilters]
+) -> DAGVersionCollectionResponse:
+    """No versions (see the module docstring); 404 for an unknown Dag, as Airflow."""
+    if dag_id != "~":
+        dags.check_dag_exists(dag_id)
+    listing.sorted_page(
+        [],
+        order_by=filters.order_by,
+        names=("id", "version_number", "bundle_name", "bundle_version"),
+        limit=filters.limit,
+        offset=0,
+    )
+    return DAGVersionCollectionResponse(dag_versions=[], total_entries=0)
+
+
+@router.get(
+    "/dags/{dag_id}/dagVersions/{version_number}", response=responses(DagVersionResponse, 404)
+)
+@needs("view", Dag)
+def get_dag_version(request: HttpRequest, dag_id: str, version_number: int) -> DagVersionResponse:
+    """Airflow's 404 for a version it does not have: the service keeps none."""
+    raise exceptions.NotFound(
+        f"The DagVersion with dag_id: `{dag_id}` and version_number: `{version_number}` was "
+        "not found",
+        reason="dag_version_not_found",
+    )

@@ -1,0 +1,140 @@
+"""The answers of issue 49's routes validate against Airflow 3.3.2's own public API document
+(`v2-rest-api-generated.yaml`, `airflow_env.airflow_response_problems`): every 2xx body with the
+schema Airflow documents for it, and the refusals (403, 404) as Airflow's HTTPExceptionResponse.
+The world is `tests/api/test_public_airflowctl.world`."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from assets_app.api.public_auth import create_api_token
+from tests.api.test_public_airflowctl import world
+
+from .airflow_env import airflow_response_problems
+
+pytestmark = pytest.mark.django_db
+
+TI = "/api/v2/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}"
+
+# (method, Airflow's path template, our URL, query, expected status)
+CALLS = [
+    ("get", f"{TI}/xcomEntries", "/api/v2/dags/~/dagRuns/~/taskInstances/~/xcomEntries", {}, 200),
+    (
+        "get",
+        f"{TI}/xcomEntries/{{xcom_key}}",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/extract/xcomEntries/return_value",
+        {},
+        200,
+    ),
+    (
+        "get",
+        f"{TI}/xcomEntries/{{xcom_key}}",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/extract/xcomEntries/custom",
+        {"deserialize": "true", "stringify": "true"},
+        200,
+    ),
+    (
+        "get",
+        f"{TI}/xcomEntries/{{xcom_key}}",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/extract/xcomEntries/nope",
+        {},
+        404,
+    ),
+    (
+        "post",
+        f"{TI}/xcomEntries",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/extract/xcomEntries",
+        {"key": "added", "value": {"a": [1]}},
+        201,
+    ),
+    (
+        "post",
+        f"{TI}/xcomEntries",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/extract/xcomEntries",
+        {"key": "added", "value": 1},
+        409,
+    ),
+    (
+        "patch",
+        f"{TI}/xcomEntries/{{xcom_key}}",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/extract/xcomEntries/added",
+        {"value": "text"},
+        200,
+    ),
+    ("get", "/api/v2/dagTags", "/api/v2/dagTags", {}, 200),
+    ("get", "/api/v2/dagStats", "/api/v2/dagStats", {}, 200),
+    ("get", "/api/v2/dagWarnings", "/api/v2/dagWarnings", {}, 200),
+    (
+        "get",
+        "/api/v2/dags/{dag_id}/dagVersions",
+        "/api/v2/dags/daily/dagVersions",
+        {},
+        200,
+    ),
+    (
+        "get",
+        "/api/v2/dags/{dag_id}/dagVersions/{version_number}",
+        "/api/v2/dags/daily/dagVersions/1",
+        {},
+        404,
+    ),
+    ("get", "/api/v2/jobs", "/api/v2/jobs", {}, 200),
+    ("get", "/api/v2/plugins", "/api/v2/plugins", {}, 200),
+    ("get", "/api/v2/plugins/importErrors", "/api/v2/plugins/importErrors", {}, 200),
+    ("get", "/api/v2/providers", "/api/v2/providers", {}, 200),
+    ("get", "/api/v2/config", "/api/v2/config", {}, 403),
+    (
+        "get",
+        "/api/v2/config/section/{section}/option/{option}",
+        "/api/v2/config/section/core/option/dags_folder",
+        {},
+        403,
+    ),
+    ("post", "/api/v2/connections/defaults", "/api/v2/connections/defaults", None, 403),
+    (
+        "post",
+        "/api/v2/connections/test",
+        "/api/v2/connections/test",
+        {"connection_id": "c", "conn_type": "http"},
+        403,
+    ),
+    ("get", "/api/v2/dags", "/api/v2/dags", {}, 200),
+    ("get", "/api/v2/dags/{dag_id}/details", "/api/v2/dags/daily/details", {}, 200),
+    (
+        "post",
+        "/api/v2/backfills",
+        "/api/v2/backfills",
+        {"dag_id": "daily", "from_date": "2026-01-01T00:00:00Z", "to_date": "2026-01-02T00:00:00Z"},
+        200,
+    ),
+    ("get", "/api/v2/backfills", "/api/v2/backfills", {"dag_id": "daily"}, 200),
+]
+
+
+def test_issue_49_answers_validate_against_airflows_document():
+    get_user_model().objects.create_user("ops", password="pw", is_staff=True, is_superuser=True)
+    _, key = create_api_token(username="ops", name="test")
+    api = Client(headers={"Authorization": f"Bearer {key}"})
+    world()
+    answers = []
+    for method, template, url, params, status in CALLS:
+        if method == "get":
+            response = api.get(url, params)
+        else:
+            response = getattr(api, method)(url, params, content_type="application/json")
+        assert response.status_code == status, (url, response.content)
+        answers.append((method, template, status, response.json()))
+    assert airflow_response_problems(answers) == []
+
+
+def test_the_validation_finds_a_wrong_type_and_a_missing_field():
+    """The check can fail: a tag that is a number, a stats entry without its Dag id."""
+    problems = airflow_response_problems(
+        [
+            ("get", "/api/v2/dagTags", 200, {"tags": [1], "total_entries": 1}),
+            ("get", "/api/v2/dagStats", 200, {"dags": [{"stats": []}], "total_entries": 1}),
+        ]
+    )
+    assert len(problems) == 3, problems
+    assert any("tags/0: 1 is not of type 'string'" in p for p in problems)
+    assert any("'dag_id' is a required property" in p for p in problems)

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('assets_app', '0045_state_store'),
+        ('assets_app', '0049_try_zero_until_queued'),
     ]
 
     operations = [

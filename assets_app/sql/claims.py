@@ -107,10 +107,13 @@ def claim_task_instances(
 
     Open slots, as Airflow's `Pool.slots_stats`: the pool's `slots` (-1: unlimited) less the
     `pool_slots` of its TIs that are running or claimed by a claim that has not expired
-    (claimed at or after `expired`: Airflow's `queued`). The TIs are taken in order per pool
-    while their running total of `pool_slots` fits the open slots; a TI that needs more slots
-    than are open is passed over and lighter ones after it may still go (Airflow's "we can
-    execute tasks with lower priority if there's enough room"). Unlike Airflow's loop, a TI
+    (claimed at or after `expired`: Airflow's `queued`), and deferred ones when the pool has
+    `include_deferred`. Deferred TIs count against the task limits, not against
+    `max_active_tasks` (Airflow's `ConcurrencyMap`: "DEFERRED ... holding no worker slot").
+    The TIs are taken in order per pool while their running total of `pool_slots` fits the
+    open slots; a TI that needs more slots than are open is passed over and lighter ones
+    after it may still go (Airflow's "we can execute tasks with lower priority if there's
+    enough room"). Unlike Airflow's loop, a TI
     that fits the open slots alone but not after heavier ones still counts against those
     after it within this statement (and a TI kept by the limits but not by its pool counts
     against its run's and task's ranks): they go in the next claim, which passes it over (a
@@ -139,15 +142,18 @@ def claim_task_instances(
             WHERE {_CLAIMABLE} AND {in_queues}
         ), live AS (
             SELECT ti.dag_id, ti.run_id, ti.task_id, COALESCE(t.pool, %s) AS pool,
-                   COALESCE(t.pool_slots, 1) AS slots
+                   COALESCE(t.pool_slots, 1) AS slots, ti.state = 'deferred' AS deferred
             FROM {_TI} ti {_TASK_JOIN}
-            WHERE ti.state = 'running' OR (ti.state = 'queued' AND ti.claimed_at >= %s)
+            WHERE ti.state IN ('running', 'deferred')
+               OR (ti.state = 'queued' AND ti.claimed_at >= %s)
         ), free AS MATERIALIZED (
             SELECT p.name, CASE WHEN p.slots = -1 THEN NULL ELSE p.slots - COALESCE(
-                (SELECT SUM(l.slots) FROM live l WHERE l.pool = p.name), 0) END AS open
+                (SELECT SUM(l.slots) FROM live l WHERE l.pool = p.name
+                 AND (NOT l.deferred OR p.include_deferred)), 0) END AS open
             FROM {_POOL} p WHERE p.name IN ({names})
         ), run_live AS (
-            SELECT dag_id, run_id, COUNT(*) AS n FROM live GROUP BY dag_id, run_id
+            SELECT dag_id, run_id, COUNT(*) AS n FROM live WHERE NOT deferred
+            GROUP BY dag_id, run_id
         ), task_live AS (
             SELECT dag_id, task_id, COUNT(*) AS n FROM live GROUP BY dag_id, task_id
         ), run_task_live AS (
@@ -200,11 +206,13 @@ def claim_task_instances(
     return list(TaskInstance.objects.raw(text, params))
 
 
-def pool_slot_counts(*, names: Sequence[str], expired: datetime) -> dict[str, tuple[int, int, int]]:
-    """(running, queued, scheduled) slots of each of these pools, as Airflow's `Pool` counts
-    them: `pool_slots` of its tasks' TIs running; queued and claimed at or after `expired`
-    (Airflow's `queued`); queued and not claimed, or claimed before it (Airflow's
-    `scheduled`). 1 statement over the live TIs only (`ti_unfinished`'s states)."""
+def pool_slot_counts(
+    *, names: Sequence[str], expired: datetime
+) -> dict[str, tuple[int, int, int, int]]:
+    """(running, queued, scheduled, deferred) slots of each of these pools, as Airflow's `Pool`
+    counts them: `pool_slots` of its tasks' TIs running; queued and claimed at or after
+    `expired` (Airflow's `queued`); queued and not claimed, or claimed before it (Airflow's
+    `scheduled`); deferred. 1 statement over the live TIs only (`ti_unfinished`'s states)."""
     if not names:
         return {}
     placeholders = ", ".join(["%s"] * len(names))
@@ -214,13 +222,15 @@ def pool_slot_counts(*, names: Sequence[str], expired: datetime) -> dict[str, tu
             SUM(CASE WHEN ti.state = 'queued' AND ti.claimed_at >= %s
                 THEN COALESCE(t.pool_slots, 1) ELSE 0 END),
             SUM(CASE WHEN ti.state = 'queued' AND (ti.claimed_at IS NULL OR ti.claimed_at < %s)
-                THEN COALESCE(t.pool_slots, 1) ELSE 0 END)
+                THEN COALESCE(t.pool_slots, 1) ELSE 0 END),
+            SUM(CASE WHEN ti.state = 'deferred' THEN COALESCE(t.pool_slots, 1) ELSE 0 END)
         FROM {_TI} ti {_TASK_JOIN}
-        WHERE ti.state IN ('queued', 'running') AND COALESCE(t.pool, %s) IN ({placeholders})
+        WHERE ti.state IN ('queued', 'running', 'deferred')
+          AND COALESCE(t.pool, %s) IN ({placeholders})
         GROUP BY COALESCE(t.pool, %s)
     """
     adapted = connection.ops.adapt_datetimefield_value(expired)
     params = [DEFAULT_POOL_NAME, adapted, adapted, DEFAULT_POOL_NAME, *names, DEFAULT_POOL_NAME]
     with connection.cursor() as cursor:
         cursor.execute(text, params)
-        return {pool: (int(r), int(q), int(s)) for pool, r, q, s in cursor.fetchall()}
+        return {pool: (int(r), int(q), int(s), int(d)) for pool, r, q, s, d in cursor.fetchall()}

@@ -1,0 +1,198 @@
+"""Issue 42's deferral acceptance: a Dag file with a deferrable `TimeDeltaSensor` and a
+`DateTimeSensorAsync`, run by the stock Task SDK worker (`bin/airflow-worker`) with a triggerer
+beside it (`bin/airflow-worker --triggerer`), defers both sensors, resumes them in their
+`execute_complete` when their triggers fire, and succeeds. Before, the service answered the
+`deferred` state with 422 and the TIs stayed running until the heartbeat sweep failed them.
+
+The second test SIGKILLs the triggerer while both triggers wait: a second triggerer claims them
+once the first one's lease has ended (TRIGGER_LEASE_SECONDS, 3 s here) and the run succeeds."""
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+
+from assets_app.models import DagRun, TaskInstance, Trigger, XCom
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DAG = textwrap.dedent(
+    """
+    from datetime import timedelta
+
+    from airflow.providers.standard.sensors.date_time import DateTimeSensorAsync
+    from airflow.providers.standard.sensors.time_delta import TimeDeltaSensor
+    from airflow.sdk import dag, task
+
+    @dag(dag_id="deferring", schedule=None, is_paused_upon_creation=False)
+    def deferring():
+        delta = TimeDeltaSensor(
+            task_id="wait_delta", delta=timedelta(seconds=DELTA), deferrable=True
+        )
+        until = DateTimeSensorAsync(
+            task_id="wait_until",
+            target_time="{{ (dag_run.run_after + macros.timedelta(seconds=DELTA)).isoformat() }}",
+        )
+
+        @task
+        def after(ti=None):
+            return "both waited"
+
+        [delta, until] >> after()
+
+    deferring()
+    """
+)
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    # Its own process group: stopping it stops the task processes it forked too.
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        start_new_session=True,
+    )
+
+
+def _wait_for(predicate, *, seconds: float, what: str, logs: list[Path]) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
+            raise AssertionError(f"{what} not within {seconds} s\n{tails}")
+        time.sleep(0.5)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=20)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _states(run: DagRun) -> dict[str, str]:
+    return dict(TaskInstance.objects.filter(dag_run=run).values_list("task_id", "state"))
+
+
+def _run_deferring_dag(servers, tmp_path, *, delta: int, kill_first_triggerer: bool) -> dict:
+    web = servers("gunicorn", env={"TRIGGER_LEASE_SECONDS": "3"})
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "deferring.py").write_text(DAG.replace("DELTA", str(delta)))
+    env = {
+        **os.environ,
+        "WORKER_API_KEY": settings.WORKER_API_KEY,
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+    }
+    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
+    base += ["--logs", str(tmp_path / "logs")]
+    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+
+    logs = [tmp_path / "worker.log", tmp_path / "triggerer-1.log", tmp_path / "triggerer-2.log"]
+    worker = _start([*base, "--no-sync", "--concurrency", "2"], env, logs[0])
+    triggerer = _start([*base, "--triggerer"], env, logs[1])
+    processes = [worker, triggerer]
+    try:
+        # Trigger once the worker is ready to claim, so the sensors start well before their
+        # target time and defer (a sensor started after it returns at once).
+        _wait_for(
+            lambda: "claiming as" in logs[0].read_text(),
+            seconds=300,
+            what="the worker's start",
+            logs=logs,
+        )
+        call_command("trigger_dag", "deferring")
+        run = DagRun.objects.get(dag_id="deferring")
+        _wait_for(
+            lambda: (
+                set(_states(run).values()) >= {"deferred"}
+                and list(_states(run).values()).count("deferred") == 2
+            ),
+            seconds=300,
+            what="both sensors deferred",
+            logs=logs,
+        )
+        deferred = {
+            ti.task_id: (ti.next_method, ti.start_date)
+            for ti in TaskInstance.objects.filter(dag_run=run, state="deferred")
+        }
+        if kill_first_triggerer:
+            _wait_for(
+                lambda: Trigger.objects.exclude(claimed_by="").count() == 2,
+                seconds=120,
+                what="both triggers claimed",
+                logs=logs,
+            )
+            os.killpg(triggerer.pid, signal.SIGKILL)
+            triggerer.wait()
+            processes.append(_start([*base, "--triggerer"], env, logs[2]))
+        _wait_for(
+            lambda: _states(run).get("after") in ("success", "failed", "upstream_failed"),
+            seconds=600,
+            what="the run's end",
+            logs=logs,
+        )
+        return {
+            "run": run,
+            "deferred": deferred,
+            "states": _states(run),
+            "tis": {ti.task_id: ti for ti in TaskInstance.objects.filter(dag_run=run)},
+            "logs": {p.name: p.read_text() for p in logs if p.exists()},
+        }
+    finally:
+        for process in processes:
+            _stop(process)
+
+
+@pytest.mark.timeout(1500)
+def test_deferrable_sensors_resume_and_succeed(servers, tmp_path):
+    result = _run_deferring_dag(servers, tmp_path, delta=25, kill_first_triggerer=False)
+
+    assert result["states"] == {
+        "wait_delta": "success",
+        "wait_until": "success",
+        "after": "success",
+    }, result["logs"]
+    assert result["deferred"].keys() == {"wait_delta", "wait_until"}
+    assert {m for m, _ in result["deferred"].values()} == {"execute_complete"}
+    for task_id in ("wait_delta", "wait_until"):
+        ti = result["tis"][task_id]
+        # Resumed in the same try, its first start kept (Airflow's ti_run on a resume).
+        assert ti.try_number == 1
+        assert ti.start_date == result["deferred"][task_id][1]
+    assert result["logs"]["triggerer-1.log"].count(" fired: ") == 2
+    run = result["run"]
+    assert (
+        XCom.objects.get(run_id=run.run_id, task_id="after", key="return_value").value
+        == "both waited"
+    )
+
+
+@pytest.mark.timeout(1500)
+def test_a_killed_triggerer_loses_no_trigger(servers, tmp_path):
+    result = _run_deferring_dag(servers, tmp_path, delta=40, kill_first_triggerer=True)
+
+    assert result["states"] == {
+        "wait_delta": "success",
+        "wait_until": "success",
+        "after": "success",
+    }, result["logs"]
+    assert " fired: " not in result["logs"]["triggerer-1.log"]
+    assert result["logs"]["triggerer-2.log"].count(" fired: ") == 2

@@ -20,17 +20,23 @@ triggers, against the service's triggerer routes instead of the metadata databas
   event, as Airflow's `cleanup_finished_triggers` fails it), and stops the trigger; a trigger
   the service released (fired elsewhere, timed out, its TI moved on) is cancelled.
 
+A trigger that reads through the execution API (`RuntimeTaskInstance.get_ti_count`,
+`get_task_states`, `get_dr_count`, `get_dagrun_state`, `get_previous_ti`, Variables,
+Connections, XComs: `DagStateTrigger`, the `WorkflowTrigger` of a deferrable
+`ExternalTaskSensor`) is served as Airflow's triggerer supervisor serves it
+(`TriggerRunnerSupervisor._handle_request`, with the Task SDK's own request handlers), over
+HTTP with the task token the claim handed out for its TI's try (`_ExecutionComms`).
+
 Not supported (reported as the trigger's failure, so the task fails saying so, never waits):
 triggers that end the task themselves (`end_from_trigger=True`: a `BaseTaskEndEvent`), and
-triggers that call the execution API from the triggerer (Airflow's triggerer serves them
-through its supervisor: `DagStateTrigger`, `WorkflowTrigger` of a deferrable
-`ExternalTaskSensor`). Templated trigger fields are not rendered (Airflow renders them when it
-has the serialized Dag).
+other supervisor requests (HITL, the state store) from a trigger. Templated trigger fields are
+not rendered (Airflow renders them when it has the serialized Dag).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import sys
@@ -65,6 +71,65 @@ def build_trigger(workload: dict[str, Any]) -> Any:
     trigger.trigger_id = workload["id"]
     trigger.timeout_after = workload.get("timeout_after")
     return trigger
+
+
+# The task token of the trigger running in this asyncio task (copied into the threads of its
+# `sync_to_async` calls), for `_ExecutionComms`.
+_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar("trigger_token", default=None)
+
+
+class _ExecutionComms:
+    """The Task SDK's `SUPERVISOR_COMMS` for the triggers of this process: the requests
+    Airflow's `TriggerRunnerSupervisor._handle_request` serves (the same Task SDK request
+    handlers), sent to the service's execution API with the current trigger's task token."""
+
+    def __init__(self, server: str) -> None:
+        self._server = server
+        self._clients: dict[str, Any] = {}
+
+    def _client(self) -> Any:
+        from airflow.sdk.api.client import Client
+
+        token = _TOKEN.get()
+        if token is None:
+            raise RuntimeError("an execution API request outside a trigger")
+        if token not in self._clients:
+            if len(self._clients) >= 1000:
+                self._clients.clear()
+            self._clients[token] = Client(base_url=self._server, token=token)
+        return self._clients[token]
+
+    def send(self, msg: Any) -> Any:
+        from airflow.sdk.execution_time import comms
+        from airflow.sdk.execution_time import request_handlers as handle
+
+        handlers = {
+            comms.GetTICount: handle.handle_get_ti_count,
+            comms.GetTaskStates: handle.handle_get_task_states,
+            comms.GetDRCount: handle.handle_get_dr_count,
+            comms.GetDagRunState: handle.handle_get_dag_run_state,
+            comms.GetPreviousTI: handle.handle_get_previous_ti,
+            comms.GetVariable: handle.handle_get_variable,
+            comms.GetConnection: handle.handle_get_connection,
+            comms.GetXCom: handle.handle_get_xcom,
+        }
+        handler = handlers.get(type(msg))
+        if handler is None:
+            raise RuntimeError(
+                f"{type(msg).__name__} from a trigger is not served by this service's triggerer"
+            )
+        response, _ = handler(self._client(), msg)
+        return response
+
+    async def asend(self, msg: Any) -> Any:
+        return await asyncio.to_thread(self.send, msg)
+
+
+def install_comms(server: str) -> None:
+    """Make the Task SDK's `RuntimeTaskInstance` reads of triggers go to the service."""
+    from airflow.sdk.execution_time import task_runner
+
+    task_runner.SUPERVISOR_COMMS = _ExecutionComms(server)  # type: ignore[assignment]
 
 
 def serialize_payload(payload: Any) -> Any:
@@ -154,6 +219,7 @@ class Triggerer:
         from airflow.triggers.base import BaseTaskEndEvent
 
         trigger_id = workload["id"]
+        _TOKEN.set(workload.get("token"))
         try:
             trigger = build_trigger(workload)
         except BaseException as exc:  # Airflow: "Trigger failed to load code"
@@ -243,6 +309,7 @@ def run(
             await triggerer.run(max_seconds=max_seconds, idle_exit=idle_exit)
             return triggerer
 
+    install_comms(url + "/execution/")
     _say(f"claiming triggers as {name} (capacity {capacity})")
     triggerer = asyncio.run(main())
     _say(f"{triggerer.fired} triggers fired, {triggerer.failed} failed")

@@ -153,7 +153,9 @@ def claim_triggers(request: HttpRequest, payload: schemas.TriggerClaimRequest):
         held=payload.held,
         queues=payload.queues,
     )
-    return schemas.TriggerClaimResponse.from_domain(claim)
+    return schemas.TriggerClaimResponse.from_domain(
+        claim, token_for=lambda ti: auth.issue_token(ti.id, try_number=ti.try_number)
+    )
 
 
 @router.post(

@@ -542,13 +542,16 @@ class TriggerTI(ResponseBody):
 
 
 class TriggerWorkload(ResponseBody):
-    """Airflow's `RunTrigger` workload, the fields a triggerer needs to run it."""
+    """Airflow's `RunTrigger` workload, the fields a triggerer needs to run it, and a task
+    token of the TI's try (the execution API reads a trigger makes: Airflow's triggerer serves
+    them through its supervisor)."""
 
     id: int
     classpath: str
     encrypted_kwargs: str
     timeout_after: datetime | None
     ti: TriggerTI
+    token: str
 
 
 class TriggerClaimResponse(ResponseBody):
@@ -557,7 +560,9 @@ class TriggerClaimResponse(ResponseBody):
     lease_seconds: float
 
     @classmethod
-    def from_domain(cls, claim: deferral.TriggerClaim) -> "TriggerClaimResponse":
+    def from_domain(
+        cls, claim: deferral.TriggerClaim, *, token_for: Callable[[TaskInstance], str]
+    ) -> "TriggerClaimResponse":
         return cls(
             triggers=[
                 TriggerWorkload(
@@ -573,6 +578,7 @@ class TriggerClaimResponse(ResponseBody):
                         map_index=t.ti.map_index,
                         try_number=t.ti.try_number,
                     ),
+                    token=token_for(t.ti),
                 )
                 for t in claim.triggers
             ],

@@ -162,6 +162,11 @@ def test_an_event_resumes_the_ti_in_its_next_method(worker_api):
     assert claimed["classpath"] == DEFERRED["classpath"]
     assert json.loads(claimed["encrypted_kwargs"]) == DEFERRED["trigger_kwargs"]
     assert claimed["ti"]["id"] == str(ti.id) and claimed["ti"]["try_number"] == 3
+    # A token of the TI's try: the trigger's execution API reads (a deferred TI's token reads).
+    count = worker_api.request(
+        "GET", "/task-instances/count", token=claimed["token"], dag_id=ti.dag_id
+    )
+    assert count.status_code == 200, count.content
 
     event = post(worker_api, f"/triggers/{claimed['id']}/event", {"payload": MOMENT})
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import textwrap
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,151 @@ def test_a_killed_triggerer_loses_no_trigger(servers, tmp_path):
     }, result["logs"]
     assert " fired: " not in result["logs"]["triggerer-1.log"]
     assert result["logs"]["triggerer-2.log"].count(" fired: ") == 2
+
+
+SERIALIZE_KWARGS = (
+    "import json, sys, pendulum\n"
+    "from airflow.sdk.serde import serialize\n"
+    "moment = pendulum.parse(sys.argv[1])\n"
+    "print(json.dumps(serialize({'moment': moment, 'end_from_trigger': False})))\n"
+)
+
+
+@pytest.mark.timeout(1500)
+def test_200_deferred_tis_wait_in_one_triggerer(servers, tmp_path):
+    """Issue 42's acceptance: 200 deferred TIs' triggers wait in one triggerer process (one
+    event loop) and all fire; each TI is queued again with its event."""
+    from django.utils import timezone
+
+    from assets_app.task_state import deferral
+    from tests.compat.airflow_worker_env import sdk_python
+    from tests.factories import DagRunFactory, TaskInstanceFactory
+
+    web = servers("gunicorn")
+    moment = timezone.now() + timedelta(seconds=40)
+    kwargs = subprocess.run(
+        [str(sdk_python()), "-c", SERIALIZE_KWARGS, moment.isoformat()],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    run = DagRunFactory()
+    tis = [
+        TaskInstanceFactory(dag_run=run, task_id="wait", map_index=i, running=True)
+        for i in range(200)
+    ]
+    for ti in tis:
+        deferral.defer(
+            ti_id=ti.id,
+            try_number=ti.try_number,
+            classpath="airflow.providers.standard.triggers.temporal.DateTimeTrigger",
+            trigger_kwargs=kwargs,
+            trigger_timeout=None,
+            queue=None,
+            next_method="execute_complete",
+            next_kwargs={},
+        )
+    env = {
+        **os.environ,
+        "WORKER_API_KEY": settings.WORKER_API_KEY,
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+    }
+    log = tmp_path / "triggerer.log"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    argv = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
+    triggerer = _start([*argv, "--triggerer", "--idle-exit", "5"], env, log)
+    try:
+        _wait_for(
+            lambda: Trigger.objects.exclude(claimed_by="").count() == 200,
+            seconds=300,
+            what="200 triggers claimed",
+            logs=[log],
+        )
+        # All 200 are held by the one process before the first fires.
+        assert timezone.now() < moment, log.read_text()[-3000:]
+        assert len(set(Trigger.objects.values_list("claimed_by", flat=True))) == 1
+        triggerer.wait(timeout=600)
+    finally:
+        _stop(triggerer)
+
+    text = log.read_text()
+    assert "200 triggers fired, 0 failed" in text, text[-3000:]
+    resumed = TaskInstance.objects.filter(dag_run=run)
+    assert set(resumed.values_list("state", flat=True)) == {"queued"}
+    assert all(ti.next_kwargs["event"] is not None for ti in resumed)
+
+
+PARENT_AND_CHILD = textwrap.dedent(
+    """
+    from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+    from airflow.sdk import dag, task
+
+    @dag(dag_id="deferring_child", schedule=None, is_paused_upon_creation=False)
+    def deferring_child():
+        @task
+        def work():
+            return "child done"
+
+        work()
+
+    @dag(dag_id="deferring_parent", schedule=None, is_paused_upon_creation=False)
+    def deferring_parent():
+        TriggerDagRunOperator(
+            task_id="trigger_child",
+            trigger_dag_id="deferring_child",
+            wait_for_completion=True,
+            deferrable=True,
+            poke_interval=2,
+        )
+
+    deferring_child()
+    deferring_parent()
+    """
+)
+
+
+@pytest.mark.timeout(1500)
+def test_a_trigger_reading_the_execution_api_resumes_its_task(servers, tmp_path):
+    """`TriggerDagRunOperator(wait_for_completion=True, deferrable=True)` defers on a
+    `DagStateTrigger`, which polls the child run's count and state through the Task SDK's
+    `RuntimeTaskInstance` (served here over HTTP with the claim's task token, as Airflow's
+    triggerer supervisor serves them); the parent resumes once the child run succeeded."""
+    web = servers("gunicorn")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "parent_and_child.py").write_text(PARENT_AND_CHILD)
+    env = {
+        **os.environ,
+        "WORKER_API_KEY": settings.WORKER_API_KEY,
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+    }
+    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
+    base += ["--logs", str(tmp_path / "logs")]
+    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    logs = [tmp_path / "worker.log", tmp_path / "triggerer.log"]
+    processes = [
+        _start([*base, "--no-sync", "--concurrency", "2"], env, logs[0]),
+        _start([*base, "--triggerer"], env, logs[1]),
+    ]
+    try:
+        call_command("trigger_dag", "deferring_parent")
+        parent = DagRun.objects.get(dag_id="deferring_parent")
+        _wait_for(
+            lambda: _states(parent).get("trigger_child") in ("success", "failed"),
+            seconds=600,
+            what="the parent's end",
+            logs=logs,
+        )
+    finally:
+        for process in processes:
+            _stop(process)
+
+    text = {p.name: p.read_text() for p in logs}
+    assert _states(parent) == {"trigger_child": "success"}, text
+    child = DagRun.objects.get(dag_id="deferring_child")
+    assert child.state == "success"
+    assert "DagStateTrigger" in text["triggerer.log"] and " fired: " in text["triggerer.log"]
+    ti = TaskInstance.objects.get(dag_run=parent)
+    assert ti.try_number == 1

@@ -27,8 +27,11 @@ Connections, XComs: `DagStateTrigger`, the `WorkflowTrigger` of a deferrable
 (`TriggerRunnerSupervisor._handle_request`, with the Task SDK's own request handlers), over
 HTTP with the task token the claim handed out for its TI's try (`_ExecutionComms`).
 
+A trigger that ends its task itself (`end_from_trigger=True`: a `BaseTaskEndEvent`) is reported
+to `POST /execution/triggers/{id}/end` with its state and XComs (serde), and the service ends
+the TI as Airflow's `handle_event_submit` does.
+
 Not supported (reported as the trigger's failure, so the task fails saying so, never waits):
-triggers that end the task themselves (`end_from_trigger=True`: a `BaseTaskEndEvent`), and
 other supervisor requests (HITL, the state store) from a trigger. Templated trigger fields are
 not rendered (Airflow renders them when it has the serialized Dag).
 """
@@ -233,12 +236,12 @@ class Triggerer:
         try:
             async for event in trigger.run():
                 if isinstance(event, BaseTaskEndEvent):
-                    message = (
-                        f"{type(event).__name__}: a trigger that ends the task itself "
-                        "(end_from_trigger=True) is not supported by this service's triggerer"
-                    )
-                    _say(f"trigger {name}: {message}")
-                    await self._report(trigger_id, "failure", {"traceback": [message]})
+                    # The trigger ends the task itself (end_from_trigger=True): Airflow's
+                    # handle_event_submit for a BaseTaskEndEvent, done by the service.
+                    _say(f"trigger {name} ended its task: {event!r}")
+                    xcoms = {k: serialize_payload(v) for k, v in (event.xcoms or {}).items()}
+                    body = {"state": str(event.task_instance_state.value), "xcoms": xcoms}
+                    await self._report(trigger_id, "end", body)
                     return
                 _say(f"trigger {name} fired: {event!r}")
                 payload = serialize_payload(event.payload)
@@ -280,7 +283,7 @@ class Triggerer:
                 f"{kind} of trigger {trigger_id} refused ({response.status_code}): {response.text}"
             )
             return
-        if kind == "event":
+        if kind in ("event", "end"):
             self.fired += 1
         else:
             self.failed += 1

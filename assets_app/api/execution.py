@@ -178,6 +178,16 @@ def trigger_failure(request: HttpRequest, trigger_id: int, payload: schemas.Trig
     return schemas.TriggerReportResponse(resumed=resumed)
 
 
+@router.post(
+    "/triggers/{trigger_id}/end", auth=auth.worker_api_key, response=schemas.TriggerEndResponse
+)
+def trigger_end(request: HttpRequest, trigger_id: int, payload: schemas.TriggerEndPayload):
+    state = deferral.end_from_trigger(
+        trigger_id=trigger_id, state=payload.state, xcoms=payload.xcoms
+    )
+    return schemas.TriggerEndResponse(state=state)
+
+
 @router.post("/dags/sync", auth=auth.dag_sync, response=schemas.DagSyncResponse)
 def sync_dag_files(request: HttpRequest, payload: schemas.DagSyncRequest):
     """Definitions converted from Airflow DAG files (`bin/airflow-worker`), synced with

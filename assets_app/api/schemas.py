@@ -603,6 +603,21 @@ class TriggerReportResponse(ResponseBody):
     resumed: bool
 
 
+class TriggerEndPayload(RequestBody):
+    """A trigger that ended its task (Airflow's `BaseTaskEndEvent`): the state and the XComs
+    to push, their values serialized with the Task SDK's serde."""
+
+    state: Literal["success", "failed", "skipped"]
+    xcoms: JsonDict | None = None
+
+
+class TriggerEndResponse(ResponseBody):
+    """The state the TI ended in (`up_for_retry`: queued for its next try), null when no
+    deferred TI waited for the trigger any more."""
+
+    state: str | None
+
+
 # --- Dag definitions from a worker (our own endpoint) ------------------------------------------
 
 

@@ -48,9 +48,11 @@ from django.db.models import Min
 from django.utils import timezone
 
 from ..models import TaskInstance, TIState, Trigger
+from ..runtime import xcoms as xcoms_store
+from ..scheduling.dependencies import after_ti_finished
 from ..sql import locks, wakeups
 from ..sql import triggers as triggers_sql
-from . import StateChange, check_try, not_found, not_running
+from . import StateChange, check_try, is_eligible_to_retry, not_found, not_running, retries
 
 # Airflow's `TRIGGER_FAIL_REPR` and `TriggerFailureReason` values (`airflow/models/trigger.py`).
 TRIGGER_FAIL_REPR = "__fail__"
@@ -195,6 +197,61 @@ def _resume(*, trigger_id: int, ti_id: UUID, next_method: str | None, next_kwarg
             # The trigger timer deletes the unused Trigger row.
             wakeups.wake(wakeups.TRIGGERS)
     return bool(matched)
+
+
+# --- deferred -> finished by the trigger (end_from_trigger) -----------------------------------
+
+
+def end_from_trigger(*, trigger_id: int, state: str, xcoms: dict[str, Any] | None) -> str | None:
+    """The trigger ended the task itself (a `BaseTaskEndEvent`: `end_from_trigger=True`), as
+    Airflow's `handle_event_submit` for it does: a failed TI with tries left goes to its next
+    try (queued after its retry delay, as a worker's `up_for_retry`); otherwise the TI takes
+    `state` (success, failed, skipped) with its end date now, and the event's `xcoms` (values
+    serialized with the Task SDK's serde) are pushed unless it was retried. Like Airflow's, a
+    success here registers no outlets (`set_state`). Its downstream follow after the commit.
+
+    Lock: the task's retry policy read before; then lock the TI, check it still waits for this
+    trigger, one UPDATE, commit. The state it ended in, or None when no deferred TI waits for
+    the trigger any more (nothing written)."""
+    ti_id = (
+        TaskInstance.objects.filter(trigger_id=trigger_id, state=TIState.DEFERRED)
+        .values_list("id", flat=True)
+        .first()
+    )
+    if ti_id is None:
+        return None
+    policy = retries.retry_policy(ti_id) if state == TIState.FAILED else None
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        ti = locks.lock_task_instance(ti_id)
+        if ti is None or ti.state != TIState.DEFERRED or ti.trigger_id != trigger_id:
+            return None
+        cleared = {"trigger": None, "trigger_timeout": None, "next_method": None}
+        if state == TIState.FAILED and is_eligible_to_retry(
+            try_number=ti.try_number, max_tries=ti.max_tries
+        ):
+            changed = retries.requeue_or_fail(ti, now=now, end_date=now, delay=None, policy=policy)
+        else:
+            ti.state = state
+            ti.end_date = now
+            changed = ["state", "end_date", "updated_at"]
+        for name, value in {**cleared, "next_kwargs": None}.items():
+            setattr(ti, name, value)
+        ti.save(update_fields=sorted({*changed, *cleared, "next_kwargs"}))
+        wakeups.wake(wakeups.TRIGGERS)
+    if ti.state == TIState.QUEUED:
+        return "up_for_retry"
+    for key, value in (xcoms or {}).items():
+        xcoms_store.push(
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            task_id=ti.task_id,
+            key=key,
+            value=value,
+            map_index=ti.map_index,
+        )
+    after_ti_finished(ti)
+    return ti.state
 
 
 # --- trigger timeouts (the timers process) ----------------------------------------------------

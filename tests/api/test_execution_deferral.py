@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from assets_app.models import Pool, TaskInstance, TIState, Trigger
+from assets_app.models import Pool, TaskInstance, TIState, Trigger, XCom
 from assets_app.runtime import pools
 from assets_app.task_state import claims, deferral, liveness
 from tests.factories import DagFactory, DagRunFactory, TaskFactory, TaskInstanceFactory
@@ -371,3 +371,42 @@ def test_a_deferred_ti_counts_against_its_task_limits_not_max_active_tasks():
 
     assert _claimed_ids() == [other.id]
     assert held_back.id not in _claimed_ids()
+
+
+# --- end_from_trigger ---------------------------------------------------------------------------
+
+
+def test_a_trigger_ending_its_task_succeeds_it_with_its_xcoms(worker_api):
+    ti = TaskInstanceFactory(running=True)
+    patch_state(worker_api, ti, DEFERRED)
+    trigger_id = TaskInstance.objects.get(id=ti.id).trigger_id
+
+    response = post(
+        worker_api,
+        f"/triggers/{trigger_id}/end",
+        {"state": "success", "xcoms": {"moment": MOMENT}},
+    )
+
+    assert response.status_code == 200 and response.json() == {"state": "success"}
+    ti.refresh_from_db()
+    assert (ti.state, ti.trigger_id, ti.next_method) == (TIState.SUCCESS, None, None)
+    assert ti.end_date is not None
+    assert XCom.objects.get(run_id=ti.run_id, task_id=ti.task_id, key="moment").value == MOMENT
+    again = post(worker_api, f"/triggers/{trigger_id}/end", {"state": "success"})
+    assert again.json() == {"state": None}
+
+
+@pytest.mark.parametrize(("max_tries", "ends"), [(1, "up_for_retry"), (0, "failed")])
+def test_a_trigger_failing_its_task_retries_it_while_tries_remain(worker_api, max_tries, ends):
+    ti = TaskInstanceFactory(running=True, max_tries=max_tries)
+    patch_state(worker_api, ti, DEFERRED)
+    trigger_id = TaskInstance.objects.get(id=ti.id).trigger_id
+
+    response = post(worker_api, f"/triggers/{trigger_id}/end", {"state": "failed"})
+
+    assert response.json() == {"state": ends}
+    ti.refresh_from_db()
+    if ends == "up_for_retry":
+        assert (ti.state, ti.try_number, ti.next_method) == (TIState.QUEUED, 2, None)
+    else:
+        assert (ti.state, ti.try_number) == (TIState.FAILED, 1)

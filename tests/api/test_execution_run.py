@@ -402,6 +402,7 @@ def test_openapi_schema_lists_every_worker_endpoint(client):
         "/execution/triggers/claim",
         "/execution/triggers/{trigger_id}/event",
         "/execution/triggers/{trigger_id}/failure",
+        "/execution/triggers/{trigger_id}/end",
     }
 
 

@@ -43,11 +43,18 @@ DAG = textwrap.dedent(
             target_time="{{ (dag_run.run_after + macros.timedelta(seconds=DELTA)).isoformat() }}",
         )
 
+        # Ended by its trigger (end_from_trigger): no worker resumes it.
+        ended = DateTimeSensorAsync(
+            task_id="wait_end",
+            target_time="{{ (dag_run.run_after + macros.timedelta(seconds=DELTA)).isoformat() }}",
+            end_from_trigger=True,
+        )
+
         @task
         def after(ti=None):
             return "both waited"
 
-        [delta, until] >> after()
+        [delta, until, ended] >> after()
 
     deferring()
     """
@@ -122,12 +129,9 @@ def _run_deferring_dag(servers, tmp_path, *, delta: int, kill_first_triggerer: b
         call_command("trigger_dag", "deferring")
         run = DagRun.objects.get(dag_id="deferring")
         _wait_for(
-            lambda: (
-                set(_states(run).values()) >= {"deferred"}
-                and list(_states(run).values()).count("deferred") == 2
-            ),
+            lambda: list(_states(run).values()).count("deferred") == 3,
             seconds=300,
-            what="both sensors deferred",
+            what="the three sensors deferred",
             logs=logs,
         )
         deferred = {
@@ -136,9 +140,9 @@ def _run_deferring_dag(servers, tmp_path, *, delta: int, kill_first_triggerer: b
         }
         if kill_first_triggerer:
             _wait_for(
-                lambda: Trigger.objects.exclude(claimed_by="").count() == 2,
+                lambda: Trigger.objects.exclude(claimed_by="").count() == 3,
                 seconds=120,
-                what="both triggers claimed",
+                what="the three triggers claimed",
                 logs=logs,
             )
             os.killpg(triggerer.pid, signal.SIGKILL)
@@ -169,9 +173,10 @@ def test_deferrable_sensors_resume_and_succeed(servers, tmp_path):
     assert result["states"] == {
         "wait_delta": "success",
         "wait_until": "success",
+        "wait_end": "success",
         "after": "success",
     }, result["logs"]
-    assert result["deferred"].keys() == {"wait_delta", "wait_until"}
+    assert result["deferred"].keys() == {"wait_delta", "wait_until", "wait_end"}
     assert {m for m, _ in result["deferred"].values()} == {"execute_complete"}
     for task_id in ("wait_delta", "wait_until"):
         ti = result["tis"][task_id]
@@ -179,6 +184,9 @@ def test_deferrable_sensors_resume_and_succeed(servers, tmp_path):
         assert ti.try_number == 1
         assert ti.start_date == result["deferred"][task_id][1]
     assert result["logs"]["triggerer-1.log"].count(" fired: ") == 2
+    assert result["logs"]["triggerer-1.log"].count(" ended its task: ") == 1
+    # The trigger ended wait_end: no worker ran it a second time.
+    assert result["logs"]["worker.log"].count("deferring.wait_end try 1 exited") == 1
     run = result["run"]
     assert (
         XCom.objects.get(run_id=run.run_id, task_id="after", key="return_value").value
@@ -193,6 +201,7 @@ def test_a_killed_triggerer_loses_no_trigger(servers, tmp_path):
     assert result["states"] == {
         "wait_delta": "success",
         "wait_until": "success",
+        "wait_end": "success",
         "after": "success",
     }, result["logs"]
     assert " fired: " not in result["logs"]["triggerer-1.log"]

@@ -82,7 +82,7 @@ locks live unleased Trigger rows FOR UPDATE SKIP LOCKED (`claim_triggers`) and s
 reads TI rows without locking them. A deferral inserts its Trigger row and then takes the TI
 lock (step 1) with its one UPDATE; a resume (event, failure) and the timeout pass take the TI
 lock with one UPDATE and touch no Trigger row; the timeout timer deletes unused Trigger rows
-alone in its transaction (waiting, briefly, for a claim holding one). So nothing that holds a
+alone in its transaction, skipping those a claim holds (SKIP LOCKED). So nothing that holds a
 TI row waits for a Trigger row, and a claim never waits for a TI.
 
 Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All functions here must be

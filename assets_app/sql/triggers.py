@@ -83,10 +83,12 @@ def delete_unused_triggers(*, limit: int) -> int:
     """Delete up to `limit` triggers no TI points at (Airflow's `Trigger.clean_unused`): a
     trigger whose event, failure or timeout resumed its TI, or whose TI was deleted. A trigger
     being inserted with its deferral is not visible here until that commits, and then its TI
-    points at it. 1 statement."""
+    points at it. A trigger a claim holds is skipped (FOR UPDATE SKIP LOCKED, as Airflow's),
+    never waited for. 1 statement."""
+    lock = " FOR UPDATE OF tr SKIP LOCKED" if connection.vendor == "postgresql" else ""
     text = (
         f"DELETE FROM {_TRIGGER} WHERE id IN (SELECT tr.id FROM {_TRIGGER} tr WHERE NOT EXISTS "
-        f"(SELECT 1 FROM {_TI} ti WHERE ti.trigger_id = tr.id) ORDER BY tr.id LIMIT %s)"
+        f"(SELECT 1 FROM {_TI} ti WHERE ti.trigger_id = tr.id) ORDER BY tr.id LIMIT %s{lock})"
     )
     with connection.cursor() as cursor:
         cursor.execute(text, [limit])

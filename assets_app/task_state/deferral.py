@@ -271,12 +271,18 @@ def time_out_triggers(*, now: datetime | None = None, batch: int = 1000) -> Time
     (Airflow's scheduler `check_trigger_timeouts`: `next_method = "__fail__"`, `next_kwargs =
     {"error": "Trigger timeout"}`), in one UPDATE (each row locked only by it; a TI an event
     resumes at the same moment is resumed once: the loser's condition no longer matches);
-    then unused triggers are deleted in batches (Airflow's `Trigger.clean_unused`)."""
+    then TIs no longer deferred let go of their trigger and unused triggers are deleted in
+    batches (Airflow's `Trigger.clean_unused`)."""
     now = now or timezone.now()
     timed_out = TaskInstance.objects.filter(state=TIState.DEFERRED, trigger_timeout__lt=now).update(
         next_method=TRIGGER_FAIL_REPR,
         next_kwargs={"error": TRIGGER_TIMEOUT},
         **_resume_values(now),
+    )
+    # Airflow's `clean_unused` first: a TI that left `deferred` another way (its run timed
+    # out, an operator marked it) no longer points at its trigger.
+    TaskInstance.objects.filter(trigger__isnull=False).exclude(state=TIState.DEFERRED).update(
+        trigger=None
     )
     deleted = 0
     while True:

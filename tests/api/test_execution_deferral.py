@@ -410,3 +410,20 @@ def test_a_trigger_failing_its_task_retries_it_while_tries_remain(worker_api, ma
         assert (ti.state, ti.try_number, ti.next_method) == (TIState.QUEUED, 2, None)
     else:
         assert (ti.state, ti.try_number) == (TIState.FAILED, 1)
+
+
+def test_a_ti_that_left_deferred_otherwise_lets_go_of_its_trigger(worker_api):
+    """Airflow's `clean_unused`: a TI no longer deferred (its run timed out, an operator marked
+    it) is unlinked from its trigger, which is then deleted; a live trigger stays."""
+    gone = TaskInstanceFactory(running=True)
+    patch_state(worker_api, gone, DEFERRED)
+    live = TaskInstanceFactory(running=True)
+    patch_state(worker_api, live, DEFERRED)
+    TaskInstance.objects.filter(id=gone.id).update(state=TIState.SKIPPED)
+
+    result = deferral.time_out_triggers()
+
+    assert result == deferral.TimeoutPass(timed_out=0, deleted=1)
+    assert TaskInstance.objects.get(id=gone.id).trigger_id is None
+    live.refresh_from_db()
+    assert list(Trigger.objects.values_list("id", flat=True)) == [live.trigger_id]

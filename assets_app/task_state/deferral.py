@@ -95,6 +95,9 @@ def defer(
         trigger = Trigger.objects.create(
             classpath=classpath, kwargs=kwargs_text, queue=queue, created_at=now
         )
+        if timeout_at is not None:
+            # Before the UPDATE (delivered on commit only), so nothing follows it under the lock.
+            wakeups.wake(wakeups.TRIGGERS)
         matched = TaskInstance.objects.filter(
             id=ti_id, state=TIState.RUNNING, try_number=seen.try_number
         ).update(
@@ -110,8 +113,6 @@ def defer(
             if current is None:
                 raise not_found(ti_id)
             raise not_running(current, "deferred")
-        if timeout_at is not None:
-            wakeups.wake(wakeups.TRIGGERS)
     return StateChange(
         ti_id=seen.id, state=TIState.DEFERRED, replayed=False, try_number=seen.try_number
     )
@@ -190,12 +191,12 @@ def resume_with_failure(*, trigger_id: int, traceback: list[str] | None) -> bool
 def _resume(*, trigger_id: int, ti_id: UUID, next_method: str | None, next_kwargs: Any) -> bool:
     now = timezone.now()
     with transaction.atomic(durable=True):
+        # The trigger timer deletes the unused Trigger row (woken on commit; before the UPDATE
+        # so that nothing follows it under the TI lock).
+        wakeups.wake(wakeups.TRIGGERS)
         matched = TaskInstance.objects.filter(
             id=ti_id, trigger_id=trigger_id, state=TIState.DEFERRED
         ).update(next_method=next_method, next_kwargs=next_kwargs, **_resume_values(now))
-        if matched:
-            # The trigger timer deletes the unused Trigger row.
-            wakeups.wake(wakeups.TRIGGERS)
     return bool(matched)
 
 
@@ -223,6 +224,7 @@ def end_from_trigger(*, trigger_id: int, state: str, xcoms: dict[str, Any] | Non
     policy = retries.retry_policy(ti_id) if state == TIState.FAILED else None
     now = timezone.now()
     with transaction.atomic(durable=True):
+        wakeups.wake(wakeups.TRIGGERS)  # its trigger is unused once this commits
         ti = locks.lock_task_instance(ti_id)
         if ti is None or ti.state != TIState.DEFERRED or ti.trigger_id != trigger_id:
             return None
@@ -238,7 +240,6 @@ def end_from_trigger(*, trigger_id: int, state: str, xcoms: dict[str, Any] | Non
         for name, value in {**cleared, "next_kwargs": None}.items():
             setattr(ti, name, value)
         ti.save(update_fields=sorted({*changed, *cleared, "next_kwargs"}))
-        wakeups.wake(wakeups.TRIGGERS)
     if ti.state == TIState.QUEUED:
         return "up_for_retry"
     for key, value in (xcoms or {}).items():

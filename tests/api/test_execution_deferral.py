@@ -15,6 +15,7 @@ from assets_app.task_state import claims, deferral, liveness
 from tests.factories import DagFactory, DagRunFactory, TaskFactory, TaskInstanceFactory
 
 from .snapshots import db_snapshot
+from .test_execution_lock_hold import kinds, statement_log
 
 pytestmark = pytest.mark.django_db
 
@@ -427,3 +428,62 @@ def test_a_ti_that_left_deferred_otherwise_lets_go_of_its_trigger(worker_api):
     assert TaskInstance.objects.get(id=gone.id).trigger_id is None
     live.refresh_from_db()
     assert list(Trigger.objects.values_list("id", flat=True)) == [live.trigger_id]
+
+
+# --- invariant 1: the TI lock covers only the state change ------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deferral_inserts_its_trigger_before_the_lock_and_holds_it_for_one_statement():
+    ti = TaskInstanceFactory(running=True)
+    with statement_log() as log:
+        deferral.defer(
+            ti_id=ti.id,
+            try_number=ti.try_number,
+            classpath=DEFERRED["classpath"],
+            trigger_kwargs=DEFERRED["trigger_kwargs"],
+            trigger_timeout=timedelta(hours=1),
+            queue=None,
+            next_method="execute_complete",
+            next_kwargs={},
+        )
+    assert kinds(log.under_ti_lock()) == ["UPDATE"]
+    assert TaskInstance.objects.get(id=ti.id).state == TIState.DEFERRED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_resume_holds_the_lock_for_one_statement():
+    ti = TaskInstanceFactory(running=True)
+    deferral.defer(
+        ti_id=ti.id,
+        try_number=ti.try_number,
+        classpath=DEFERRED["classpath"],
+        trigger_kwargs={},
+        trigger_timeout=None,
+        queue=None,
+        next_method="execute_complete",
+        next_kwargs={},
+    )
+    trigger_id = TaskInstance.objects.get(id=ti.id).trigger_id
+    with statement_log() as log:
+        assert deferral.resume_with_event(trigger_id=trigger_id, payload={"x": 1})
+    assert kinds(log.under_ti_lock()) == ["UPDATE"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trigger_ending_its_task_holds_the_lock_for_two_statements():
+    ti = TaskInstanceFactory(running=True)
+    deferral.defer(
+        ti_id=ti.id,
+        try_number=ti.try_number,
+        classpath=DEFERRED["classpath"],
+        trigger_kwargs={},
+        trigger_timeout=None,
+        queue=None,
+        next_method="execute_complete",
+        next_kwargs={},
+    )
+    trigger_id = TaskInstance.objects.get(id=ti.id).trigger_id
+    with statement_log() as log:
+        assert deferral.end_from_trigger(trigger_id=trigger_id, state="success", xcoms={"k": 1})
+    assert kinds(log.under_ti_lock()) == ["SELECT FOR UPDATE", "UPDATE"]

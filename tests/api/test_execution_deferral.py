@@ -13,6 +13,7 @@ from assets_app.models import Pool, TaskInstance, TIState, Trigger, XCom
 from assets_app.runtime import pools
 from assets_app.task_state import claims, deferral, liveness
 from tests.factories import DagFactory, DagRunFactory, TaskFactory, TaskInstanceFactory
+from tests.test_invariant_guards import lock_timeout, other_connection
 
 from .snapshots import db_snapshot
 from .test_execution_lock_hold import kinds, statement_log
@@ -487,3 +488,49 @@ def test_a_trigger_ending_its_task_holds_the_lock_for_two_statements():
     with statement_log() as log:
         assert deferral.end_from_trigger(trigger_id=trigger_id, state="success", xcoms={"k": 1})
     assert kinds(log.under_ti_lock()) == ["SELECT FOR UPDATE", "UPDATE"]
+
+
+# --- invariant 5: a trigger claim never waits; nothing under a TI lock waits for a trigger ----
+
+
+def _deferred_triggers(n: int) -> list[int]:
+    ids = []
+    for _ in range(n):
+        ti = TaskInstanceFactory(running=True)
+        deferral.defer(
+            ti_id=ti.id,
+            try_number=ti.try_number,
+            classpath=DEFERRED["classpath"],
+            trigger_kwargs={},
+            trigger_timeout=None,
+            queue=None,
+            next_method="execute_complete",
+            next_kwargs={},
+        )
+        ids.append(TaskInstance.objects.get(id=ti.id).trigger_id)
+    return ids
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trigger_claim_skips_a_trigger_another_claim_holds_and_never_waits():
+    held, *free = _deferred_triggers(3)
+    with other_connection() as other:
+        other.execute("SELECT id FROM assets_app_trigger WHERE id = %s FOR UPDATE", [held])
+        with lock_timeout():
+            claimed = deferral.claim_triggers(triggerer="t2", limit=10, held=[])
+    assert [t.id for t in claimed.triggers] == free
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_resume_and_the_cleanup_never_wait_for_a_claimed_trigger():
+    held, other_id = _deferred_triggers(2)
+    with other_connection() as other:
+        other.execute(
+            "SELECT id FROM assets_app_trigger WHERE id IN (%s, %s) FOR UPDATE", [held, other_id]
+        )
+        with lock_timeout():
+            assert deferral.resume_with_event(trigger_id=held, payload=None)
+            # The resumed trigger is unused, but a claim holds it: skipped, not waited for.
+            assert deferral.time_out_triggers().deleted == 0
+    assert deferral.time_out_triggers().deleted == 1
+    assert list(Trigger.objects.values_list("id", flat=True)) == [other_id]

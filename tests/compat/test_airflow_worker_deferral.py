@@ -354,3 +354,66 @@ def test_a_trigger_reading_the_execution_api_resumes_its_task(servers, tmp_path)
     assert "DagStateTrigger" in text["triggerer.log"] and " fired: " in text["triggerer.log"]
     ti = TaskInstance.objects.get(dag_run=parent)
     assert ti.try_number == 1
+
+
+STANDARD_EXAMPLES = ROOT / (
+    ".venv-airflow-worker/lib/python3.11/site-packages/airflow/providers/standard/example_dags"
+)
+
+
+@pytest.mark.timeout(1500)
+def test_airflows_example_external_task_sensor_defers_and_succeeds(servers, tmp_path):
+    """Airflow's own `example_external_task`: its deferrable `ExternalTaskSensor` defers on a
+    `WorkflowTrigger`, which counts `child_dag`'s TIs through the execution API from the
+    triggerer, fires once `child_dag`'s `@once` run succeeded, and the sensor resumes and
+    succeeds. (Its `TriggerDagRunOperator` with `reset_dag_run=True` and the logical date of
+    `child_dag`'s existing scheduled run fails here on a 404 of its clear of
+    `manual__2022-01-01...`: not a deferral matter, so this test asserts the sensor only.)"""
+    from assets_app.models import Dag
+    from assets_app.sql import wakeups
+
+    web = servers("gunicorn")
+    servers("timers")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    for kind in ("parent", "child"):
+        name = f"example_external_task_{kind}_deferrable"
+        (dags / f"{name}.py").write_text((STANDARD_EXAMPLES / f"{name}.py").read_text())
+    env = {
+        **os.environ,
+        "WORKER_API_KEY": settings.WORKER_API_KEY,
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+    }
+    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
+    base += ["--logs", str(tmp_path / "logs")]
+    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    logs = [tmp_path / "worker.log", tmp_path / "triggerer.log"]
+    processes = [
+        _start([*base, "--no-sync", "--concurrency", "4"], env, logs[0]),
+        _start([*base, "--triggerer"], env, logs[1]),
+    ]
+    try:
+        Dag.objects.filter(dag_id__in=["example_external_task", "child_dag"]).update(
+            is_paused=False
+        )
+        wakeups.wake(wakeups.TIME)
+        _wait_for(
+            lambda: TaskInstance.objects.filter(
+                dag_id="example_external_task",
+                task_id="parent_task_sensor",
+                state__in=["success", "failed", "upstream_failed", "skipped"],
+            ).exists(),
+            seconds=900,
+            what="the sensor's end",
+            logs=logs,
+        )
+    finally:
+        for process in processes:
+            _stop(process)
+    text = {p.name: p.read_text()[-4000:] for p in logs}
+    sensor = TaskInstance.objects.get(dag_id="example_external_task", task_id="parent_task_sensor")
+    assert (sensor.state, sensor.try_number) == ("success", 1), text
+    assert "WorkflowTrigger" in text["triggerer.log"], text
+    assert "fired: TriggerEvent<{'status': 'success'}>" in text["triggerer.log"], text
+    assert DagRun.objects.get(dag_id="child_dag").state == "success"

@@ -7,7 +7,11 @@ airflow.sdk.execution_time.execute_workload` per TI instead.
     bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
         [--api-key KEY] [--sync-key KEY] [--wait S] [--concurrency 8] [--max-tis N] \\
         [--max-seconds S] [--idle-exit S] [--logs var/airflow-logs] [--manual-only] \\
-        [--queues default,gpu] [--sync-only | --no-sync]
+        [--queues default,gpu] [--sync-only | --no-sync | --triggerer]
+
+`--triggerer` runs, instead of TIs, the triggers of deferred TIs (`airflow_worker/triggerer.py`:
+many on one asyncio loop, as Airflow's triggerer), with the same url, key and `--max-seconds` /
+`--idle-exit`; `--queues` there names triggerer queues (default: any trigger).
 
 Task code runs here, with this machine's environment. Airflow's settings for the supervisor
 come from the environment it is started with (`AIRFLOW__CORE__DAGS_FOLDER`,
@@ -84,7 +88,18 @@ def _options(argv: list[str]) -> argparse.Namespace:
         help="start a new interpreter per TI (execute_workload) instead of the forked pool",
     )
     parser.add_argument("--apply-pause", action="store_true", help="as sync_dags --apply-pause")
+    parser.add_argument(
+        "--triggerer-capacity",
+        type=int,
+        default=1000,
+        help="with --triggerer: triggers run at once (Airflow's [triggerer] capacity)",
+    )
     mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--triggerer",
+        action="store_true",
+        help="run deferred TIs' triggers (airflow_worker/triggerer.py) instead of TIs; no sync",
+    )
     mode.add_argument("--sync-only", action="store_true", help="sync the DAG files and exit")
     mode.add_argument("--no-sync", action="store_true", help="do not sync, only run TIs")
     options = parser.parse_args(argv)
@@ -428,6 +443,18 @@ def main(argv: list[str] | None = None) -> int:
         options.key_source = key.source
         _say(f"worker API key from {key.source}")
         client.headers["Authorization"] = f"Bearer {key.value}"
+        if options.triggerer:
+            from airflow_worker import triggerer
+
+            return triggerer.run(
+                url=options.url.rstrip("/"),
+                api_key=key.value,
+                name=f"{options.hostname}:{os.getpid()}",
+                capacity=options.triggerer_capacity,
+                max_seconds=options.max_seconds,
+                idle_exit=options.idle_exit,
+                queues=options.queues,
+            )
         if not options.no_sync:
             sync(options, client)
         if options.sync_only:

@@ -287,6 +287,10 @@ WORKLOAD_CLAIM_TIMEOUT_SECONDS = env.int("WORKLOAD_CLAIM_TIMEOUT_SECONDS", defau
 # A running TI whose heartbeat stopped this long ago is failed (or retried) by the scheduler's
 # sweep (Airflow's `[scheduler] task_instance_heartbeat_timeout`).
 TASK_HEARTBEAT_TIMEOUT_SECONDS = env.float("TASK_HEARTBEAT_TIMEOUT_SECONDS", default=300)
+# A triggerer holds the triggers it claimed this long past its last claim call (it renews
+# them every second or so); a triggerer that died loses them to another after this (issue 42;
+# Airflow's triggerers take over a dead one's after `[triggerer] triggerer_health_check_threshold`).
+TRIGGER_LEASE_SECONDS = env.float("TRIGGER_LEASE_SECONDS", default=30)
 # How often the repair timer looks (assets_app/timers/service.py).
 TASK_REPAIR_INTERVAL_SECONDS = env.float("TASK_REPAIR_INTERVAL_SECONDS", default=60)
 # A finished TI's token reads Connections this long after (its callbacks; Airflow's

@@ -27,6 +27,7 @@ STATE_COLOURS: dict[str, str] = {
     TIState.SKIPPED: "#db2777",
     TIState.REMOVED: "#9ca3af",
     TIState.UPSTREAM_FAILED: "#ea580c",
+    TIState.DEFERRED: "#9370db",  # Airflow's mediumpurple
     DagRunState.QUEUED: "#78716c",
     DagRunState.RUNNING: "#2563eb",
     DagRunState.SUCCESS: "#16a34a",

@@ -30,11 +30,13 @@ from ..models import (
     TaskInstance,
     TaskLogChunk,
     TIState,
+    Trigger,
 )
 from ..runtime import logs as task_logs
 from ..scheduling import runs
 from .base import (
     LinkTableAdmin,
+    ReadOnlyAdmin,
     actor_of,
     admin_link,
     changelist_url,
@@ -424,7 +426,30 @@ class TaskInstanceAdmin(admin.ModelAdmin):
     )
     list_filter = ("state", "dag_id")
     search_fields = ("=id", "dag_id", "task_id", "run_id", "hostname")
-    readonly_fields = ("dag_run_link", "outbox_rows", "task_log")
+    readonly_fields = ("dag_run_link", "deferral", "outbox_rows", "task_log")
+
+    @admin.display(description="deferral")
+    def deferral(self, obj):
+        """A deferred TI's trigger (issue 42): its class, who runs it until when, its timeout,
+        and the method the task resumes in; after a resume, the method it resumes in."""
+        if obj.trigger_id is None:
+            if obj.next_method:
+                return format_html("resumes in <code>{}</code>", obj.next_method)
+            return "-"
+        trigger = obj.trigger
+        holder = (
+            format_html("run by {} (lease until {})", trigger.claimed_by, trigger.lease_until)
+            if trigger.claimed_by
+            else "waiting for a triggerer"
+        )
+        return format_html(
+            "trigger {} <code>{}</code><br>{}<br>times out: {}<br>resumes in <code>{}</code>",
+            trigger.id,
+            trigger.classpath,
+            holder,
+            obj.trigger_timeout or "never",
+            obj.next_method,
+        )
 
     @admin.display(description="log")
     def task_log(self, obj):
@@ -512,3 +537,24 @@ class TaskLogChunkAdmin(LinkTableAdmin):
     search_fields = ("=ti__id",)
     date_hierarchy = "created_at"
     show_full_result_count = False
+
+
+@admin.register(Trigger)
+class TriggerAdmin(ReadOnlyAdmin):
+    """The triggers of deferred TIs (issue 42): which TI waits for each, and which triggerer
+    runs it until when. A trigger whose TI resumed waits here until the trigger timer deletes
+    it."""
+
+    list_display = ("id", "classpath", "waiting_ti", "claimed_by", "lease_until", "created_at")
+    search_fields = ("=id", "classpath", "claimed_by")
+    show_full_result_count = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("task_instances")
+
+    @admin.display(description="waiting task instance")
+    def waiting_ti(self, obj):
+        tis = [ti for ti in obj.task_instances.all() if ti.state == TIState.DEFERRED]
+        if not tis:
+            return "none (resumed)"
+        return admin_link(tis[0])

@@ -14,7 +14,15 @@ from assets_app.catalog import asset_events
 from assets_app.definitions import sync as definitions
 from assets_app.models import TIState
 from assets_app.runtime import logs as task_logs
-from assets_app.task_state import claims, finishing, liveness, retries, starting, success
+from assets_app.task_state import (
+    claims,
+    deferral,
+    finishing,
+    liveness,
+    retries,
+    starting,
+    success,
+)
 
 from . import auth, schemas
 
@@ -68,6 +76,17 @@ def ti_update_state(
             try_number=try_number,
             reschedule_date=payload.reschedule_date,
             end_date=payload.end_date,
+        )
+    elif isinstance(payload, schemas.TIDeferredStatePayload):
+        change = deferral.defer(
+            ti_id=task_instance_id,
+            try_number=try_number,
+            classpath=payload.classpath,
+            trigger_kwargs=payload.trigger_kwargs,
+            trigger_timeout=payload.trigger_timeout,
+            queue=payload.queue,
+            next_method=payload.next_method,
+            next_kwargs=payload.next_kwargs,
         )
     elif isinstance(payload, schemas.TIRetryStatePayload):
         change = retries.retry(
@@ -123,6 +142,50 @@ def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
     return schemas.ClaimResponse.from_domain(
         workloads, token_for=lambda ti: auth.issue_token(ti.id, try_number=ti.try_number)
     )
+
+
+@router.post("/triggers/claim", auth=auth.worker_api_key, response=schemas.TriggerClaimResponse)
+def claim_triggers(request: HttpRequest, payload: schemas.TriggerClaimRequest):
+    """A triggerer's claim (our own endpoint, issue 42): renew its leases, lease it more."""
+    claim = deferral.claim_triggers(
+        triggerer=payload.triggerer,
+        limit=payload.limit,
+        held=payload.held,
+        queues=payload.queues,
+    )
+    return schemas.TriggerClaimResponse.from_domain(
+        claim, token_for=lambda ti: auth.issue_token(ti.id, try_number=ti.try_number)
+    )
+
+
+@router.post(
+    "/triggers/{trigger_id}/event",
+    auth=auth.worker_api_key,
+    response=schemas.TriggerReportResponse,
+)
+def trigger_event(request: HttpRequest, trigger_id: int, payload: schemas.TriggerEventPayload):
+    resumed = deferral.resume_with_event(trigger_id=trigger_id, payload=payload.payload)
+    return schemas.TriggerReportResponse(resumed=resumed)
+
+
+@router.post(
+    "/triggers/{trigger_id}/failure",
+    auth=auth.worker_api_key,
+    response=schemas.TriggerReportResponse,
+)
+def trigger_failure(request: HttpRequest, trigger_id: int, payload: schemas.TriggerFailurePayload):
+    resumed = deferral.resume_with_failure(trigger_id=trigger_id, traceback=payload.traceback)
+    return schemas.TriggerReportResponse(resumed=resumed)
+
+
+@router.post(
+    "/triggers/{trigger_id}/end", auth=auth.worker_api_key, response=schemas.TriggerEndResponse
+)
+def trigger_end(request: HttpRequest, trigger_id: int, payload: schemas.TriggerEndPayload):
+    state = deferral.end_from_trigger(
+        trigger_id=trigger_id, state=payload.state, xcoms=payload.xcoms
+    )
+    return schemas.TriggerEndResponse(state=state)
 
 
 @router.post("/dags/sync", auth=auth.dag_sync, response=schemas.DagSyncResponse)

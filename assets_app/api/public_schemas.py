@@ -723,6 +723,25 @@ class TriggerResponse(Schema):
     queue: str | None
     triggerer_id: int | None
 
+    @staticmethod
+    def of(ti: TaskInstance) -> "TriggerResponse | None":
+        """The trigger a deferred TI waits for (issue 42), as Airflow's `TriggerResponse`:
+        `kwargs` is the stored text (Airflow shows the decrypted kwargs' `str`); the service's
+        triggerers have no job ids (`triggerer_id` null). No query for a TI not deferred."""
+        if ti.trigger_id is None:
+            return None
+        trigger = ti.trigger
+        if trigger is None:
+            return None
+        return TriggerResponse(
+            id=trigger.id,
+            classpath=trigger.classpath,
+            kwargs=trigger.kwargs,
+            created_date=trigger.created_at,
+            queue=trigger.queue,
+            triggerer_id=None,
+        )
+
 
 class JobResponse(Schema):
     id: int
@@ -842,9 +861,10 @@ class TaskCollectionResponse(Schema):
 
 
 class TaskInstanceResponse(Schema):
-    """Airflow's TaskInstanceResponse. The service runs no operators, pools, queues, executors
-    or triggers: Airflow's defaults (`default_pool`, one slot, queue `default`, priority 1) and
-    nulls. `state` is Airflow's name for the TI's state (null: no status yet)."""
+    """Airflow's TaskInstanceResponse. The service runs no operators, pools, queues or
+    executors: Airflow's defaults (`default_pool`, one slot, queue `default`, priority 1) and
+    nulls. `state` is Airflow's name for the TI's state (null: no status yet); `trigger` is a
+    deferred TI's trigger (`TriggerResponse.of`), `triggerer_job` null (no triggerer jobs)."""
 
     id: UUID
     task_id: str
@@ -919,7 +939,7 @@ class TaskInstanceResponse(Schema):
             note=None,
             rendered_map_index=None,
             rendered_fields={},
-            trigger=None,
+            trigger=TriggerResponse.of(ti),
             triggerer_job=None,
             dag_version=None,
         )

@@ -20,8 +20,9 @@ from assets_app.catalog import asset_events
 from assets_app.guards import run_ids
 from assets_app.models import Asset, AssetEvent, DagRun, TaskInstance
 from assets_app.models.dags import DEFAULT_QUEUE, TASK_QUEUE_MAX_LENGTH
+from assets_app.models.triggers import TRIGGER_CLASSPATH_MAX_LENGTH, TRIGGER_QUEUE_MAX_LENGTH
 from assets_app.registration.payloads import AssetProfile, OutletEvent
-from assets_app.task_state import claims, starting
+from assets_app.task_state import claims, deferral, starting
 
 JsonDict = dict[str, Any]
 
@@ -116,8 +117,33 @@ class TIReschedulePayload(RequestBody):
     end_date: UtcDatetime
 
 
+# A trigger timeout beyond this would overflow a stored datetime (now + the timeout).
+MAX_TRIGGER_TIMEOUT = timedelta(days=36500)
+
+
+class TIDeferredStatePayload(RequestBody):
+    """Airflow's `TIDeferredStatePayload` (execution API 2026-06-30): the trigger's classpath
+    and kwargs (a dict, or a string the client encrypted: stored as sent), its timeout, the
+    triggerer queue, and the method (and its serde-serialized kwargs) the task resumes in."""
+
+    state: Literal["deferred"] = "deferred"
+    classpath: Annotated[str, Field(min_length=1, max_length=TRIGGER_CLASSPATH_MAX_LENGTH)]
+    trigger_kwargs: JsonDict | str = Field(default_factory=dict)
+    trigger_timeout: Annotated[
+        timedelta | None, Field(ge=-MAX_TRIGGER_TIMEOUT, le=MAX_TRIGGER_TIMEOUT)
+    ] = None
+    queue: Annotated[str | None, Field(max_length=TRIGGER_QUEUE_MAX_LENGTH)] = None
+    next_method: Annotated[str, Field(min_length=1, max_length=1000)]
+    next_kwargs: JsonDict = Field(default_factory=dict)
+    rendered_map_index: str | None = None
+
+
 TIStateUpdate = Annotated[
-    TISuccessStatePayload | TITerminalStatePayload | TIRetryStatePayload | TIReschedulePayload,
+    TISuccessStatePayload
+    | TITerminalStatePayload
+    | TIRetryStatePayload
+    | TIReschedulePayload
+    | TIDeferredStatePayload,
     Field(discriminator="state"),
 ]
 
@@ -283,6 +309,14 @@ class TIRunContext(ResponseBody):
             "should_retry": context.should_retry,
             "start_date": None,
         }
+        ti = context.ti
+        if ti.next_method:
+            # Resuming from deferral (Airflow's `ti_run`: "only set if they are non-null"): the
+            # method, its kwargs as the Task SDK serialized them (with the trigger's event),
+            # and the first start.
+            body["next_method"] = ti.next_method
+            body["next_kwargs"] = ti.next_kwargs
+            body["start_date"] = _wire_datetime(ti.start_date)
         return orjson.dumps(body)
 
 
@@ -475,6 +509,113 @@ class ClaimResponse(ResponseBody):
                 for w in workloads
             ]
         )
+
+
+# --- the triggerer (our own endpoints, issue 42) ------------------------------------------------
+
+
+class TriggerClaimRequest(RequestBody):
+    """A triggerer's claim: who it is, how many more triggers it takes, the ones it runs (their
+    leases are renewed), and optionally only triggers of these queues."""
+
+    triggerer: Annotated[str, Field(min_length=1, max_length=HOSTNAME_MAX_LENGTH)]
+    limit: Annotated[int, Field(ge=0, le=1000)] = 100
+    held: Annotated[list[Annotated[int, Field(ge=1, le=INT64_MAX)]], Field(max_length=100_000)] = (
+        Field(default_factory=list)
+    )
+    queues: (
+        Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=TRIGGER_QUEUE_MAX_LENGTH)]],
+            Field(max_length=100),
+        ]
+        | None
+    ) = None
+
+
+class TriggerTI(ResponseBody):
+    id: UUID
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    try_number: int
+
+
+class TriggerWorkload(ResponseBody):
+    """Airflow's `RunTrigger` workload, the fields a triggerer needs to run it, and a task
+    token of the TI's try (the execution API reads a trigger makes: Airflow's triggerer serves
+    them through its supervisor)."""
+
+    id: int
+    classpath: str
+    encrypted_kwargs: str
+    timeout_after: datetime | None
+    ti: TriggerTI
+    token: str
+
+
+class TriggerClaimResponse(ResponseBody):
+    triggers: list[TriggerWorkload]
+    released: list[int]
+    lease_seconds: float
+
+    @classmethod
+    def from_domain(
+        cls, claim: deferral.TriggerClaim, *, token_for: Callable[[TaskInstance], str]
+    ) -> "TriggerClaimResponse":
+        return cls(
+            triggers=[
+                TriggerWorkload(
+                    id=t.id,
+                    classpath=t.classpath,
+                    encrypted_kwargs=t.encrypted_kwargs,
+                    timeout_after=t.timeout_after,
+                    ti=TriggerTI(
+                        id=t.ti.id,
+                        dag_id=t.ti.dag_id,
+                        run_id=t.ti.run_id,
+                        task_id=t.ti.task_id,
+                        map_index=t.ti.map_index,
+                        try_number=t.ti.try_number,
+                    ),
+                    token=token_for(t.ti),
+                )
+                for t in claim.triggers
+            ],
+            released=claim.released,
+            lease_seconds=claim.lease_seconds,
+        )
+
+
+class TriggerEventPayload(RequestBody):
+    """A trigger's event: its payload as the Task SDK's serde serialized it."""
+
+    payload: Any = None
+
+
+class TriggerFailurePayload(RequestBody):
+    """A trigger that failed: the lines of its traceback (Airflow's `submit_failure`)."""
+
+    traceback: Annotated[list[str], Field(max_length=10_000)] | None = None
+
+
+class TriggerReportResponse(ResponseBody):
+    resumed: bool
+
+
+class TriggerEndPayload(RequestBody):
+    """A trigger that ended its task (Airflow's `BaseTaskEndEvent`): the state and the XComs
+    to push, their values serialized with the Task SDK's serde."""
+
+    state: Literal["success", "failed", "skipped"]
+    xcoms: JsonDict | None = None
+
+
+class TriggerEndResponse(ResponseBody):
+    """The state the TI ended in (`up_for_retry`: queued for its next try), null when no
+    deferred TI waited for the trigger any more."""
+
+    state: str | None
 
 
 # --- Dag definitions from a worker (our own endpoint) ------------------------------------------

@@ -41,6 +41,7 @@ MAPPED_STATE_PRIORITY: tuple[str | None, ...] = (
     TIState.UPSTREAM_FAILED,
     TIState.UP_FOR_RETRY,
     TIState.RUNNING,
+    TIState.DEFERRED,
     TIState.QUEUED,
     TIState.SCHEDULED,
     None,
@@ -106,6 +107,7 @@ TI_STATE_TO_AIRFLOW: dict[str, str | None] = {
     TIState.SKIPPED: "skipped",
     TIState.REMOVED: "removed",
     TIState.UPSTREAM_FAILED: "upstream_failed",
+    TIState.DEFERRED: "deferred",
 }
 
 
@@ -461,7 +463,9 @@ def _like(value: str, term: str) -> bool:
 
 
 def _ti_queryset(dag_id: str, run_id: str, f: TIFilters) -> QuerySet[TaskInstance]:
-    tis = TaskInstance.objects.select_related("dag_run").annotate(duration=_run_duration())
+    tis = TaskInstance.objects.select_related("dag_run", "trigger").annotate(
+        duration=_run_duration()
+    )
     if run_id != ALL:
         if dag_id == ALL:
             raise exceptions.BadRequest(
@@ -579,7 +583,7 @@ def get_task_instance(
     *, dag_id: str, run_id: str, task_id: str, map_index: int = -1
 ) -> TaskInstance:
     ti = (
-        TaskInstance.objects.select_related("dag_run")
+        TaskInstance.objects.select_related("dag_run", "trigger")
         .annotate(duration=_run_duration())
         .filter(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index)
         .first()

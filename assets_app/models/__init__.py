@@ -58,6 +58,7 @@ from .runtime import (
     Variable,
     XCom,
 )
+from .triggers import Trigger
 from .watchers import MessageState, ParkReason, QueueWatcher, WatcherMessage, WatcherRoute
 from .webhooks import (
     DeliveryState,
@@ -124,6 +125,7 @@ __all__ = [
     "TaskReschedule",
     "TaskStateStore",
     "TaskUpstream",
+    "Trigger",
     "TriggerRule",
     "Variable",
     "WatcherMessage",

@@ -14,8 +14,7 @@ POOL_NAME_MAX_LENGTH = 256
 
 class Pool(models.Model):
     """A pool: `slots` (-1: unlimited, as Airflow's), `description`, `include_deferred`
-    (Airflow's: deferred TIs count as occupying; the service has no deferred state, so it
-    changes nothing here, and is kept and shown as Airflow's API does).
+    (Airflow's: deferred TIs count as occupying the pool's slots, issue 42).
 
     Occupied, as Airflow's `Pool.slots_stats` counts it: the `pool_slots` of the TIs of the
     pool's tasks that are running, or queued and claimed by a worker whose claim has not

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from ..guards.limits import StoredJsonDecoder
 from .dags import DAG_ID_MAX_LENGTH, Dag
+from .triggers import Trigger
 
 
 class DagRunType(models.TextChoices):
@@ -56,6 +57,9 @@ class TIState(models.TextChoices):
     SKIPPED = "skipped"
     REMOVED = "removed"
     UPSTREAM_FAILED = "upstream_failed"
+    # Waiting for its trigger (issue 42): Airflow's `deferred`, resumed (queued again with its
+    # `next_method`) by the trigger's event, failure or timeout (`task_state.deferral`).
+    DEFERRED = "deferred"
 
 
 TI_FINISHED_STATES = frozenset(
@@ -90,6 +94,12 @@ def fresh_try_values(*, queued_at: datetime, retry_at: datetime | None) -> dict[
         "start_date": None,
         "end_date": None,
         "last_heartbeat_at": None,
+        # A fresh try starts the task again, not in a deferred task's next_method (Airflow
+        # clears them on every state but deferred).
+        "next_method": None,
+        "next_kwargs": None,
+        "trigger_timeout": None,
+        "trigger": None,
     }
 
 
@@ -209,6 +219,15 @@ class TaskInstance(models.Model):
     claimed_at = models.DateTimeField(null=True, blank=True)
     # A retried TI is queued again but may not be claimed before this time.
     retry_at = models.DateTimeField(null=True, blank=True)
+    # Deferral (issue 42), Airflow's TI columns: the trigger the TI waits for while deferred,
+    # the method (and its kwargs, serialized by the Task SDK's serde) a worker resumes it in,
+    # and when its trigger times out.
+    trigger = models.ForeignKey(
+        Trigger, on_delete=models.SET_NULL, null=True, blank=True, related_name="task_instances"
+    )
+    next_method = models.CharField(max_length=1000, null=True, blank=True)
+    next_kwargs = models.JSONField(null=True, blank=True, decoder=StoredJsonDecoder)
+    trigger_timeout = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -246,7 +265,9 @@ class TaskInstance(models.Model):
             models.Index(
                 fields=["dag_run", "state"],
                 name="ti_unfinished",
-                condition=models.Q(state__in=["queued", "running", "scheduled", "up_for_retry"]),
+                condition=models.Q(
+                    state__in=["deferred", "queued", "running", "scheduled", "up_for_retry"]
+                ),
             ),
             models.Index(
                 fields=["last_heartbeat_at"],
@@ -260,6 +281,12 @@ class TaskInstance(models.Model):
                 fields=["claimed_at"],
                 name="ti_queued_claimed",
                 condition=models.Q(state="queued", claimed_at__isnull=False),
+            ),
+            # The trigger timeout timer's next due time and due TIs.
+            models.Index(
+                fields=["trigger_timeout"],
+                name="ti_deferred_timeout",
+                condition=models.Q(state="deferred"),
             ),
         ]
 

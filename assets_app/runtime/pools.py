@@ -41,8 +41,8 @@ DEFAULT_POOL_FIELDS = ("slots", "include_deferred")
 @dataclass(frozen=True)
 class PoolSlots:
     """A pool and its slots as Airflow's `PoolResponse` counts them: running; queued (claimed
-    by a worker, claim not expired); scheduled (queued here, not claimed yet); deferred (none
-    here); occupied (running + queued, + deferred when `include_deferred`); open (slots less
+    by a worker, claim not expired); scheduled (queued here, not claimed yet); deferred;
+    occupied (running + queued, + deferred when `include_deferred`); open (slots less
     occupied, None: unlimited)."""
 
     pool: Pool
@@ -72,7 +72,7 @@ def with_slots(pools: Sequence[Pool]) -> list[PoolSlots]:
     """Each pool with its slot counts: 1 query for all of them (the live TIs of their tasks)."""
     expired = timezone.now() - timedelta(seconds=settings.WORKLOAD_CLAIM_TIMEOUT_SECONDS)
     counts = claims_sql.pool_slot_counts(names=[p.name for p in pools], expired=expired)
-    return [PoolSlots(pool, *counts.get(pool.name, (0, 0, 0))) for pool in pools]
+    return [PoolSlots(pool, *counts.get(pool.name, (0, 0, 0, 0))) for pool in pools]
 
 
 def list_pools(

@@ -22,12 +22,12 @@ again while it found new starved ones. Here a claim is the same in two statement
    rows locked FOR UPDATE SKIP LOCKED. The caller runs it again (after stamping what it
    claimed) only when it came back short with its window full.
 
-Cost: the live TIs (running, or claimed by a claim that has not expired) are read through
-partial indexes (`ti_running_heartbeat`, `ti_queued_claimed`); the claimable TIs are read once
-per statement, filtered and kept in a top-N heap of the window's size (no sort, window or
-count over the backlog). That one pass stays: the order's keys live in three tables (the
-task's weight, the run's logical date, the TI's map index), so no index of the TI table alone
-can hand them over in order.
+Cost: the live TIs (running, deferred, or claimed by a claim that has not expired) are read
+through partial indexes (`ti_running_heartbeat`, `ti_deferred_timeout`, `ti_queued_claimed`);
+the claimable TIs are read once per statement, filtered and kept in a top-N heap of the
+window's size (no sort, window or count over the backlog). That one pass stays: the order's
+keys live in three tables (the task's weight, the run's logical date, the TI's map index), so
+no index of the TI table alone can hand them over in order.
 """
 
 from collections.abc import Sequence
@@ -164,7 +164,10 @@ def claim_task_instances(
 
     Open slots, as Airflow's `Pool.slots_stats`: the pool's `slots` (-1: unlimited) less the
     `pool_slots` of its TIs that are running or claimed by a claim that has not expired
-    (claimed at or after `expired`: Airflow's `queued`). Each TI comes back with `weight` (its
+    (claimed at or after `expired`: Airflow's `queued`), and deferred ones when the pool has
+    `include_deferred`. Deferred TIs count against the task limits, not against
+    `max_active_tasks` (Airflow's `ConcurrencyMap`: "DEFERRED ... holding no worker slot").
+    Each TI comes back with `weight` (its
     task's effective priority weight), `claim_pool_slots` and `claim_queue`. Pools are counted
     across queues, as Airflow's are: a TI of another queue holds its pool's slots too."""
     if not pools or not queues or limit < 1:
@@ -181,15 +184,18 @@ def claim_task_instances(
     text = f"""
         WITH live AS MATERIALIZED (
             SELECT ti.dag_id, ti.dag_run_id, ti.task_id, COALESCE(t.pool, %s) AS pool,
-                   COALESCE(t.pool_slots, 1) AS slots
+                   COALESCE(t.pool_slots, 1) AS slots, ti.state = 'deferred' AS deferred
             FROM {_TI} ti {_TASK_JOIN}
-            WHERE ti.state = 'running' OR (ti.state = 'queued' AND ti.claimed_at >= %s)
+            WHERE ti.state IN ('running', 'deferred')
+               OR (ti.state = 'queued' AND ti.claimed_at >= %s)
         ), free AS MATERIALIZED (
             SELECT p.name, CASE WHEN p.slots = -1 THEN NULL ELSE p.slots - COALESCE(
-                (SELECT SUM(l.slots) FROM live l WHERE l.pool = p.name), 0) END AS open
+                (SELECT SUM(l.slots) FROM live l WHERE l.pool = p.name
+                 AND (NOT l.deferred OR p.include_deferred)), 0) END AS open
             FROM {_POOL} p WHERE p.name IN ({names})
         ), run_live AS MATERIALIZED (
-            SELECT dag_id, dag_run_id, COUNT(*) AS n FROM live GROUP BY dag_id, dag_run_id
+            SELECT dag_id, dag_run_id, COUNT(*) AS n FROM live WHERE NOT deferred
+            GROUP BY dag_id, dag_run_id
         ), task_live AS MATERIALIZED (
             SELECT dag_id, task_id, COUNT(*) AS n FROM live GROUP BY dag_id, task_id
         ), run_task_live AS MATERIALIZED (
@@ -275,11 +281,13 @@ def claim_task_instances(
     return ClaimedBatch(tis=tis, window_full=full)
 
 
-def pool_slot_counts(*, names: Sequence[str], expired: datetime) -> dict[str, tuple[int, int, int]]:
-    """(running, queued, scheduled) slots of each of these pools, as Airflow's `Pool` counts
-    them: `pool_slots` of its tasks' TIs running; queued and claimed at or after `expired`
-    (Airflow's `queued`); queued and not claimed, or claimed before it (Airflow's
-    `scheduled`). 1 statement over the live TIs only (`ti_unfinished`'s states)."""
+def pool_slot_counts(
+    *, names: Sequence[str], expired: datetime
+) -> dict[str, tuple[int, int, int, int]]:
+    """(running, queued, scheduled, deferred) slots of each of these pools, as Airflow's `Pool`
+    counts them: `pool_slots` of its tasks' TIs running; queued and claimed at or after
+    `expired` (Airflow's `queued`); queued and not claimed, or claimed before it (Airflow's
+    `scheduled`); deferred. 1 statement over the live TIs only (`ti_unfinished`'s states)."""
     if not names:
         return {}
     placeholders = ", ".join(["%s"] * len(names))
@@ -289,13 +297,15 @@ def pool_slot_counts(*, names: Sequence[str], expired: datetime) -> dict[str, tu
             SUM(CASE WHEN ti.state = 'queued' AND ti.claimed_at >= %s
                 THEN COALESCE(t.pool_slots, 1) ELSE 0 END),
             SUM(CASE WHEN ti.state = 'queued' AND (ti.claimed_at IS NULL OR ti.claimed_at < %s)
-                THEN COALESCE(t.pool_slots, 1) ELSE 0 END)
+                THEN COALESCE(t.pool_slots, 1) ELSE 0 END),
+            SUM(CASE WHEN ti.state = 'deferred' THEN COALESCE(t.pool_slots, 1) ELSE 0 END)
         FROM {_TI} ti {_TASK_JOIN}
-        WHERE ti.state IN ('queued', 'running') AND COALESCE(t.pool, %s) IN ({placeholders})
+        WHERE ti.state IN ('queued', 'running', 'deferred')
+          AND COALESCE(t.pool, %s) IN ({placeholders})
         GROUP BY COALESCE(t.pool, %s)
     """
     adapted = connection.ops.adapt_datetimefield_value(expired)
     params = [DEFAULT_POOL_NAME, adapted, adapted, DEFAULT_POOL_NAME, *names, DEFAULT_POOL_NAME]
     with connection.cursor() as cursor:
         cursor.execute(text, params)
-        return {pool: (int(r), int(q), int(s)) for pool, r, q, s in cursor.fetchall()}
+        return {pool: (int(r), int(q), int(s), int(d)) for pool, r, q, s, d in cursor.fetchall()}

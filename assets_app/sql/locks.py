@@ -77,6 +77,15 @@ by id (`lock_parked_watcher_messages`: a message a concurrent requeue holds is s
 under them only inserts events and then ADRQ rows in lock order (invariant 7) and updates
 those message rows.
 
+Triggers (issue 42, `task_state.deferral`), alone in their own short transactions: a
+triggerer's claim renews its leases (a plain UPDATE of the Trigger rows it holds) and then
+locks live unleased Trigger rows FOR UPDATE SKIP LOCKED (`claim_triggers`) and stamps them; it
+reads TI rows without locking them. A deferral inserts its Trigger row and then takes the TI
+lock (step 1) with its one UPDATE; a resume (event, failure) and the timeout pass take the TI
+lock with one UPDATE and touch no Trigger row; the timeout timer deletes unused Trigger rows
+alone in its transaction, skipping those a claim holds (SKIP LOCKED). So nothing that holds a
+TI row waits for a Trigger row, and a claim never waits for a TI.
+
 Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All functions here must be
 called inside a transaction; they say which rows they lock and return model instances.
 """
@@ -108,6 +117,7 @@ from . import claims as claims_sql
 from . import connection as connection_sql
 from . import fences as fences_sql
 from . import scheduling as scheduling_sql
+from . import triggers as triggers_sql
 
 
 def lock_task_instance(ti_id: UUID) -> TaskInstance | None:
@@ -518,3 +528,26 @@ def lock_timed_out_runs(*, now: datetime, limit: int) -> list[tuple[int, str, st
         .select_for_update(skip_locked=True, of=("self",))
         .values_list("id", "dag_id", "run_id")[:limit]
     )
+
+
+def claim_triggers(
+    *,
+    triggerer: str,
+    limit: int,
+    queues: Sequence[str] | None,
+    now: datetime,
+    lease_until: datetime,
+) -> list[int]:
+    """Lease up to `limit` live triggers nobody holds to `triggerer`, FOR UPDATE SKIP LOCKED
+    (`triggers_sql.claim_triggers`); their ids. Trigger rows only: see the header."""
+    return triggers_sql.claim_triggers(
+        triggerer=triggerer, limit=limit, queues=queues, now=now, lease_until=lease_until
+    )
+
+
+def renew_trigger_leases(
+    *, triggerer: str, ids: Sequence[int], now: datetime, lease_until: datetime
+) -> list[int]:
+    """Extend `triggerer`'s leases on the live triggers of `ids` it still holds (a plain
+    UPDATE of those Trigger rows, `triggers_sql.renew_leases`); their ids."""
+    return triggers_sql.renew_leases(triggerer=triggerer, ids=ids, now=now, lease_until=lease_until)

@@ -13,7 +13,9 @@ woke it. Several notifications of one channel in one transaction are delivered o
 - `FRESHNESS`: a freshness policy was set or removed, or an event was registered for an asset
   whose policy is late (it may be fresh again);
 - `TIMEOUTS`: a run of a Dag with a `dagrun_timeout` started, or a sync changed a Dag's
-  `dagrun_timeout` (issue 39).
+  `dagrun_timeout` (issue 39);
+- `TRIGGERS`: a TI deferred with a trigger timeout, or a deferred TI resumed (its trigger is
+  unused: the trigger timer deletes it) (issue 42).
 
 SQLite (the demo): no NOTIFY; the timers poll there.
 """
@@ -26,7 +28,8 @@ TIME = "asset_events_time"
 WEBHOOKS = "asset_events_webhooks"
 FRESHNESS = "asset_events_freshness"
 TIMEOUTS = "asset_events_timeouts"
-CHANNELS = (TIME, WEBHOOKS, FRESHNESS, TIMEOUTS)
+TRIGGERS = "asset_events_triggers"
+CHANNELS = (TIME, WEBHOOKS, FRESHNESS, TIMEOUTS, TRIGGERS)
 
 
 def supported() -> bool:

@@ -9,6 +9,8 @@ Owns: one module per state change:
   skip-downstream;
 - `retries`: back to queued, the next try after its delay (`retry`) or the same try later
   (`reschedule`), with Airflow's retry rule and delay;
+- `deferral`: running -> deferred with its trigger, the triggerer's claims, and back to queued
+  (in the task's `next_method`) on the trigger's event, failure or timeout (issue 42);
 - `liveness`: heartbeats, and the sweep of running TIs whose worker died;
 - `claims`: workers claiming queued TIs;
 - `repair`: the repair sweep (invariant 11): what dead workers and crashes left behind.
@@ -44,8 +46,10 @@ that state return "replayed" and write nothing. Any other transition from a non-
 `InvalidState` with `previous_state` (HTTP 409) and writes nothing.
 
 Writes: the state of `TaskInstance` rows (created by `scheduling`, changed only here), a run's
-`running` state when its first TI starts, `TaskReschedule`; a success's outbox row through
-`outbox.rows.enqueue`, in the success's own transaction. It deletes nothing.
+`running` state when its first TI starts, `TaskReschedule`, `Trigger` (inserted by a deferral,
+leased by triggerers, deleted once unused); a success's outbox row through
+`outbox.rows.enqueue`, in the success's own transaction. It deletes nothing but unused
+`Trigger` rows.
 
 May import: every layer to its right (`runtime`, `outbox`, `watchers`, `registration`,
 `scheduling`, `events_out`) and the shared packages; never a door.

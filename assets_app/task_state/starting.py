@@ -117,7 +117,10 @@ def start(
             ti.hostname = hostname
             ti.unixname = unixname
             ti.pid = pid
-            ti.start_date = start_date
+            # Resuming from deferral keeps the first start (Airflow's `ti_run`: "don't update
+            # start date when resuming from deferral", on `next_kwargs` being set).
+            if not ti.next_kwargs or ti.start_date is None:
+                ti.start_date = start_date
             ti.end_date = None
             ti.last_heartbeat_at = now
             ti.save(
@@ -177,7 +180,9 @@ def load_run_context(*, ti: TaskInstance, replayed: bool = False) -> RunContext:
         consumed_events=events,
         should_retry=is_eligible_to_retry(try_number=ti.try_number, max_tries=ti.max_tries),
         replayed=replayed,
-        xcom_keys_to_clear=xcoms.keys_of(ti),
+        # Not for a TI resuming from deferral (Airflow's `ti_run`: "do not clear it for
+        # deferral"): its first part's XComs are its own.
+        xcom_keys_to_clear=[] if ti.next_method else xcoms.keys_of(ti),
         task_reschedule_count=TaskReschedule.objects.filter(
             ti_id=ti.id, try_number=ti.try_number
         ).count(),

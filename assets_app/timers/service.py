@@ -14,6 +14,9 @@ and the read that says when it is next due:
 - run-timeouts: running runs past their Dag's `dagrun_timeout` (`timeouts.time_out_due_runs`,
   issue 39); due at the earliest `timeout_at` of a running run; woken on `TIMEOUTS` (a run with
   a timeout started; a sync changed a timeout, and then the due times are recomputed first);
+- trigger-timeouts: deferred TIs whose trigger timed out, queued to fail, and unused triggers
+  deleted (`deferral.time_out_triggers`, issue 42); due at the earliest `trigger_timeout` of a
+  deferred TI; woken on `TRIGGERS` (a TI deferred with a timeout, a deferred TI resumed);
 - retention: the periodic clean (`retention.periodic_clean`), due at `retention.next_clean_at`;
 - repair: TIs whose worker died, runs a crash left waiting (`repair.repair_task_instances`),
   every TASK_REPAIR_INTERVAL_SECONDS.
@@ -34,7 +37,7 @@ from ..events_out import delivery, freshness
 from ..operations import retention
 from ..scheduling import backfills, time_runs, timeouts
 from ..sql import wakeups
-from ..task_state import repair
+from ..task_state import deferral, repair
 from .loop import DUE, Timer, Wake
 
 
@@ -70,6 +73,10 @@ def _time_out_runs(woken: Wake) -> None:
         # Woken (or starting): a Dag's timeout may have changed since the runs' due times.
         timeouts.retime()
     timeouts.time_out_due_runs()
+
+
+def _time_out_triggers(woken: Wake) -> None:
+    deferral.time_out_triggers()
 
 
 def _clean(woken: Wake) -> None:
@@ -128,6 +135,12 @@ def groups() -> dict[str, list[Timer]]:
                 work=_time_out_runs,
                 next_due=timeouts.next_due_at,
                 channels=(wakeups.TIMEOUTS,),
+            ),
+            Timer(
+                "trigger-timeouts",
+                work=_time_out_triggers,
+                next_due=deferral.next_timeout_at,
+                channels=(wakeups.TRIGGERS,),
             ),
             Timer("retention", work=_clean, next_due=retention.next_clean_at),
             Timer("repair", work=_repair, next_due=_next_repair),

@@ -32,6 +32,8 @@ from assets_app.models import (
     TaskReschedule,
     TaskStateStore,
     TaskUpstream,
+    TIState,
+    Trigger,
     Variable,
     WatcherMessage,
     WatcherRoute,
@@ -134,6 +136,20 @@ def populate(n: int) -> None:
         RenderedTaskFields.objects.create(ti=ti, fields={"op_args": "[]"})
         TaskLogChunk.objects.create(ti=ti, try_number=1, offset=0, size=4, content="log\n")
         now = timezone.now()
+        # Issue 42: a deferred TI and its trigger, held by a triggerer.
+        trigger = Trigger.objects.create(
+            classpath="airflow.providers.standard.triggers.temporal.DateTimeTrigger",
+            kwargs='{"moment": null}',
+            claimed_by="triggerer-1",
+            lease_until=now,
+        )
+        TaskInstanceFactory(
+            dag_run=run,
+            state=TIState.DEFERRED,
+            trigger=trigger,
+            next_method="execute_complete",
+            trigger_timeout=now,
+        )
         backfill = Backfill.objects.create(dag=producer, from_date=now, to_date=now)
         BackfillDagRun.objects.create(
             backfill=backfill,

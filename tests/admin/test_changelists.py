@@ -81,6 +81,8 @@ EXPECTED = {
     # Issue 42: the state store (the task keys' Dag filter adds a query).
     "taskstatestore": 6,
     "assetstatestore": 5,
+    # Issue 42: triggers (their waiting TIs prefetched).
+    "trigger": 5,
 }
 
 APPEND_ONLY = (

@@ -21,6 +21,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from django.db.models import F
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from assets_app.definitions import sync as definitions
@@ -172,7 +174,11 @@ def _service_timeout(name: str, doc: dict) -> dict:
     definitions.sync_definitions(dags=definitions.parse_text(json.dumps(dag), file=name))
     run = runs.trigger_dag(dag_id=name)
     for task_id, state in doc["states"].items():
-        TaskInstance.objects.filter(dag_run=run, task_id=task_id).update(state=state)
+        # A TI that ran is at try 1 or more (ti_try_counted_once_queued): one created waiting
+        # is at try 0 until it is queued.
+        TaskInstance.objects.filter(dag_run=run, task_id=task_id).update(
+            state=state, try_number=Greatest(F("try_number"), 1)
+        )
     now = timezone.now()
     started = now - dt.timedelta(seconds=doc["started_ago"])
     timeouts_sql.mark_run_running(dag_run_id=run.pk, now=started)
@@ -206,7 +212,7 @@ def _service_answer(name: str, doc: dict):
         if state == "absent":
             tis.delete()
         else:
-            tis.update(state=state)
+            tis.update(state=state, try_number=Greatest(F("try_number"), 1))
     index, task_id = doc["ask"].split(".")
     asked = TaskInstance.objects.filter(dag_run=made[int(index)], task_id=task_id)
     asked.update(state=TIState.SCHEDULED)

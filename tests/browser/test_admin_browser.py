@@ -170,6 +170,7 @@ def _run_ingest(*, orders_uri: str, fail: str | None = None) -> DagRun:
     run = runs.trigger_dag(dag_id="ingest")
     now = timezone.now()
     for ti in run.task_instances.order_by("task_id"):
+        ti.refresh_from_db()  # a TI created waiting is at try 0 until it is queued
         starting.start(
             ti_id=ti.id,
             try_number=ti.try_number,

@@ -184,8 +184,11 @@ def test_every_worker_endpoint_refuses_bad_credentials(world):
     for method, path, _ in operations:
         url = _url(path, world)
         before = app_table_counts()
-        # The worker-key doors: claiming, shipping a try's log (issue 27) and the deploy door.
-        if path.endswith(("/workloads/claim", "/dags/sync", "/logs/{try_number}")):
+        # The worker-key doors: claiming, shipping a try's log (issue 27), the deploy door and
+        # the triggerer's (issue 42: claiming triggers, reporting their events and ends).
+        if path.endswith(("/workloads/claim", "/dags/sync", "/logs/{try_number}")) or (
+            "/triggers/" in path
+        ):
             cases = {
                 "missing": (None, {401}),
                 "wrong key": ("Bearer wrong-key", {403}),

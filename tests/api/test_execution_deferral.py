@@ -454,18 +454,7 @@ def test_a_deferral_inserts_its_trigger_before_the_lock_and_holds_it_for_one_sta
 
 @pytest.mark.django_db(transaction=True)
 def test_a_resume_holds_the_lock_for_one_statement():
-    ti = TaskInstanceFactory(running=True)
-    deferral.defer(
-        ti_id=ti.id,
-        try_number=ti.try_number,
-        classpath=DEFERRED["classpath"],
-        trigger_kwargs={},
-        trigger_timeout=None,
-        queue=None,
-        next_method="execute_complete",
-        next_kwargs={},
-    )
-    trigger_id = TaskInstance.objects.get(id=ti.id).trigger_id
+    (trigger_id,) = _deferred_triggers(1)
     with statement_log() as log:
         assert deferral.resume_with_event(trigger_id=trigger_id, payload={"x": 1})
     assert kinds(log.under_ti_lock()) == ["UPDATE"]
@@ -473,18 +462,7 @@ def test_a_resume_holds_the_lock_for_one_statement():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_trigger_ending_its_task_holds_the_lock_for_two_statements():
-    ti = TaskInstanceFactory(running=True)
-    deferral.defer(
-        ti_id=ti.id,
-        try_number=ti.try_number,
-        classpath=DEFERRED["classpath"],
-        trigger_kwargs={},
-        trigger_timeout=None,
-        queue=None,
-        next_method="execute_complete",
-        next_kwargs={},
-    )
-    trigger_id = TaskInstance.objects.get(id=ti.id).trigger_id
+    (trigger_id,) = _deferred_triggers(1)
     with statement_log() as log:
         assert deferral.end_from_trigger(trigger_id=trigger_id, state="success", xcoms={"k": 1})
     assert kinds(log.under_ti_lock()) == ["SELECT FOR UPDATE", "UPDATE"]

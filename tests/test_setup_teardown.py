@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from assets_app.definitions import setup_teardown as st
 from assets_app.definitions import sync as definitions
 from assets_app.models import DagRun, DagRunState, SetupLinkKind, Task, TaskSetupLink, TIState
 from assets_app.models import TaskInstance as TI
@@ -188,3 +189,35 @@ def test_on_failure_fail_dagrun_only_on_a_teardown_and_no_mapped_setup():
         sync({"dag_id": "d", "tasks": [{"task_id": "a", "on_failure_fail_dagrun": True}]})
     with pytest.raises(definitions.DefinitionError, match=r"attribute 'is_setup'.*mapped"):
         sync({"dag_id": "d", "tasks": [setup("a", expand={"x": [1, 2]})]})
+
+
+def test_clearing_a_task_clears_its_setup_and_teardown_with_it():
+    """Airflow's clear of chosen tasks (`partial_subset`, without upstream or downstream):
+    the work's relevant setup and that setup's teardown come along; a setup brings its
+    teardowns; an unrelated task stays."""
+    sync(
+        {
+            "dag_id": "d",
+            "tasks": [
+                setup("s"),
+                {"task_id": "work", "upstream": ["s"]},
+                {"task_id": "other"},
+                teardown("t", ["s", "work"]),
+            ],
+        }
+    )
+    run = runs.trigger_dag(dag_id="d")
+    TI.objects.filter(dag_run=run).update(state=S, try_number=1)
+    work = TI.objects.get(dag_run=run, task_id="work")
+    result = runs.clear_task_instances(dag_run_id=run.pk, ti_ids=[work.id])
+    assert result.cleared == ("s", "t", "work")
+    assert state(run, "other") == S
+    nodes = [
+        st.Node("s", (), is_setup=True),
+        st.Node("w", ("s",)),
+        st.Node("t", ("s", "w"), is_teardown=True),
+        st.Node("x", ()),
+    ]
+    assert st.cleared_with(nodes, {"s"}) == {"t"}
+    assert st.cleared_with(nodes, {"t"}) == set()
+    assert st.cleared_with(nodes, {"x"}) == set()

@@ -99,3 +99,35 @@ def derive(nodes: Sequence[Node]) -> Derived:
     return Derived(
         links=links, run_state_leaf={node.task_id: node.task_id in leaves for node in nodes}
     )
+
+
+def cleared_with(nodes: Sequence[Node], task_ids: set[str]) -> set[str]:
+    """The tasks Airflow 3.3.2 clears with `task_ids` when asked to clear those alone (its
+    `partial_subset` without upstream or downstream): for a task that is neither a setup nor a
+    teardown, its relevant setups and their teardowns (`get_upstreams_only_setups_and_
+    teardowns`: a setup upstream of it with no teardown, or with one downstream of it); for a
+    setup, its teardowns. `task_ids` themselves are not in the result."""
+    by_id = {node.task_id: node for node in nodes}
+    up = {node.task_id: set(node.upstream) for node in nodes}
+    down: dict[str, set[str]] = {node.task_id: set() for node in nodes}
+    for task_id, ups in up.items():
+        for u in ups:
+            down[u].add(task_id)
+
+    def teardowns(task_id: str) -> set[str]:
+        return {t for t in down[task_id] if by_id[t].is_teardown}
+
+    found: set[str] = set()
+    for task_id in task_ids & by_id.keys():
+        node = by_id[task_id]
+        if node.is_setup:
+            found |= teardowns(task_id)
+            continue
+        if node.is_teardown:
+            continue
+        after = {t for t in _flat(task_id, down) if by_id[t].is_teardown}
+        for setup_id in _flat(task_id, up):
+            if by_id[setup_id].is_setup and (not teardowns(setup_id) or down[setup_id] & after):
+                found.add(setup_id)
+                found |= teardowns(setup_id) - {task_id}
+    return found - task_ids

@@ -221,3 +221,29 @@ def test_clearing_a_task_clears_its_setup_and_teardown_with_it():
     assert st.cleared_with(nodes, {"s"}) == {"t"}
     assert st.cleared_with(nodes, {"t"}) == set()
     assert st.cleared_with(nodes, {"x"}) == set()
+
+
+def test_a_second_sync_writes_nothing_and_a_changed_dag_drops_its_stale_links():
+    dag = {
+        "dag_id": "d",
+        "tasks": [
+            setup("s"),
+            {"task_id": "w1", "upstream": ["s"]},
+            {"task_id": "w2", "upstream": ["w1"]},
+            teardown("t", ["s", "w2"]),
+        ],
+    }
+    sync(dag)
+    links = set(TaskSetupLink.objects.values_list("task__task_id", "other__task_id", "kind"))
+    assert links == {("w2", "s", "setup"), ("t", "w1", "scope")}
+    again = definitions.sync_definitions(
+        dags=definitions.parse_text(json.dumps({"is_paused": False, **dag}), file="t.json")
+    )
+    assert not again.changed
+    sync({**dag, "tasks": [{**task, "is_setup": False} for task in dag["tasks"][:3]]})
+    assert not TaskSetupLink.objects.exists()
+    assert dict(Task.objects.values_list("task_id", "run_state_leaf")) == {
+        "s": False,
+        "w1": False,
+        "w2": True,
+    }

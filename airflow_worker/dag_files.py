@@ -77,6 +77,9 @@ TASK_DEFAULTS: dict[str, Any] = {
     "queue": "default",
     "max_active_tis_per_dag": None,
     "max_active_tis_per_dagrun": None,
+    "is_setup": False,
+    "is_teardown": False,
+    "on_failure_fail_dagrun": False,
 }
 
 # Airflow's own priority strategies, by the names a `weight_rule` may give them
@@ -426,6 +429,10 @@ def _task(task: Any, *, where: str) -> dict[str, Any]:
         "queue": str(task.queue),
         "max_active_tis_per_dag": task.max_active_tis_per_dag,
         "max_active_tis_per_dagrun": task.max_active_tis_per_dagrun,
+        # Setup and teardown tasks (issue 39), as Airflow's serialization keeps them.
+        "is_setup": bool(task.is_setup),
+        "is_teardown": bool(task.is_teardown),
+        "on_failure_fail_dagrun": bool(task.on_failure_fail_dagrun),
     }
     definition.update({k: v for k, v in optional.items() if v != TASK_DEFAULTS[k]})
     # Shown only (issue 39): the owner Airflow's Dag owners are made of, and the doc.

@@ -234,10 +234,21 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "resources": Refused("task resources are not supported (no executor here reads them)"),
 }
 
-# Not parameters of BaseOperator: what `@setup` / `@teardown` / `.as_setup()` set on a task.
+# Not parameters of BaseOperator: what `@setup` / `@teardown` / `.as_setup()` /
+# `.as_teardown(on_failure_fail_dagrun=...)` set on a task.
 AIRFLOW_SET_TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
-    "is_setup": Refused("setup and teardown tasks are not supported"),
-    "is_teardown": Refused("setup and teardown tasks are not supported"),
+    "is_setup": Honoured(
+        CONVERSION + ": `is_setup`; a task downstream of a setup waits for it to succeed as "
+        "Airflow's setup constraint (`sql/dependencies`); a mapped setup is refused"
+    ),
+    "is_teardown": Honoured(
+        CONVERSION + ": `is_teardown` (its rule `all_done_setup_success`); it waits for the "
+        "tasks between its setups and itself, and the run's state ignores it "
+        "(`Task.run_state_leaf`); a mapped teardown is refused"
+    ),
+    "on_failure_fail_dagrun": Honoured(
+        CONVERSION + ": `on_failure_fail_dagrun`, the teardown's failure fails the run"
+    ),
 }
 
 # Timetables by class name (the Task SDK's and core's alike). A refused one is refused whole by

@@ -327,11 +327,6 @@ BAD_CASES = {
         "access_control",
         "attribute 'access_control' is refused by the asset service: Airflow's per-Dag access",
     ),
-    "refused_setup_task": (
-        {"dag_id": "d", "tasks": [{"task_id": "t", "is_setup": True}]},
-        "tasks[0].is_setup",
-        "attribute 'is_setup' is refused by the asset service: setup and teardown tasks",
-    ),
     "unknown_asset_ref_key": (
         [{"dag_id": "d", "tasks": [{"task_id": "t", "outlets": [{"name": "a", "url": "b"}]}]}],
         "[0].tasks[0].outlets[0].url",

@@ -253,6 +253,10 @@ RULE_CASES = [
     ("none_skipped", (S, K, R), SK),
     ("always", (R, R, R), Q),
     ("always", (F, F, F), Q),
+    # Without a setup upstream (issue 39; with setups: tests/test_setup_teardown.py), as all_done.
+    ("all_done_setup_success", (S, F, U), Q),
+    ("all_done_setup_success", (K, K, K), Q),
+    ("all_done_setup_success", (S, F, R), WAITS),
 ]
 
 

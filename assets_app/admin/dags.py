@@ -33,6 +33,7 @@ from ..models import (
     Task,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
+    TaskSetupLink,
     TaskUpstream,
     TIState,
 )
@@ -648,7 +649,7 @@ class TaskAdmin(ReadOnlyAdmin):
         "outlet_counts",
     )
     list_select_related = ("dag",)
-    list_filter = ("dag", "trigger_rule")
+    list_filter = ("dag", "trigger_rule", "is_setup", "is_teardown")
     search_fields = ("task_id", "dag__dag_id")
 
     def get_queryset(self, request):
@@ -697,6 +698,17 @@ class TaskUpstreamAdmin(LinkTableAdmin):
     list_select_related = ("task", "upstream")
     list_filter = ("task__dag",)
     search_fields = ("task__task_id", "upstream__task_id", "task__dag__dag_id")
+
+
+@admin.register(TaskSetupLink)
+class TaskSetupLinkAdmin(LinkTableAdmin):
+    """ "task waits for other" beyond its direct upstream (issue 39: an indirect setup, a
+    teardown's scope), derived by `sync_dags`."""
+
+    list_display = ("other", "task", "kind")
+    list_select_related = ("task", "other")
+    list_filter = ("kind", "task__dag")
+    search_fields = ("task__task_id", "other__task_id", "task__dag__dag_id")
 
 
 @admin.register(DagScheduleAssetReference)

@@ -546,6 +546,22 @@ class Task(_Object):
         description="Airflow's wait_for_downstream: depends_on_past, and the task's direct "
         "downstream TIs in the previous run are success or skipped too.",
     )
+    is_setup: bool = Field(
+        False,
+        description="Airflow's setup task (`@setup`, `.as_setup()`): a task downstream of it "
+        "that is not its direct downstream waits for it to succeed while one of its teardowns "
+        "is downstream of that task (or it has none); a run's state is not changed by it.",
+    )
+    is_teardown: bool = Field(
+        False,
+        description="Airflow's teardown task (`@teardown`, `.as_teardown(setups=...)`, whose "
+        "trigger rule is all_done_setup_success): it waits for the tasks between its setups "
+        "and itself, and its failure does not fail the run unless on_failure_fail_dagrun.",
+    )
+    on_failure_fail_dagrun: bool = Field(
+        False,
+        description="Airflow's: a teardown whose failure fails the run (only on a teardown).",
+    )
 
 
 # What a task token may read beyond its own run (issue 26; Airflow lets any token read any XCom).

@@ -88,6 +88,7 @@ from ..models import (
     Task,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
+    TaskSetupLink,
     TaskUpstream,
     TriggerRule,
     WatcherRoute,
@@ -103,7 +104,7 @@ from ..models.dags import (
 )
 from ..operations import audit
 from ..sql import locks, wakeups
-from . import conditions, next_runs, timetables
+from . import conditions, next_runs, setup_teardown, timetables
 from . import params as dag_params
 from . import schema as dag_schema
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
@@ -133,6 +134,10 @@ TASK_FIELDS = (
     "ignore_first_depends_on_past",
     "wait_for_downstream",
     "inlets",
+    "is_setup",
+    "is_teardown",
+    "on_failure_fail_dagrun",
+    "run_state_leaf",
 )
 
 
@@ -182,6 +187,13 @@ class TaskDefinition:
     depends_on_past: bool = False
     ignore_first_depends_on_past: bool = False
     wait_for_downstream: bool = False
+    # Airflow's setup and teardown tasks (issue 39); `run_state_leaf` and `setup_links` are
+    # derived from them and the upstream links (`_with_setups`, `setup_teardown.derive`).
+    is_setup: bool = False
+    is_teardown: bool = False
+    on_failure_fail_dagrun: bool = False
+    run_state_leaf: bool = True
+    setup_links: frozenset[tuple[str, str]] = frozenset()
     path: str = field(default="", compare=False)
 
     @property
@@ -335,7 +347,7 @@ def parse_document(raw: Any, *, file: str, fileloc: str = "") -> list[DagDefinit
     for dag in dags:
         _check_tasks(dag)
         _check_consumption(dag)
-    return [_with_weights(_check_watchers(dag)) for dag in dags]
+    return [_with_setups(_with_weights(_check_watchers(dag))) for dag in dags]
 
 
 def _naming_dag(raw: Any, path: str) -> str:
@@ -381,6 +393,9 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
             depends_on_past=task.depends_on_past or task.wait_for_downstream,
             ignore_first_depends_on_past=task.ignore_first_depends_on_past,
             wait_for_downstream=task.wait_for_downstream,
+            is_setup=task.is_setup,
+            is_teardown=task.is_teardown,
+            on_failure_fail_dagrun=task.on_failure_fail_dagrun,
             path=f"{join(path, 'tasks')}[{i}]",
         )
         for i, task in enumerate(model.tasks)
@@ -594,6 +609,7 @@ def _check_tasks(dag: DagDefinition) -> None:
             f"{OWNERS_MAX_LENGTH} characters of a Dag's owners (Airflow's DagModel.owners)",
         )
     _check_mapping(dag, error)
+    _check_setup_teardown(dag, error)
     order = {task.task_id: i for i, task in enumerate(dag.tasks)}
     cycle = _cycle({task.task_id: task.upstream for task in dag.tasks}, order)
     if cycle:
@@ -640,6 +656,57 @@ def _with_weights(dag: DagDefinition) -> DagDefinition:
     return replace(
         dag, tasks=tuple(replace(task, priority_weight_total=total(task)) for task in dag.tasks)
     )
+
+
+def _with_setups(dag: DagDefinition) -> DagDefinition:
+    """`dag` with what its setup and teardown tasks derive (issue 39, `setup_teardown.derive`):
+    each task's `setup_links` and `run_state_leaf`. Runs after `_check_tasks`."""
+    derived = setup_teardown.derive(
+        [
+            setup_teardown.Node(
+                task_id=task.task_id,
+                upstream=task.upstream,
+                is_setup=task.is_setup,
+                is_teardown=task.is_teardown,
+                on_failure_fail_dagrun=task.on_failure_fail_dagrun,
+            )
+            for task in dag.tasks
+        ]
+    )
+    return replace(
+        dag,
+        tasks=tuple(
+            replace(
+                task,
+                run_state_leaf=derived.run_state_leaf[task.task_id],
+                setup_links=derived.links.get(task.task_id, frozenset()),
+            )
+            for task in dag.tasks
+        ),
+    )
+
+
+def _check_setup_teardown(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> None:
+    """Airflow's own refusal of `on_failure_fail_dagrun` on a task not a teardown, and the
+    service's of what it does not run as Airflow (issue 39): a setup or teardown task that is
+    mapped or in a mapped task group (Airflow relates its map indexes one by one)."""
+    for task in dag.tasks:
+        if task.on_failure_fail_dagrun and not task.is_teardown:
+            raise error(
+                join(task.path, "on_failure_fail_dagrun"),
+                f"Cannot set task on_failure_fail_dagrun for {task.task_id!r} because it is "
+                "not a teardown task.",
+            )
+        if (task.is_setup or task.is_teardown) and (
+            task.map_length is not None or task.map_upstream or task.map_group
+        ):
+            kind = "setup" if task.is_setup else "teardown"
+            raise error(
+                join(task.path, "is_setup" if task.is_setup else "is_teardown"),
+                f"refused by the asset service (Dag {dag.dag_id!r}, task {task.task_id!r}, "
+                f"attribute 'is_{kind}'): a mapped {kind} task or one in a mapped task group "
+                "is not supported",
+            )
 
 
 def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> None:
@@ -1170,6 +1237,7 @@ class _Sync:
         tasks, task_counts = self._tasks()
         self._outlet_refs(tasks, assets, aliases)
         self._upstream_links(tasks)
+        self._setup_links(tasks)
         self._schedule_refs(assets, aliases)
         watchers_created, watchers_updated = self._watchers(assets)
         unscheduled = self._unscheduled_waiting()
@@ -1428,6 +1496,22 @@ class _Sync:
             lambda key: dag_of[key[0]],
         )
 
+    def _setup_links(self, tasks: dict[tuple[str, str], Task]) -> None:
+        dag_of = {task.pk: task.dag_id for task in tasks.values()}
+        wanted = {
+            (tasks[(dag.dag_id, definition.task_id)].pk, tasks[(dag.dag_id, other)].pk, kind)
+            for dag in self.dags
+            for definition in dag.tasks
+            for other, kind in definition.setup_links
+        }
+        self._match(
+            TaskSetupLink,
+            {"task_id__in": list(dag_of)},
+            ("task_id", "other_id", "kind"),
+            wanted,
+            lambda key: dag_of[key[0]],
+        )
+
     def _schedule_refs(self, assets: dict[str, Asset], aliases: dict[str, AssetAlias]) -> None:
         want_assets: set[tuple[str, int]] = set()
         want_aliases: set[tuple[str, int]] = set()
@@ -1612,9 +1696,9 @@ class _Sync:
         self,
         model: type[models.Model],
         scope: dict[str, Any],
-        fields: tuple[str, str],
-        wanted: set[tuple[Any, Any]],
-        dag_of_key: Callable[[tuple[Any, Any]], str],
+        fields: tuple[str, ...],
+        wanted: set[tuple[Any, ...]],
+        dag_of_key: Callable[[tuple[Any, ...]], str],
     ) -> None:
         """Make the link rows of `model` within `scope` exactly `wanted` (tuples of `fields`)."""
         stored = {

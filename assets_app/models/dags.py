@@ -157,8 +157,9 @@ class Dag(models.Model):
 
 
 class TriggerRule(models.TextChoices):
-    """Airflow's trigger rules (`airflow.utils.trigger_rule.TriggerRule`, the ones that do not
-    need setup/teardown tasks); `scheduling/dependencies.py` evaluates them."""
+    """Airflow's trigger rules (`airflow.utils.trigger_rule.TriggerRule`); `sql/dependencies.py`
+    evaluates them (`all_done_setup_success`, a teardown's, with setup and teardown tasks:
+    issue 39)."""
 
     ALL_SUCCESS = "all_success"
     ALL_FAILED = "all_failed"
@@ -171,6 +172,7 @@ class TriggerRule(models.TextChoices):
     NONE_FAILED_MIN_ONE_SUCCESS = "none_failed_min_one_success"
     NONE_SKIPPED = "none_skipped"
     ALWAYS = "always"
+    ALL_DONE_SETUP_SUCCESS = "all_done_setup_success"
 
 
 # Airflow's default `retry_delay` (timedelta(seconds=300)).
@@ -255,6 +257,16 @@ class Task(models.Model):
     depends_on_past = models.BooleanField(db_default=False, default=False)
     ignore_first_depends_on_past = models.BooleanField(db_default=False, default=False)
     wait_for_downstream = models.BooleanField(db_default=False, default=False)
+    # Airflow's setup and teardown tasks (issue 39: `@setup`, `@teardown`, `.as_setup()`,
+    # `.as_teardown(setups=..., on_failure_fail_dagrun=...)`): a task's relevant setups that are
+    # not its direct upstream hold it back (`TaskSetupLink`, kind `setup`), a teardown waits for
+    # the tasks between its setups and itself (kind `scope`), and the run's state ignores a
+    # teardown unless `on_failure_fail_dagrun` (`run_state_leaf`, which the sync computes as
+    # Airflow's `DagRun._tis_for_dagrun_state`: a task whose failure fails the run).
+    is_setup = models.BooleanField(db_default=False, default=False)
+    is_teardown = models.BooleanField(db_default=False, default=False)
+    on_failure_fail_dagrun = models.BooleanField(db_default=False, default=False)
+    run_state_leaf = models.BooleanField(db_default=True, default=True)
     upstream = models.ManyToManyField(
         "self",
         through="TaskUpstream",
@@ -309,6 +321,11 @@ class Task(models.Model):
                 condition=models.Q(weight_rule__in=WeightRule.values), name="task_weight_rule"
             ),
             models.CheckConstraint(condition=models.Q(pool_slots__gte=1), name="task_pool_slots"),
+            # Airflow's `on_failure_fail_dagrun` setter refuses it on a task not a teardown.
+            models.CheckConstraint(
+                condition=models.Q(on_failure_fail_dagrun=False) | models.Q(is_teardown=True),
+                name="task_fail_dagrun_is_teardown",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -338,6 +355,42 @@ class TaskUpstream(models.Model):
 
     def __str__(self) -> str:
         return f"{self.upstream_id} >> {self.task_id}"
+
+
+class SetupLinkKind(models.TextChoices):
+    """What a `TaskSetupLink` makes its task wait for (Airflow 3.3.2's `TriggerRuleDep`)."""
+
+    # A relevant setup of the task that is not its direct upstream
+    # (`_evaluate_setup_constraint`'s indirect setups): it must succeed.
+    SETUP = "setup"
+    # A task between a teardown's setups and itself that is not its direct upstream
+    # (`_evaluate_teardown_scope`): it must be finished.
+    SCOPE = "scope"
+
+
+class TaskSetupLink(models.Model):
+    """ "`task` waits for `other`" beyond its direct upstream (issue 39), as `kind` says;
+    derived by the sync from the upstream links and the setup/teardown flags
+    (`definitions.setup_teardown`), never written otherwise."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="setup_links")
+    other = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="setup_link_targets")
+    kind = models.CharField(max_length=10, choices=SetupLinkKind.choices)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "other", "kind"], name="task_setup_link_unique"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(kind__in=SetupLinkKind.values), name="task_setup_link_kind"
+            ),
+        ]
+        # The evaluation finds a finished task's waiting tasks through it.
+        indexes = [models.Index(fields=["other", "task"], name="task_setup_link_by_other")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} waits for {self.other_id} ({self.kind})"
 
 
 class TaskOutletAssetReference(models.Model):

@@ -38,7 +38,9 @@ that have any, and finishes runs a crash left with every TI finished.
 
 The run's state once every TI is finished follows Airflow's `DagRun.update_state`: failed when a
 leaf TI (a task nothing runs after; removed TIs aside) is failed or upstream_failed, else
-success (`finish_run_if_done`).
+success (`finish_run_if_done`). With setup and teardown tasks (issue 39) a leaf is Airflow's
+effective leaf: a teardown without `on_failure_fail_dagrun` does not count and does not keep
+the task before it from counting (`Task.run_state_leaf`, derived at sync).
 """
 
 import logging
@@ -58,8 +60,8 @@ from ..models import (
     AuditVia,
     DagRun,
     DagRunState,
+    Task,
     TaskInstance,
-    TaskUpstream,
     TIState,
 )
 from ..models.runs import TI_UNFINISHED_STATES
@@ -147,10 +149,13 @@ def _finish_run_update(dag_run_id: int, now: datetime) -> tuple[QuerySet[DagRun]
     """The conditional UPDATE of `finish_run_if_done`: the runs it matches and the values it
     sets (`runs.update(**values)`), built (not run) through the ORM."""
     tis = TaskInstance.objects.filter(dag_run_id=OuterRef("pk"))
-    has_downstream = TaskUpstream.objects.filter(
-        upstream__dag_id=OuterRef("dag_id"), upstream__task_id=OuterRef("task_id")
+    # Issue 39: the sync's `Task.run_state_leaf` (Airflow's `_tis_for_dagrun_state`: nothing
+    # but ignorable teardowns after it, and not one itself). A TI whose task is no longer in
+    # the Dag counts, as before.
+    not_leaf = Task.objects.filter(
+        dag_id=OuterRef("dag_id"), task_id=OuterRef("task_id"), run_state_leaf=False
     )
-    failing_leaf = tis.filter(state__in=_RUN_FAILING_STATES).filter(~Exists(has_downstream))
+    failing_leaf = tis.filter(state__in=_RUN_FAILING_STATES).filter(~Exists(not_leaf))
     runs = DagRun.objects.filter(
         id=dag_run_id, state__in=(DagRunState.QUEUED, DagRunState.RUNNING)
     ).filter(~Exists(tis.filter(state__in=TI_UNFINISHED_STATES)))

@@ -29,6 +29,7 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 
 from ..definitions import params as dag_params
+from ..definitions import setup_teardown
 from ..guards import exceptions, limits, masking, run_ids
 from ..models import (
     Dag,
@@ -444,11 +445,13 @@ def clear_task_instances(
     """Queue a run's finished TIs (all, `ti_ids`, or only failed / upstream_failed) again for
     a new try, as Airflow's clear does: try_number + 1, max_tries = old try + the task's
     retries, host / pid / start / end / claim reset; the run goes back to queued with its
-    `clear_number` + 1. Queued and running TIs are left alone (Airflow refuses to clear a
-    running one without stopping it), and so are TIs whose row a worker holds right now (SKIP
-    LOCKED: the TI lock is never waited on here). Own durable transaction, audited when anything
-    was cleared; then (after the commit) the run's waiting TIs are evaluated, so a cleared TI
-    whose upstream are done is queued and the others wait. Unknown run: NotFound.
+    `clear_number` + 1. Chosen `ti_ids` bring the relevant setups and teardowns of their tasks
+    along, as Airflow's clear of chosen tasks (issue 39, `_cleared_with`). Queued and running
+    TIs are left alone (Airflow refuses to clear a running one without stopping it), and so are
+    TIs whose row a worker holds right now (SKIP LOCKED: the TI lock is never waited on here).
+    Own durable transaction, audited when anything was cleared; then (after the commit) the
+    run's waiting TIs are evaluated, so a cleared TI whose upstream are done is queued and the
+    others wait. Unknown run: NotFound.
     """
     wanted = {str(i) for i in ti_ids} if ti_ids is not None else None
     with transaction.atomic(durable=True):
@@ -459,7 +462,9 @@ def clear_task_instances(
             )
         candidates = TaskInstance.objects.filter(dag_run_id=dag_run_id)
         if wanted is not None:
-            candidates = candidates.filter(id__in=wanted)
+            chosen = set(candidates.filter(id__in=wanted).values_list("task_id", flat=True))
+            extra = _cleared_with(dag_id=run.dag_id, task_ids=chosen)
+            candidates = candidates.filter(models.Q(id__in=wanted) | models.Q(task_id__in=extra))
         everything = {str(ti.id): ti.task_id for ti in candidates.only("id", "task_id")}
         clearable = clearable_states(only_failed=only_failed)
         locked = locks.lock_task_instances_to_clear(candidates.filter(state__in=sorted(clearable)))
@@ -506,6 +511,31 @@ def clear_task_instances(
         cleared=tuple(sorted(everything[i] for i in cleared)),
         skipped=tuple(sorted(t for i, t in everything.items() if i not in cleared)),
     )
+
+
+def _cleared_with(*, dag_id: str, task_ids: set[str]) -> set[str]:
+    """The setups and teardowns Airflow clears with `task_ids` (issue 39,
+    `setup_teardown.cleared_with`); nothing (one query) for a Dag without them."""
+    tasks = list(
+        Task.objects.filter(dag_id=dag_id).values_list("pk", "task_id", "is_setup", "is_teardown")
+    )
+    if not any(is_setup or is_teardown for _, _, is_setup, is_teardown in tasks):
+        return set()
+    upstream: dict[int, list[str]] = {}
+    for task_pk, upstream_id in TaskUpstream.objects.filter(task__dag_id=dag_id).values_list(
+        "task_id", "upstream__task_id"
+    ):
+        upstream.setdefault(task_pk, []).append(upstream_id)
+    nodes = [
+        setup_teardown.Node(
+            task_id=task_id,
+            upstream=tuple(upstream.get(pk, ())),
+            is_setup=is_setup,
+            is_teardown=is_teardown,
+        )
+        for pk, task_id, is_setup, is_teardown in tasks
+    ]
+    return setup_teardown.cleared_with(nodes, task_ids)
 
 
 @dataclass(frozen=True)

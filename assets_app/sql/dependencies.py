@@ -20,8 +20,10 @@ from ..models import (
     DagRun,
     DagRunState,
     DagRunType,
+    SetupLinkKind,
     Task,
     TaskInstance,
+    TaskSetupLink,
     TaskUpstream,
     TIState,
     TriggerRule,
@@ -48,10 +50,20 @@ def _q(value: str) -> str:
 
 
 def _decision_sql() -> str:
-    """The trigger rules as one SQL CASE over the counts (n upstream, s success, k skipped,
-    f failed, uf upstream_failed, r removed, d done). A task with no upstream is ready."""
+    """The trigger rules as one SQL CASE over the counts of the direct upstream TIs (n
+    upstream, s success, k skipped, f failed, uf upstream_failed, r removed, d done; of setups:
+    ns upstream, ss success, ks skipped). A task with no upstream is ready, and so is one whose
+    rule is `always`.
+
+    Setup and teardown tasks (issue 39, Airflow 3.3.2's `TriggerRuleDep`): a task that is not
+    a teardown first meets its indirect setups' constraint (`_evaluate_setup_constraint`, the
+    counts of its `setup` links' TIs: sn, ssu success, sf failed or upstream_failed, sk
+    skipped, sr removed): one failed makes it upstream_failed, one skipped skipped, before its
+    own rule is looked at. That it runs only once they all succeeded, and a teardown only once
+    its scope is done, is `_setups_ok_sql`, applied with the past (`decided`)."""
     R = TriggerRule
     Q, UF, SK = _q(TIState.QUEUED), _q(TIState.UPSTREAM_FAILED), _q(TIState.SKIPPED)
+    RM = _q(TIState.REMOVED)
     ud = "d >= n"
     rules = {
         # (outcome when the rule can no longer be met, ...), then the condition to run.
@@ -71,13 +83,37 @@ def _decision_sql() -> str:
         ],
         R.NONE_SKIPPED: [("k > 0", SK), (ud, Q)],
         R.ALWAYS: [("1 = 1", Q)],
+        R.ALL_DONE_SETUP_SUCCESS: [
+            (f"{ud} AND ns > 0 AND ks >= ns", SK),
+            (f"{ud} AND ns > 0 AND ss = 0", UF),
+            (ud, Q),
+        ],
     }
     assert set(rules) == set(TriggerRule), "every trigger rule is evaluated"
-    whens = ["WHEN n = 0 THEN " + Q]
+    whens = [
+        "WHEN n = 0 THEN " + Q,
+        f"WHEN rule = {_q(R.ALWAYS)} THEN {Q}",
+        f"WHEN NOT teardown AND sf > 0 THEN {UF}",
+        f"WHEN NOT teardown AND sk > 0 THEN {SK}",
+        f"WHEN NOT teardown AND sr > 0 AND ssu > 0 AND map_index > -1 AND map_index >= ssu"
+        f" THEN {RM}",
+    ]
     for rule, branches in rules.items():
         for condition, outcome in branches:
             whens.append(f"WHEN rule = {_q(rule)} AND ({condition}) THEN {outcome}")
     return "CASE " + " ".join(whens) + " ELSE NULL END"
+
+
+def _setups_ok_sql() -> str:
+    """Whether the setup and teardown constraints let a TI its rule would queue run (issue 39):
+    a task that is not a teardown needs every indirect setup succeeded (removed ones aside for
+    a map index, `_evaluate_setup_constraint`); a teardown whose rule is met needs the tasks
+    between its setups and itself done (`_evaluate_teardown_scope`: scn of them, scd done).
+    Neither holds back a task with no upstream or whose rule is `always`."""
+    return (
+        f"(n = 0 OR rule = {_q(TriggerRule.ALWAYS)} OR (CASE WHEN teardown THEN scd >= scn"
+        " ELSE sn - ssu - (CASE WHEN map_index > -1 THEN sr ELSE 0 END) <= 0 END))"
+    )
 
 
 # The trigger rules that are met by one upstream TI: inside a mapped group Airflow 3.3.2 has them
@@ -190,18 +226,27 @@ def _woken_sql(*, unexpanded: str) -> str:
 
 def _evaluate_sql(*, from_tasks: bool) -> str:
     ti, task, link = TaskInstance._meta.db_table, Task._meta.db_table, TaskUpstream._meta.db_table
+    setup_link = TaskSetupLink._meta.db_table
     waiting = _q(TIState.SCHEDULED)
     finished = ", ".join(_q(s) for s in sorted(TI_FINISHED_STATES))
 
-    def count(state: str) -> str:
-        return f"SUM(CASE WHEN p.state = {_q(state)} THEN 1 ELSE 0 END)"
+    def count(state: str, *, kind: str = "up", setup: bool = False) -> str:
+        among = f"p.kind = {_q(kind)}" + (" AND p.up_setup" if setup else "")
+        return f"SUM(CASE WHEN {among} AND p.state = {_q(state)} THEN 1 ELSE 0 END)"
+
+    def number(kind: str, *, setup: bool = False) -> str:
+        among = f"p.kind = {_q(kind)}" + (" AND p.up_setup" if setup else "")
+        return f"COUNT(CASE WHEN {among} THEN p.up_id END)"
+
+    S, SC = SetupLinkKind.SETUP.value, SetupLinkKind.SCOPE.value
 
     run = DagRun._meta.db_table
     # A mapped task's TI of map index -1 (issue 25): expanded, not queued, once its rule is
     # met (`_write_sql`).
     unexpanded = (
         "(w.map_index = -1 AND (t.map_length IS NOT NULL OR t.map_upstream <> '')) AS unexpanded,"
-        " t.map_length, t.map_upstream, w.map_index, t.retries, t.map_group"
+        " t.map_length, t.map_upstream, w.map_index, t.retries, t.map_group,"
+        " t.is_teardown AS teardown"
     )
     # The waiting TIs to look at: downstream of the given tasks (found from them through the
     # indexes: task by (dag, task_id), links by upstream, TI by (run, task_id)), or (the sweep)
@@ -216,6 +261,16 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
     FROM {task} u0
     JOIN {link} l0 ON l0.upstream_id = u0.id
     JOIN {task} t ON t.id = l0.task_id
+    JOIN {ti} w ON w.dag_run_id = (SELECT id FROM this_run) AND w.dag_id = t.dag_id
+        AND w.task_id = t.task_id
+    WHERE u0.dag_id = (SELECT dag_id FROM this_run)
+      AND u0.task_id IN (SELECT value FROM given) AND w.state = {waiting}
+    UNION
+    SELECT w.id AS ti_id, t.id AS task_pk, t.trigger_rule AS rule, {unexpanded},
+        w.dag_run_id AS run_pk, t.depends_on_past AS dop
+    FROM {task} u0
+    JOIN {setup_link} s0 ON s0.other_id = u0.id
+    JOIN {task} t ON t.id = s0.task_id
     JOIN {ti} w ON w.dag_run_id = (SELECT id FROM this_run) AND w.dag_id = t.dag_id
         AND w.task_id = t.task_id
     WHERE u0.dag_id = (SELECT dag_id FROM this_run)
@@ -240,7 +295,7 @@ def _evaluate_sql(*, from_tasks: bool) -> str:
     fast = ", ".join(_q(rule) for rule in _FAST_TRIGGERED)
     columns = (
         "c.ti_id, c.task_pk, c.rule, c.unexpanded, c.map_length, c.map_upstream, c.map_index,"
-        " c.retries, c.map_group, c.run_pk"
+        " c.retries, c.map_group, c.run_pk, c.teardown"
     )
     # Per waiting TI, its upstream TIs' states (`ups`): every TI of an upstream task, except
     # inside a mapped group (issue 25; Airflow 3.3.2 `TriggerRuleDep._iter_upstream_conditions`):
@@ -254,6 +309,7 @@ WITH {given}cand AS (
 ),
 links AS (
     SELECT c.ti_id, c.run_pk, c.map_index, u.id AS up_id, u.task_id AS up_task_id,
+        COALESCE(u.is_setup, FALSE) AS up_setup,
         COALESCE(c.map_group <> '' AND u.map_group = c.map_group AND c.map_index >= 0
             AND c.rule NOT IN ({fast}), FALSE) AS per_index
     FROM cand c
@@ -261,35 +317,54 @@ links AS (
     LEFT JOIN {task} u ON u.id = l.upstream_id
 ),
 ups AS (
-    SELECT k.ti_id, k.up_id, ut.state
+    SELECT k.ti_id, k.up_id, ut.state, 'up' AS kind, k.up_setup
     FROM links k
     LEFT JOIN {ti} ut ON ut.dag_run_id = k.run_pk AND ut.task_id = k.up_task_id
     WHERE NOT k.per_index
     UNION ALL
-    SELECT k.ti_id, k.up_id, COALESCE(ut.state, um.state) AS state
+    SELECT k.ti_id, k.up_id, COALESCE(ut.state, um.state) AS state, 'up' AS kind, k.up_setup
     FROM links k
     LEFT JOIN {ti} ut ON ut.dag_run_id = k.run_pk AND ut.task_id = k.up_task_id
         AND ut.map_index = k.map_index
     LEFT JOIN {ti} um ON um.dag_run_id = k.run_pk AND um.task_id = k.up_task_id
         AND um.map_index = -1
     WHERE k.per_index
+    UNION ALL
+    -- Issue 39: the TIs of the tasks a candidate waits for beyond its direct upstream (its
+    -- indirect setups, a teardown's scope), every TI of each (none is mapped in a mapped
+    -- group: the sync refuses such setups and teardowns).
+    SELECT c.ti_id, o.id AS up_id, ot.state, s.kind, FALSE AS up_setup
+    FROM cand c
+    JOIN {setup_link} s ON s.task_id = c.task_pk
+    JOIN {task} o ON o.id = s.other_id
+    LEFT JOIN {ti} ot ON ot.dag_run_id = c.run_pk AND ot.task_id = o.task_id
 ),
 counts AS (
     SELECT {columns},
-        COUNT(p.up_id) AS n,
+        {number("up")} AS n,
         {count(TIState.SUCCESS)} AS s,
         {count(TIState.SKIPPED)} AS k,
         {count(TIState.FAILED)} AS f,
         {count(TIState.UPSTREAM_FAILED)} AS uf,
         {count(TIState.REMOVED)} AS r,
-        SUM(CASE WHEN p.state IN ({finished}) THEN 1 ELSE 0 END) AS d
+        SUM(CASE WHEN p.kind = 'up' AND p.state IN ({finished}) THEN 1 ELSE 0 END) AS d,
+        {number("up", setup=True)} AS ns,
+        {count(TIState.SUCCESS, setup=True)} AS ss,
+        {count(TIState.SKIPPED, setup=True)} AS ks,
+        {number(S)} AS sn,
+        {count(TIState.SUCCESS, kind=S)} AS ssu,
+        {count(TIState.FAILED, kind=S)} + {count(TIState.UPSTREAM_FAILED, kind=S)} AS sf,
+        {count(TIState.SKIPPED, kind=S)} AS sk,
+        {count(TIState.REMOVED, kind=S)} AS sr,
+        {number(SC)} AS scn,
+        SUM(CASE WHEN p.kind = {_q(SC)} AND p.state IN ({finished}) THEN 1 ELSE 0 END) AS scd
     FROM cand c
     JOIN ups p ON p.ti_id = c.ti_id
     GROUP BY {columns}
 ){_past_sql()},
 ruled AS (
     SELECT ti_id, task_pk, unexpanded, map_length, map_upstream, map_index, retries, map_group,
-        {_decision_sql()} AS new_state
+        {_decision_sql()} AS new_state, {_setups_ok_sql()} AS setups_ok
     FROM counts
 ),
 decided AS (
@@ -298,7 +373,8 @@ decided AS (
     -- PrevDagrunDep says).
     SELECT r.ti_id, r.task_pk, r.unexpanded, r.map_length, r.map_upstream, r.map_index,
         r.retries, r.map_group,
-        CASE WHEN r.new_state = {_q(TIState.QUEUED)} AND NOT COALESCE(p.ok, TRUE) THEN NULL
+        CASE WHEN r.new_state = {_q(TIState.QUEUED)}
+            AND NOT (COALESCE(p.ok, TRUE) AND r.setups_ok) THEN NULL
             ELSE r.new_state END AS new_state
     FROM ruled r LEFT JOIN past p ON p.ti_id = r.ti_id
 ){_write_sql()}"""

@@ -30,6 +30,7 @@ from assets_app.models import (
     TaskOutletAliasReference,
     TaskOutletAssetReference,
     TaskReschedule,
+    TaskSetupLink,
     TaskStateStore,
     TaskUpstream,
     TIState,
@@ -79,7 +80,9 @@ def populate(n: int) -> None:
         task = TaskFactory(dag=producer)
         TaskOutletAssetReference.objects.create(task=task, asset=asset)
         TaskOutletAliasReference.objects.create(task=task, alias=alias)
-        TaskUpstream.objects.create(task=TaskFactory(dag=producer), upstream=task)
+        downstream = TaskFactory(dag=producer)
+        TaskUpstream.objects.create(task=downstream, upstream=task)
+        TaskSetupLink.objects.create(task=downstream, other=task, kind="setup")
         consumer = DagFactory(schedule={"any": [{"asset": {"name": asset.name, "uri": asset.uri}}]})
         DagScheduleAssetReference.objects.create(dag=consumer, asset=asset)
         DagScheduleAliasReference.objects.create(dag=consumer, alias=alias)

@@ -68,6 +68,7 @@ EXPECTED = {
     "taskoutletaliasreference": 5,
     "taskoutletassetreference": 5,
     "taskupstream": 6,
+    "tasksetuplink": 6,
     # Issue 29 (deliveries: the endpoint filter and the date hierarchy add a query each).
     "freshnesspolicy": 5,
     "webhookattempt": 5,

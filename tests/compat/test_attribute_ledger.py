@@ -104,8 +104,6 @@ REFUSED: dict[str, tuple[str, str]] = {
     "executor": ("", "executor='LocalExecutor'"),
     "executor_config": ("", "executor_config={'pod_override': 1}"),
     "resources": ("", "resources={'cpus': 2}"),
-    "is_setup": ("", "SETUP"),
-    "is_teardown": ("", "TEARDOWN"),
 }
 
 _FILE = """
@@ -168,6 +166,16 @@ def converted(tmp_path_factory):
             body=_body("") + "\n    EmptyOperator(task_id='u', executor=None)",
         )
     )
+    (folder / "setup_teardown.py").write_text(
+        _FILE.format(
+            dag_id="d_setup_teardown",
+            start=START,
+            dag_kwargs="",
+            body="    s = EmptyOperator(task_id='s')\n    w = EmptyOperator(task_id='w')\n"
+            "    t = EmptyOperator(task_id='t')\n"
+            "    s >> w >> t.as_teardown(setups=s, on_failure_fail_dagrun=True)",
+        )
+    )
     (folder / "past.py").write_text(
         _FILE.format(
             dag_id="d_past",
@@ -196,6 +204,25 @@ def test_depends_on_past_wait_for_downstream_and_dagrun_timeout_are_carried(conv
             "ignore_first_depends_on_past": True,
         },
         {"task_id": "u", "retries": 0, "depends_on_past": True, "wait_for_downstream": True},
+    ]
+
+
+def test_setup_and_teardown_are_carried(converted):
+    """Issue 39: `as_teardown(setups=s)` makes s a setup upstream of t, whose rule becomes
+    all_done_setup_success, as Airflow's operator sets them."""
+    assert "setup_teardown.py" not in converted["import_errors"]
+    ((dag,),) = [converted["setup_teardown.py"]]
+    assert dag["tasks"] == [
+        {"task_id": "s", "retries": 0, "is_setup": True},
+        {
+            "task_id": "t",
+            "retries": 0,
+            "upstream": ["s", "w"],
+            "trigger_rule": "all_done_setup_success",
+            "is_teardown": True,
+            "on_failure_fail_dagrun": True,
+        },
+        {"task_id": "w", "retries": 0, "upstream": ["s"]},
     ]
 
 

@@ -1,7 +1,8 @@
 """The differential harness against Airflow itself (issue 39, `tools/differential.py`).
 
 The slow test runs the corpus `differential_dags/` (trigger rules, retries, branching,
-short-circuit, XCom passing, dynamic mapping, asset outlets with extra) on stock Airflow 3.3.2
+short-circuit, XCom passing, dynamic mapping, asset outlets with extra, setup and teardown tasks)
+on stock Airflow 3.3.2
 (scheduler + LocalExecutor, one start for the whole corpus) and on the service with
 `bin/airflow-worker`, and asserts that every Dag was run on both sides and that no difference
 is left undocumented (`tools/differential.json`). The quick tests pin the comparison itself:
@@ -24,6 +25,11 @@ CORPUS_DAGS = {
     "diff_mapping",
     "diff_retries",
     "diff_short_circuit",
+    "diff_setup_teardown_fail_dagrun",
+    "diff_setup_teardown_passes",
+    "diff_setup_teardown_setup_fails",
+    "diff_setup_teardown_teardown_fails",
+    "diff_setup_teardown_work_fails",
     "diff_trigger_rules_fail_first",
     "diff_trigger_rules_skip_first",
     "diff_xcom_passing",

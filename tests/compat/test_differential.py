@@ -22,6 +22,7 @@ CORPUS_DAGS = {
     "diff_branching",
     "diff_fail_fast",
     "diff_mapping",
+    "diff_mapping_second_order",
     "diff_retries",
     "diff_short_circuit",
     "diff_trigger_rules_fail_first",

@@ -458,7 +458,8 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
     - `.expand(arg=...)` over a literal list or dict: that length (the values stand in as
       nulls); over several literals: the cross product's length (their lengths multiplied),
       under the first argument's name;
-    - `.expand(arg=upstream())` over an unmapped upstream task's return value: `{"xcom": ...}`,
+    - `.expand(arg=upstream())` over an upstream task's return value (a mapped one's too:
+      second order): `{"xcom": ...}`,
       also through `.map(f)` (`upstream().map(f)`: the same length);
     - `.expand_kwargs(...)` over a literal list of dicts or an unmapped upstream's return value:
       the same, under the name `kwargs` (one map index per dict).
@@ -488,11 +489,9 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
             # `.map(f)` keeps its value's length: one map index per item, as without it (the
             # Task SDK applies f to each item when it resolves a map index's arguments).
             value = value.arg
-        if (
-            isinstance(value, PlainXComArg)
-            and value.key == "return_value"
-            and not getattr(value.operator, "is_mapped", False)
-        ):
+        if isinstance(value, PlainXComArg) and value.key == "return_value":
+            # A mapped upstream's output too (second order): the service counts the return
+            # values its map indexes pushed, and the Task SDK reads them as a LazyXComSequence.
             return {"xcom": value.operator.task_id}
         return None
 
@@ -512,7 +511,7 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
         if found is None:
             raise refuse(
                 f"with .expand_kwargs over {type(expand_input.value).__name__} (only a literal "
-                "list or an unmapped task's output)"
+                "list or a task's output)"
             )
         return {"kwargs": found}
     if not isinstance(expand_input, DictOfListsExpandInput):
@@ -521,9 +520,7 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
     for argument, found in sources.items():
         if found is None:
             value = expand_input.value[argument]
-            raise refuse(
-                f"over {type(value).__name__} (only a literal or an unmapped task's output)"
-            )
+            raise refuse(f"over {type(value).__name__} (only a literal or a task's output)")
     if len(sources) == 1:
         return sources
     if any(isinstance(found, dict) for found in sources.values()):

@@ -566,17 +566,17 @@ BAD_CASES = {
         "task 'b' expands over the return value of 'a', which is not one of its upstream "
         "tasks: list it in upstream (dag 'd')",
     ),
-    "expand_xcom_of_a_mapped_task": (
+    "expand_xcom_of_a_mapped_group_task": (
         {
             "dag_id": "d",
             "tasks": [
-                {"task_id": "a", "expand": {"x": [1, 2]}},
+                {"task_id": "a", "map_group": "g", "expand": {"x": [1, 2]}},
                 {"task_id": "b", "upstream": ["a"], "expand": {"x": {"xcom": "a"}}},
             ],
         },
         "tasks[1].expand.x.xcom",
-        "task 'b' expands over the return values of the mapped task 'a': mapping over a "
-        "mapped task is not served yet",
+        "task 'b' expands over the return values of 'a', a task of the mapped group 'g': "
+        "not served yet",
     ),
     "expand_literal_beyond_max_map_length": (
         {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": list(range(1025))}}]},

@@ -852,3 +852,108 @@ def test_a_cleared_group_revises_every_task_to_the_new_length(new_length, a, b):
         assert states(run, "after") == ["scheduled"]
         succeed(one(run, "g.b", i), returned=i)
     assert states(run, "after") == ["queued"]
+
+
+# --- second order: over a mapped task's output (issue 39) --------------------------------------
+
+SECOND_ORDER = {
+    "dag_id": "second_order",
+    "tasks": [
+        {"task_id": "first", "expand": {"x": [1, 2, 3, 4]}},
+        {"task_id": "second", "upstream": ["first"], "expand": {"x": {"xcom": "first"}}},
+        {
+            "task_id": "eager",
+            "upstream": ["first"],
+            "trigger_rule": "one_success",
+            "expand": {"x": {"xcom": "first"}},
+        },
+        {
+            "task_id": "lenient",
+            "upstream": ["first"],
+            "trigger_rule": "none_failed",
+            "expand": {"x": {"xcom": "first"}},
+        },
+    ],
+}
+
+
+def skip(ti: TaskInstance) -> None:
+    finishing.finish(**start(ti), state=TIState.SKIPPED, end_date=timezone.now())
+
+
+def test_sync_accepts_a_task_mapped_over_a_mapped_tasks_output():
+    sync(SECOND_ORDER)
+    assert mapped_over("second_order")["second"] == (None, "first")
+
+
+def test_over_a_mapped_output_the_length_is_the_count_of_return_values_its_map_indexes_pushed():
+    """Airflow 3.3.2's `get_task_map_length` over a mapped task: COUNT of its return-value
+    XComs of map index >= 0, once none of its TIs is unfinished; a map index that returned None
+    (the Task SDK pushes nothing) or was skipped counts for nothing."""
+    sync(SECOND_ORDER)
+    run = runs.trigger_dag(dag_id="second_order")
+    succeed(one(run, "first", 0), returned=10)
+    # one_success is met by the first map index; the others are unfinished: NotFullyPopulated,
+    # the -1 TI is upstream_failed (TaskMap.expand_mapped_task).
+    assert tis(run, "eager") == [(-1, "upstream_failed")]
+    succeed(one(run, "first", 1), push=False)  # returned None
+    succeed(one(run, "first", 2), returned=[3, 3])
+    assert tis(run, "lenient") == [(-1, "scheduled")]
+    skip(one(run, "first", 3))
+    # all_success: a skipped map index skips it; none_failed: two values pushed, two map indexes.
+    assert tis(run, "second") == [(-1, "skipped")]
+    assert tis(run, "lenient") == [(0, "queued"), (1, "queued")]
+
+
+def test_over_a_mapped_output_that_pushed_nothing_the_task_is_skipped():
+    sync(SECOND_ORDER)
+    run = runs.trigger_dag(dag_id="second_order")
+    for map_index in range(4):
+        succeed(one(run, "first", map_index), push=False)
+    assert tis(run, "second") == [(-1, "skipped")]
+    assert tis(run, "lenient") == [(-1, "skipped")]
+
+
+def test_a_mapped_group_over_a_mapped_output_is_refused_naming_it():
+    with pytest.raises(definitions.DefinitionError, match="a group over a mapped task's output"):
+        sync(
+            {
+                "dag_id": "g",
+                "tasks": [
+                    {"task_id": "first", "expand": {"x": [1, 2]}},
+                    {
+                        "task_id": "member",
+                        "upstream": ["first"],
+                        "map_group": "grp",
+                        "expand": {"x": {"xcom": "first"}},
+                    },
+                ],
+            }
+        )
+
+
+def test_the_sqlite_expansion_counts_a_mapped_outputs_pushed_values_the_same_way():
+    sync(SECOND_ORDER)
+    run = runs.trigger_dag(dag_id="second_order")
+    now = timezone.now()
+    TaskInstance.objects.filter(dag_run=run, task_id="first", map_index__lt=3).update(
+        state="success"
+    )
+    for map_index in (0, 2):
+        xcoms.push(
+            dag_id="second_order",
+            run_id=run.run_id,
+            task_id="first",
+            key="return_value",
+            value=map_index,
+            map_index=map_index,
+        )
+    # Map index 3 still queued: nothing to map over yet (NotFullyPopulated).
+    assert mapping.expand(dag_run_id=run.pk, task_ids=["eager"], now=now) == [
+        ("eager", "upstream_failed")
+    ]
+    TaskInstance.objects.filter(dag_run=run, task_id="first", map_index=3).update(state="skipped")
+    assert mapping.expand(dag_run_id=run.pk, task_ids=["lenient"], now=now) == [
+        ("lenient", "queued")
+    ]
+    assert tis(run, "lenient") == [(0, "queued"), (1, "queued")]

@@ -433,7 +433,8 @@ Expand = Annotated[
         json_schema_extra={"minProperties": 1, "maxProperties": 1, "additionalProperties": False},
         description="Airflow's `.expand(arg=...)`: the task runs once per value, each run a "
         f"map index. One argument: {EXPAND_SHAPES} (the values it returned, known when it "
-        "succeeds). At most MAX_MAP_LENGTH values (Airflow's max_map_length, 1024).",
+        "succeeds; of a mapped upstream, one value per return value its map indexes pushed). "
+        "At most MAX_MAP_LENGTH values (Airflow's max_map_length, 1024).",
     ),
 ]
 

@@ -712,8 +712,10 @@ def _check_setup_teardown(dag: DagDefinition, error: Callable[[str, str], Defini
 def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> None:
     """A mapped task expands over at most MAX_MAP_LENGTH literal values (Airflow's
     max_map_length, which Airflow applies to pushed values only), or over the return value of
-    one of its own upstream tasks, an unmapped one. The tasks of a mapped group are checked as
-    one (`_check_map_groups`): there the return value is an upstream of the group's roots."""
+    one of its own upstream tasks: an unmapped one, or a mapped one outside a mapped group
+    (second order: one map index per return value its map indexes pushed; a mapped group over
+    one is refused). The tasks of a mapped group are checked as one (`_check_map_groups`):
+    there the return value is an upstream of the group's roots."""
     tasks = {task.task_id: task for task in dag.tasks}
     grouped = _check_map_groups(dag, error)
     for task in dag.tasks:
@@ -732,11 +734,23 @@ def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionErr
                 f"task {task.task_id!r} expands over the return value of {task.map_upstream!r}, "
                 f"which is not one of its upstream tasks{known}: list it in upstream",
             )
-        if tasks[task.map_upstream].map_length is not None or tasks[task.map_upstream].map_upstream:
+        upstream = tasks.get(task.map_upstream)
+        upstream_mapped = upstream is not None and (
+            upstream.map_length is not None or bool(upstream.map_upstream)
+        )
+        if task.map_group and upstream_mapped:
             raise error(
                 task.expand_path,
-                f"task {task.task_id!r} expands over the return values of the mapped task "
-                f"{task.map_upstream!r}: mapping over a mapped task is not served yet",
+                f"the mapped group {task.map_group!r} expands over the return values of the "
+                f"mapped task {task.map_upstream!r}: a group over a mapped task's output is "
+                "not served yet",
+            )
+        if tasks[task.map_upstream].map_group:
+            raise error(
+                task.expand_path,
+                f"task {task.task_id!r} expands over the return values of "
+                f"{task.map_upstream!r}, a task of the mapped group "
+                f"{tasks[task.map_upstream].map_group!r}: not served yet",
             )
 
 

@@ -12,6 +12,9 @@ leaves the TI waiting and `expand` below does it, with the same rules:
 - the length is the one the Task SDK pushed with the upstream's return value (`?mapped_length=`,
   `XCom.mapped_length`, Airflow's TaskMap.length), else the length of a list or object value
   (a worker that did not send one), or the literal's;
+- over a mapped upstream (second order), as Airflow's `get_task_map_length`: the count of the
+  return values its map indexes pushed (a map index that returned None, was skipped or failed
+  pushed none), known once none of its TIs is unfinished (else nothing to map over);
 - n >= 1: the TI becomes map index 0 and map indexes 1..n-1 are inserted, all queued (their
   trigger rule is the one just met);
 - n = 0: the TI is skipped (Airflow: "Marking ... as SKIPPED since the map has 0 values");
@@ -24,17 +27,29 @@ waiting (`scheduled`) for their own map index of upstream (`sql/dependencies._wr
 where the PostgreSQL statement does the same).
 
 `expand`: four statements whatever n (the run, the lengths, one UPDATE of the -1 TIs, one
-INSERT of the others); two more when a group spreads (its waiting -1 TIs, their UPDATE).
+INSERT of the others); two more when a group spreads (its waiting
+-1 TIs, their UPDATE).
 """
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 
-from django.db.models import Case, Exists, F, OuterRef, Q, Subquery, Value, When
-from django.db.models.functions import Greatest
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Greatest
 
 from ..models import DagRun, Task, TaskInstance, TaskUpstream, TIState, XCom
-from ..models.runs import first_try_number
+from ..models.runs import TI_UNFINISHED_STATES, first_try_number
 from ..sql.dependencies import RETURN_VALUE_KEY
 
 
@@ -64,6 +79,25 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
         map_index=-1,
         key=RETURN_VALUE_KEY,
     )
+    mapped_upstream = Task.objects.filter(dag_id=dag_id, task_id=OuterRef("map_upstream")).filter(
+        Q(map_length__isnull=False) | ~Q(map_upstream="")
+    )
+    unfinished = TaskInstance.objects.filter(
+        dag_run_id=dag_run_id, task_id=OuterRef("map_upstream"), state__in=TI_UNFINISHED_STATES
+    )
+    pushed_by_map_indexes = (
+        XCom.objects.filter(
+            dag_id=dag_id,
+            run_id=run_id,
+            task_id=OuterRef("map_upstream"),
+            map_index__gte=0,
+            key=RETURN_VALUE_KEY,
+        )
+        .order_by()
+        .values("task_id")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
     # The tasks to expand, and the other tasks of their mapped groups (spread below).
     groups = Task.objects.filter(dag_id=dag_id, task_id__in=list(task_ids)).exclude(map_group="")
     in_group_upstream = TaskUpstream.objects.filter(
@@ -79,6 +113,14 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
             pushed_length=Subquery(pushed.values("mapped_length")[:1]),
             pushed_value=Subquery(pushed.values("value")[:1]),
             pushed_id=Subquery(pushed.values("id")[:1]),
+            # Over a mapped upstream (second order): nothing to map over while one of its TIs
+            # is unfinished, else the count of its map indexes' return values.
+            upstream_mapped=Exists(mapped_upstream),
+            pushed_count=Case(
+                When(Exists(unfinished), then=Value(None)),
+                default=Coalesce(Subquery(pushed_by_map_indexes), Value(0)),
+                output_field=IntegerField(),
+            ),
         )
         .values_list(
             "task_id",
@@ -88,16 +130,20 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
             "pushed_value",
             "pushed_id",
             "map_group",
+            "upstream_mapped",
+            "pushed_count",
         )
     )
     lengths: dict[str, int | None] = {}
     retries: dict[str, int] = {}
     group_of: dict[str, str] = {}
-    for task_id, task_retries, literal, length, value, xcom_id, group in rows:
+    for task_id, task_retries, literal, length, value, xcom_id, group, mapped, count in rows:
         retries[task_id] = task_retries
         group_of[task_id] = group
-        lengths[task_id] = _length(
-            literal=literal, pushed=length, value=value, has_value=xcom_id is not None
+        lengths[task_id] = (
+            count
+            if mapped and literal is None
+            else _length(literal=literal, pushed=length, value=value, has_value=xcom_id is not None)
         )
     members = {task_id for task_id in group_of if task_id not in task_ids}
     lengths_of_members = {task_id: lengths.pop(task_id) for task_id in members}

@@ -29,7 +29,7 @@ from ..models import (
     TriggerRule,
     XCom,
 )
-from ..models.runs import TI_FINISHED_STATES
+from ..models.runs import TI_FINISHED_STATES, TI_UNFINISHED_STATES
 from .connection import prepared_cursor
 
 RETURN_VALUE_KEY = "return_value"
@@ -393,7 +393,9 @@ def _write_sql() -> str:
     map_length, map_upstream, map_index, retries, map_group, new_state). On PostgreSQL it also
     expands the mapped tasks' TIs of map index -1 whose rule is met (issue 25; the rules of
     `mapping`, Airflow 3.3.2's `TaskMap.expand_mapped_task`): their length (the literal's, the
-    one the Task SDK pushed with the upstream's return value, else that value's length), the -1
+    one the Task SDK pushed with the upstream's return value, else that value's length; over a
+    mapped upstream, as Airflow's `get_task_map_length`, the count of its map indexes' return
+    values once none of its TIs is unfinished, else nothing to map over), the -1
     TI becomes map index 0 (queued) or is skipped (length 0) or upstream_failed (nothing to map
     over), and map indexes 1..n-1 are inserted as copies of it, in the same statement: the
     INSERT reads the UPDATE's RETURNING, so of two evaluations racing for one TI only the one
@@ -423,6 +425,7 @@ def _write_sql() -> str:
     ti, xcom = TaskInstance._meta.db_table, XCom._meta.db_table
     task, link = Task._meta.db_table, TaskUpstream._meta.db_table
     waiting, queued = _q(TIState.SCHEDULED), _q(TIState.QUEUED)
+    unfinished = ", ".join(_q(state) for state in TI_UNFINISHED_STATES)
     # Queued: the TI's first try (Airflow counts one when its scheduler queues a TI; a cleared
     # TI keeps the next try its clear gave it). Skipped or upstream_failed: its try stays.
     greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
@@ -464,9 +467,15 @@ RETURNING {ti}.task_id, {ti}.state, {ti}.dag_run_id
     row_columns = ", ".join(str(field.column) for field in TaskInstance._meta.concrete_fields)
     return f""",
 lengths AS (
-    SELECT d.ti_id, COALESCE(d.map_length, x.mapped_length, CASE jsonb_typeof(x.value)
+    SELECT d.ti_id, COALESCE(d.map_length, CASE WHEN um.id IS NULL THEN COALESCE(
+        x.mapped_length, CASE jsonb_typeof(x.value)
         WHEN 'array' THEN jsonb_array_length(x.value)
-        WHEN 'object' THEN (SELECT COUNT(*) FROM jsonb_object_keys(x.value)) END) AS len,
+        WHEN 'object' THEN (SELECT COUNT(*) FROM jsonb_object_keys(x.value)) END)
+        WHEN EXISTS (SELECT 1 FROM {ti} o WHERE o.dag_run_id = w.dag_run_id
+            AND o.task_id = d.map_upstream AND o.state IN ({unfinished})) THEN NULL
+        ELSE (SELECT COUNT(*) FROM {xcom} m WHERE m.dag_id = w.dag_id AND m.run_id = w.run_id
+            AND m.task_id = d.map_upstream AND m.map_index >= 0
+            AND m.key = {_q(RETURN_VALUE_KEY)}) END) AS len,
         CASE WHEN d.unexpanded THEN 1 WHEN d.map_index = 0 THEN (
             SELECT MAX(o.map_index) + 1 FROM {ti} o
             WHERE o.dag_run_id = w.dag_run_id AND o.task_id = w.task_id) END AS grow_from
@@ -475,6 +484,8 @@ lengths AS (
     LEFT JOIN {xcom} x ON d.map_upstream <> '' AND x.dag_id = w.dag_id
         AND x.run_id = w.run_id AND x.task_id = d.map_upstream AND x.map_index = -1
         AND x.key = {_q(RETURN_VALUE_KEY)}
+    LEFT JOIN {task} um ON d.map_upstream <> '' AND um.dag_id = w.dag_id
+        AND um.task_id = d.map_upstream AND (um.map_length IS NOT NULL OR um.map_upstream <> '')
     WHERE d.new_state = {queued} AND (d.unexpanded OR d.map_upstream <> '')
 ),
 outcome AS (

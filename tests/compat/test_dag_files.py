@@ -319,6 +319,55 @@ def test_mapped_tasks_become_expand_definitions_the_service_syncs(tmp_path):
     }
 
 
+@pytest.mark.django_db
+def test_a_mapping_over_a_mapped_tasks_output_converts_and_syncs(tmp_path):
+    """Second order (Airflow's example_task_mapping_second_order), also through `.map(f)` and
+    `expand_kwargs`: the service counts the upstream's pushed return values."""
+    (tmp_path / "second.py").write_text(
+        textwrap.dedent(
+            """
+            from airflow.sdk import dag, task
+
+            @dag(dag_id="second", schedule=None)
+            def second():
+                @task
+                def numbers():
+                    return [1, 2, 3]
+
+                @task
+                def times_2(num):
+                    return num * 2
+
+                @task
+                def add_10(num):
+                    return num + 10
+
+                doubled = times_2.expand(num=numbers())
+                add_10.expand(num=doubled)
+                add_10.override(task_id="through_map").expand(num=doubled.map(abs))
+                add_10.override(task_id="as_kwargs").expand_kwargs(
+                    doubled.map(lambda n: {"num": n})
+                )
+
+            second()
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    ((dag,),) = converted.values()
+    tasks = {t["task_id"]: t for t in dag["tasks"]}
+    assert tasks["add_10"]["expand"] == {"num": {"xcom": "times_2"}}
+    assert tasks["through_map"]["expand"] == {"num": {"xcom": "times_2"}}
+    assert tasks["as_kwargs"]["expand"] == {"kwargs": {"xcom": "times_2"}}
+    definitions.sync_definitions(dags=definitions.parse_document(dag, file="second.py"))
+    stored = Task.objects.filter(dag_id="second", task_id__in=["add_10", "as_kwargs"])
+    assert {(t.task_id, t.map_upstream) for t in stored} == {
+        ("add_10", "times_2"),
+        ("as_kwargs", "times_2"),
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "how"),
     [

@@ -23,6 +23,7 @@ CORPUS_DAGS = {
     "diff_branching",
     "diff_fail_fast",
     "diff_mapping",
+    "diff_mapping_second_order",
     "diff_retries",
     "diff_short_circuit",
     "diff_setup_teardown_fail_dagrun",

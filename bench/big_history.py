@@ -326,7 +326,11 @@ def main() -> None:
         parser.add_argument("--empty-scale", type=float, default=0.0002, help="the empty column")
         parser.add_argument("--reuse", action="store_true", help="measure a kept database")
         parser.add_argument("--label", default="", help="results file big_history_<label>.json")
-        parser.add_argument("--only", default="", help="measure only labels containing this")
+        parser.add_argument(
+            "--only",
+            default="",
+            help="measure only labels containing one of these (comma-separated)",
+        )
 
     args = h.parse_args(__doc__, extra)
     scale = 0.01 if args.quick else args.scale
@@ -363,7 +367,8 @@ def main() -> None:
         world = world_of(user)
         todo = pages(scale, world)
         if args.only:
-            todo = [page for page in todo if args.only in page[0]]
+            wanted = [part for part in args.only.split(",") if part]
+            todo = [page for page in todo if any(part in page[0] for part in wanted)]
         client.get(todo[0][1])  # URL conf import, template loading: not counted
         print(f"{which}:", flush=True)
         measured[which] = measure(client, todo, rounds)

@@ -6,7 +6,15 @@ from django.template.loader import render_to_string
 from django.utils.html import format_html
 
 from ..models import AssetAliasEvent, AssetDagRunQueue, AssetEvent, DagRunAssetEvent
-from .base import LinkTableAdmin, ReadOnlyAdmin, admin_link, count_of, pretty_json
+from .base import (
+    EstimatedCountMixin,
+    LinkTableAdmin,
+    ReadOnlyAdmin,
+    admin_link,
+    count_of,
+    dag_id_filter,
+    pretty_json,
+)
 
 
 class ConsumedFilter(admin.SimpleListFilter):
@@ -26,7 +34,7 @@ class ConsumedFilter(admin.SimpleListFilter):
 
 
 @admin.register(AssetEvent)
-class AssetEventAdmin(ReadOnlyAdmin):
+class AssetEventAdmin(EstimatedCountMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "asset_link",
@@ -36,7 +44,7 @@ class AssetEventAdmin(ReadOnlyAdmin):
         "waiting_count",
     )
     list_select_related = ("asset",)
-    list_filter = (ConsumedFilter, "source_dag_id")
+    list_filter = (ConsumedFilter, dag_id_filter("source_dag_id", "source dag id"))
     search_fields = (
         "asset__name",
         "asset__uri",
@@ -44,8 +52,6 @@ class AssetEventAdmin(ReadOnlyAdmin):
         "source_task_id",
         "=source_run_id",
     )
-    # Counting 10^6 rows for "n of N" on every filtered page is not worth it.
-    show_full_result_count = False
     readonly_fields = ("asset_link", "extra_json", "consumers", "via_aliases", "waiting_for")
     fields = (
         "asset_link",

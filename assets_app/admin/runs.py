@@ -35,12 +35,15 @@ from ..models import (
 from ..runtime import logs as task_logs
 from ..scheduling import runs
 from .base import (
+    EstimatedCountMixin,
     LinkTableAdmin,
     ReadOnlyAdmin,
+    UuidSearchMixin,
     actor_of,
     admin_link,
     changelist_url,
     count_of,
+    dag_id_filter,
     pretty_json,
     run_duration,
     state_badge,
@@ -197,7 +200,7 @@ def _grid_cell(task_id: str, tis: list[dict], run: dict, ti_url: str) -> str:
 
 
 @admin.register(DagRun)
-class DagRunAdmin(admin.ModelAdmin):
+class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
     """Runs are written by the scheduler and the manual trigger; operators look and may delete."""
 
     list_display = (
@@ -412,8 +415,9 @@ def _outbox_count(**filters):
 
 
 @admin.register(TaskInstance)
-class TaskInstanceAdmin(admin.ModelAdmin):
-    """TIs change only through the worker API (task_state owns their lock): view and delete."""
+class TaskInstanceAdmin(EstimatedCountMixin, UuidSearchMixin, admin.ModelAdmin):
+    """TIs change only through the worker API (task_state owns their lock): view and delete.
+    A TI id in the search box finds that TI by its primary key (UuidSearchMixin)."""
 
     list_display = (
         "task_label",
@@ -424,8 +428,9 @@ class TaskInstanceAdmin(admin.ModelAdmin):
         "started",
         "took",
     )
-    list_filter = ("state", "dag_id")
-    search_fields = ("=id", "dag_id", "task_id", "run_id", "hostname")
+    list_filter = ("state", dag_id_filter("dag_id", "dag id"))
+    search_fields = ("dag_id", "task_id", "run_id", "hostname")
+    search_help_text = "a TI id (exact), or part of a Dag id, task id, run id or hostname"
     readonly_fields = ("dag_run_link", "deferral", "outbox_rows", "task_log")
 
     @admin.display(description="deferral")
@@ -528,15 +533,17 @@ class DagRunAssetEventAdmin(LinkTableAdmin):
 
 
 @admin.register(TaskLogChunk)
-class TaskLogChunkAdmin(LinkTableAdmin):
+class TaskLogChunkAdmin(EstimatedCountMixin, UuidSearchMixin, LinkTableAdmin):
     """The shipped pieces of the workers' task logs: read on the TI's page (the log section), here
     only by URL, for an operator checking what a worker sent."""
 
     list_display = ("ti_id", "try_number", "offset", "size", "created_at")
     list_filter = ("try_number",)
     search_fields = ("=ti__id",)
+    search_help_text = "a TI id (exact)"
+    uuid_search_field = "ti_id"
+    uuid_search_only = True
     date_hierarchy = "created_at"
-    show_full_result_count = False
 
 
 @admin.register(Trigger)

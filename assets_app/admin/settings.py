@@ -24,7 +24,7 @@ from ..models import (
     XCom,
 )
 from ..runtime import variables
-from .base import ReadOnlyAdmin, actor_of
+from .base import EstimatedCountMixin, ReadOnlyAdmin, actor_of, dag_id_filter
 
 
 class DomainWritesAdmin(admin.ModelAdmin):
@@ -195,9 +195,9 @@ class ConnectionAdmin(DomainWritesAdmin):
 
 
 @admin.register(XCom)
-class XComAdmin(ReadOnlyAdmin):
+class XComAdmin(EstimatedCountMixin, ReadOnlyAdmin):
     list_display = ("dag_id", "run_id", "task_id", "map_index", "key", "value", "timestamp")
-    list_filter = ("dag_id",)
+    list_filter = (dag_id_filter("dag_id", "dag id"),)
     search_fields = ("dag_id", "run_id", "task_id", "key")
 
 

@@ -255,6 +255,10 @@ def sorted_page(
     return Page(rows=rows[offset : offset + limit] if limit else [], total_entries=len(rows))
 
 
+# Offset pages from here on load their keys first, then their rows (`offset_page`).
+DEFERRED_JOIN_FROM = 1_000
+
+
 def offset_page(
     queryset: QuerySet,
     ordering: Ordering,
@@ -263,12 +267,24 @@ def offset_page(
     limit: int,
     offset: int,
 ) -> Page:
-    """One page by offset: two queries (count, page) plus the queryset's prefetches."""
+    """One page by offset: two queries (count, page) plus the queryset's prefetches; from
+    offset DEFERRED_JOIN_FROM on, three (count, the page's keys, its rows).
+
+    Deep pages (issue 48) pick the page's primary keys first, reading only the order's columns
+    (an index-only scan where an index serves the order), then load those rows whole: the
+    skipped rows are never fetched from the table, nor joined for their select_related. Same
+    rows in the same order as the one-query page."""
     sorted_rows = ordered(queryset, ordering, order_by)
     total = queryset.order_by().count()
     limit = page_limit(limit)
-    rows = list(sorted_rows[offset : offset + limit]) if limit else []
-    return Page(rows=rows, total_entries=total)
+    if not limit:
+        return Page(rows=[], total_entries=total)
+    if offset < DEFERRED_JOIN_FROM:
+        return Page(rows=list(sorted_rows[offset : offset + limit]), total_entries=total)
+    keys = list(
+        sorted_rows.prefetch_related(None).values_list("pk", flat=True)[offset : offset + limit]
+    )
+    return Page(rows=list(sorted_rows.filter(pk__in=keys)), total_entries=total)
 
 
 _BACKWARD = "~"

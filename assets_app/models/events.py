@@ -58,7 +58,11 @@ class AssetEvent(models.Model):
         ]
         indexes = [
             models.Index(fields=["asset", "timestamp"], name="asset_event_by_asset_time"),
-            models.Index(fields=["timestamp"], name="asset_event_by_time"),
+            # The console's and the API's default orders (-timestamp, -id / timestamp, id), and
+            # retention's old events (issue 48: one index for both, the tie broken inside it).
+            models.Index(fields=["timestamp", "id"], name="asset_event_by_time_id"),
+            # The console's source-Dag filter.
+            models.Index(fields=["source_dag_id"], name="asset_event_by_source_dag"),
         ]
 
     def __str__(self) -> str:

@@ -159,6 +159,8 @@ class DagRun(models.Model):
             models.Index(fields=["dag", "id"], name="dag_run_by_dag_id"),
             # A Dag's last runs by run_after (max_consecutive_failed_dag_runs, issue 39).
             models.Index(fields=["dag", "run_after", "id"], name="dag_run_by_dag_run_after"),
+            # All Dags' runs by run_after (the console's run-after column, issue 48).
+            models.Index(fields=["run_after", "id"], name="dag_run_by_run_after"),
             # The running runs with a timeout, by when (`scheduling.timeouts`).
             models.Index(
                 fields=["timeout_at"],
@@ -259,6 +261,10 @@ class TaskInstance(models.Model):
                 condition=models.Q(state="queued"),
             ),
             models.Index(fields=["dag_id", "run_id"], name="ti_by_dag_run_ids"),
+            # The public API's cross-run TI list in its default order (map_index, id), and the
+            # console's TI list by start date (issue 48): without them each page sorts every TI.
+            models.Index(fields=["map_index", "id"], name="ti_by_map_index"),
+            models.Index(fields=["start_date", "id"], name="ti_by_start_date"),
             # "Is every TI of this run finished?" after each finish, and the sweep's runs with
             # TIs waiting for their upstream: both read only a run's unfinished TIs. The
             # states are spelled out as in TI_UNFINISHED_STATES (a new state belongs here too).

@@ -2,8 +2,12 @@
 
 A `Server` is a child process in its own session (process group) with its output in a log file:
 `start()` waits until it is ready (an HTTP answer, when it serves), `stop()` sends SIGTERM to
-the process and SIGKILL to its whole group after a timeout (django-q2's qcluster can hang on
-SIGTERM, django-q2 #346), `kill()` SIGKILLs the group at once (a host dying). `gunicorn()`,
+the process and SIGKILL to its whole tree after a timeout (django-q2's qcluster can hang on
+SIGTERM, django-q2 #346), `kill()` SIGKILLs the tree at once (a host dying). The tree is the
+process group and every descendant, wherever its session: honcho (`bin/serve`) starts each of
+its processes in a session of its own, so a SIGKILL of `bin/serve`'s group alone left gunicorn,
+the qcluster, the timers and the queue-watcher consumer running, orphans still working on the
+test database (one consumed a later test's queue: a flaky test in CI). `gunicorn()`,
 `runserver()`, `qcluster()` and `bin_serve()` build the usual ones; any other command is a
 `Server(argv, env, log)`.
 
@@ -22,6 +26,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -39,6 +45,25 @@ def free_port(ports: Iterable[int] | None = None) -> int:
                 continue
             return sock.getsockname()[1]
     raise RuntimeError(f"no free port in {ports}")
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    """Every living descendant of `pid` (children, their children, ...), whatever its session."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _kill_all(processes: Iterable[psutil.Process]) -> None:
+    """SIGKILL each of `processes` still alive (psutil checks a pid was not reused) and wait
+    until they are gone."""
+    alive = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+            alive.append(process)
+    psutil.wait_procs(alive, timeout=10)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -127,12 +152,15 @@ class Server:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def kill(self) -> None:
-        """SIGKILL the whole process group (the process and every child), like a host dying."""
+    def kill(self, *, also: Iterable[psutil.Process] = ()) -> None:
+        """SIGKILL the whole tree (the process group and every descendant in a session of its
+        own, plus `also`), like a host dying."""
         if self.proc is None:
             return
+        tree = [*_descendants(self.proc.pid), *also]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        _kill_all(tree)
         self.proc.wait(timeout=10)
         # Children reparented to init may outlive the leader for a moment.
         deadline = time.monotonic() + 10
@@ -141,14 +169,18 @@ class Server:
 
     def stop(self, *, timeout: float | None = None) -> None:
         """SIGTERM to the process (it stops its own children: a TERM to each of django-q2's
-        processes can wedge its signal handler), then SIGKILL to its group after `timeout`."""
+        processes can wedge its signal handler), then SIGKILL to its tree after `timeout`,
+        including the descendants it had when it was told to stop (a leader that exits first
+        leaves them to init, where `kill` no longer finds them)."""
+        tree: list[psutil.Process] = []
         if self.running:
             assert self.proc is not None
+            tree = _descendants(self.proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=self.stop_timeout if timeout is None else timeout)
-        self.kill()
+        self.kill(also=tree)
 
     def log_tail(self, chars: int = 4000) -> str:
         try:

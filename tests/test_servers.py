@@ -18,6 +18,19 @@ STUBBORN = (
     "print(pid, flush=True); time.sleep(600)"
 )
 
+# As honcho (bin/serve) starts each process: a child in a session of its own, which ignores
+# SIGTERM; the leader prints the child's pid, then sleeps, or exits at a SIGTERM when
+# `leader_exits_on_term` (honcho's stop: it leaves a child that did not stop behind).
+DETACHED = (
+    "import signal, subprocess, sys, time; "
+    "child = subprocess.Popen([sys.executable, '-c', "
+    "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'], "
+    "start_new_session=True); "
+    "print(child.pid, flush=True); "
+    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0) if {exits} else None); "
+    "time.sleep(600)"
+)
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -56,6 +69,42 @@ def test_stop_sigkills_the_whole_group_after_the_timeout(tmp_path):
     assert 1 <= time.monotonic() - started < 10
     assert server.proc is not None and server.proc.returncode == -9
     assert not _alive(server.pid) and not _alive(child)
+
+
+def _printed_pid(server: servers.Server) -> int:
+    deadline = time.monotonic() + 30
+    while not server.log_tail().strip().endswith(tuple("0123456789")):
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.05)
+    return int(server.log_tail().split()[-1])
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_descendant_in_a_session_of_its_own_goes_with_the_server(tmp_path, how):
+    # bin/serve's processes (honcho starts each in its own session) outlived a SIGKILL of its
+    # group and went on working on the test database: one consumed a later test's queue.
+    server = servers.Server(
+        [sys.executable, "-c", DETACHED.format(exits=False)], os.environ, tmp_path / "d.log"
+    )
+    server.start()
+    child = _printed_pid(server)
+    assert os.getpgid(child) != os.getpgid(server.pid)  # out of the group killpg reaches
+    if how == "kill":
+        server.kill()
+    else:
+        server.stop(timeout=1)
+    assert not _alive(server.pid) and not _alive(child)
+
+
+def test_stop_kills_what_a_leader_that_exits_on_sigterm_left_behind(tmp_path):
+    server = servers.Server(
+        [sys.executable, "-c", DETACHED.format(exits=True)], os.environ, tmp_path / "l.log"
+    )
+    server.start()
+    child = _printed_pid(server)
+    server.stop(timeout=10)
+    assert server.proc is not None and server.proc.returncode == 0  # the leader exited itself
+    assert not _alive(child)  # its child, then init's, was killed all the same
 
 
 def test_a_server_that_exits_before_it_answers_fails_with_its_log(tmp_path):

@@ -148,6 +148,9 @@ def populate(n: int) -> None:
         )
         TaskInstanceFactory(
             dag_run=run,
+            # Its own task id: the factory's "task_<n>" sequence met the producer task's
+            # (TaskFactory's, counted apart) in this run after some test orders (unique per run).
+            task_id=f"deferred_{i}",
             state=TIState.DEFERRED,
             trigger=trigger,
             next_method="execute_complete",

@@ -1,7 +1,8 @@
 """fail_fast: the first failed task stops the run's remaining tasks (Airflow's `fail_fast=True`):
 `after_boom` is skipped, not upstream_failed. Only tasks that cannot have started when `boom`
-fails are in the Dag: a task running in parallel would end failed or skipped by timing (the
-first CI run of this file saw both)."""
+fails are in the Dag, both downstream of it: a task running in parallel ends failed (running
+when `boom` fails), skipped (not started) or success (done before) by timing, on either side
+(CI runs saw all three)."""
 
 from airflow.sdk import DAG, task
 
@@ -19,4 +20,6 @@ with DAG(dag_id="diff_fail_fast", schedule=None, fail_fast=True):
     def last(value):
         return value
 
-    last(after_boom()) << boom()
+    after = after_boom()
+    boom() >> after
+    last(after)

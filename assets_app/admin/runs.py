@@ -34,6 +34,7 @@ from ..models import (
 )
 from ..runtime import logs as task_logs
 from ..scheduling import runs
+from . import log_view
 from .base import (
     LinkTableAdmin,
     ReadOnlyAdmin,
@@ -451,20 +452,35 @@ class TaskInstanceAdmin(admin.ModelAdmin):
             obj.next_method,
         )
 
+    def get_fieldsets(self, request, obj=None):
+        # The log first, as Airflow's TI page opens on it; the fields under it.
+        fields = [f for f in self.get_fields(request, obj) if f != "task_log"]
+        return [
+            ("Log", {"fields": ("task_log",), "classes": ("aes-wide",)}),
+            (None, {"fields": fields}),
+        ]
+
     @admin.display(description="log")
     def task_log(self, obj):
-        """The current try's log as the worker shipped it (task_logs); while the TI runs the
-        page reloads itself every 2 s, so the log grows live."""
-        text, end = task_logs.read(ti_id=obj.id, try_number=obj.try_number)
-        lines = [task_logs.line_of(m) for m in task_logs.structured(text)]
-        live = mark_safe("<script>setTimeout(function () { location.reload(); }, 2000);</script>")
-        return format_html(
-            '<div class="aes-muted">try {}, {} bytes{}</div><pre class="aes-task-log">{}</pre>{}',
-            obj.try_number,
-            end,
-            ", live" if obj.state == "running" else "",
-            "\n".join(lines) or "(no log shipped for this try)",
-            live if obj.state == "running" else "",
+        """Every try's log as the worker shipped it (task_logs), one tab per try, the current
+        one open, rendered as Airflow's log view prints it (`log_view`); while the TI runs the
+        page reloads itself every 2 s, so the log grows live. One query for all tries."""
+        logs = task_logs.read_tries(ti_ids=[obj.id], up_to=obj.try_number)
+        tries = list(range(1, max(obj.try_number, 1) + 1))
+        return render_to_string(
+            "admin/assets_app/task_log.html",
+            {
+                "tries": [
+                    {
+                        "number": n,
+                        "current": n == tries[-1],
+                        "bytes": len(logs.get((obj.id, n), "").encode()),
+                        "html": log_view.render(task_logs.structured(logs.get((obj.id, n), ""))),
+                    }
+                    for n in tries
+                ],
+                "live": obj.state == "running",
+            },
         )
 
     @admin.display(description="state", ordering="state")

@@ -51,6 +51,8 @@ from .base import (
 CONSUMED_SHOWN = 200
 PRODUCED_SHOWN = 500
 GRID_RUNS = 25
+FAILED_SHOWN = 10
+FAILED_LINES = 20
 
 
 @dataclass
@@ -109,6 +111,47 @@ def run_outputs(run: DagRun) -> list[TIOutput]:
         output = outputs[UUID(str(target.ti_id))]
         output.deleted_by, output.deleted_at = target.entry.actor_name, target.entry.at
     return list(outputs.values())
+
+
+@dataclass
+class FailedExcerpt:
+    """A failed TI of a run: the last lines of its current try's log and its error."""
+
+    ti: TaskInstance
+    lines: str  # the rendered last records (log_view)
+    error: str  # the last record's exception as a traceback, or its message
+
+
+def failed_excerpts(outputs: list[TIOutput]) -> list[FailedExcerpt]:
+    """The run's failed TIs (the first FAILED_SHOWN), each with the last FAILED_LINES records
+    of its current try's log and the error of its last error record. One query whatever the
+    number of TIs and the size of their logs; none when no TI failed."""
+    failed = [o.ti for o in outputs if o.ti.state == TIState.FAILED][:FAILED_SHOWN]
+    if not failed:
+        return []
+    wanted = Q()
+    for ti in failed:
+        wanted |= Q(ti_id=ti.id, try_number=ti.try_number)
+    texts: dict[UUID, list[str]] = {}
+    for ti_id, content in (
+        TaskLogChunk.objects.filter(wanted)
+        .order_by("ti_id", "offset")
+        .values_list("ti_id", "content")
+    ):
+        texts.setdefault(ti_id, []).append(content)
+    excerpts = []
+    for ti in failed:
+        records = task_logs.structured("".join(texts.get(ti.id, [])))
+        errors = [r for r in records if str(r.get("level", "")).lower() in ("error", "critical")]
+        error = ""
+        if errors:
+            last = errors[-1]
+            detail = last.get("error_detail")
+            error = log_view.traceback_text(detail) if detail else log_view.record_line(last)
+        excerpts.append(
+            FailedExcerpt(ti=ti, lines=log_view.render(records[-FAILED_LINES:]), error=error)
+        )
+    return excerpts
 
 
 def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
@@ -349,16 +392,28 @@ class DagRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="")
     def outputs_warning(self, obj):
+        """Above the fields: a failed run's failed TIs with their last log lines and error
+        (`failed_excerpts`), then the outputs that never arrived. "No output was lost" is said
+        of a run that did not fail only."""
+        excerpts = failed_excerpts(obj.outputs) if obj.state == "failed" else []
+        failed = render_to_string(
+            "admin/assets_app/run_failed_excerpts.html",
+            {"excerpts": excerpts, "run": obj, "shown": FAILED_SHOWN},
+        )
         lost = [o for o in obj.outputs if o.lost]
-        if not lost:
-            waiting = sum(1 for o in obj.outputs if o.row is not None)
-            text = (
-                f"{waiting} outbox row(s) of this run are waiting to be registered."
-                if waiting
-                else "No output of this run was lost."
+        if lost:
+            return mark_safe(
+                failed
+                + render_to_string("admin/assets_app/run_outputs_warning.html", {"lost": lost})
             )
-            return format_html('<span class="aes-muted">{}</span>', text)
-        return render_to_string("admin/assets_app/run_outputs_warning.html", {"lost": lost})
+        waiting = sum(1 for o in obj.outputs if o.row is not None)
+        if waiting:
+            text = f"{waiting} outbox row(s) of this run are waiting to be registered."
+        elif obj.state == "failed":
+            return mark_safe(failed)
+        else:
+            text = "No output of this run was lost."
+        return mark_safe(failed + format_html('<span class="aes-muted">{}</span>', text))
 
     @admin.display(description="task instances")
     def task_instances_table(self, obj):

@@ -128,3 +128,53 @@ def test_the_ti_page_opens_on_the_log_with_a_tab_per_try(staff_client):
     assert "ti_id=" not in page
     assert "Traceback (most recent call last):" in page
     assert '<span class="aes-ansi" style="color:#0dbc79">ok</span>' in page
+
+
+def _failed_run(n_failed: int):
+    run = DagRunFactory(state="failed")
+    TaskInstanceFactory(dag_run=run, task_id="ok", succeeded=True)
+    for i in range(n_failed):
+        ti = TaskInstanceFactory(dag_run=run, task_id=f"load_{i}", state="failed", try_number=2)
+        old = record(event="the first try's line", level="error", error_detail=ERROR_DETAIL[1:])
+        text = "".join(record(event=f"line {k} <i>") for k in range(30)) + record(
+            event="Task failed with exception", level="error", error_detail=ERROR_DETAIL
+        )
+        for n, content in ((1, old), (2, text)):
+            TaskLogChunk.objects.create(
+                ti=ti, try_number=n, offset=0, size=len(content.encode()), content=content
+            )
+    return run
+
+
+def test_a_failed_run_shows_its_failed_tis_last_lines_and_error(
+    staff_client, django_assert_num_queries
+):
+    run = _failed_run(1)
+    url = reverse("admin:assets_app_dagrun_change", args=[run.pk])
+    staff_client.get(url)
+    # session, user, the run, its TIs, events, outbox rows, deletions, the failed logs,
+    # the consumed events, their aliases.
+    with django_assert_num_queries(10) as pinned:
+        page = staff_client.get(url).content.decode()
+    assert "No output of this run was lost." not in page
+    assert page.index('id="run-failed"') < page.index("Run id:")
+    assert "<strong>1</strong> task instance of this run failed" in page
+    excerpt = page[page.index('id="run-failed"') : page.index("Run id:")]
+    # The current try's last 20 records, escaped; not the first try's log.
+    assert "line 29 &lt;i&gt;" in excerpt and "line 11 &lt;i&gt;" in excerpt
+    assert "line 10 &lt;i&gt;" not in excerpt and "the first try" not in excerpt
+    assert "RuntimeError: load failed" in excerpt and "KeyError: &#x27;orders&#x27;" in excerpt
+    # Flat in the number of failed TIs.
+    more = _failed_run(6)
+    url = reverse("admin:assets_app_dagrun_change", args=[more.pk])
+    with django_assert_num_queries(len(pinned.captured_queries)):
+        page = staff_client.get(url).content.decode()
+    assert "<strong>6</strong> task instances of this run failed" in page
+
+
+def test_a_successful_run_still_says_no_output_was_lost(staff_client):
+    run = DagRunFactory(state="success")
+    TaskInstanceFactory(dag_run=run, task_id="ok", succeeded=True)
+    page = staff_client.get(reverse("admin:assets_app_dagrun_change", args=[run.pk]))
+    text = page.content.decode()
+    assert "No output of this run was lost." in text and 'id="run-failed"' not in text

@@ -5,8 +5,9 @@ import json
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Max, Min, OuterRef, Prefetch, Subquery
+from django.db.models import Case, Count, Max, Min, OuterRef, Prefetch, Subquery, Value, When
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
@@ -15,7 +16,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ..catalog import dags, queued_events
+from ..catalog import dags, queued_events, task_order
 from ..definitions import conditions, timetables
 from ..definitions import params as dag_params
 from ..guards import exceptions, limits
@@ -168,22 +169,28 @@ class TaskInline(admin.TabularInline):
     show_change_link = True
 
     def get_queryset(self, request):
-        return (
-            super()
-            .get_queryset(request)
-            .prefetch_related(
-                Prefetch(
-                    "outlet_asset_refs",
-                    queryset=TaskOutletAssetReference.objects.select_related("asset"),
-                ),
-                Prefetch(
-                    "outlet_alias_refs",
-                    queryset=TaskOutletAliasReference.objects.select_related("alias"),
-                ),
-                Prefetch(
-                    "upstream_links", queryset=TaskUpstream.objects.select_related("upstream")
-                ),
-            )
+        # Airflow's order (`task_order`: topological, group by group), as the grid's.
+        dag_id = unquote(
+            (request.resolver_match.kwargs if request.resolver_match else {}).get("object_id", "")
+        )
+        rank = [
+            When(task_id=row.task_id, then=Value(i))
+            for i, row in enumerate(task_order.dag_task_rows(dag_id=dag_id))
+            if row.task_id is not None
+        ]
+        queryset = super().get_queryset(request)
+        if rank:
+            queryset = queryset.order_by(Case(*rank, default=Value(len(rank))), "task_id")
+        return queryset.prefetch_related(
+            Prefetch(
+                "outlet_asset_refs",
+                queryset=TaskOutletAssetReference.objects.select_related("asset"),
+            ),
+            Prefetch(
+                "outlet_alias_refs",
+                queryset=TaskOutletAliasReference.objects.select_related("alias"),
+            ),
+            Prefetch("upstream_links", queryset=TaskUpstream.objects.select_related("upstream")),
         )
 
     def has_add_permission(self, request, obj=None):

@@ -3,19 +3,21 @@
 import inspect
 import json
 from typing import Any
+from urllib.parse import quote_plus
 
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Max, Min, OuterRef, Prefetch, Subquery
+from django.db.models import Case, Count, Max, Min, OuterRef, Prefetch, Subquery, Value, When
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
-from ..catalog import dags, queued_events
+from ..catalog import dags, queued_events, task_order
 from ..definitions import conditions, timetables
 from ..definitions import params as dag_params
 from ..guards import exceptions, limits
@@ -46,6 +48,7 @@ from .base import (
     count_of,
     duration,
     pretty_json,
+    state_badge,
 )
 from .runs import run_grid
 
@@ -138,6 +141,22 @@ class ScheduleFilter(admin.SimpleListFilter):
         return queryset
 
 
+class TagFilter(admin.SimpleListFilter):
+    """Dags with a tag (Airflow's tag filter): the tags of every Dag, one query."""
+
+    title = "tag"
+    parameter_name = "tag"
+
+    def lookups(self, request, model_admin):
+        tags = {tag for tags in Dag.objects.values_list("tags", flat=True) for tag in tags or ()}
+        return [(tag, tag) for tag in sorted(tags)]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(tags__contains=[self.value()])
+        return queryset
+
+
 class SchedulerErrorFilter(admin.SimpleListFilter):
     title = "scheduler"
     parameter_name = "evaluable"
@@ -169,22 +188,28 @@ class TaskInline(admin.TabularInline):
     show_change_link = True
 
     def get_queryset(self, request):
-        return (
-            super()
-            .get_queryset(request)
-            .prefetch_related(
-                Prefetch(
-                    "outlet_asset_refs",
-                    queryset=TaskOutletAssetReference.objects.select_related("asset"),
-                ),
-                Prefetch(
-                    "outlet_alias_refs",
-                    queryset=TaskOutletAliasReference.objects.select_related("alias"),
-                ),
-                Prefetch(
-                    "upstream_links", queryset=TaskUpstream.objects.select_related("upstream")
-                ),
-            )
+        # Airflow's order (`task_order`: topological, group by group), as the grid's.
+        dag_id = unquote(
+            (request.resolver_match.kwargs if request.resolver_match else {}).get("object_id", "")
+        )
+        rank = [
+            When(task_id=row.task_id, then=Value(i))
+            for i, row in enumerate(task_order.dag_task_rows(dag_id=dag_id))
+            if row.task_id is not None
+        ]
+        queryset = super().get_queryset(request)
+        if rank:
+            queryset = queryset.order_by(Case(*rank, default=Value(len(rank))), "task_id")
+        return queryset.prefetch_related(
+            Prefetch(
+                "outlet_asset_refs",
+                queryset=TaskOutletAssetReference.objects.select_related("asset"),
+            ),
+            Prefetch(
+                "outlet_alias_refs",
+                queryset=TaskOutletAliasReference.objects.select_related("alias"),
+            ),
+            Prefetch("upstream_links", queryset=TaskUpstream.objects.select_related("upstream")),
         )
 
     def has_add_permission(self, request, obj=None):
@@ -207,7 +232,8 @@ class DagAdmin(admin.ModelAdmin):
 
     list_display = (
         "dag_id",
-        "is_paused",
+        "paused_view",
+        "tag_badges",
         "schedule_summary",
         "next_run",
         "scheduler_status",
@@ -215,9 +241,10 @@ class DagAdmin(admin.ModelAdmin):
         "queued_event_count",
         "active_run_count",
         "last_run_at",
+        "last_run_state",
         "grid_link",
     )
-    list_filter = ("is_paused", ScheduleFilter, SchedulerErrorFilter)
+    list_filter = ("is_paused", TagFilter, ScheduleFilter, SchedulerErrorFilter)
     search_fields = ("dag_id", "description")
     inlines = (TaskInline,)
     fieldsets = (
@@ -296,11 +323,43 @@ class DagAdmin(admin.ModelAdmin):
                     DagRun, "dag", state__in=[DagRunState.QUEUED, DagRunState.RUNNING]
                 ),
                 last_run_at=Subquery(last_run.annotate(m=Max("run_after")).values("m")),
+                last_state=Subquery(
+                    DagRun.objects.filter(dag=OuterRef("pk"))
+                    .order_by("-run_after", "-id")
+                    .values("state")[:1]
+                ),
                 import_error_id=Subquery(
                     DagImportError.objects.filter(filename=OuterRef("fileloc")).values("pk")[:1]
                 ),
             )
         )
+
+    @admin.display(description="state", ordering="is_paused")
+    def paused_view(self, obj):
+        """ "active" or "paused" in words (Django's boolean icon drew a red cross on every
+        active Dag, under a column named "is paused")."""
+        word = "paused" if obj.is_paused else "active"
+        return format_html(
+            '<span class="aes-badge aes-badge-{}">{}</span>',
+            "paused" if obj.is_paused else "ok",
+            word,
+        )
+
+    @admin.display(description="tags")
+    def tag_badges(self, obj):
+        url = reverse("admin:assets_app_dag_changelist")
+        return (
+            format_html_join(
+                " ",
+                '<a class="aes-tag" href="{}?tag={}">{}</a>',
+                ((url, quote_plus(tag), tag) for tag in sorted(obj.tags)),
+            )
+            or "-"
+        )
+
+    @admin.display(description="last run state", ordering="last_state")
+    def last_run_state(self, obj):
+        return state_badge(obj.last_state) if obj.last_state else "-"
 
     @admin.display(description="tags")
     def tag_list(self, obj):

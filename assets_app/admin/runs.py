@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from ..catalog import run_reads
+from ..catalog import run_reads, task_order
 from ..models import (
     AssetAliasEvent,
     AssetEvent,
@@ -26,7 +26,6 @@ from ..models import (
     Dag,
     DagRun,
     DagRunAssetEvent,
-    Task,
     TaskInstance,
     TaskLogChunk,
     TIState,
@@ -34,6 +33,7 @@ from ..models import (
 )
 from ..runtime import logs as task_logs
 from ..scheduling import runs
+from . import log_view
 from .base import (
     EstimatedCountMixin,
     LinkTableAdmin,
@@ -53,6 +53,8 @@ from .base import (
 CONSUMED_SHOWN = 200
 PRODUCED_SHOWN = 500
 GRID_RUNS = 25
+FAILED_SHOWN = 10
+FAILED_LINES = 20
 
 
 @dataclass
@@ -81,10 +83,19 @@ def _row_status(row: AssetEventQueue, *, now: datetime) -> str:
 
 
 def run_outputs(run: DagRun) -> list[TIOutput]:
-    """Per TI of the run: its events, its outbox row (pending / backing off / parked) and who
-    deleted its row, if anyone did. Four queries whatever the number of TIs and events."""
+    """Per TI of the run, in the Dag's task order (`task_order`, tasks gone from the
+    definition last): its events, its outbox row (pending / backing off / parked) and who
+    deleted its row, if anyone did. Seven queries whatever the number of TIs and events."""
     now = timezone.now()
-    tis = list(run.task_instances.order_by("task_id", "map_index"))
+    rank = {
+        row.task_id: i
+        for i, row in enumerate(task_order.dag_task_rows(dag_id=run.dag_id))
+        if row.task_id is not None
+    }
+    tis = sorted(
+        run.task_instances.all(),
+        key=lambda ti: (rank.get(ti.task_id, len(rank)), ti.task_id, ti.map_index),
+    )
     outputs = {
         ti.id: TIOutput(ti=ti, duration=run_duration(ti.start_date, ti.end_date, now=now))
         for ti in tis
@@ -113,13 +124,55 @@ def run_outputs(run: DagRun) -> list[TIOutput]:
     return list(outputs.values())
 
 
+@dataclass
+class FailedExcerpt:
+    """A failed TI of a run: the last lines of its current try's log and its error."""
+
+    ti: TaskInstance
+    lines: str  # the rendered last records (log_view)
+    error: str  # the last record's exception as a traceback, or its message
+
+
+def failed_excerpts(outputs: list[TIOutput]) -> list[FailedExcerpt]:
+    """The run's failed TIs (the first FAILED_SHOWN), each with the last FAILED_LINES records
+    of its current try's log and the error of its last error record. One query whatever the
+    number of TIs and the size of their logs; none when no TI failed."""
+    failed = [o.ti for o in outputs if o.ti.state == TIState.FAILED][:FAILED_SHOWN]
+    if not failed:
+        return []
+    wanted = Q()
+    for ti in failed:
+        wanted |= Q(ti_id=ti.id, try_number=ti.try_number)
+    texts: dict[UUID, list[str]] = {}
+    for ti_id, content in (
+        TaskLogChunk.objects.filter(wanted)
+        .order_by("ti_id", "offset")
+        .values_list("ti_id", "content")
+    ):
+        texts.setdefault(ti_id, []).append(content)
+    excerpts = []
+    for ti in failed:
+        records = task_logs.structured("".join(texts.get(ti.id, [])))
+        errors = [r for r in records if str(r.get("level", "")).lower() in ("error", "critical")]
+        error = ""
+        if errors:
+            last = errors[-1]
+            detail = last.get("error_detail")
+            error = log_view.traceback_text(detail) if detail else log_view.record_line(last)
+        excerpts.append(
+            FailedExcerpt(ti=ti, lines=log_view.render(records[-FAILED_LINES:]), error=error)
+        )
+    return excerpts
+
+
 def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
     """The Dag's last `runs` runs (oldest left) x its tasks, each cell a TI's state, try and
     duration. Runs are ordered as Airflow's grid orders them: by logical date, a run without
     one (asset-triggered) by its `run_after`, so a catchup's runs and a Dag's asset runs fall
-    in time order whatever order they were created in. Three queries whatever the number of
-    runs, tasks and TIs; tasks that are gone from the definition but have TIs in these runs are
-    listed last."""
+    in time order whatever order they were created in. Tasks in Airflow's grid order
+    (`task_order`: topological, in their groups, a group's header row before its tasks). Four
+    queries whatever the number of runs, tasks and TIs; tasks that are gone from the
+    definition but have TIs in these runs are listed last."""
     now = timezone.now()
     recent: list[dict[str, Any]] = [
         {**run, "duration": run_duration(run["start_date"], run["end_date"], now=now)}
@@ -137,9 +190,8 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
             "end_date",
         )[:runs]
     ][::-1]
-    task_ids = list(
-        Task.objects.filter(dag=dag).order_by("task_id").values_list("task_id", flat=True)
-    )
+    ordered = task_order.dag_task_rows(dag_id=dag.dag_id, task_groups=dag.task_groups)
+    task_ids = [row.task_id for row in ordered if row.task_id is not None]
     cells: dict[tuple[str, int], list[dict]] = {}
     for ti in TaskInstance.objects.filter(dag_run_id__in=[r["id"] for r in recent]).values(
         "id", "dag_run_id", "task_id", "map_index", "state", "try_number", "start_date", "end_date"
@@ -149,13 +201,26 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
     gone = sorted({task_id for task_id, _ in cells} - set(task_ids))
     ti_url = reverse("admin:assets_app_taskinstance_change", args=["__pk__"])
     rows = []
-    for task_id in [*task_ids, *gone]:
+    gone_rows = [task_order.Row(label=task_id, depth=0, task_id=task_id) for task_id in gone]
+    for line in [*ordered, *gone_rows]:
+        task_id = line.task_id
+        if task_id is None:
+            rows.append({"group_id": line.group_id, "label": line.label, "depth": line.depth})
+            continue
         # Cells are built here, not in a template loop: 25 x 50 of them.
         row = []
         for run in recent:
             tis = sorted(cells.get((task_id, run["id"]), []), key=lambda t: t["map_index"])
             row.append(_grid_cell(task_id, tis, run, ti_url))
-        rows.append({"task_id": task_id, "gone": task_id in gone, "cells": mark_safe("".join(row))})
+        rows.append(
+            {
+                "task_id": task_id,
+                "label": line.label,
+                "depth": line.depth,
+                "gone": task_id in gone,
+                "cells": mark_safe("".join(row)),
+            }
+        )
     return {"dag": dag, "runs": recent, "rows": rows}
 
 
@@ -351,16 +416,28 @@ class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
 
     @admin.display(description="")
     def outputs_warning(self, obj):
+        """Above the fields: a failed run's failed TIs with their last log lines and error
+        (`failed_excerpts`), then the outputs that never arrived. "No output was lost" is said
+        of a run that did not fail only."""
+        excerpts = failed_excerpts(obj.outputs) if obj.state == "failed" else []
+        failed = render_to_string(
+            "admin/assets_app/run_failed_excerpts.html",
+            {"excerpts": excerpts, "run": obj, "shown": FAILED_SHOWN},
+        )
         lost = [o for o in obj.outputs if o.lost]
-        if not lost:
-            waiting = sum(1 for o in obj.outputs if o.row is not None)
-            text = (
-                f"{waiting} outbox row(s) of this run are waiting to be registered."
-                if waiting
-                else "No output of this run was lost."
+        if lost:
+            return mark_safe(
+                failed
+                + render_to_string("admin/assets_app/run_outputs_warning.html", {"lost": lost})
             )
-            return format_html('<span class="aes-muted">{}</span>', text)
-        return render_to_string("admin/assets_app/run_outputs_warning.html", {"lost": lost})
+        waiting = sum(1 for o in obj.outputs if o.row is not None)
+        if waiting:
+            text = f"{waiting} outbox row(s) of this run are waiting to be registered."
+        elif obj.state == "failed":
+            return mark_safe(failed)
+        else:
+            text = "No output of this run was lost."
+        return mark_safe(failed + format_html('<span class="aes-muted">{}</span>', text))
 
     @admin.display(description="task instances")
     def task_instances_table(self, obj):
@@ -456,20 +533,35 @@ class TaskInstanceAdmin(EstimatedCountMixin, UuidSearchMixin, admin.ModelAdmin):
             obj.next_method,
         )
 
+    def get_fieldsets(self, request, obj=None):
+        # The log first, as Airflow's TI page opens on it; the fields under it.
+        fields = [f for f in self.get_fields(request, obj) if f != "task_log"]
+        return [
+            ("Log", {"fields": ("task_log",), "classes": ("aes-wide",)}),
+            (None, {"fields": fields}),
+        ]
+
     @admin.display(description="log")
     def task_log(self, obj):
-        """The current try's log as the worker shipped it (task_logs); while the TI runs the
-        page reloads itself every 2 s, so the log grows live."""
-        text, end = task_logs.read(ti_id=obj.id, try_number=obj.try_number)
-        lines = [task_logs.line_of(m) for m in task_logs.structured(text)]
-        live = mark_safe("<script>setTimeout(function () { location.reload(); }, 2000);</script>")
-        return format_html(
-            '<div class="aes-muted">try {}, {} bytes{}</div><pre class="aes-task-log">{}</pre>{}',
-            obj.try_number,
-            end,
-            ", live" if obj.state == "running" else "",
-            "\n".join(lines) or "(no log shipped for this try)",
-            live if obj.state == "running" else "",
+        """Every try's log as the worker shipped it (task_logs), one tab per try, the current
+        one open, rendered as Airflow's log view prints it (`log_view`); while the TI runs the
+        page reloads itself every 2 s, so the log grows live. One query for all tries."""
+        logs = task_logs.read_tries(ti_ids=[obj.id], up_to=obj.try_number)
+        tries = list(range(1, max(obj.try_number, 1) + 1))
+        return render_to_string(
+            "admin/assets_app/task_log.html",
+            {
+                "tries": [
+                    {
+                        "number": n,
+                        "current": n == tries[-1],
+                        "bytes": len(logs.get((obj.id, n), "").encode()),
+                        "html": log_view.render(task_logs.structured(logs.get((obj.id, n), ""))),
+                    }
+                    for n in tries
+                ],
+                "live": obj.state == "running",
+            },
         )
 
     @admin.display(description="state", ordering="state")

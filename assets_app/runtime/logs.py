@@ -110,6 +110,20 @@ def read(*, ti_id: UUID, try_number: int, from_byte: int = 0) -> tuple[str, int]
     return "".join(text), end
 
 
+def read_tries(*, ti_ids: list[UUID], up_to: int | None = None) -> dict[tuple[UUID, int], str]:
+    """Every stored try's log of the TIs `ti_ids` (tries up to `up_to` if given), by (TI id,
+    try number): one query whatever the number of TIs and tries."""
+    chunks = TaskLogChunk.objects.filter(ti_id__in=ti_ids)
+    if up_to is not None:
+        chunks = chunks.filter(try_number__lte=up_to)
+    logs: dict[tuple[UUID, int], list[str]] = {}
+    for ti_id, try_number, content in chunks.order_by("ti_id", "try_number", "offset").values_list(
+        "ti_id", "try_number", "content"
+    ):
+        logs.setdefault((ti_id, try_number), []).append(content)
+    return {key: "".join(parts) for key, parts in logs.items()}
+
+
 def structured(text: str) -> list[dict]:
     """Airflow's StructuredLogMessage list: each JSON line of the SDK's log as it is (`event`,
     `timestamp`, `level`, ...), a line that is not a JSON object as `{"event": line}`."""

@@ -180,8 +180,9 @@ def grid_data(runs: int, tasks: int) -> Dag:
 def test_runs_grid_has_a_pinned_query_count(staff_client, django_assert_num_queries, runs, tasks):
     dag = grid_data(runs, tasks)
     url = reverse("admin:assets_app_dag_grid", args=[dag.pk])
-    # session, user, the Dag, its runs, its tasks, their TIs.
-    with django_assert_num_queries(6):
+    # session, user, the Dag, its runs, its tasks, their upstream links (issue 45's order),
+    # their TIs.
+    with django_assert_num_queries(7):
         response = staff_client.get(url)
     page = response.content.decode()
     assert page.count('class="aes-cell" data-state=') == runs * tasks

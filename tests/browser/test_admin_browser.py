@@ -239,6 +239,16 @@ def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_au
         page.goto(f"{live_server.url}/admin/assets_app/dag/ingest/grid/")
         assert page.locator("#run-grid .aes-cell[data-state=failed]").count() == 1
         page.screenshot(path=str(_shot(GRID_SHOT, tmp_path)), full_page=True)
+        # Issue 45: the failed TI's page opens on its log (tabs per try), above its fields;
+        # its run's page shows the failed TI above the run's fields.
+        page.click("#run-grid .aes-cell[data-state=failed]")
+        page.wait_for_url("**/taskinstance/**/change/")
+        log_top = page.locator("#task-log").bounding_box()["y"]
+        assert log_top < page.locator(".field-dag_run_link").bounding_box()["y"]
+        assert page.locator("#task-log .aes-log-label").count() >= 1
+        page.click(".field-dag_run_link a")
+        page.wait_for_url("**/dagrun/**/change/")
+        assert "fetch_payments" in page.inner_text("#run-failed")
 
         # The run whose output parked says so, and links to the row.
         page.goto(f"{live_server.url}/admin/assets_app/dagrun/{broken.pk}/change/")

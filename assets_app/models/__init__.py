@@ -35,6 +35,7 @@ from .dags import (
     XComReadScope,
 )
 from .events import AssetAliasEvent, AssetEvent
+from .hitl import HITLDetail
 from .logs import TaskLogChunk
 from .metrics import ComponentHeartbeat, MetricCounter
 from .pools import DEFAULT_POOL_NAME, Pool
@@ -108,6 +109,7 @@ __all__ = [
     "FreshnessKind",
     "FreshnessPolicy",
     "FreshnessState",
+    "HITLDetail",
     "MessageState",
     "MetricCounter",
     "ParkReason",

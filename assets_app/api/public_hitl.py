@@ -110,15 +110,21 @@ class HITLListQuery(Schema):
     offset: Offset = 0
     order_by: list[str] = Field(default_factory=list)
     dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
     task_id: str | None = None
     task_id_pattern: str | None = None
-    map_index: int | None = None
+    task_id_prefix_pattern: str | None = None
+    map_index: int | None = Field(default=None, ge=-1, le=2**31 - 1)
     state: list[str] = Field(default_factory=list)
     response_received: bool | None = None
     responded_by_user_id: list[str] = Field(default_factory=list)
     responded_by_user_name: list[str] = Field(default_factory=list)
     subject_search: str | None = None
     body_search: str | None = None
+    created_at_gte: datetime | None = None
+    created_at_gt: datetime | None = None
+    created_at_lte: datetime | None = None
+    created_at_lt: datetime | None = None
 
 
 @router.get(f"{RUN}/hitlDetails", response=responses(HITLDetailCollection, 400))

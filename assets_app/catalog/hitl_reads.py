@@ -4,6 +4,7 @@ TIs, filtered and ordered by Airflow's names; one TI's detail. Reads only."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db.models import Q
 
@@ -35,8 +36,10 @@ class HITLFilters:
     """Airflow's list filters, by their query names."""
 
     dag_id_pattern: str | None = None
+    dag_id_prefix_pattern: str | None = None
     task_id: str | None = None
     task_id_pattern: str | None = None
+    task_id_prefix_pattern: str | None = None
     map_index: int | None = None
     state: Sequence[str] = ()
     response_received: bool | None = None
@@ -44,6 +47,10 @@ class HITLFilters:
     responded_by_user_name: Sequence[str] = ()
     subject_search: str | None = None
     body_search: str | None = None
+    created_at_gte: datetime | None = None
+    created_at_gt: datetime | None = None
+    created_at_lte: datetime | None = None
+    created_at_lt: datetime | None = None
 
 
 def list_details(
@@ -64,6 +71,15 @@ def list_details(
         query = query.filter(ti__dag_run__run_id=run_id)
     q = listing.pattern_q("ti__dag_id", filters.dag_id_pattern)
     q &= listing.pattern_q("ti__task_id", filters.task_id_pattern)
+    q &= listing.prefix_q("ti__dag_id", filters.dag_id_prefix_pattern)
+    q &= listing.prefix_q("ti__task_id", filters.task_id_prefix_pattern)
+    q &= listing.range_q(
+        "created_at",
+        gte=filters.created_at_gte,
+        gt=filters.created_at_gt,
+        lte=filters.created_at_lte,
+        lt=filters.created_at_lt,
+    )
     q &= listing.pattern_q("subject", filters.subject_search)
     q &= listing.pattern_q("body", filters.body_search)
     if filters.task_id is not None:

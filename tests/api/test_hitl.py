@@ -245,3 +245,22 @@ def test_timeout_applies_the_defaults_or_resumes_to_fail(worker_api):
     # A response after the sweep answered with the defaults is refused, as Airflow refuses it.
     api = _user("alice", "change_hitldetail")
     assert _answer(api, with_defaults, ["Approve"]).status_code == 409
+
+
+def test_list_prefix_and_created_at_filters(worker_api):
+    ti = _parked(worker_api)
+    api = _user("alice", "view_hitldetail")
+    url = "/api/v2/dags/~/dagRuns/~/hitlDetails"
+
+    def count(**params):
+        response = api.get(url, params)
+        assert response.status_code == 200, response.content
+        return response.json()["total_entries"]
+
+    assert count(task_id_prefix_pattern="appr") == 1
+    assert count(task_id_prefix_pattern="nope") == 0
+    assert count(dag_id_prefix_pattern=ti.dag_id[:3]) == 1
+    later = (timezone.now() + timedelta(minutes=1)).isoformat()
+    assert count(created_at_lt=later) == 1
+    assert count(created_at_gte=later) == 0
+    assert api.get(url, {"map_index": -2}).status_code == 422

@@ -107,8 +107,10 @@ def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(s
             assert status == 200
             assert body["responded_by"]["name"] == "approver"
         _wait_for(
-            lambda: _states(run).get("deploy") in ("success", "failed", "upstream_failed")
-            and _states(run).get("gamble") in ("success", "skipped", "failed"),
+            lambda: (
+                _states(run).get("deploy") in ("success", "failed", "upstream_failed")
+                and _states(run).get("gamble") in ("success", "skipped", "failed")
+            ),
             seconds=300,
             what="the downstream tasks' end",
             logs=logs,
@@ -125,7 +127,6 @@ def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(s
     }, log[-5000:]
     ship = TaskInstance.objects.get(dag_run=run, task_id="ship")
     assert ship.try_number == 1
-    assert (
-        XCom.objects.get(run_id=run.run_id, task_id="deploy", key="return_value").value
-        == ["Approve"]
-    )
+    assert XCom.objects.get(run_id=run.run_id, task_id="deploy", key="return_value").value == [
+        "Approve"
+    ]

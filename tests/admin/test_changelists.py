@@ -57,6 +57,7 @@ EXPECTED = {
     "dag": 5,
     "dagimporterror": 5,
     "dagrun": 8,
+    "hitldetail": 5,
     "pool": 6,
     "dagrunassetevent": 6,
     "dagschedulealiasreference": 6,

@@ -3,8 +3,9 @@ stock Task SDK worker (`bin/airflow-worker`), parks both in `awaiting_input` (Ai
 `TaskAwaitingInput`: no trigger, no triggerer); both are answered through the public API
 (`PATCH .../hitlDetails`), the worker resumes each in `execute_complete` with the response, the
 approved one's downstream runs and the rejected one's is skipped (the operator's own
-`SkipMixin.skip`). Before, the SDK's `POST /execution/hitlDetails/...` was a 404 and the task
-failed."""
+`SkipMixin.skip`). A third, unanswered, has its default applied by the response-timeout sweep
+(the timers process) and its downstream skipped too. Before, the SDK's `POST
+/execution/hitlDetails/...` was a 404 and the task failed."""
 
 import json
 import os
@@ -39,6 +40,15 @@ DAG = textwrap.dedent(
             task_id="ship", subject="Ship release?", response_timeout=timedelta(hours=1)
         )
         risky = ApprovalOperator(task_id="risky", subject="Run the risky step?")
+        # Nobody answers: its response timeout applies the default ("Reject").
+        lapse = ApprovalOperator(
+            task_id="lapse", subject="Anyone?", defaults="Reject",
+            response_timeout=timedelta(seconds=20),
+        )
+
+        @task
+        def after_lapse():
+            return "ran"
 
         @task
         def deploy(ti=None):
@@ -50,6 +60,7 @@ DAG = textwrap.dedent(
 
         ship >> deploy()
         risky >> gamble()
+        lapse >> after_lapse()
 
     approvals()
     """
@@ -70,6 +81,7 @@ def _patch(url: str, key: str, body: dict) -> tuple[int, dict]:
 @pytest.mark.timeout(900)
 def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(servers, tmp_path):
     web = servers("gunicorn")
+    servers("timers")  # the response-timeout sweep
     get_user_model().objects.create_superuser("approver", password="pw")
     _, key = create_api_token(username="approver", name="t")
     dags = tmp_path / "dags"
@@ -90,9 +102,9 @@ def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(s
         call_command("trigger_dag", "approvals")
         run = DagRun.objects.get(dag_id="approvals")
         _wait_for(
-            lambda: list(_states(run).values()).count("awaiting_input") == 2,
+            lambda: list(_states(run).values()).count("awaiting_input") == 3,
             seconds=300,
-            what="both approvals awaiting input",
+            what="the three approvals awaiting input",
             logs=logs,
         )
         assert HITLDetail.objects.get(ti__task_id="ship").subject == "Ship release?"
@@ -110,6 +122,7 @@ def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(s
             lambda: (
                 _states(run).get("deploy") in ("success", "failed", "upstream_failed")
                 and _states(run).get("gamble") in ("success", "skipped", "failed")
+                and _states(run).get("after_lapse") in ("success", "skipped", "failed")
             ),
             seconds=300,
             what="the downstream tasks' end",
@@ -124,7 +137,11 @@ def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(s
         "risky": "success",
         "deploy": "success",
         "gamble": "skipped",
+        "lapse": "success",
+        "after_lapse": "skipped",
     }, log[-5000:]
+    lapsed = HITLDetail.objects.get(ti__task_id="lapse")
+    assert (lapsed.chosen_options, lapsed.responded_by) == (["Reject"], None)
     ship = TaskInstance.objects.get(dag_run=run, task_id="ship")
     assert ship.try_number == 1
     assert XCom.objects.get(run_id=run.run_id, task_id="deploy", key="return_value").value == [

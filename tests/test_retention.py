@@ -23,6 +23,7 @@ from assets_app.models import (
     DagRun,
     DagRunAssetEvent,
     DagRunState,
+    HITLDetail,
     RenderedTaskFields,
     TaskInstance,
     TaskLogChunk,
@@ -115,6 +116,7 @@ def test_a_clean_deletes_old_history_with_its_dependent_rows_and_keeps_the_last_
         "rendered_task_fields": 1,
         "task_reschedule": 1,
         "task_log_chunk": 0,
+        "hitl_detail": 0,
         "dagrun_asset_event": 1,
         "xcom": 2,  # the deleted run's; the kept last run keeps its XComs
         "task_state_store": 0,
@@ -491,6 +493,20 @@ def test_a_deleted_runs_task_logs_go_with_it():
     assert result.counts["task_log_chunk"] == 1
     assert not exists(DagRun, run.pk) and exists(DagRun, kept.pk)
     assert list(TaskLogChunk.objects.values_list("ti_id", flat=True)) == [kept_ti.id]
+
+
+def test_a_deleted_runs_hitl_details_go_with_it():
+    """Issue 42: a run's Human-in-the-loop details go with its TIs (Airflow's ON DELETE
+    CASCADE; without this step PostgreSQL's deferred foreign key refuses the batch)."""
+    dag = DagFactory()
+    run, (ti,) = old_run(dag)
+    kept, (kept_ti,) = old_run(dag)
+    for owner in (ti, kept_ti):
+        HITLDetail.objects.create(ti=owner, options=["OK"], subject="s")
+    result = retention.clean()
+    assert result.counts["hitl_detail"] == 1
+    assert not exists(DagRun, run.pk) and exists(DagRun, kept.pk)
+    assert list(HITLDetail.objects.values_list("ti_id", flat=True)) == [kept_ti.id]
 
 
 def test_task_state_keys_go_with_their_run_or_once_expired_and_live_ones_stay():

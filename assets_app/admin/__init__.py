@@ -18,6 +18,7 @@ from . import (  # noqa: F401
     dags,
     dashboard,
     events,
+    hitl,
     pools,
     queue,
     runs,

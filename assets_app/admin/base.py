@@ -32,6 +32,7 @@ STATE_COLOURS: dict[str, str] = {
     TIState.REMOVED: "#9ca3af",
     TIState.UPSTREAM_FAILED: "#ea580c",
     TIState.DEFERRED: "#9370db",  # Airflow's mediumpurple
+    TIState.AWAITING_INPUT: "#ff8c00",  # Airflow's darkorange
     DagRunState.QUEUED: "#78716c",
     DagRunState.RUNNING: "#2563eb",
     DagRunState.SUCCESS: "#16a34a",

@@ -37,12 +37,14 @@ errors.install(public_api)
 
 from . import (  # noqa: E402  (routers register on the APIs)
     execution,
+    execution_hitl,
     execution_runtime,
     execution_store,
     public,
     public_backfills,
     public_dag_lists,
     public_dags,
+    public_hitl,
     public_pools,
     public_service,
     public_settings,
@@ -55,11 +57,13 @@ execution_api.add_router("", execution.router)
 # After `execution`: its static `/task-instances/...` paths stay first.
 execution_api.add_router("", execution_runtime.router)
 execution_api.add_router("", execution_store.router)
+execution_api.add_router("", execution_hitl.router)
 # Static paths before the ones with a variable segment where both could match (`dagRuns/list`).
 # Before `public_dags`: its `.../taskInstances/{task_id}/{map_index}` would take `state-store`
 # and `xcomEntries` (a literal segment wins over a parameter, as in Airflow).
 public_api.add_router("", public_state_store.router)
 public_api.add_router("", public_xcoms.router)
+public_api.add_router("", public_hitl.router)
 public_api.add_router("", public_dags.router)
 public_api.add_router("", public.router)
 public_api.add_router("", public_settings.router)

@@ -18,6 +18,7 @@ from assets_app.task_state import (
     claims,
     deferral,
     finishing,
+    hitl,
     liveness,
     retries,
     starting,
@@ -87,6 +88,14 @@ def ti_update_state(
             queue=payload.queue,
             next_method=payload.next_method,
             next_kwargs=payload.next_kwargs,
+        )
+    elif isinstance(payload, schemas.TIAwaitingInputStatePayload):
+        change = hitl.await_input(
+            ti_id=task_instance_id,
+            try_number=try_number,
+            next_method=payload.next_method,
+            next_kwargs=payload.next_kwargs or {},
+            timeout=payload.timeout,
         )
     elif isinstance(payload, schemas.TIRetryStatePayload):
         change = retries.retry(

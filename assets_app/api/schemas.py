@@ -138,12 +138,24 @@ class TIDeferredStatePayload(RequestBody):
     rendered_map_index: str | None = None
 
 
+class TIAwaitingInputStatePayload(RequestBody):
+    """Airflow 3.3's `TIAwaitingInputStatePayload`: a Human-in-the-loop task parked until a
+    person answers (no trigger), the method it resumes in and its response timeout."""
+
+    state: Literal["awaiting_input"] = "awaiting_input"
+    timeout: Annotated[timedelta | None, Field(ge=timedelta(0), le=MAX_TRIGGER_TIMEOUT)] = None
+    next_method: Annotated[str, Field(min_length=1, max_length=1000)]
+    next_kwargs: JsonDict | None = None
+    rendered_map_index: str | None = None
+
+
 TIStateUpdate = Annotated[
     TISuccessStatePayload
     | TITerminalStatePayload
     | TIRetryStatePayload
     | TIReschedulePayload
-    | TIDeferredStatePayload,
+    | TIDeferredStatePayload
+    | TIAwaitingInputStatePayload,
     Field(discriminator="state"),
 ]
 

@@ -42,6 +42,7 @@ MAPPED_STATE_PRIORITY: tuple[str | None, ...] = (
     TIState.UP_FOR_RETRY,
     TIState.RUNNING,
     TIState.DEFERRED,
+    TIState.AWAITING_INPUT,
     TIState.QUEUED,
     TIState.SCHEDULED,
     None,
@@ -108,6 +109,7 @@ TI_STATE_TO_AIRFLOW: dict[str, str | None] = {
     TIState.REMOVED: "removed",
     TIState.UPSTREAM_FAILED: "upstream_failed",
     TIState.DEFERRED: "deferred",
+    TIState.AWAITING_INPUT: "awaiting_input",
 }
 
 

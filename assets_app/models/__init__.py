@@ -37,6 +37,7 @@ from .dags import (
     XComReadScope,
 )
 from .events import AssetAliasEvent, AssetEvent
+from .hitl import HITLDetail
 from .logs import TaskLogChunk
 from .metrics import ComponentHeartbeat, MetricCounter
 from .pools import DEFAULT_POOL_NAME, Pool
@@ -110,6 +111,7 @@ __all__ = [
     "FreshnessKind",
     "FreshnessPolicy",
     "FreshnessState",
+    "HITLDetail",
     "MessageState",
     "MetricCounter",
     "ParkReason",

@@ -60,6 +60,10 @@ class TIState(models.TextChoices):
     # Waiting for its trigger (issue 42): Airflow's `deferred`, resumed (queued again with its
     # `next_method`) by the trigger's event, failure or timeout (`task_state.deferral`).
     DEFERRED = "deferred"
+    # Waiting for a person (issue 42, Airflow 3.3's `awaiting_input`): a Human-in-the-loop task
+    # parked with its `next_method`, no trigger; a response or its timeout queues it again
+    # (`task_state.hitl`).
+    AWAITING_INPUT = "awaiting_input"
 
 
 TI_FINISHED_STATES = frozenset(
@@ -272,7 +276,14 @@ class TaskInstance(models.Model):
                 fields=["dag_run", "state"],
                 name="ti_unfinished",
                 condition=models.Q(
-                    state__in=["deferred", "queued", "running", "scheduled", "up_for_retry"]
+                    state__in=[
+                        "awaiting_input",
+                        "deferred",
+                        "queued",
+                        "running",
+                        "scheduled",
+                        "up_for_retry",
+                    ]
                 ),
             ),
             models.Index(
@@ -293,6 +304,12 @@ class TaskInstance(models.Model):
                 fields=["trigger_timeout"],
                 name="ti_deferred_timeout",
                 condition=models.Q(state="deferred"),
+            ),
+            # The Human-in-the-loop timeout sweep's due TIs (`task_state.hitl`).
+            models.Index(
+                fields=["trigger_timeout"],
+                name="ti_awaiting_input_timeout",
+                condition=models.Q(state="awaiting_input"),
             ),
         ]
 

@@ -166,7 +166,9 @@ def claim_task_instances(
     `pool_slots` of its TIs that are running or claimed by a claim that has not expired
     (claimed at or after `expired`: Airflow's `queued`), and deferred ones when the pool has
     `include_deferred`. Deferred TIs count against the task limits, not against
-    `max_active_tasks` (Airflow's `ConcurrencyMap`: "DEFERRED ... holding no worker slot").
+    `max_active_tasks` (Airflow's `ConcurrencyMap`: "DEFERRED ... holding no worker slot");
+    so do TIs awaiting input (Human-in-the-loop), which never count against a pool (Airflow's
+    `ACTIVE_STATES`).
     Each TI comes back with `weight` (its
     task's effective priority weight), `claim_pool_slots` and `claim_queue`. Pools are counted
     across queues, as Airflow's are: a TI of another queue holds its pool's slots too."""
@@ -184,17 +186,19 @@ def claim_task_instances(
     text = f"""
         WITH live AS MATERIALIZED (
             SELECT ti.dag_id, ti.dag_run_id, ti.task_id, COALESCE(t.pool, %s) AS pool,
-                   COALESCE(t.pool_slots, 1) AS slots, ti.state = 'deferred' AS deferred
+                   COALESCE(t.pool_slots, 1) AS slots, ti.state = 'deferred' AS deferred,
+                   ti.state = 'awaiting_input' AS awaiting
             FROM {_TI} ti {_TASK_JOIN}
-            WHERE ti.state IN ('running', 'deferred')
+            WHERE ti.state IN ('running', 'deferred', 'awaiting_input')
                OR (ti.state = 'queued' AND ti.claimed_at >= %s)
         ), free AS MATERIALIZED (
             SELECT p.name, CASE WHEN p.slots = -1 THEN NULL ELSE p.slots - COALESCE(
-                (SELECT SUM(l.slots) FROM live l WHERE l.pool = p.name
+                (SELECT SUM(l.slots) FROM live l WHERE l.pool = p.name AND NOT l.awaiting
                  AND (NOT l.deferred OR p.include_deferred)), 0) END AS open
             FROM {_POOL} p WHERE p.name IN ({names})
         ), run_live AS MATERIALIZED (
-            SELECT dag_id, dag_run_id, COUNT(*) AS n FROM live WHERE NOT deferred
+            SELECT dag_id, dag_run_id, COUNT(*) AS n FROM live
+            WHERE NOT deferred AND NOT awaiting
             GROUP BY dag_id, dag_run_id
         ), task_live AS MATERIALIZED (
             SELECT dag_id, task_id, COUNT(*) AS n FROM live GROUP BY dag_id, task_id

@@ -14,6 +14,9 @@ transaction takes a lock from an earlier step after one from a later step):
      its transaction), and nothing that holds a TI row waits for a pool row.
   1. TaskInstance row (task_state): alone. While it is held the only other write is inserting one
      outbox row; nothing else is locked or loaded (invariant 1). `of=("self",)` always.
+     Human-in-the-loop (`task_state.hitl`, issue 42): its HITLDetail row is read and written
+     only under its TI's lock (Airflow's order: the TI, then the HITL row), so the park, a
+     person's answer and the timeout sweep serialize per TI; one row, one write, no other lock.
   2. Outbox rows (drain): claimed FOR UPDATE SKIP LOCKED, oldest due first, in a short claim
      transaction that only stamps them (`claimed_at`); then locked again by id and stamp for the
      batch transaction (waiting, briefly, see `lock_claimed_outbox_rows`). Under them the drain

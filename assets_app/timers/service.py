@@ -15,8 +15,10 @@ and the read that says when it is next due:
   issue 39); due at the earliest `timeout_at` of a running run; woken on `TIMEOUTS` (a run with
   a timeout started; a sync changed a timeout, and then the due times are recomputed first);
 - trigger-timeouts: deferred TIs whose trigger timed out, queued to fail, and unused triggers
-  deleted (`deferral.time_out_triggers`, issue 42); due at the earliest `trigger_timeout` of a
-  deferred TI; woken on `TRIGGERS` (a TI deferred with a timeout, a deferred TI resumed);
+  deleted (`deferral.time_out_triggers`, issue 42), and TIs awaiting input past their response
+  deadline resumed (`hitl.time_out_awaiting_input`); due at the earliest `trigger_timeout` of a
+  deferred TI or a TI awaiting input; woken on `TRIGGERS` (a TI deferred or parked with a
+  timeout, a deferred TI resumed);
 - retention: the periodic clean (`retention.periodic_clean`), due at `retention.next_clean_at`;
 - repair: TIs whose worker died, runs a crash left waiting (`repair.repair_task_instances`),
   every TASK_REPAIR_INTERVAL_SECONDS.
@@ -37,7 +39,7 @@ from ..events_out import delivery, freshness
 from ..operations import retention
 from ..scheduling import backfills, time_runs, timeouts
 from ..sql import wakeups
-from ..task_state import deferral, repair
+from ..task_state import deferral, hitl, repair
 from .loop import DUE, Timer, Wake
 
 
@@ -77,6 +79,14 @@ def _time_out_runs(woken: Wake) -> None:
 
 def _time_out_triggers(woken: Wake) -> None:
     deferral.time_out_triggers()
+    hitl.time_out_awaiting_input()
+
+
+def _next_wait_timeout() -> datetime | None:
+    """The earliest trigger timeout of a deferred TI or response deadline of a TI awaiting
+    input (Human-in-the-loop, issue 42: swept by the same timer)."""
+    due = [d for d in (deferral.next_timeout_at(), hitl.next_timeout_at()) if d is not None]
+    return min(due) if due else None
 
 
 def _clean(woken: Wake) -> None:
@@ -139,7 +149,7 @@ def groups() -> dict[str, list[Timer]]:
             Timer(
                 "trigger-timeouts",
                 work=_time_out_triggers,
-                next_due=deferral.next_timeout_at,
+                next_due=_next_wait_timeout,
                 channels=(wakeups.TRIGGERS,),
             ),
             Timer("retention", work=_clean, next_due=retention.next_clean_at),

@@ -22,6 +22,7 @@ from assets_app.models import (
     DagScheduleAliasReference,
     DagScheduleAssetReference,
     FreshnessPolicy,
+    HITLDetail,
     MetricCounter,
     Pool,
     QueueWatcher,
@@ -138,6 +139,15 @@ def populate(n: int) -> None:
         )
         RenderedTaskFields.objects.create(ti=ti, fields={"op_args": "[]"})
         TaskLogChunk.objects.create(ti=ti, try_number=1, offset=0, size=4, content="log\n")
+        # Issue 42: a Human-in-the-loop request, answered.
+        HITLDetail.objects.create(
+            ti=ti,
+            options=["Approve", "Reject"],
+            subject=f"Ship {i}?",
+            responded_at=timezone.now(),
+            responded_by={"id": "1", "name": "ops"},
+            chosen_options=["Approve"],
+        )
         now = timezone.now()
         # Issue 42: a deferred TI and its trigger, held by a triggerer.
         trigger = Trigger.objects.create(

@@ -58,6 +58,7 @@ EXPECTED = {
     "dag": 6,  # issue 45: the tag filter reads the tags of every Dag
     "dagimporterror": 5,
     "dagrun": 8,
+    "hitldetail": 5,
     "pool": 6,
     "dagrunassetevent": 6,
     "dagschedulealiasreference": 6,

@@ -26,9 +26,6 @@ CLIENT = ROOT / ".venv-airflow-worker/lib/python3.11/site-packages/airflow/sdk/a
 
 # (method, path template) -> why it is not served yet. Issue 42's later steps.
 REFUSED = {
-    ("GET", "hitlDetails/{ti_id}"): "human-in-the-loop (issue 42, HITL step)",
-    ("POST", "hitlDetails/{ti_id}"): "human-in-the-loop (issue 42, HITL step)",
-    ("PATCH", "hitlDetails/{ti_id}"): "human-in-the-loop (issue 42, HITL step)",
     ("PATCH", "task-instances/{id}/rendered-map-index"): "rendered map index (issue 42)",
     ("GET", "task-instances/previous/{dag_id}/{task_id}"): "previous TI reads (issue 42)",
     ("GET", "task-instances/breadcrumbs"): "TI breadcrumbs (issue 42)",

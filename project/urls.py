@@ -17,6 +17,7 @@ urlpatterns = [
     path("api/v2/", public_api.urls),
     path("auth/token", login.token, name="auth_token"),
     path("auth/token/cli", login.token_cli, name="auth_token_cli"),
+    path("auth/token/login", login.token_login, name="auth_token_login"),
     path("metrics", views.metrics, name="metrics"),
     path("healthz", views.healthz, name="healthz"),
 ]

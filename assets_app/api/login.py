@@ -7,7 +7,8 @@ made and checked by `operations.logins`.
 - Airflow's refusals, word for word: an empty username or password 400 "Username and password
   must be provided"; no such active user or a wrong password 401 "Invalid credentials"; a body
   that is not `LoginBody` (a field missing, one more, not JSON) 422 with FastAPI's list of
-  `{type, loc, msg}`; `GET /auth/token` 403, as Airflow answers it unless every user is an admin.
+  `{type, loc, msg}`; `GET /auth/token` and `/auth/token/login` 403, as Airflow answers them
+  unless every user is an admin.
 - Ours: 429 (with `Retry-After`) while too many recent failures name the username or come from
   the client address (`logins.log_in`), where Airflow's simple manager has no limit.
 
@@ -136,6 +137,14 @@ def token_cli(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _method_not_allowed(("POST",))
     return _login(request, form_allowed=False, lifetime_seconds=settings.JWT_CLI_EXPIRATION_TIME)
+
+
+@csrf_exempt
+def token_login(request: HttpRequest) -> HttpResponse:
+    """`GET /auth/token/login`: Airflow's all-admins redirect, closed here as it is there."""
+    if request.method != "GET":
+        return _method_not_allowed(("GET",))
+    return _detail(403, ALL_ADMINS_ONLY)
 
 
 def _method_not_allowed(allowed: tuple[str, ...]) -> HttpResponse:

@@ -6,11 +6,10 @@ Worker API, task-token endpoints: no header, another scheme, an expired token, a
 with another key, an unsigned (`alg: none`) token, garbage, the worker API key, and (on
 `/task-instances/{id}/...`) a valid token of another TI. The claim endpoint: no header, a wrong
 key, a task token. Public API: no header, another scheme, an unknown key, a worker task token, an
-inactive user's key, login tokens (issue 49) expired, of another key or of an inactive user, an
-anonymous session, a non-staff session, and a staff session without the CSRF token on unsafe
-methods. Each endpoint also gets the right credential (on the public API: an API key, then a
-login token), which must get past authentication (so the matrix cannot pass by refusing
-everything).
+inactive user's key, login tokens (issue 49) expired or of another key, an anonymous session, a
+non-staff session, and a staff session without the CSRF token on unsafe methods. Each endpoint
+also gets the right credential (on the public API: an API key, then a login token), which must
+get past authentication (so the matrix cannot pass by refusing everything).
 """
 
 import json
@@ -101,7 +100,6 @@ def world():
         "key": key,
         "inactive_key": inactive_key,
         "staff": staff,
-        "inactive": inactive,
     }
 
 
@@ -239,8 +237,8 @@ def test_every_public_endpoint_refuses_bad_credentials(world):
         "unknown key": ("Bearer not-a-real-key", {401}),
         "worker task token": (f"Bearer {issue_token(world['ti'], try_number=1)}", {401}),
         "inactive user's key": (f"Bearer {world['inactive_key']}", {401}),
-        # Issue 49: login tokens (`POST /auth/token`) expired, signed with another key, of an
-        # inactive user.
+        # Issue 49: login tokens (`POST /auth/token`) expired or signed with another key (an
+        # inactive user's: tests/api/test_login.py).
         "expired login token": (
             f"Bearer {logins.issue_token(user=world['staff'], lifetime_seconds=-60)}",
             {401},
@@ -255,10 +253,6 @@ def test_every_public_endpoint_refuses_bad_credentials(world):
                 "not-the-jwt-secret-but-32-bytes-or-more-0123456789",
                 algorithm="HS512",
             ),
-            {401},
-        ),
-        "inactive user's login token": (
-            f"Bearer {logins.issue_token(user=world['inactive'], lifetime_seconds=600)}",
             {401},
         ),
     }

@@ -277,6 +277,18 @@ DAG_SYNC_KEY = env.str("DAG_SYNC_KEY", default="") or keys.generated_key(
 # definition says `is_paused` (a DAG file: is_paused_upon_creation). Existing Dags keep theirs.
 DAGS_ARE_PAUSED_AT_CREATION = env.bool("DAGS_ARE_PAUSED_AT_CREATION", default=True)
 WORKER_TOKEN_LIFETIME_SECONDS = env.int("WORKER_TOKEN_LIFETIME_SECONDS", default=3600)
+# Login (issue 49): `POST /auth/token` and `/auth/token/cli` answer a JWT signed with JWT_SECRET
+# (Airflow's [api_auth] jwt_secret; its own key, so no worker token is ever a user token), valid
+# for JWT_EXPIRATION_TIME seconds (/auth/token/cli: JWT_CLI_EXPIRATION_TIME), Airflow's defaults.
+JWT_SECRET = _key("JWT_SECRET")
+JWT_EXPIRATION_TIME = env.int("JWT_EXPIRATION_TIME", default=86400)
+JWT_CLI_EXPIRATION_TIME = env.int("JWT_CLI_EXPIRATION_TIME", default=3600)
+JWT_AUDIENCE = env.str("JWT_AUDIENCE", default="apache-airflow")
+JWT_LEEWAY_SECONDS = env.int("JWT_LEEWAY_SECONDS", default=10)
+# Failed logins: after LOGIN_FAILURE_LIMIT failures for one username, or from one client address,
+# within LOGIN_FAILURE_WINDOW_SECONDS, further attempts are refused (429) until older ones age out.
+LOGIN_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+LOGIN_FAILURE_WINDOW_SECONDS = env.int("LOGIN_FAILURE_WINDOW_SECONDS", default=300)
 # Fernet key (urlsafe base64, 32 bytes) Connection passwords and extras are encrypted with; a
 # comma-separated list decrypts with every key and encrypts with the first (key rotation). Unset:
 # a key is generated once and kept in FERNET_KEY_FILE.

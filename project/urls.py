@@ -5,7 +5,7 @@ from django.views.generic import RedirectView
 from assets_app import views
 from assets_app.admin import dashboard_view
 from assets_app.admin.preferences import timezone_view
-from assets_app.api import execution_api, public_api
+from assets_app.api import execution_api, login, public_api
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False), name="home"),
@@ -15,6 +15,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("execution/", execution_api.urls),
     path("api/v2/", public_api.urls),
+    path("auth/token", login.token, name="auth_token"),
+    path("auth/token/cli", login.token_cli, name="auth_token_cli"),
+    path("auth/token/login", login.token_login, name="auth_token_login"),
     path("metrics", views.metrics, name="metrics"),
     path("healthz", views.healthz, name="healthz"),
 ]

@@ -51,6 +51,12 @@ BAD_SETTINGS = [
     ({"TIMERS_BACKGROUND_NICE": 20}, "assets_app.E028", ["0 to 19"]),
     ({"TIMERS_TIME_PROCESSES": 0}, "assets_app.E029", ["1 to 16"]),
     ({"DAGS_ARE_PAUSED_AT_CREATION": "yes"}, "assets_app.E030", ["True or False"]),
+    ({"JWT_EXPIRATION_TIME": 0}, "assets_app.E031", [">= 1"]),
+    ({"JWT_CLI_EXPIRATION_TIME": -60}, "assets_app.E032", [">= 1"]),
+    ({"JWT_AUDIENCE": ""}, "assets_app.E033", ["non-empty"]),
+    ({"JWT_LEEWAY_SECONDS": -1}, "assets_app.E034", [">= 0"]),
+    ({"LOGIN_FAILURE_LIMIT": 0}, "assets_app.E035", [">= 1"]),
+    ({"LOGIN_FAILURE_WINDOW_SECONDS": 0}, "assets_app.E036", [">= 1"]),
 ]
 
 
@@ -118,12 +124,17 @@ def test_the_cluster_command_still_runs_the_service_checks_but_not_the_url_check
     assert "assets_app.E003" in result.stderr, result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("setting", ["SECRET_KEY", "WORKER_API_KEY"])
+@pytest.mark.parametrize("setting", ["SECRET_KEY", "WORKER_API_KEY", "JWT_SECRET"])
 def test_a_published_key_is_an_error(settings, setting):
     setattr(settings, setting, "dev-worker-api-key")
     (error,) = rules.check_keys()
     assert (
-        error.id == {"SECRET_KEY": "assets_app.E101", "WORKER_API_KEY": "assets_app.E102"}[setting]
+        error.id
+        == {
+            "SECRET_KEY": "assets_app.E101",
+            "WORKER_API_KEY": "assets_app.E102",
+            "JWT_SECRET": "assets_app.E110",
+        }[setting]
     )
     assert error.msg.startswith(setting)
 
@@ -145,10 +156,10 @@ def test_exposed_with_generated_keys_or_debug_is_an_error(settings):
     assert rules.check_keys() == []  # loopback: generated keys are fine
 
 
-@pytest.mark.parametrize("setting", ["SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY"])
+@pytest.mark.parametrize("setting", ["SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY", "JWT_SECRET"])
 def test_exposed_with_a_short_key_is_an_error(settings, setting):
     """Issue 26: HOST=0.0.0.0 with SECRET_KEY=x and WORKER_API_KEY=y started and served."""
-    for name in ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY"):
+    for name in rules.EXPOSED_KEYS:
         setattr(settings, name, name.lower() + "-" + "r" * 40)
     settings.GENERATED_KEYS = []
     settings.BIND_HOST = "0.0.0.0"
@@ -194,7 +205,7 @@ def _check_deploy(env: dict[str, str]) -> subprocess.CompletedProcess:
     clean = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("SECRET_KEY", "WORKER_", "DAG_SYNC_KEY"))
+        if not k.startswith(("SECRET_KEY", "WORKER_", "DAG_SYNC_KEY", "JWT_SECRET"))
     }
     clean.update(DJANGO_SETTINGS_MODULE="project.settings", **env)
     return _manage("check", "--deploy", "--fail-level", "WARNING", env=clean)
@@ -206,6 +217,7 @@ def test_check_deploy_is_clean_for_the_documented_production_settings(tmp_path):
         SECRET_KEY="a-random-secret-key-" + "x7Q2" * 10,
         WORKER_API_KEY="a-random-worker-key-" + "p9Z3" * 5,
         DAG_SYNC_KEY="a-random-deploy-key-" + "k4W8" * 5,
+        JWT_SECRET="a-random-login-key-" + "m5T1" * 5,
         KEY_DIR=str(tmp_path / "keys"),
     )
     result = _check_deploy(production)
@@ -224,7 +236,7 @@ def test_check_deploy_is_clean_for_the_documented_production_settings(tmp_path):
 
 
 def _good_keys(settings):
-    for name in ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY"):
+    for name in rules.EXPOSED_KEYS:
         setattr(settings, name, name.lower() + "-" + "r" * 40)
     settings.GENERATED_KEYS = []
 

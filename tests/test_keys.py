@@ -32,7 +32,7 @@ def _settings_keys(key_dir: Path, **env: str) -> tuple[str, str, list[str]]:
     clean = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY")
+        if k not in ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY", "JWT_SECRET")
     }
     clean.update(DJANGO_SETTINGS_MODULE="project.settings", KEY_DIR=str(key_dir), **env)
     result = subprocess.run(
@@ -52,7 +52,7 @@ def test_without_configured_keys_the_service_generates_its_own_and_keeps_them(tm
     key_dir = tmp_path / "keys"
     first = _settings_keys(key_dir)
     secret, worker, generated = first
-    assert generated == ["SECRET_KEY", "WORKER_API_KEY"]
+    assert generated == ["SECRET_KEY", "WORKER_API_KEY", "JWT_SECRET"]
     assert secret not in keys.PUBLISHED_VALUES and worker not in keys.PUBLISHED_VALUES
     assert secret != worker and len(secret) >= 50 and len(worker) >= 50
     for name, value in (("secret_key", secret), ("worker_api_key", worker)):
@@ -67,7 +67,11 @@ def test_without_configured_keys_the_service_generates_its_own_and_keeps_them(tm
 
 def test_configured_keys_win_and_are_not_generated(tmp_path):
     secret, worker, generated = _settings_keys(
-        tmp_path, SECRET_KEY="s" * 60, WORKER_API_KEY="w" * 40, DAG_SYNC_KEY="d" * 40
+        tmp_path,
+        SECRET_KEY="s" * 60,
+        WORKER_API_KEY="w" * 40,
+        DAG_SYNC_KEY="d" * 40,
+        JWT_SECRET="j" * 40,
     )
     assert (secret, worker, generated) == ("s" * 60, "w" * 40, [])
     assert not list(tmp_path.iterdir())

@@ -50,7 +50,7 @@ STATUS_BY_EXCEPTION: list[tuple[type[exceptions.DomainError], int]] = [
 
 PUBLIC_PREFIX = "/api/v2/"
 # Paths whose unknown routes and methods answer JSON instead of Django's HTML pages.
-JSON_FALLBACK_PREFIXES = (PUBLIC_PREFIX, "/execution/")
+JSON_FALLBACK_PREFIXES = (PUBLIC_PREFIX, "/execution/", "/auth/")
 
 
 def error_response(status: int, reason: str, message: str, **extra: Any) -> JsonResponse:

@@ -1,4 +1,4 @@
-"""Request guards for the JSON APIs (`/execution/`, `/api/`), before any view runs.
+"""Request guards for the JSON APIs (`/execution/`, `/api/`, `/auth/`), before any view runs.
 
 - A body over DATA_UPLOAD_MAX_MEMORY_SIZE (`MAX_REQUEST_BODY_BYTES`, default 10 MB) is answered
   413 with the usual `{"detail": {"reason": "request_too_large", ...}}` body. Django refuses to
@@ -25,7 +25,7 @@ from django.core.exceptions import RequestDataTooBig
 
 from .errors import error_response, error_response_for, json_fallback
 
-API_PREFIXES = ("/execution/", "/api/")
+API_PREFIXES = ("/execution/", "/api/", "/auth/")
 JSON_ONLY_PREFIX = "/execution/"
 
 

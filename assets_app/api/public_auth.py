@@ -1,7 +1,9 @@
 """Authentication for the public API (`/api/v2/`): an API token or a staff session, never anonymous.
 
-- `Authorization: Bearer <key>`: the key of an `ApiToken` (only its sha256 is stored). When the
-  header is present it decides alone: a bad key is 401 even if a session cookie is also sent.
+- `Authorization: Bearer <key>`: the key of an `ApiToken` (only its sha256 is stored), or a login
+  token (a JWT from `POST /auth/token`, `operations.logins`: signed with JWT_SECRET, expiring; an
+  expired one is 401 `token_expired`). When the header is present it decides alone: a bad key is
+  401 even if a session cookie is also sent.
 - Otherwise a Django session of an active staff user. Unsafe methods (POST, PUT, PATCH, DELETE)
   must pass Django's CSRF check, exactly as a form post would: ninja marks its views csrf_exempt and
   leaves the check to the auth class, so it is done here, after the session is known to be staff
@@ -32,7 +34,7 @@ from ninja.utils import check_csrf
 
 from assets_app.guards import exceptions
 from assets_app.models import ApiToken
-from assets_app.operations import audit
+from assets_app.operations import audit, logins
 
 # last_used_at is a hint for operators, not an audit log: write it at most once a minute per token
 # so a busy client does not turn every read into a row update.
@@ -84,14 +86,22 @@ def find_token(key: str) -> ApiToken | None:
 
 
 class ApiTokenAuth(HttpBearer):
-    """`Authorization: Bearer <ApiToken key>`: one indexed lookup, at most one update a minute;
-    then the route's permission for the token's user."""
+    """`Authorization: Bearer <ApiToken key or login JWT>`: one indexed lookup (a key: at most
+    one update a minute); then the route's permission for the token's user."""
 
     def __init__(self, permission: str | None = None) -> None:
         self.permission = permission
         super().__init__()
 
     def authenticate(self, request: HttpRequest, token: str) -> AbstractBaseUser:
+        if logins.looks_like_jwt(token):
+            try:
+                user = logins.user_of_token(token)
+            except logins.InvalidLoginToken as exc:
+                raise exceptions.NotAuthenticated(str(exc), reason=exc.reason) from exc
+            authorize(user, self.permission)  # type: ignore[arg-type]
+            request.api_token = None  # type: ignore[attr-defined]
+            return user
         api_token = find_token(token)
         if api_token is None:
             raise AuthenticationError()

@@ -8,10 +8,12 @@ faces a network. Ids:
 - E001-E099: value rules of the asset service's settings (`SETTING_RULES`).
 - E101-E104: keys and exposure (published keys, generated keys or DEBUG beyond loopback).
 - W105: (deploy) a worker key too short to resist guessing.
-- E106: beyond loopback, a key (SECRET_KEY, WORKER_API_KEY, DAG_SYNC_KEY) shorter than
+- E106: beyond loopback, a key (SECRET_KEY, WORKER_API_KEY, DAG_SYNC_KEY, JWT_SECRET) shorter than
   MIN_KEY_LENGTH, refused as a published one is (issue 26).
 - E107: two of those keys equal (always); E108: beyond loopback, a key of fewer than
   MIN_KEY_DISTINCT_CHARACTERS different characters; E109: a malformed FERNET_KEY (issue 38).
+- E110: a published JWT_SECRET (the login tokens' key, issue 49; E106-E108 and E103 cover it as
+  the other keys).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ MIN_KEY_LENGTH = 32
 # ... and at least this many different characters (issue 38: 32 identical ones passed); a random
 # 32-character url-safe key has about 25.
 MIN_KEY_DISTINCT_CHARACTERS = 8
-EXPOSED_KEYS = ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY")
+EXPOSED_KEYS = ("SECRET_KEY", "WORKER_API_KEY", "DAG_SYNC_KEY", "JWT_SECRET")
 
 
 @dataclass(frozen=True)
@@ -301,6 +303,48 @@ SETTING_RULES = (
         lambda v: isinstance(v, bool),
         _setting("DAGS_ARE_PAUSED_AT_CREATION"),
     ),
+    Rule(
+        "assets_app.E031",
+        "JWT_EXPIRATION_TIME",
+        "a whole number of seconds >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("JWT_EXPIRATION_TIME"),
+    ),
+    Rule(
+        "assets_app.E032",
+        "JWT_CLI_EXPIRATION_TIME",
+        "a whole number of seconds >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("JWT_CLI_EXPIRATION_TIME"),
+    ),
+    Rule(
+        "assets_app.E033",
+        "JWT_AUDIENCE",
+        "a non-empty string",
+        lambda v: isinstance(v, str) and bool(v),
+        _setting("JWT_AUDIENCE"),
+    ),
+    Rule(
+        "assets_app.E034",
+        "JWT_LEEWAY_SECONDS",
+        "a whole number of seconds >= 0",
+        lambda v: isinstance(v, int) and v >= 0,
+        _setting("JWT_LEEWAY_SECONDS"),
+    ),
+    Rule(
+        "assets_app.E035",
+        "LOGIN_FAILURE_LIMIT",
+        "a whole number >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("LOGIN_FAILURE_LIMIT"),
+    ),
+    Rule(
+        "assets_app.E036",
+        "LOGIN_FAILURE_WINDOW_SECONDS",
+        "a whole number of seconds >= 1",
+        lambda v: isinstance(v, int) and v >= 1,
+        _setting("LOGIN_FAILURE_WINDOW_SECONDS"),
+    ),
 )
 
 
@@ -341,11 +385,12 @@ def _key_errors() -> Iterator[checks.CheckMessage]:
     for setting, check_id in (
         ("SECRET_KEY", "assets_app.E101"),
         ("WORKER_API_KEY", "assets_app.E102"),
+        ("JWT_SECRET", "assets_app.E110"),
     ):
         if getattr(settings, setting) in keys.PUBLISHED_VALUES:
             yield checks.Error(
                 f"{setting} is a value published in this repository's history; anyone can "
-                "forge worker tokens or claim work with it.",
+                "forge worker or login tokens or claim work with it.",
                 hint=f"Unset {setting} (the service then generates its own under KEY_DIR) or "
                 "set a random value of your own.",
                 id=check_id,

@@ -6,7 +6,8 @@ virtualenv, installed once and cached by a hash of what they pin (like `bin/_env
   `requirements-airflow-client.txt` (apache-airflow-client 3.3.2);
 - `airflow_openapi()`: Airflow 3.3.2's own public API document, `v2-rest-api-generated.yaml`, read
   from the apache-airflow-core wheel (downloaded without its dependencies into that virtualenv's
-  `wheels/`; the wheel is only read, never installed).
+  `wheels/`; the wheel is only read, never installed); `airflow_openapi(AUTH_DOCUMENT)`: its
+  simple auth manager's document (the `/auth/token` login routes, issue 49).
 """
 
 import fcntl
@@ -23,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "tests/compat/requirements-airflow-client.txt"
 CORE = "apache-airflow-core==3.3.2"
 CORE_DOCUMENT = "airflow/api_fastapi/core_api/openapi/v2-rest-api-generated.yaml"
+AUTH_DOCUMENT = (
+    "airflow/api_fastapi/auth/managers/simple/openapi/v2-simple-auth-manager-generated.yaml"
+)
 VENV = ROOT / ".venv-airflow-client"
 
 
@@ -64,21 +68,23 @@ def client_python() -> Path:
 
 
 @functools.cache
-def airflow_openapi() -> dict:
+def airflow_openapi(document: str = CORE_DOCUMENT) -> dict:
     version = CORE.split("==")[1]
     wheel = next((_ensure() / "wheels").glob(f"apache_airflow_core-{version}-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
-        return yaml.safe_load(archive.read(CORE_DOCUMENT))
+        return yaml.safe_load(archive.read(document))
 
 
-def airflow_response_problems(answers: list[tuple[str, str, int, object]]) -> list[str]:
+def airflow_response_problems(
+    answers: list[tuple[str, str, int, object]], *, document: str = CORE_DOCUMENT
+) -> list[str]:
     """Validate answers against Airflow's own document: each (method, Airflow's path template as
     in the document, e.g. `/api/v2/dagTags`, status, JSON body) must have that status documented
     with a JSON schema there, and the body must validate against it (JSON Schema 2020-12, the
     document's `components` for its `$ref`s). Returns the problems (empty: all valid)."""
     import jsonschema
 
-    doc = airflow_openapi()
+    doc = airflow_openapi(document)
     problems = []
     for method, path, status, body in answers:
         operation = doc["paths"].get(path, {}).get(method.lower())

@@ -2,11 +2,18 @@
 public API endpoint of this service against a live server (gunicorn + a django-q2 cluster on the
 test database): `airflow_client_check.py` asserts the values each call returns. Then the rows it
 left are checked here.
+
+Airflow's own CLI (apache-airflow-ctl 0.1.5, same virtualenv) logs in against the same server as
+a user would (issue 49): `airflowctl auth login --username --password` posts to `/auth/token/cli`
+and keeps the JWT it gets (AIRFLOW_CLI_DEBUG_MODE: in a file under AIRFLOW_HOME, as there is no
+keyring here), and `airflowctl dags list` reads the Dags with it; a wrong password fails the login.
 """
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -83,3 +90,33 @@ def test_airflow_rest_client_drives_every_endpoint(servers, tmp_path, settings):
     assert DagRun.objects.filter(
         dag_id="client_producer", run_type="asset_materialization"
     ).exists()
+
+    _airflowctl_logs_in_with_a_password(python, web.url, tmp_path / "airflow-home")
+
+
+def _airflowctl_logs_in_with_a_password(python: Path, url: str, home: Path) -> None:
+    home.mkdir()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW_CLI_DEBUG_MODE": "true",  # the token in a file: no keyring on this machine
+        "NO_COLOR": "1",
+    }
+    airflowctl = str(python.parent / "airflowctl")
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [airflowctl, *argv], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    wrong = run("auth", "login", "--api-url", url, "--username", "client", "--password", "no")
+    assert wrong.returncode != 0 and "Login failed" in wrong.stdout, wrong.stdout + wrong.stderr
+    assert "Invalid credentials" in wrong.stdout, wrong.stdout
+
+    login = run("auth", "login", "--api-url", url, "--username", "client", "--password", "x")
+    assert login.returncode == 0, login.stdout + login.stderr
+    assert "Login successful" in login.stdout, login.stdout
+    listed = run("dags", "list", "--output", "json")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    dags = json.loads(listed.stdout[listed.stdout.index("[") :])
+    assert {d["dag_id"] for d in dags} >= {"client_producer", "client_consumer"}, dags

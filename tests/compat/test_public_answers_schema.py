@@ -1,7 +1,10 @@
 """The answers of issue 49's routes validate against Airflow 3.3.2's own public API document
 (`v2-rest-api-generated.yaml`, `airflow_env.airflow_response_problems`): every 2xx body with the
 schema Airflow documents for it, and the refusals (403, 404) as Airflow's HTTPExceptionResponse.
-The world is `tests/api/test_public_airflowctl.world`."""
+The world is `tests/api/test_public_airflowctl.world`. The login routes (`/auth/token`,
+`/auth/token/cli`) against the simple auth manager's document: every status it documents."""
+
+import json
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -10,10 +13,11 @@ from django.test import Client
 from assets_app.api.public_auth import create_api_token
 from tests.api.test_public_airflowctl import world
 
-from .airflow_env import airflow_response_problems
+from .airflow_env import AUTH_DOCUMENT, airflow_openapi, airflow_response_problems
 
 pytestmark = pytest.mark.django_db
 
+FORM = "application/x-www-form-urlencoded"
 TI = "/api/v2/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}"
 
 # (method, Airflow's path template, our URL, query, expected status)
@@ -125,6 +129,48 @@ def test_issue_49_answers_validate_against_airflows_document():
         assert response.status_code == status, (url, response.content)
         answers.append((method, template, status, response.json()))
     assert airflow_response_problems(answers) == []
+
+
+def test_login_answers_validate_against_airflows_auth_manager_document():
+    get_user_model().objects.create_user("ops", password="pw-ops-1")
+    ok, wrong = {"username": "ops", "password": "pw-ops-1"}, {"username": "ops", "password": "n"}
+    calls = [
+        ("post", "/auth/token", ok, "application/json", 201),
+        ("post", "/auth/token", "username=ops&password=pw-ops-1", FORM, 201),
+        ("post", "/auth/token", {"username": "ops", "password": ""}, "application/json", 400),
+        ("post", "/auth/token", wrong, "application/json", 401),
+        ("post", "/auth/token", "x", "text/plain", 415),
+        ("post", "/auth/token", {"username": "ops"}, "application/json", 422),
+        ("get", "/auth/token", None, None, 403),
+        ("get", "/auth/token/login", None, None, 403),
+        ("post", "/auth/token/cli", ok, "application/json", 201),
+        ("post", "/auth/token/cli", {"username": "", "password": "x"}, "application/json", 400),
+        ("post", "/auth/token/cli", wrong, "application/json", 401),
+        ("post", "/auth/token/cli", {**ok, "role": "ADMIN"}, "application/json", 422),
+        ("post", "/auth/token/cli", "{", "application/json", 422),
+    ]
+    answers = []
+    for method, path, body, content_type, status in calls:
+        client = Client()
+        if method == "get":
+            response = client.get(path)
+        else:
+            data = json.dumps(body) if isinstance(body, dict) else body
+            response = client.post(path, data, content_type=content_type)
+        assert response.status_code == status, (path, body, response.content)
+        answers.append((method, path, status, response.json()))
+    assert airflow_response_problems(answers, document=AUTH_DOCUMENT) == []
+    # Every status Airflow documents for the login routes was answered (but 307: all-admins).
+    documented = {
+        (method, path, int(status))
+        for path, methods in airflow_openapi(AUTH_DOCUMENT)["paths"].items()
+        for method, operation in methods.items()
+        for status in operation["responses"]
+        if status != "307"
+    }
+    assert documented - {(m, p, s) for m, p, _, _, s in calls} == {
+        ("get", "/auth/token", 201),  # only with simple_auth_manager_all_admins
+    }
 
 
 def test_the_validation_finds_a_wrong_type_and_a_missing_field():

@@ -6,9 +6,10 @@ Worker API, task-token endpoints: no header, another scheme, an expired token, a
 with another key, an unsigned (`alg: none`) token, garbage, the worker API key, and (on
 `/task-instances/{id}/...`) a valid token of another TI. The claim endpoint: no header, a wrong
 key, a task token. Public API: no header, another scheme, an unknown key, a worker task token, an
-inactive user's key, an anonymous session, a non-staff session, and a staff session without the
-CSRF token on unsafe methods. Each endpoint also gets the right credential once, which must get
-past authentication (so the matrix cannot pass by refusing everything).
+inactive user's key, login tokens (issue 49) expired or of another key, an anonymous session, a
+non-staff session, and a staff session without the CSRF token on unsafe methods. Each endpoint
+also gets the right credential (on the public API: an API key, then a login token), which must
+get past authentication (so the matrix cannot pass by refusing everything).
 """
 
 import json
@@ -23,6 +24,7 @@ from django.test import Client
 from assets_app.api import public_auth
 from assets_app.api.auth import issue_token
 from assets_app.models import Asset
+from assets_app.operations import logins
 
 from .conftest import app_table_counts, figure, make_running_tis, make_scheduled_dag
 
@@ -97,6 +99,7 @@ def world():
         "asset_id": asset.pk,
         "key": key,
         "inactive_key": inactive_key,
+        "staff": staff,
     }
 
 
@@ -234,7 +237,26 @@ def test_every_public_endpoint_refuses_bad_credentials(world):
         "unknown key": ("Bearer not-a-real-key", {401}),
         "worker task token": (f"Bearer {issue_token(world['ti'], try_number=1)}", {401}),
         "inactive user's key": (f"Bearer {world['inactive_key']}", {401}),
+        # Issue 49: login tokens (`POST /auth/token`) expired or signed with another key (an
+        # inactive user's: tests/api/test_login.py).
+        "expired login token": (
+            f"Bearer {logins.issue_token(user=world['staff'], lifetime_seconds=-60)}",
+            {401},
+        ),
+        "login token of another key": (
+            "Bearer "
+            + jwt.encode(
+                jwt.decode(
+                    logins.issue_token(user=world["staff"], lifetime_seconds=600),
+                    options={"verify_signature": False},
+                ),
+                "not-the-jwt-secret-" + "0123456789abcdef" * 4,
+                algorithm="HS512",
+            ),
+            {401},
+        ),
     }
+    login_token = logins.issue_token(user=world["staff"], lifetime_seconds=600)
     refusals = 0
     for method, path, _ in operations:
         url = _url(path, world)
@@ -255,6 +277,8 @@ def test_every_public_endpoint_refuses_bad_credentials(world):
             refusals += 1
         response = _call(client, method, url, f"Bearer {world['key']}")
         _past_the_checks(response, f"{method} {path}")
+        response = _call(client, method, url, f"Bearer {login_token}")
+        _past_the_checks(response, f"{method} {path} login token")
     figure(f"auth: public API {len(operations)} endpoints, {refusals} refusals checked")
 
 

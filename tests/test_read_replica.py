@@ -29,13 +29,14 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connections
+from django.db import connections, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import Dag, DagRun
 from assets_app.sql import replica
+from tests.conftest import record_figure
 from tests.factories import DagFactory, DagRunFactory, TaskFactory
 
 pytestmark = [
@@ -277,6 +278,11 @@ def test_reads_land_on_the_standby_and_writes_on_the_primary(replica_alias, stan
     while standby.commits(database) - before < len(on_replica.captured_queries):
         assert time.monotonic() < deadline, (standby.commits(database) - before, on_replica)
         time.sleep(0.1)
+    record_figure(
+        f"read replica: 4 pages, {len(on_replica.captured_queries)} statements on the standby"
+        f" (its pg_stat_database xact_commit +{standby.commits(database) - before}),"
+        f" {len(on_primary.captured_queries)} on the primary, none of them reading runs"
+    )
 
     # A write (the trigger) goes to the primary, and its writer is pinned there.
     with CaptureQueriesContext(replica_alias) as on_replica:
@@ -332,12 +338,27 @@ def test_a_write_in_the_request_pins_its_later_reads(replica_alias, standby, key
     standby.caught_up()
 
     def read_write_read():
-        first = connections[Dag.objects.all().db]
+        first = Dag.objects.all().db
         Dag.objects.filter(dag_id="report").update(is_paused=True)
-        return first, connections[Dag.objects.all().db]
+        return first, Dag.objects.all().db
 
-    first, after_write = replica.run_reads(read_write_read, pinned=False)
-    assert (first.alias, after_write.alias) == (replica.REPLICA, replica.PRIMARY)
+    def read_in_transaction_lock():
+        with transaction.atomic():
+            in_transaction = Dag.objects.all().db
+        after = Dag.objects.all().db
+        # A lock is a write: on the primary, and it pins what follows too.
+        return in_transaction, after, Dag.objects.select_for_update().db, Dag.objects.all().db
+
+    assert replica.run_reads(read_write_read, pinned=False) == (
+        replica.REPLICA,
+        replica.PRIMARY,
+    )
+    assert replica.run_reads(read_in_transaction_lock, pinned=False) == (
+        replica.PRIMARY,
+        replica.REPLICA,
+        replica.PRIMARY,
+        replica.PRIMARY,
+    )
     assert Dag.objects.get(dag_id="report").is_paused
 
 
@@ -351,22 +372,20 @@ def test_the_standby_stopped_reads_fall_back_and_nothing_fails(replica_alias, st
         patch.setattr("django.conf.settings.DATABASE_REPLICA_RETRY_SECONDS", 60.0)
         assert len(_run_ids(client, key)) == 3
         assert replica.status().state == "ok"
+        # Last in the module: its teardown removes the stopped standby.
         standby.stop()
-        try:
-            # ... its connection fails under the view: retried on the primary, 200.
-            assert len(_run_ids(client, key)) == 3
-            assert replica.status().state == "unreachable"
-            # Marked down: no further attempt to connect while the retry interval lasts.
-            attempts = []
-            connect = replica_alias.get_new_connection
-            patch.setattr(
-                replica_alias, "get_new_connection", lambda p: attempts.append(p) or connect(p)
-            )
-            assert len(_run_ids(client, key)) == 3
-            assert client.get("/admin/assets_app/dagrun/").status_code == 200
-            assert client.get("/admin/assets_app/dag/report/grid/").status_code == 200
-            assert attempts == []
-            health = json.loads(Client().get("/healthz").content)["replica"]
-            assert health["status"] == "unreachable" and health["error"]
-        finally:
-            standby.start()
+        # ... its connection fails under the view: retried on the primary, 200.
+        assert len(_run_ids(client, key)) == 3
+        assert replica.status().state == "unreachable"
+        # Marked down: no further attempt to connect while the retry interval lasts.
+        attempts = []
+        connect = replica_alias.get_new_connection
+        patch.setattr(
+            replica_alias, "get_new_connection", lambda p: attempts.append(p) or connect(p)
+        )
+        assert len(_run_ids(client, key)) == 3
+        assert client.get("/admin/assets_app/dagrun/").status_code == 200
+        assert client.get("/admin/assets_app/dag/report/grid/").status_code == 200
+        assert attempts == []
+        health = json.loads(Client().get("/healthz").content)["replica"]
+        assert health["status"] == "unreachable" and health["error"]

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from .api import errors
 from .operations import observability
+from .sql import replica
 from .sql.errors import database_unavailable_reason
 
 PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -25,7 +26,9 @@ def metrics(request):
 def healthz(request):
     """200 when the database answers and the drain and scheduler succeeded recently (or, in the
     start-up grace, have not run yet: status "starting"), else 503. Dags the scheduler cannot
-    evaluate make it "degraded" (still 200: everything else works), each named with its error."""
+    evaluate make it "degraded" (still 200: everything else works), each named with its error.
+    With a read replica, its lag: a replica lagging or away changes no status (reads go to the
+    primary)."""
     result = observability.health()
     body = {
         "status": result.status,
@@ -51,7 +54,18 @@ def healthz(request):
             ],
         },
     }
+    if replica.configured():
+        body["replica"] = replica_body(replica.status())
     return JsonResponse(body, status=200 if result.ok else 503)
+
+
+def replica_body(seen: replica.Status) -> dict:
+    return {
+        "status": seen.state,
+        "lag_seconds": None if seen.lag_seconds is None else round(seen.lag_seconds, 3),
+        "max_lag_seconds": seen.max_lag_seconds,
+        "error": seen.error or None,
+    }
 
 
 @require_GET

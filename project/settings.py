@@ -82,6 +82,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "assets_app.api.service_middleware.OperatorTimezoneMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last (its process_view runs the view): the console's lists and the public API's GETs read
+    # the replica when DATABASE_REPLICA_URL is set; a write pins its client to the primary.
+    "assets_app.api.service_middleware.ReplicaReadsMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"
@@ -146,6 +149,27 @@ else:
         }
     else:
         DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+# A streaming standby of DATABASE_URL (issue 46, assets_app/sql/replica.py; README "Read
+# replica"): the console's list pages, lineage and grid and the public API's GETs read it, with
+# the same connection options as the primary; everything else, and every write, uses the primary.
+DATABASE_REPLICA_URL = env.str("DATABASE_REPLICA_URL", default="")
+if DATABASE_REPLICA_URL:
+    _replica = env.db_url_config(DATABASE_REPLICA_URL)
+    for _name in ("CONN_HEALTH_CHECKS", "CONN_MAX_AGE"):
+        if _name in DATABASES["default"]:
+            _replica.setdefault(_name, DATABASES["default"][_name])
+    _replica.setdefault("OPTIONS", {}).update(DATABASES["default"].get("OPTIONS", {}))
+    # Tests: the replica alias is the test database itself (the standby test adds its own).
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES["replica"] = _replica
+    DATABASE_ROUTERS = ["assets_app.sql.routers.ReplicaRouter"]
+# Above this lag (seconds behind the primary) reads go to the primary.
+DATABASE_REPLICA_MAX_LAG_SECONDS = env.float("DATABASE_REPLICA_MAX_LAG_SECONDS", default=10.0)
+# After a write, the writer's reads stay on the primary this long (a cookie; read-your-writes).
+DATABASE_REPLICA_PIN_SECONDS = env.float("DATABASE_REPLICA_PIN_SECONDS", default=15.0)
+# How often a process asks the standby its lag, and waits after it failed before trying again.
+DATABASE_REPLICA_CHECK_SECONDS = env.float("DATABASE_REPLICA_CHECK_SECONDS", default=1.0)
+DATABASE_REPLICA_RETRY_SECONDS = env.float("DATABASE_REPLICA_RETRY_SECONDS", default=5.0)
 # Off (False) behind a transaction-pooling PgBouncer, which cannot keep prepared statements.
 DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
 # What a client is told (Retry-After, seconds) when the database is full or away: 503.

@@ -19,6 +19,7 @@ from ..models import (
     WebhookDelivery,
 )
 from ..operations import metrics, observability, retention
+from ..sql import replica
 from .base import ReadOnlyAdmin, changelist_url, duration, pretty_json, relative
 
 CHART_WIDTH = 520
@@ -168,6 +169,7 @@ def dashboard_view(request):
             "queued": changelist_url(AssetDagRunQueue),
         },
         "health_max_age": duration(observability.health_max_age()),
+        "replica": replica.status() if replica.configured() else None,
     }
     return TemplateResponse(request, "admin/assets_app/dashboard.html", context)
 

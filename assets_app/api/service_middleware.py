@@ -1,14 +1,16 @@
 """Request middleware: times worker API requests for the latency histogram on /metrics,
-activates the operator's time zone for the admin, and answers 503 when the database is full or
-away."""
+activates the operator's time zone for the admin, answers 503 when the database is full or
+away, and sends the console's lists and the public API's GETs to the read replica."""
 
 import logging
 import time
 import zoneinfo
 
+from django.template.response import SimpleTemplateResponse
 from django.utils import timezone
 
 from ..operations import observability
+from ..sql import replica
 from ..sql.errors import database_unavailable_reason
 from . import errors
 
@@ -77,3 +79,58 @@ class DatabaseUnavailableMiddleware:
             return None
         logger.warning("%s %s: %s (%s)", request.method, request.path, reason, exception)
         return errors.unavailable_response(request, reason)
+
+
+# The console pages that read the replica (besides every admin changelist): the lineage and
+# the grid. The dashboard, change forms and actions read the primary.
+REPLICA_ADMIN_VIEWS = frozenset({"assets_app_dag_lineage", "assets_app_dag_grid"})
+PUBLIC_API_PREFIX = "/api/v2/"
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+class ReplicaReadsMiddleware:
+    """With DATABASE_REPLICA_URL set: runs the console's list pages, the lineage, the grid and
+    the public API's GETs (and renders them) with their reads on the replica
+    (`replica.run_reads`), unless the client wrote recently; a write to the console or the
+    public API sets the pin cookie. Without a replica it does nothing."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if (
+            request.method not in READ_METHODS
+            and replica.configured()
+            and request.path.startswith((PUBLIC_API_PREFIX, "/admin/"))
+        ):
+            value, max_age = replica.pin_cookie_value()
+            response.set_cookie(replica.PIN_COOKIE, value, max_age=max_age, samesite="Lax")
+        return response
+
+    def process_view(self, request, view_func, view_args, view_kwargs):
+        if not replica.configured() or not _reads_replica(request):
+            return None
+        # Who asks is read on the primary, before the scope (a session just logged in).
+        request.user.is_authenticated  # noqa: B018
+
+        def call():
+            response = view_func(request, *view_args, **view_kwargs)
+            if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+                response.render()
+            return response
+
+        return replica.run_reads(
+            call, pinned=replica.pinned_by_cookie(request.COOKIES.get(replica.PIN_COOKIE))
+        )
+
+
+def _reads_replica(request) -> bool:
+    if request.method not in READ_METHODS:
+        return False
+    if request.path.startswith(PUBLIC_API_PREFIX):
+        return True
+    match = request.resolver_match
+    if match is None or match.namespace != "admin" or not match.url_name:
+        return False
+    return match.url_name.endswith("_changelist") or match.url_name in REPLICA_ADMIN_VIEWS

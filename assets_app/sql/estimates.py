@@ -1,6 +1,6 @@
 """The console's row estimates (issue 48): how many rows a big table holds, not counted."""
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections, router
 from django.db.models import Model
 
 
@@ -12,7 +12,11 @@ def estimated_rows(model: type[Model]) -> int | None:
     the planner's own: `reltuples` (from the last ANALYZE or autovacuum) scaled by the table's
     pages now over its pages then, so rows added since then are counted too. Why: a plain list
     page counted 3 M TIs with COUNT(*) on every load (a sequential scan, ~0.5 s) for a number an
-    operator reads as "about 3 M"."""
+    operator reads as "about 3 M".
+
+    Read where the model's rows are read (`router.db_for_read`): on the standby when the
+    request reads there (issue 46), as the page's own queries do."""
+    connection = connections[router.db_for_read(model) or DEFAULT_DB_ALIAS]
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:

@@ -378,6 +378,8 @@ def test_openapi_schema_lists_every_worker_endpoint(client):
         "/execution/task-instances/count",
         "/execution/task-instances/states",
         "/execution/task-reschedules/{task_instance_id}/start_date",
+        # Human-in-the-loop (hitl.py): the request, its answer, the TI's parking.
+        "/execution/hitlDetails/{task_instance_id}",
         "/execution/xcoms/{dag_id}/{run_id}/{task_id}/{key}",
         "/execution/xcoms/{dag_id}/{run_id}/{task_id}/{key}/item/{offset}",
         "/execution/xcoms/{dag_id}/{run_id}/{task_id}/{key}/slice",

@@ -5,6 +5,7 @@ against the SDK's own pydantic models there."""
 
 import functools
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -68,3 +69,26 @@ def run_worker(
         text=True,
         timeout=timeout,
     )
+
+
+def synced_dag_folder(
+    tmp_path: Path, url: str, files: dict[str, str], *, worker_key: str, env: dict | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """`files` (name: text) written to `tmp_path/dags` and synced to the service at `url` by
+    `bin/airflow-worker --sync-only`; returns the worker's base argv (folder, url, logs under
+    `tmp_path`) and its environment (the worker key, AIRFLOW_HOME under `tmp_path`, `env`)."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    for name, text in files.items():
+        (dags / name).write_text(text)
+    environ = {
+        **os.environ,
+        "WORKER_API_KEY": worker_key,
+        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+        **(env or {}),
+    }
+    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", url]
+    base += ["--logs", str(tmp_path / "logs")]
+    synced = subprocess.run([*base, "--sync-only"], env=environ, capture_output=True, text=True)
+    assert synced.returncode == 0, synced.stderr[-3000:]
+    return base, environ

@@ -8,11 +8,8 @@ approved one's downstream runs and the rejected one's is skipped (the operator's
 /execution/hitlDetails/...` was a 404 and the task failed."""
 
 import json
-import os
-import subprocess
 import textwrap
 import urllib.request
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -21,11 +18,11 @@ from django.core.management import call_command
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import DagRun, HITLDetail, TaskInstance, XCom
+from tests.compat.airflow_worker_env import synced_dag_folder
 from tests.compat.test_airflow_worker_deferral import _start, _states, _stop, _wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parents[2]
 FINISHED = {"success", "failed", "skipped", "upstream_failed"}
 
 DAG = textwrap.dedent(
@@ -85,18 +82,9 @@ def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(s
     servers("timers")  # the response-timeout sweep
     get_user_model().objects.create_superuser("approver", password="pw")
     _, key = create_api_token(username="approver", name="t")
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "approvals.py").write_text(DAG)
-    env = {
-        **os.environ,
-        "WORKER_API_KEY": settings.WORKER_API_KEY,
-        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
-    }
-    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
-    base += ["--logs", str(tmp_path / "logs")]
-    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
-    assert synced.returncode == 0, synced.stderr[-3000:]
+    base, env = synced_dag_folder(
+        tmp_path, web.url, {"approvals.py": DAG}, worker_key=settings.WORKER_API_KEY
+    )
     logs = [tmp_path / "worker.log"]
     worker = _start([*base, "--no-sync", "--concurrency", "2"], env, logs[0])
     try:

@@ -3,6 +3,9 @@ Airflow AssetWatcher on a queue becomes): the sync creates the watcher and the D
 keeps the operator's, refuses what would take an admin watcher or change a queue another Dag
 uses, and the consumer registers a published message on the declared assets (real RabbitMQ)."""
 
+import sys
+import uuid
+
 import pytest
 
 from assets_app.definitions import sync as definitions
@@ -12,21 +15,23 @@ from tests import rabbitmq
 from tests.factories import AssetFactory, QueueWatcherFactory, WatcherRouteFactory
 from tests.test_watchers import consume
 
-# One xdist worker for the whole file: every test's teardown deletes QUEUE, which on another
-# worker cancelled a running test's consumer and dropped its messages (a fresh-clone CI run).
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.xdist_group("definition-watchers"),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
 
+# Each test runs on a queue of its own (`_queue` sets QUEUE; this default only fills the
+# parametrized definitions below, which never reach the broker). With one shared name, a test's
+# teardown deleting it raced the next test's declare: fresh-clone CI runs saw 0 of 3 messages
+# consumed (the teardown on another xdist worker) and, with the file on one worker, a publish
+# whose queue had just been deleted come back unroutable.
 QUEUE = "test-definition-watcher"
 
 
 @pytest.fixture(autouse=True)
-def _queue():
+def _queue(monkeypatch):
+    name = f"test-definition-watcher-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setattr(sys.modules[__name__], "QUEUE", name)
     yield
-    rabbitmq.delete(QUEUE)
-    rabbitmq.delete(QUEUE + "-2")
+    rabbitmq.delete(name)
+    rabbitmq.delete(name + "-2")
 
 
 def dag(dag_id="orders_report", *, schedule=None, watchers=()):

@@ -347,7 +347,12 @@ def test_airflows_example_external_task_sensor_defers_and_succeeds(module_web, s
     triggerer, fires once `child_dag`'s `@once` run succeeded, and the sensor resumes and
     succeeds. (Its `TriggerDagRunOperator` with `reset_dag_run=True` and the logical date of
     `child_dag`'s existing scheduled run fails here on a 404 of its clear of
-    `manual__2022-01-01...`: not a deferral matter, so this test asserts the sensor only.)"""
+    `manual__2022-01-01...`: not a deferral matter, so this test asserts the sensor only.)
+
+    One change to the files as shipped: the sensor pokes every 2 s, not BaseSensorOperator's
+    default 60 (its first poke comes before `child_task`'s 6 s of sleeps end, and the next one
+    a minute later was most of this test's time). The trigger still waits: the sensor deferred
+    before `child_task` succeeded and resumed after it."""
     from assets_app.models import Dag
     from assets_app.sql import wakeups
 
@@ -356,6 +361,11 @@ def test_airflows_example_external_task_sensor_defers_and_succeeds(module_web, s
         f"{name}.py": (STANDARD_EXAMPLES / f"{name}.py").read_text()
         for name in (f"example_external_task_{kind}_deferrable" for kind in ("parent", "child"))
     }
+    parent = "example_external_task_parent_deferrable.py"
+    assert files[parent].count("deferrable=True,\n") == 1
+    files[parent] = files[parent].replace(
+        "deferrable=True,\n", "deferrable=True, poke_interval=2,\n"
+    )
     base, env = synced_dag_folder(
         tmp_path, module_web.url, files, worker_key=settings.WORKER_API_KEY
     )
@@ -388,3 +398,5 @@ def test_airflows_example_external_task_sensor_defers_and_succeeds(module_web, s
     assert "WorkflowTrigger" in text["triggerer.log"], text
     assert "fired: TriggerEvent<{'status': 'success'}>" in text["triggerer.log"], text
     assert DagRun.objects.get(dag_id="child_dag").state == "success"
+    child = TaskInstance.objects.get(dag_id="child_dag", task_id="child_task")
+    assert sensor.start_date < child.end_date <= sensor.end_date

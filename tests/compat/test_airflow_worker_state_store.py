@@ -130,7 +130,7 @@ def test_airflows_own_state_store_examples_succeed(module_web, tmp_path):
         manual = ("example_task_state_store", "example_task_state_store_mapped")
         for dag_id in (*manual, "example_asset_state_store_producer"):
             call_command("trigger_dag", dag_id)
-        runs = DagRun.objects.filter(dag_id__startswith="example_")
+        runs = DagRun.objects.filter(dag__dag_id__startswith="example_")
         wait_for(
             lambda: not runs.exclude(state__in=["success", "failed"]).exists(),
             seconds=900,

@@ -6,7 +6,10 @@ against the SDK's own pydantic models there."""
 import functools
 import json
 import os
+import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,3 +95,40 @@ def synced_dag_folder(
     synced = subprocess.run([*base, "--sync-only"], env=environ, capture_output=True, text=True)
     assert synced.returncode == 0, synced.stderr[-3000:]
     return base, environ
+
+
+def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """A worker or triggerer in the background, its stderr (where it says everything) in `log`;
+    in its own process group: `stop` stops the task processes it forked too."""
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        start_new_session=True,
+    )
+
+
+def wait_for(predicate: Callable[[], object], *, seconds: float, what: str, logs: list[Path]):
+    """Poll `predicate` (every 0.2 s) until it is truthy; fail naming `what`, with the tails of
+    `logs`, after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
+            raise AssertionError(f"{what} not within {seconds} s\n{tails}")
+        time.sleep(0.2)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the process group, SIGKILL after 20 s."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=20)
+            break
+        except subprocess.TimeoutExpired:
+            continue

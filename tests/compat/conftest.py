@@ -9,7 +9,13 @@ from cryptography.fernet import Fernet
 from tests import servers as live_servers
 
 # The live-server fixtures of the proof suites (gunicorn / qcluster on the test database).
-from tests.proof.conftest import database_url, servers, service_env  # noqa: F401
+from tests.proof.conftest import (  # noqa: F401
+    GUNICORN_ARGS,
+    database_url,
+    servers,
+    service_env,
+    service_environment,
+)
 
 collect_ignore = ["airflow_sdk_check.py", "airflow_client_check.py", "airflow_scheduler_driver.py"]
 
@@ -29,3 +35,21 @@ def service(tmp_path):
     log = tmp_path / "serve.log"
     with live_servers.bin_serve(env, log, ready_path="/api/v2/version", ready_timeout=120) as serve:
         yield {"url": serve.url, "env": serve.env, "log": log}
+
+
+@pytest.fixture(scope="module")
+def module_web(request, django_db_setup, tmp_path_factory):
+    """One gunicorn on the test database for all the stock-worker tests of a module that ask
+    for it (`servers("gunicorn")` starts one per test): the service starts once. The tests stay
+    independent: each has its own Dag ids, DAG folder, worker and triggerer, the database is
+    flushed after each (transaction=True) while this server is idle, and the service keeps no
+    rows in memory across requests. The module's `SERVICE_ENV` (a dict), if any, is added to
+    the server's environment."""
+    folder = tmp_path_factory.mktemp("module-web")
+    env = {
+        **service_environment(folder / "prometheus"),
+        **getattr(request.module, "SERVICE_ENV", {}),
+    }
+    server = live_servers.gunicorn(env, folder / "gunicorn.log", args=GUNICORN_ARGS)
+    yield server
+    server.stop(timeout=3)

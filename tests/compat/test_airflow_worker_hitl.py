@@ -18,8 +18,8 @@ from django.core.management import call_command
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import DagRun, HITLDetail, TaskInstance, XCom
-from tests.compat.airflow_worker_env import synced_dag_folder
-from tests.compat.test_airflow_worker_deferral import _start, _states, _stop, _wait_for
+from tests.compat.airflow_worker_env import start, stop, synced_dag_folder, wait_for
+from tests.compat.test_airflow_worker_deferral import _states
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -86,11 +86,11 @@ def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(s
         tmp_path, web.url, {"approvals.py": DAG}, worker_key=settings.WORKER_API_KEY
     )
     logs = [tmp_path / "worker.log"]
-    worker = _start([*base, "--no-sync", "--concurrency", "2"], env, logs[0])
+    worker = start([*base, "--no-sync", "--concurrency", "2"], env, logs[0])
     try:
         call_command("trigger_dag", "approvals")
         run = DagRun.objects.get(dag_id="approvals")
-        _wait_for(
+        wait_for(
             lambda: list(_states(run).values()).count("awaiting_input") == 3,
             seconds=300,
             what="the three approvals awaiting input",
@@ -109,7 +109,7 @@ def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(s
             assert body["responded_by"]["name"] == "approver"
         # Every TI finished: an approval skips its downstream before it reports its own
         # success, so a downstream's end alone left `lapse` still running (a CI run).
-        _wait_for(
+        wait_for(
             lambda: set(_states(run).values()) <= FINISHED and len(_states(run)) == 6,
             seconds=300,
             what="every task's end",
@@ -117,7 +117,7 @@ def test_approval_waits_is_answered_through_the_api_and_its_downstream_follows(s
         )
         states = _states(run)
     finally:
-        _stop(worker)
+        stop(worker)
     log = logs[0].read_text()
     assert states == {
         "ship": "success",

@@ -7,15 +7,14 @@ Airflow does, both readers succeeded here (the classic one echoing the producers
 Both files, as shipped, through the stock Task SDK worker (`bin/airflow-worker`): the producers
 succeed (their asset, an outlet's, wins), the readers fail without running and push nothing."""
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from assets_app.models import AssetEvent, Dag, TaskInstance, XCom
+from assets_app.models import AssetEvent, Dag, DagRun, TaskInstance, XCom
+from tests.compat.airflow_worker_env import start, stop, synced_dag_folder, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -29,41 +28,46 @@ PRODUCERS = (
 READERS = ("read_asset_event", "read_asset_event_from_classic")
 
 
+def _runs_ended(dag_ids) -> bool:
+    runs = DagRun.objects.filter(dag_id__in=dag_ids)
+    return (
+        runs.count() == len(dag_ids) and not runs.exclude(state__in=["success", "failed"]).exists()
+    )
+
+
 @pytest.mark.timeout(1500)
-def test_airflows_inlet_event_extra_readers_fail_on_their_inactive_inlet(servers, tmp_path):
-    web = servers("gunicorn")
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    for name in ("example_inlet_event_extra.py", "example_outlet_event_extra.py"):
-        (dags / name).write_text((EXAMPLES / name).read_text())
-    env = {
-        **os.environ,
-        "WORKER_API_KEY": settings.WORKER_API_KEY,
-        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+def test_airflows_inlet_event_extra_readers_fail_on_their_inactive_inlet(module_web, tmp_path):
+    files = {
+        name: (EXAMPLES / name).read_text()
+        for name in ("example_inlet_event_extra.py", "example_outlet_event_extra.py")
     }
-    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
-    base += ["--logs", str(tmp_path / "logs")]
-    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
-    assert synced.returncode == 0, synced.stderr[-3000:]
+    base, env = synced_dag_folder(
+        tmp_path, module_web.url, files, worker_key=settings.WORKER_API_KEY
+    )
     assert set(Dag.objects.values_list("dag_id", flat=True)) == {*PRODUCERS, *READERS}
     Dag.objects.update(is_paused=False)
-    for dag_id in PRODUCERS:
-        call_command("trigger_dag", dag_id)
-    worker = [*base, "--no-sync", "--concurrency", "2", "--idle-exit", "10"]
-    done = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    call_command("drain_asset_queue", "--once")  # no django-q cluster runs here
-    # The producers' events exist: a reader that ran would find one.
-    assert AssetEvent.objects.filter(asset__name="test-asset").count() == 3
-    for dag_id in READERS:
-        call_command("trigger_dag", dag_id)
-    done = subprocess.run(worker, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    log = tmp_path / "worker.log"
+    # One worker for both rounds: the readers are triggered once the producers' runs ended.
+    worker = start([*base, "--no-sync", "--concurrency", "2"], env, log)
+    try:
+        for dag_id in PRODUCERS:
+            call_command("trigger_dag", dag_id)
+        wait_for(lambda: _runs_ended(PRODUCERS), seconds=900, what="the producers' end", logs=[log])
+        call_command("drain_asset_queue", "--once")  # no django-q cluster runs here
+        # The producers' events exist: a reader that ran would find one.
+        assert AssetEvent.objects.filter(asset__name="test-asset").count() == 3
+        for dag_id in READERS:
+            call_command("trigger_dag", dag_id)
+        wait_for(lambda: _runs_ended(READERS), seconds=900, what="the readers' end", logs=[log])
+        assert worker.poll() is None, log.read_text()[-3000:]  # the worker did not stop early
+    finally:
+        stop(worker)
+    stderr = log.read_text()
     states = dict(TaskInstance.objects.values_list("dag_id", "state"))
     assert states == {
         **dict.fromkeys(PRODUCERS, "success"),
         **dict.fromkeys(READERS, "failed"),
-    }, done.stderr[-3000:]
+    }, stderr[-3000:]
     assert not XCom.objects.filter(dag_id__in=READERS).exists()
     logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("*") if p.is_file())
     assert "AirflowInactiveAssetInInletOrOutletException" in logs

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from assets_app.models import TaskInstance
+from tests.compat.airflow_worker_env import synced_dag_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -54,23 +55,16 @@ DAG = textwrap.dedent(
 
 
 @pytest.mark.timeout(900)
-def test_a_pool_process_supervises_tis_one_after_another_and_survives_a_crash(servers, tmp_path):
-    web = servers("gunicorn")
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "pool_isolation.py").write_text(DAG)
+def test_a_pool_process_supervises_tis_one_after_another_and_survives_a_crash(module_web, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    env = {
-        **os.environ,
-        "WORKER_API_KEY": settings.WORKER_API_KEY,
-        "POOL_TEST_OUT": str(out),
-        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
-    }
-    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
-    base += ["--logs", str(tmp_path / "logs")]
-    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
-    assert synced.returncode == 0, synced.stderr[-3000:]
+    base, env = synced_dag_folder(
+        tmp_path,
+        module_web.url,
+        {"pool_isolation.py": DAG},
+        worker_key=settings.WORKER_API_KEY,
+        env={"POOL_TEST_OUT": str(out)},
+    )
     call_command("trigger_dag", "pool_isolation")
     worker = subprocess.run(
         [*base, "--no-sync", "--concurrency", "1", "--max-tis", "3", "--idle-exit", "5"],
@@ -124,27 +118,20 @@ LINGER_DAG = textwrap.dedent(
 
 @pytest.mark.timeout(900)
 def test_the_supervisor_wakes_when_its_task_process_exits_after_its_sockets_closed(
-    servers, tmp_path
+    module_web, tmp_path
 ):
     """Issue 44, the stalls: Airflow's supervisor, once every socket of the task process has
     reached EOF, looks for the process's exit only every `[workers] min_heartbeat_interval`
     (a `select` on an empty selector). Here that interval is 120 s and the task process exits
     2 s after closing its sockets: the stock supervisor holds the slot for about 120 s, the
     pool's (a pidfd in the selector) for about 2."""
-    web = servers("gunicorn")
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "pool_linger.py").write_text(LINGER_DAG)
-    env = {
-        **os.environ,
-        "WORKER_API_KEY": settings.WORKER_API_KEY,
-        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
-        "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "120",
-    }
-    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
-    base += ["--logs", str(tmp_path / "logs")]
-    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
-    assert synced.returncode == 0, synced.stderr[-3000:]
+    base, env = synced_dag_folder(
+        tmp_path,
+        module_web.url,
+        {"pool_linger.py": LINGER_DAG},
+        worker_key=settings.WORKER_API_KEY,
+        env={"AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "120"},
+    )
     call_command("trigger_dag", "pool_linger")
     worker = subprocess.run(
         [*base, "--no-sync", "--concurrency", "1", "--max-tis", "1", "--idle-exit", "1"],

@@ -9,8 +9,6 @@ the one the run before wrote (asset state outlives runs), and their own task sta
 (it is per run)."""
 
 import json
-import os
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from assets_app.models import AssetStateStore, Dag, DagRun, TaskInstance, TaskStateStore, XCom
+from tests.compat.airflow_worker_env import start, stop, synced_dag_folder, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -56,42 +55,36 @@ DAG = textwrap.dedent(
 )
 
 
-@pytest.mark.timeout(1500)
-def test_a_watermark_dag_run_three_times_reads_back_what_it_wrote(servers, tmp_path):
-    web = servers("gunicorn")
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "watermark.py").write_text(DAG)
-    env = {
-        **os.environ,
-        "WORKER_API_KEY": settings.WORKER_API_KEY,
-        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
-    }
-    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
-    base += ["--logs", str(tmp_path / "logs")]
-    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
-    assert synced.returncode == 0, synced.stderr[-3000:]
+def _finished(run: DagRun) -> bool:
+    run.refresh_from_db()
+    return run.state in ("success", "failed")
 
+
+@pytest.mark.timeout(1500)
+def test_a_watermark_dag_run_three_times_reads_back_what_it_wrote(module_web, tmp_path):
+    base, env = synced_dag_folder(
+        tmp_path, module_web.url, {"watermark.py": DAG}, worker_key=settings.WORKER_API_KEY
+    )
+    log = tmp_path / "worker.log"
+    # One worker for the three runs, each triggered once the one before has ended.
+    worker = start([*base, "--no-sync", "--concurrency", "1"], env, log)
     returned = []
-    for _ in range(3):
-        call_command("trigger_dag", "watermark")
-        worker = subprocess.run(
-            [*base, "--no-sync", "--concurrency", "1", "--idle-exit", "5"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert worker.returncode == 0, worker.stderr[-3000:]
-        run = DagRun.objects.order_by("-id").first()
-        ti = TaskInstance.objects.get(dag_run=run)
-        assert ti.state == "success", worker.stderr[-3000:]
-        returned.append(
-            (
-                ti.try_number,
-                XCom.objects.get(run_id=run.run_id, task_id="load", key="return_value").value,
+    try:
+        for _ in range(3):
+            call_command("trigger_dag", "watermark")
+            run = DagRun.objects.order_by("-id").first()
+            wait_for(lambda run=run: _finished(run), seconds=600, what="the run's end", logs=[log])
+            ti = TaskInstance.objects.get(dag_run=run)
+            assert ti.state == "success", log.read_text()[-3000:]
+            returned.append(
+                (
+                    ti.try_number,
+                    XCom.objects.get(run_id=run.run_id, task_id="load", key="return_value").value,
+                )
             )
-        )
+        assert worker.poll() is None, log.read_text()[-3000:]  # the worker did not stop early
+    finally:
+        stop(worker)
 
     assert returned == [
         (2, {"runs_before": 0, "watermark_before": "start", "attempt_seen": 1}),
@@ -117,47 +110,47 @@ EXAMPLES = ROOT / ".venv-airflow-worker/lib/python3.11/site-packages/airflow/exa
 
 
 @pytest.mark.timeout(1500)
-def test_airflows_own_state_store_examples_succeed(servers, tmp_path):
+def test_airflows_own_state_store_examples_succeed(module_web, tmp_path):
     """Airflow 3.3.2's `example_task_state_store` (the retry reattaches to the job its first try
     stored), `example_task_state_store_mapped` (a key per map index) and
     `example_asset_state_store` (the producer advances a watermark on the asset,
     the asset-triggered consumer reads it), as shipped, through the stock worker."""
-    web = servers("gunicorn")
-    dags = tmp_path / "dags"
-    dags.mkdir()
     names = ("example_task_state_store", "example_task_state_store_mapped")
     names += ("example_asset_state_store",)
-    for name in (f"{n}.py" for n in names):
-        (dags / name).write_text((EXAMPLES / name).read_text())
-    env = {
-        **os.environ,
-        "WORKER_API_KEY": settings.WORKER_API_KEY,
-        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
-    }
-    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
-    base += ["--logs", str(tmp_path / "logs")]
-    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
-    assert synced.returncode == 0, synced.stderr[-3000:]
+    files = {f"{n}.py": (EXAMPLES / f"{n}.py").read_text() for n in names}
+    base, env = synced_dag_folder(
+        tmp_path, module_web.url, files, worker_key=settings.WORKER_API_KEY
+    )
     # New Dags are paused at creation (as Airflow's DAGS_ARE_PAUSED_AT_CREATION): unpause them.
     assert Dag.objects.filter(dag_id__startswith="example_").count() == 4
     Dag.objects.filter(dag_id__startswith="example_").update(is_paused=False)
-    manual = ("example_task_state_store", "example_task_state_store_mapped")
-    for dag_id in (*manual, "example_asset_state_store_producer"):
-        call_command("trigger_dag", dag_id)
-    stderr = ""
-    for _ in range(2):
-        worker = subprocess.run(
-            [*base, "--no-sync", "--concurrency", "2", "--idle-exit", "10"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
+    log = tmp_path / "worker.log"
+    worker = start([*base, "--no-sync", "--concurrency", "2"], env, log)
+    try:
+        manual = ("example_task_state_store", "example_task_state_store_mapped")
+        for dag_id in (*manual, "example_asset_state_store_producer"):
+            call_command("trigger_dag", dag_id)
+        runs = DagRun.objects.filter(dag__dag_id__startswith="example_")
+        wait_for(
+            lambda: not runs.exclude(state__in=["success", "failed"]).exists(),
+            seconds=900,
+            what="the three runs' end",
+            logs=[log],
         )
-        assert worker.returncode == 0, worker.stderr[-3000:]
-        stderr += worker.stderr
         # The producer's event becomes the consumer's run (no django-q cluster runs here).
         call_command("drain_asset_queue", "--once")
         call_command("run_scheduler", "--once")
+        assert runs.count() == 4, log.read_text()[-3000:]
+        wait_for(
+            lambda: not runs.exclude(state__in=["success", "failed"]).exists(),
+            seconds=900,
+            what="the consumer run's end",
+            logs=[log],
+        )
+        assert worker.poll() is None, log.read_text()[-3000:]  # the worker did not stop early
+    finally:
+        stop(worker)
+    stderr = log.read_text()
     states = {
         (ti.dag_id, ti.task_id, ti.map_index): (ti.state, ti.try_number)
         for ti in TaskInstance.objects.filter(dag_id__startswith="example_")

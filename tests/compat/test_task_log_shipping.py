@@ -1,11 +1,9 @@
 """Issue 27 acceptance: a failed task's log is readable in the admin and through Airflow's logs
 endpoint within 2 s of its end (bin/airflow-worker ships each try's log to the service)."""
 
-import os
 import subprocess
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -16,10 +14,10 @@ from django.test import Client
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import TaskInstance
+from tests.compat.airflow_worker_env import synced_dag_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parents[2]
 
 DAG = textwrap.dedent(
     """
@@ -42,18 +40,9 @@ DAG = textwrap.dedent(
 @pytest.mark.timeout(900)
 def test_a_failed_tasks_log_is_readable_within_2_s_of_its_end(servers, tmp_path):
     web = servers("gunicorn")
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "log_shipping.py").write_text(DAG)
-    env = {
-        **os.environ,
-        "WORKER_API_KEY": settings.WORKER_API_KEY,
-        "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
-    }
-    base = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags), "--url", web.url]
-    base += ["--logs", str(tmp_path / "logs")]
-    synced = subprocess.run([*base, "--sync-only"], env=env, capture_output=True, text=True)
-    assert synced.returncode == 0, synced.stderr[-3000:]
+    base, env = synced_dag_folder(
+        tmp_path, web.url, {"log_shipping.py": DAG}, worker_key=settings.WORKER_API_KEY
+    )
     call_command("trigger_dag", "log_shipping")
     user = get_user_model().objects.create_superuser("ops", password="pw")
     _, key = create_api_token(username="ops", name="test")

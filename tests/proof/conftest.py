@@ -140,13 +140,12 @@ def pg_deadlocks() -> int:
         return int(cursor.fetchone()[0])
 
 
-@pytest.fixture
-def service_env(transactional_db, tmp_path) -> dict[str, str]:
+def service_environment(prometheus_dir: Path) -> dict[str, str]:
     """Environment for a server subprocess: the test database, this process's secrets, a fresh
-    multiprocess directory for the latency histogram (as bin/serve sets up)."""
+    multiprocess directory for the latency histogram (as bin/serve sets up) at `prometheus_dir`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DJANGO_SETTINGS"))}
     env.update(
-        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"),
+        PROMETHEUS_MULTIPROC_DIR=str(prometheus_dir),
         DATABASE_URL=database_url(),
         DJANGO_SETTINGS_MODULE="project.settings",
         SECRET_KEY=settings.SECRET_KEY,
@@ -157,6 +156,12 @@ def service_env(transactional_db, tmp_path) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+@pytest.fixture
+def service_env(transactional_db, tmp_path) -> dict[str, str]:
+    """`service_environment` for a test (its histogram directory under `tmp_path`)."""
+    return service_environment(tmp_path / "prometheus")
 
 
 @pytest.fixture

@@ -914,22 +914,40 @@ def test_over_a_mapped_output_that_pushed_nothing_the_task_is_skipped():
     assert tis(run, "lenient") == [(-1, "skipped")]
 
 
-def test_a_mapped_group_over_a_mapped_output_is_refused_naming_it():
-    with pytest.raises(definitions.DefinitionError, match="a group over a mapped task's output"):
-        sync(
-            {
-                "dag_id": "g",
-                "tasks": [
-                    {"task_id": "first", "expand": {"x": [1, 2]}},
-                    {
-                        "task_id": "member",
-                        "upstream": ["first"],
-                        "map_group": "grp",
-                        "expand": {"x": {"xcom": "first"}},
-                    },
-                ],
-            }
-        )
+def test_a_mapped_group_over_a_mapped_output_expands_to_the_count_of_its_pushed_values():
+    """Airflow 3.3.2 counts a group's length as a task's (`get_mapped_ti_count` of the group:
+    `get_task_map_length` of the mapped output), and the group's roots wait on every map index
+    of the mapped task outside it (`_get_relevant_map_indexes`: no common mapped group)."""
+    sync(
+        {
+            "dag_id": "g",
+            "tasks": [
+                {"task_id": "first", "expand": {"x": [1, 2, 3]}},
+                {
+                    "task_id": "g.a",
+                    "upstream": ["first"],
+                    "map_group": "g",
+                    "trigger_rule": "none_failed",
+                    "expand": {"x": {"xcom": "first"}},
+                },
+                {
+                    "task_id": "g.b",
+                    "upstream": ["g.a"],
+                    "map_group": "g",
+                    "expand": {"x": {"xcom": "first"}},
+                },
+            ],
+        }
+    )
+    run = runs.trigger_dag(dag_id="g")
+    succeed(one(run, "first", 0), returned="x")
+    succeed(one(run, "first", 1), push=False)  # returned None
+    assert tis(run, "g.a") == [(-1, "scheduled")]
+    skip(one(run, "first", 2))
+    assert tis(run, "g.a") == [(0, "queued")]
+    assert tis(run, "g.b") == [(0, "scheduled")]
+    succeed(one(run, "g.a", 0), returned=1)
+    assert tis(run, "g.b") == [(0, "queued")]
 
 
 def test_the_sqlite_expansion_counts_a_mapped_outputs_pushed_values_the_same_way():
@@ -1100,3 +1118,28 @@ def test_the_sqlite_expansion_combines_the_sources_the_same_way():
         "zip_mapped": 1,
         "concat_mapped": 4,
     }
+
+
+def test_a_group_over_a_zip_expands_all_its_tasks_to_the_zips_length():
+    """A mapped group over `src.zip(other)`: its roots list both sources upstream; they expand
+    (and spread to the group's other tasks) once both succeeded, to the shorter's length."""
+    dag = group_dag({"x": {"zip": [{"xcom": "src"}, {"xcom": "other"}]}})
+    dag["tasks"].insert(0, {"task_id": "other"})
+    dag["tasks"][2]["upstream"] = ["other", "src"]
+    sync(dag)
+    run = runs.trigger_dag(dag_id="g")
+    succeed(one(run, "src"), returned=list("abcde"), mapped_length=5)
+    assert tis(run, "g.a") == [(-1, "scheduled")]
+    succeed(one(run, "other"), returned=[1, 2, 3], mapped_length=3)
+    assert states(run, "g.a") == ["queued"] * 3
+    assert tis(run, "g.b") == [(i, "scheduled") for i in range(3)]
+
+
+def test_a_group_root_must_list_every_source_of_its_zip_upstream():
+    dag = group_dag({"x": {"zip": [{"xcom": "src"}, {"xcom": "other"}]}})
+    dag["tasks"].insert(0, {"task_id": "other"})
+    with pytest.raises(
+        definitions.DefinitionError,
+        match="which expands over the return value of 'other': list it in upstream",
+    ):
+        sync(dag)

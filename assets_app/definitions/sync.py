@@ -28,10 +28,10 @@ Validation, before anything is written:
   Dag, duplicate outlets or upstream ids in a task, duplicate `dag_id`s across all the files of
   one sync; `upstream` ids that name no task of the Dag, a task upstream of itself, and cycles
   among a Dag's tasks (the message names them; `graphlib` finds them); a mapped task's `expand`
-  (`_check_mapping`): at most MAX_MAP_LENGTH literal values, or `{"xcom": id}` naming one of its
-  own upstream tasks, not itself mapped; the tasks of a mapped group (`map_group`) all expand
-  over the group's one source, a return value listed upstream by the group's roots
-  (`_check_map_groups`).
+  (`_check_mapping`): at most MAX_MAP_LENGTH literal values, or `{"xcom": id}` (or a `zip` /
+  `concat` of them) naming its own upstream tasks, none in a mapped group; the tasks of a mapped
+  group (`map_group`) all expand over the group's one source, return values listed upstream by
+  the group's roots (`_check_map_groups`).
 - Asset identity: one name means one uri (and one uri one name) across the files and against the
   assets already stored, since both are unique.
 - Trigger cycles ("cycles of aliases" in DESIGN 6.3). Aliases here resolve only to assets, so an
@@ -744,7 +744,7 @@ def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionErr
     max_map_length, which Airflow applies to pushed values only), or over the return values of
     its own upstream tasks (one, or several zipped or concatenated): unmapped ones, or mapped
     ones outside a mapped group (second order: one value per return value its map indexes
-    pushed; a mapped group over one is refused). The tasks of a mapped group are checked as one
+    pushed, for a mapped group's tasks too). The tasks of a mapped group are checked as one
     (`_check_map_groups`): there the return values are upstream of the group's roots."""
     tasks = {task.task_id: task for task in dag.tasks}
     grouped = _check_map_groups(dag, error)
@@ -767,17 +767,6 @@ def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionErr
                     where,
                     f"task {task.task_id!r} expands over the return value of {source!r}, "
                     f"which is not one of its upstream tasks{known}: list it in upstream",
-                )
-            upstream = tasks.get(source)
-            upstream_mapped = upstream is not None and (
-                upstream.map_length is not None or bool(upstream.map_upstream)
-            )
-            if task.map_group and upstream_mapped:
-                raise error(
-                    where,
-                    f"the mapped group {task.map_group!r} expands over the return values of "
-                    f"the mapped task {source!r}: a group over a mapped task's output is "
-                    "not served yet",
                 )
             if tasks[source].map_group:
                 raise error(

@@ -37,6 +37,7 @@ two more when a group spreads (its waiting -1 TIs, their UPDATE).
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db.models import (
     Case,
@@ -82,7 +83,7 @@ def _combined(combine: str, lengths: Sequence[int | None]) -> int | None:
     return sum(known)
 
 
-def _length_annotations(*, dag_run_id: int, dag_id: str, run_id: str, of: str) -> dict:
+def _length_annotations(*, dag_run_id: int, dag_id: str, run_id: str, of: str) -> dict[str, Any]:
     """What the length of the return value of the task named by the column `of` needs, in the
     run (`_source_length`'s arguments), as annotations of a Task query."""
     pushed = XCom.objects.filter(
@@ -143,7 +144,10 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
     exist). Returns (task_id, new state) per task: queued (expanded), skipped or
     upstream_failed."""
     dag_id, run_id = DagRun.objects.values_list("dag_id", "run_id").get(pk=dag_run_id)
-    in_run = {"dag_run_id": dag_run_id, "dag_id": dag_id, "run_id": run_id}
+
+    def lengths_of(column: str) -> dict[str, Any]:
+        return _length_annotations(dag_run_id=dag_run_id, dag_id=dag_id, run_id=run_id, of=column)
+
     # The tasks to expand, and the other tasks of their mapped groups (spread below).
     groups = Task.objects.filter(dag_id=dag_id, task_id__in=list(task_ids)).exclude(map_group="")
     in_group_upstream = TaskUpstream.objects.filter(
@@ -155,7 +159,7 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
             Q(task_id__in=list(task_ids))
             | Q(Exists(in_group_upstream), map_group__in=groups.values("map_group"))
         )
-        .annotate(**_length_annotations(**in_run, of="map_upstream"))
+        .annotate(**lengths_of("map_upstream"))
         .values_list(
             "task_id",
             "retries",
@@ -172,7 +176,7 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
         {
             task_id: _source_length(*columns)
             for task_id, *columns in Task.objects.filter(dag_id=dag_id, task_id__in=combined)
-            .annotate(**_length_annotations(**in_run, of="task_id"))
+            .annotate(**lengths_of("task_id"))
             .values_list("task_id", *LENGTH_COLUMNS)
         }
         if combined

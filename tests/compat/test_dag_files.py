@@ -394,7 +394,7 @@ def test_zip_and_concat_become_their_definition_forms_the_service_syncs(tmp_path
 
                 n, l = numbers(), letters()
                 doubled = show.override(task_id="doubled").expand(v=n)
-                show.override(task_id="zipped").expand(v=n.zip(l.map(str.upper)))
+                show.override(task_id="zipped").expand(v=n.zip(l.map(lambda s: s.upper())))
                 show.override(task_id="filled").expand(v=n.zip(l, fillvalue=None))
                 show.override(task_id="odd_fill").expand(
                     v=n.zip(l, fillvalue=datetime.date(2024, 1, 1))

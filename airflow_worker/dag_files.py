@@ -459,22 +459,33 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
       nulls); over several literals: the cross product's length (their lengths multiplied),
       under the first argument's name;
     - `.expand(arg=upstream())` over an upstream task's return value (a mapped one's too:
-      second order): `{"xcom": ...}`,
-      also through `.map(f)` (`upstream().map(f)`: the same length);
-    - `.expand_kwargs(...)` over a literal list of dicts or an unmapped upstream's return value:
-      the same, under the name `kwargs` (one map index per dict).
+      second order): `{"xcom": ...}`, also through `.map(f)` (`upstream().map(f)`: the same
+      length);
+    - `.expand_kwargs(...)` over a literal list of dicts or an upstream's return value: the
+      same, under the name `kwargs` (one map index per dict);
+    - over `a.zip(b, ...)` (issue 39): `{"zip": [{"xcom": ...}, ...]}`, with `"fillvalue"`
+      when the zip has one (its value when JSON holds it, else its repr: the service needs only
+      that there is one, the Task SDK reads the value from this file); over `a.concat(b, ...)`:
+      `{"concat": [...]}`; each of their parts an upstream's return value, also through `.map(f)`
+      (a `.map(f)` of a zip or concat keeps its length too).
 
     A task in a mapped task group (`@task_group` ... `.expand(...)` / `.expand_kwargs(...)`)
     gets the group's `expand` by the same rules, from the group's expand input, and the
     group's id as its `map_group` (`_dag`).
 
-    Anything else (an XCom among several arguments, `zip`/`concat` outputs, a mapped
+    Anything else (an XCom among several arguments, a zip or concat inside another, a mapped
     task inside a mapped group or a mapped group inside another) is refused, naming the task."""
     from airflow.sdk.definitions._internal.expandinput import (
         DictOfListsExpandInput,
         ListOfDictsExpandInput,
     )
-    from airflow.sdk.definitions.xcom_arg import MapXComArg, PlainXComArg
+    from airflow.sdk.definitions._internal.types import is_arg_set
+    from airflow.sdk.definitions.xcom_arg import (
+        ConcatXComArg,
+        MapXComArg,
+        PlainXComArg,
+        ZipXComArg,
+    )
 
     def refuse(how: str) -> DagFileError:
         return DagFileError(
@@ -482,10 +493,8 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
             "does not run yet"
         )
 
-    def source(value: Any) -> list[None] | dict[str, str] | None:
-        if isinstance(value, list | tuple | dict):
-            return [None] * len(value)
-        if isinstance(value, MapXComArg):
+    def output(value: Any) -> dict[str, str] | None:
+        while isinstance(value, MapXComArg):
             # `.map(f)` keeps its value's length: one map index per item, as without it (the
             # Task SDK applies f to each item when it resolves a map index's arguments).
             value = value.arg
@@ -494,6 +503,29 @@ def _expand(task: Any, *, where: str, dag_id: str) -> dict[str, Any] | None:
             # values its map indexes pushed, and the Task SDK reads them as a LazyXComSequence.
             return {"xcom": value.operator.task_id}
         return None
+
+    def source(value: Any) -> list[None] | dict[str, Any] | None:
+        if isinstance(value, list | tuple | dict):
+            return [None] * len(value)
+        while isinstance(value, MapXComArg):
+            value = value.arg
+        if not isinstance(value, ZipXComArg | ConcatXComArg):
+            return output(value)
+        kind = "zip" if isinstance(value, ZipXComArg) else "concat"
+        parts = [output(arg) for arg in value.args]
+        for arg, part in zip(value.args, parts, strict=True):
+            if part is None:
+                raise refuse(
+                    f"over a {kind} holding {type(arg).__name__} (only task outputs, also "
+                    "through .map)"
+                )
+        combined: dict[str, Any] = {kind: parts}
+        if isinstance(value, ZipXComArg) and is_arg_set(value.fillvalue):
+            try:
+                combined["fillvalue"] = json.loads(json.dumps(value.fillvalue))
+            except (TypeError, ValueError):
+                combined["fillvalue"] = repr(value.fillvalue)
+        return combined
 
     group = task.get_closest_mapped_task_group()
     if group is not None:

@@ -139,7 +139,8 @@ TASK_ATTRIBUTES: dict[str, Honoured | Refused] = {
     "task_id": Honoured(CONVERSION + ": `task_id`"),
     "dag": Honoured(STRUCTURE),
     "task_group": Honoured(
-        STRUCTURE + " (mapped groups: `expand` and `map_group`; every group: `task_groups`)"
+        STRUCTURE + " (mapped groups: `expand` and `map_group`, over a literal, a task's output or "
+        "a `zip` / `concat` of outputs; every group: `task_groups`)"
     ),
     "default_args": Honoured(STRUCTURE + " (each value is checked as the task's own)"),
     "retries": Honoured(CONVERSION + ": `retries`, the service's retry state"),

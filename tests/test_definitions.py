@@ -528,8 +528,9 @@ BAD_CASES = {
     "expand_not_a_list_or_xcom": (
         {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": "abc"}}]},
         "tasks[0].expand.x",
-        'an expand argument must be a list of values or {"xcom": "<upstream task_id>"}, got a '
-        "string",
+        'an expand argument must be a list of values, {"xcom": "<upstream task_id>"}, '
+        '{"zip": [{"xcom": ...}, ...]} (optionally with "fillvalue") or {"concat": [{"xcom": '
+        "...}, ...]}, got a string",
     ),
     "expand_xcom_unknown_key": (
         {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": {"xcom": "b", "key": "k"}}}]},
@@ -577,6 +578,44 @@ BAD_CASES = {
         "tasks[1].expand.x.xcom",
         "task 'b' expands over the return values of 'a', a task of the mapped group 'g': "
         "not served yet",
+    ),
+    "expand_zip_of_a_task_not_upstream": (
+        {
+            "dag_id": "d",
+            "tasks": [
+                {"task_id": "a"},
+                {"task_id": "b"},
+                {
+                    "task_id": "c",
+                    "upstream": ["a"],
+                    "expand": {"x": {"zip": [{"xcom": "a"}, {"xcom": "b"}]}},
+                },
+            ],
+        },
+        "tasks[2].expand.x.zip[1].xcom",
+        "task 'c' expands over the return value of 'b', which is not one of its upstream "
+        "tasks: list it in upstream (dag 'd')",
+    ),
+    "expand_zip_of_nothing": (
+        {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": {"zip": []}}}]},
+        "tasks[0].expand.x.zip",
+        "must not be empty",
+    ),
+    "expand_concat_of_a_literal": (
+        # Airflow's own parse fails on it too (a list has no iter_references).
+        {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": {"concat": [[1, 2]]}}}]},
+        "tasks[0].expand.x.concat[0]",
+        "an expand reference must be an object, got a list",
+    ),
+    "expand_concat_with_a_fillvalue": (
+        {
+            "dag_id": "d",
+            "tasks": [
+                {"task_id": "a", "expand": {"x": {"concat": [{"xcom": "b"}], "fillvalue": 0}}}
+            ],
+        },
+        "tasks[0].expand.x.fillvalue",
+        "unknown key 'fillvalue' in a concat (allowed: concat)",
     ),
     "expand_literal_beyond_max_map_length": (
         {"dag_id": "d", "tasks": [{"task_id": "a", "expand": {"x": list(range(1025))}}]},

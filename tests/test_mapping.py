@@ -914,22 +914,40 @@ def test_over_a_mapped_output_that_pushed_nothing_the_task_is_skipped():
     assert tis(run, "lenient") == [(-1, "skipped")]
 
 
-def test_a_mapped_group_over_a_mapped_output_is_refused_naming_it():
-    with pytest.raises(definitions.DefinitionError, match="a group over a mapped task's output"):
-        sync(
-            {
-                "dag_id": "g",
-                "tasks": [
-                    {"task_id": "first", "expand": {"x": [1, 2]}},
-                    {
-                        "task_id": "member",
-                        "upstream": ["first"],
-                        "map_group": "grp",
-                        "expand": {"x": {"xcom": "first"}},
-                    },
-                ],
-            }
-        )
+def test_a_mapped_group_over_a_mapped_output_expands_to_the_count_of_its_pushed_values():
+    """Airflow 3.3.2 counts a group's length as a task's (`get_mapped_ti_count` of the group:
+    `get_task_map_length` of the mapped output), and the group's roots wait on every map index
+    of the mapped task outside it (`_get_relevant_map_indexes`: no common mapped group)."""
+    sync(
+        {
+            "dag_id": "g",
+            "tasks": [
+                {"task_id": "first", "expand": {"x": [1, 2, 3]}},
+                {
+                    "task_id": "g.a",
+                    "upstream": ["first"],
+                    "map_group": "g",
+                    "trigger_rule": "none_failed",
+                    "expand": {"x": {"xcom": "first"}},
+                },
+                {
+                    "task_id": "g.b",
+                    "upstream": ["g.a"],
+                    "map_group": "g",
+                    "expand": {"x": {"xcom": "first"}},
+                },
+            ],
+        }
+    )
+    run = runs.trigger_dag(dag_id="g")
+    succeed(one(run, "first", 0), returned="x")
+    succeed(one(run, "first", 1), push=False)  # returned None
+    assert tis(run, "g.a") == [(-1, "scheduled")]
+    skip(one(run, "first", 2))
+    assert tis(run, "g.a") == [(0, "queued")]
+    assert tis(run, "g.b") == [(0, "scheduled")]
+    succeed(one(run, "g.a", 0), returned=1)
+    assert tis(run, "g.b") == [(0, "queued")]
 
 
 def test_the_sqlite_expansion_counts_a_mapped_outputs_pushed_values_the_same_way():
@@ -957,3 +975,171 @@ def test_the_sqlite_expansion_counts_a_mapped_outputs_pushed_values_the_same_way
         ("lenient", "queued")
     ]
     assert tis(run, "lenient") == [(0, "queued"), (1, "queued")]
+
+
+# --- over several return values: zip and concat (issue 39) -----------------------------------
+
+
+def xcoms_of(*task_ids: str) -> dict:
+    return {"x": {"zip": [{"xcom": task_id} for task_id in task_ids]}}
+
+
+COMBINED = {
+    "dag_id": "combined",
+    "tasks": [
+        {"task_id": "a"},
+        {"task_id": "b"},
+        {"task_id": "first", "expand": {"x": [1, 2, 3]}},
+        {"task_id": "zip", "upstream": ["a", "b"], "expand": xcoms_of("a", "b")},
+        {
+            "task_id": "zip_fill",
+            "upstream": ["a", "b"],
+            # null is a fillvalue too (Airflow's is_arg_set(None)): the longest counts.
+            "expand": {"x": {"zip": [{"xcom": "a"}, {"xcom": "b"}], "fillvalue": None}},
+        },
+        {
+            "task_id": "concat",
+            "upstream": ["a", "b"],
+            "expand": {"x": {"concat": [{"xcom": "a"}, {"xcom": "b"}, {"xcom": "a"}]}},
+        },
+        {
+            "task_id": "zip_mapped",
+            "upstream": ["a", "first"],
+            "trigger_rule": "all_done",
+            "expand": xcoms_of("first", "a"),
+        },
+        {
+            "task_id": "concat_mapped",
+            "upstream": ["a", "first"],
+            "trigger_rule": "all_done",
+            "expand": {"kwargs": {"concat": [{"xcom": "a"}, {"xcom": "first"}]}},
+        },
+    ],
+}
+
+
+def combined_run(*, a=None, b=None) -> DagRun:
+    """A run of COMBINED with `a` and `b` succeeded, returning these lists (None: not run)."""
+    sync(COMBINED)
+    run = runs.trigger_dag(dag_id="combined")
+    for task_id, returned in (("a", a), ("b", b)):
+        if returned is not None:
+            succeed(one(run, task_id), returned=returned, mapped_length=len(returned))
+    return run
+
+
+def test_sync_stores_how_several_return_values_combine_and_a_second_sync_changes_nothing():
+    sync(COMBINED)
+    stored = {
+        task_id: (upstream, combine, sources)
+        for task_id, upstream, combine, sources in Task.objects.filter(
+            dag_id="combined", map_length__isnull=True
+        ).values_list("task_id", "map_upstream", "map_combine", "map_sources")
+    }
+    assert stored == {
+        "a": ("", "", []),
+        "b": ("", "", []),
+        "zip": ("a", "zip", ["a", "b"]),
+        "zip_fill": ("a", "zip_longest", ["a", "b"]),
+        "concat": ("a", "concat", ["a", "b", "a"]),
+        "zip_mapped": ("first", "zip", ["first", "a"]),
+        "concat_mapped": ("a", "concat", ["a", "first"]),
+    }
+    assert sync(COMBINED).tasks_unchanged == 8
+
+
+def test_zip_is_the_shortest_with_a_fillvalue_the_longest_and_concat_the_sum():
+    """Airflow 3.3.2's `get_task_map_length` of a ZipXComArg (min, max with a fillvalue) and a
+    ConcatXComArg (sum), each source's length the one pushed with it (an object's keys too)."""
+    run = combined_run(a=[1, 2, 3])
+    # b not done yet: nothing expands.
+    assert tis(run, "zip") == [(-1, "scheduled")]
+    succeed(one(run, "b"), returned={"k": 1, "l": 2}, mapped_length=2)
+    assert tis(run, "zip") == [(0, "queued"), (1, "queued")]
+    assert tis(run, "zip_fill") == [(i, "queued") for i in range(3)]
+    assert tis(run, "concat") == [(i, "queued") for i in range(8)]
+
+
+def test_an_empty_source_makes_zip_skip_and_counts_nothing_in_concat_or_a_filled_zip():
+    run = combined_run(a=[], b=["x", "y"])
+    assert tis(run, "zip") == [(-1, "skipped")]
+    assert tis(run, "zip_fill") == [(0, "queued"), (1, "queued")]
+    assert tis(run, "concat") == [(0, "queued"), (1, "queued")]
+
+
+def test_a_source_with_nothing_to_map_over_leaves_nothing_to_map_over():
+    """One source without a value (its task failed, so nothing was pushed): Airflow's
+    NotFullyPopulated, the -1 TI upstream_failed, whatever the others give."""
+    run = combined_run(b=["x"])
+    fail(one(run, "a"))
+    for map_index in range(3):
+        succeed(one(run, "first", map_index), returned=map_index)
+    assert tis(run, "zip_mapped") == [(-1, "upstream_failed")]
+    assert tis(run, "concat_mapped") == [(-1, "upstream_failed")]
+
+
+def test_a_mapped_source_counts_the_values_its_map_indexes_pushed_once_all_are_done():
+    run = combined_run(a=[1, 2, 3])
+    succeed(one(run, "first", 0), returned=10)
+    succeed(one(run, "first", 1), push=False)  # returned None: nothing pushed
+    assert tis(run, "zip_mapped") == [(-1, "scheduled")]
+    skip(one(run, "first", 2))
+    # One value pushed: zip min(1, 3), concat 3 + 1.
+    assert tis(run, "zip_mapped") == [(0, "queued")]
+    assert tis(run, "concat_mapped") == [(i, "queued") for i in range(4)]
+
+
+def test_the_sqlite_expansion_combines_the_sources_the_same_way():
+    sync(COMBINED)
+    run = runs.trigger_dag(dag_id="combined")
+    now = timezone.now()
+    TaskInstance.objects.filter(dag_run=run, task_id__in=["a", "b", "first"]).update(
+        state="success"
+    )
+    for task_id, value, map_index in (("a", [1, 2, 3], -1), ("b", {"k": 1}, -1), ("first", 5, 1)):
+        xcoms.push(
+            dag_id="combined",
+            run_id=run.run_id,
+            task_id=task_id,
+            key="return_value",
+            value=value,
+            map_index=map_index,
+        )
+    expanded = mapping.expand(
+        dag_run_id=run.pk,
+        task_ids=["zip", "zip_fill", "concat", "zip_mapped", "concat_mapped"],
+        now=now,
+    )
+    assert {state for _, state in expanded} == {"queued"}
+    assert {task_id: len(tis(run, task_id)) for task_id, _ in expanded} == {
+        "zip": 1,
+        "zip_fill": 3,
+        "concat": 7,
+        "zip_mapped": 1,
+        "concat_mapped": 4,
+    }
+
+
+def test_a_group_over_a_zip_expands_all_its_tasks_to_the_zips_length():
+    """A mapped group over `src.zip(other)`: its roots list both sources upstream; they expand
+    (and spread to the group's other tasks) once both succeeded, to the shorter's length."""
+    dag = group_dag({"x": {"zip": [{"xcom": "src"}, {"xcom": "other"}]}})
+    dag["tasks"].insert(0, {"task_id": "other"})
+    dag["tasks"][2]["upstream"] = ["other", "src"]
+    sync(dag)
+    run = runs.trigger_dag(dag_id="g")
+    succeed(one(run, "src"), returned=list("abcde"), mapped_length=5)
+    assert tis(run, "g.a") == [(-1, "scheduled")]
+    succeed(one(run, "other"), returned=[1, 2, 3], mapped_length=3)
+    assert states(run, "g.a") == ["queued"] * 3
+    assert tis(run, "g.b") == [(i, "scheduled") for i in range(3)]
+
+
+def test_a_group_root_must_list_every_source_of_its_zip_upstream():
+    dag = group_dag({"x": {"zip": [{"xcom": "src"}, {"xcom": "other"}]}})
+    dag["tasks"].insert(0, {"task_id": "other"})
+    with pytest.raises(
+        definitions.DefinitionError,
+        match="which expands over the return value of 'other': list it in upstream",
+    ):
+        sync(dag)

@@ -401,14 +401,62 @@ class XComArg(_Object):
     xcom: Identifier = Field(description="task_id of an upstream task (listed in `upstream`).")
 
 
-EXPAND_SHAPES = 'a list of values or {"xcom": "<upstream task_id>"}'
+class ZipArg(_Object):
+    """Airflow's `a.zip(b, ...)` of upstream return values: map index i gets their i-th values
+    together (the Task SDK's tuple); as many map indexes as the shortest has values, or, with
+    `fillvalue`, the longest (Airflow's `get_task_map_length`)."""
+
+    what: ClassVar[str] = "a zip"
+    zip: list[XComArg] = Field(
+        min_length=1, description="The upstream return values zipped, in order."
+    )
+    fillvalue: Any = Field(
+        None,
+        json_schema_extra=_no_default,
+        description="Airflow's fillvalue: given (null too), the longest one's length counts; "
+        "the value itself is the worker's (it reads it from the Dag's file).",
+    )
+
+    @property
+    def longest(self) -> bool:
+        return "fillvalue" in self.model_fields_set
+
+
+class ConcatArg(_Object):
+    """Airflow's `a.concat(b, ...)` of upstream return values: one map index per value of each,
+    in order (the sum of their lengths)."""
+
+    what: ClassVar[str] = "a concat"
+    concat: list[XComArg] = Field(
+        min_length=1, description="The upstream return values concatenated, in order."
+    )
+
+
+EXPAND_SHAPES = (
+    'a list of values, {"xcom": "<upstream task_id>"}, {"zip": [{"xcom": ...}, ...]} '
+    '(optionally with "fillvalue") or {"concat": [{"xcom": ...}, ...]}'
+)
+
+
+def _expand_tag(value: Any) -> str | None:
+    if type(value) is list:
+        return "~literal"
+    if type(value) is not dict:
+        return None
+    if "zip" in value:
+        return "~zip"
+    return "~concat" if "concat" in value else "~xcom"
+
 
 ExpandValue = Annotated[
-    Annotated[list[Any], Tag("~literal")] | Annotated[XComArg, Tag("~xcom")],
-    _tagger(
-        {list: "~literal", dict: "~xcom"},
-        "expand_type",
-        f"an expand argument must be {EXPAND_SHAPES}",
+    Annotated[list[Any], Tag("~literal")]
+    | Annotated[XComArg, Tag("~xcom")]
+    | Annotated[ZipArg, Tag("~zip")]
+    | Annotated[ConcatArg, Tag("~concat")],
+    Discriminator(
+        _expand_tag,
+        custom_error_type="expand_type",
+        custom_error_message=f"an expand argument must be {EXPAND_SHAPES}",
     ),
 ]
 
@@ -432,8 +480,8 @@ Expand = Annotated[
     Field(
         json_schema_extra={"minProperties": 1, "maxProperties": 1, "additionalProperties": False},
         description="Airflow's `.expand(arg=...)`: the task runs once per value, each run a "
-        f"map index. One argument: {EXPAND_SHAPES} (the values it returned, known when it "
-        "succeeds; of a mapped upstream, one value per return value its map indexes pushed). "
+        f"map index. One argument: {EXPAND_SHAPES} (the values they returned, known when they "
+        "succeed; of a mapped upstream, one value per return value its map indexes pushed). "
         "At most MAX_MAP_LENGTH values (Airflow's max_map_length, 1024).",
     ),
 ]
@@ -946,9 +994,17 @@ _TAGS: dict[str, type[_Object]] = {
     "~alias": AliasCondition,
     "~asset": AssetCondition,
     "~xcom": XComArg,
+    "~zip": ZipArg,
+    "~concat": ConcatArg,
     **{f"~{kind}": model for kind, model in TIMETABLE_KINDS.items()},
 }
-_LISTED: dict[str, type[_Object]] = {"tasks": Task, "~dags": Dag, "watchers": Watcher}
+_LISTED: dict[str, type[_Object]] = {
+    "tasks": Task,
+    "~dags": Dag,
+    "watchers": Watcher,
+    "zip": XComArg,
+    "concat": XComArg,
+}
 # Objects that are the values of a mapping, by the mapping's key.
 _KEYED: dict[str, type[_Object]] = {"params": Param}
 _TYPE_ERRORS = {

@@ -28,10 +28,10 @@ Validation, before anything is written:
   Dag, duplicate outlets or upstream ids in a task, duplicate `dag_id`s across all the files of
   one sync; `upstream` ids that name no task of the Dag, a task upstream of itself, and cycles
   among a Dag's tasks (the message names them; `graphlib` finds them); a mapped task's `expand`
-  (`_check_mapping`): at most MAX_MAP_LENGTH literal values, or `{"xcom": id}` naming one of its
-  own upstream tasks, not itself mapped; the tasks of a mapped group (`map_group`) all expand
-  over the group's one source, a return value listed upstream by the group's roots
-  (`_check_map_groups`).
+  (`_check_mapping`): at most MAX_MAP_LENGTH literal values, or `{"xcom": id}` (or a `zip` /
+  `concat` of them) naming its own upstream tasks, none in a mapped group; the tasks of a mapped
+  group (`map_group`) all expand over the group's one source, return values listed upstream by
+  the group's roots (`_check_map_groups`).
 - Asset identity: one name means one uri (and one uri one name) across the files and against the
   assets already stored, since both are unique.
 - Trigger cycles ("cycles of aliases" in DESIGN 6.3). Aliases here resolve only to assets, so an
@@ -83,6 +83,7 @@ from ..models import (
     DagImportError,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    MapCombine,
     QueueWatcher,
     ScheduleMode,
     Task,
@@ -127,6 +128,8 @@ TASK_FIELDS = (
     "max_active_tis_per_dagrun",
     "map_length",
     "map_upstream",
+    "map_combine",
+    "map_sources",
     "map_group",
     "owner",
     "doc_md",
@@ -176,6 +179,10 @@ class TaskDefinition:
     # of the upstream task `map_upstream`; `expand_path` is the JSON path of what it expands.
     map_length: int | None = None
     map_upstream: str = ""
+    # Over several return values (issue 39, Airflow's zip / concat): how they combine and every
+    # source in order (`map_upstream` is the first); "" and () over one source.
+    map_combine: str = ""
+    map_source_ids: tuple[str, ...] = ()
     expand_path: str = field(default="", compare=False)
     # A task of the mapped task group of this id (its source the one above, as for every task
     # of the group); "" when not in one.
@@ -200,6 +207,16 @@ class TaskDefinition:
     def inlets(self) -> list[list[str]]:
         """The inlets as Task.inlets stores them."""
         return [[ref.name, ref.uri] for ref in self.inlet_refs]
+
+    @property
+    def map_sources(self) -> list[str]:
+        """The sources as Task.map_sources stores them."""
+        return list(self.map_source_ids)
+
+    @property
+    def xcom_sources(self) -> tuple[str, ...]:
+        """Every upstream task whose return value it maps over (none over a literal)."""
+        return self.map_source_ids or ((self.map_upstream,) if self.map_upstream else ())
 
 
 @dataclass(frozen=True)
@@ -457,7 +474,8 @@ def owners(task_owners: Iterable[str]) -> str:
 
 def _mapping(expand: dict[str, Any] | None, *, path: str) -> dict[str, Any]:
     """What the service keeps of a task's `expand` (one argument, `dag_schema`): the literal's
-    length or the upstream task whose return value it maps over. The values themselves are the
+    length, or the upstream task whose return value it maps over, or (zip, concat) how several
+    combine and which, the first of them also as `map_upstream`. The values themselves are the
     worker's (it reads them from the Dag's own file)."""
     if expand is None:
         return {}
@@ -465,6 +483,18 @@ def _mapping(expand: dict[str, Any] | None, *, path: str) -> dict[str, Any]:
     where = join(join(path, "expand"), argument)
     if isinstance(value, dag_schema.XComArg):
         return {"map_upstream": value.xcom, "expand_path": join(where, "xcom")}
+    if isinstance(value, dag_schema.ZipArg | dag_schema.ConcatArg):
+        if isinstance(value, dag_schema.ZipArg):
+            key, sources = "zip", value.zip
+            combine = MapCombine.ZIP_LONGEST if value.longest else MapCombine.ZIP
+        else:
+            key, sources, combine = "concat", value.concat, MapCombine.CONCAT
+        return {
+            "map_upstream": sources[0].xcom,
+            "map_combine": combine.value,
+            "map_source_ids": tuple(source.xcom for source in sources),
+            "expand_path": join(where, key),
+        }
     return {"map_length": len(value), "expand_path": where}
 
 
@@ -711,11 +741,11 @@ def _check_setup_teardown(dag: DagDefinition, error: Callable[[str, str], Defini
 
 def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> None:
     """A mapped task expands over at most MAX_MAP_LENGTH literal values (Airflow's
-    max_map_length, which Airflow applies to pushed values only), or over the return value of
-    one of its own upstream tasks: an unmapped one, or a mapped one outside a mapped group
-    (second order: one map index per return value its map indexes pushed; a mapped group over
-    one is refused). The tasks of a mapped group are checked as one (`_check_map_groups`):
-    there the return value is an upstream of the group's roots."""
+    max_map_length, which Airflow applies to pushed values only), or over the return values of
+    its own upstream tasks (one, or several zipped or concatenated): unmapped ones, or mapped
+    ones outside a mapped group (second order: one value per return value its map indexes
+    pushed, for a mapped group's tasks too). The tasks of a mapped group are checked as one
+    (`_check_map_groups`): there the return values are upstream of the group's roots."""
     tasks = {task.task_id: task for task in dag.tasks}
     grouped = _check_map_groups(dag, error)
     for task in dag.tasks:
@@ -725,33 +755,25 @@ def _check_mapping(dag: DagDefinition, error: Callable[[str, str], DefinitionErr
                 f"expand over {task.map_length} values, more than max_map_length "
                 f"{settings.MAX_MAP_LENGTH} (MAX_MAP_LENGTH)",
             )
-        if not task.map_upstream:
-            continue
-        if task.map_upstream not in task.upstream and task.task_id not in grouped:
-            known = "" if task.map_upstream in tasks else " (dag has no such task)"
-            raise error(
-                task.expand_path,
-                f"task {task.task_id!r} expands over the return value of {task.map_upstream!r}, "
-                f"which is not one of its upstream tasks{known}: list it in upstream",
+        for i, source in enumerate(task.xcom_sources):
+            where = (
+                join(join(task.expand_path, f"[{i}]"), "xcom")
+                if task.map_combine
+                else task.expand_path
             )
-        upstream = tasks.get(task.map_upstream)
-        upstream_mapped = upstream is not None and (
-            upstream.map_length is not None or bool(upstream.map_upstream)
-        )
-        if task.map_group and upstream_mapped:
-            raise error(
-                task.expand_path,
-                f"the mapped group {task.map_group!r} expands over the return values of the "
-                f"mapped task {task.map_upstream!r}: a group over a mapped task's output is "
-                "not served yet",
-            )
-        if tasks[task.map_upstream].map_group:
-            raise error(
-                task.expand_path,
-                f"task {task.task_id!r} expands over the return values of "
-                f"{task.map_upstream!r}, a task of the mapped group "
-                f"{tasks[task.map_upstream].map_group!r}: not served yet",
-            )
+            if source not in task.upstream and task.task_id not in grouped:
+                known = "" if source in tasks else " (dag has no such task)"
+                raise error(
+                    where,
+                    f"task {task.task_id!r} expands over the return value of {source!r}, "
+                    f"which is not one of its upstream tasks{known}: list it in upstream",
+                )
+            if tasks[source].map_group:
+                raise error(
+                    where,
+                    f"task {task.task_id!r} expands over the return values of {source!r}, a "
+                    f"task of the mapped group {tasks[source].map_group!r}: not served yet",
+                )
 
 
 def _check_map_groups(dag: DagDefinition, error: Callable[[str, str], DefinitionError]) -> set[str]:
@@ -778,7 +800,7 @@ def _check_map_groups(dag: DagDefinition, error: Callable[[str, str], Definition
         ids = {task.task_id for task in tasks}
         for task in tasks:
             grouped.add(task.task_id)
-            if (task.map_length, task.map_upstream) != (first.map_length, first.map_upstream):
+            if _source(task) != _source(first):
                 raise error(
                     task.expand_path,
                     f"task {task.task_id!r} of the mapped group {group!r} expands over "
@@ -791,24 +813,29 @@ def _check_map_groups(dag: DagDefinition, error: Callable[[str, str], Definition
                     f"task {task.task_id!r} of the mapped group {group!r}, mapped over a "
                     "return value, cannot have the trigger rule 'always' (as in Airflow)",
                 )
-            if first.map_upstream in ids:
-                raise error(
-                    task.expand_path,
-                    f"the mapped group {group!r} expands over the return value of its own task "
-                    f"{first.map_upstream!r}: it must come from a task outside the group",
-                )
-            is_root = not ids.intersection(task.upstream)
-            if is_root and first.map_upstream and first.map_upstream not in task.upstream:
-                raise error(
-                    join(task.path, "upstream"),
-                    f"task {task.task_id!r} is a root of the mapped group {group!r} (no upstream "
-                    f"in it), which expands over the return value of {first.map_upstream!r}: "
-                    "list it in upstream",
-                )
+            for source in first.xcom_sources:
+                if source in ids:
+                    raise error(
+                        task.expand_path,
+                        f"the mapped group {group!r} expands over the return value of its own "
+                        f"task {source!r}: it must come from a task outside the group",
+                    )
+                is_root = not ids.intersection(task.upstream)
+                if is_root and source not in task.upstream:
+                    raise error(
+                        join(task.path, "upstream"),
+                        f"task {task.task_id!r} is a root of the mapped group {group!r} (no "
+                        f"upstream in it), which expands over the return value of {source!r}: "
+                        "list it in upstream",
+                    )
     return grouped
 
 
 def _source(task: TaskDefinition) -> str:
+    if task.map_combine:
+        kind = "concat" if task.map_combine == MapCombine.CONCAT else "zip"
+        longest = " with a fillvalue" if task.map_combine == MapCombine.ZIP_LONGEST else ""
+        return f"the {kind} of {', '.join(map(repr, task.map_source_ids))}{longest}"
     if task.map_upstream:
         return f"the return value of {task.map_upstream!r}"
     return f"{task.map_length} literal values"

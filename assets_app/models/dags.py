@@ -188,6 +188,17 @@ PRIORITY_WEIGHT_MIN = -2147483648
 PRIORITY_WEIGHT_MAX = 2147483647
 
 
+class MapCombine(models.TextChoices):
+    """How a task mapped over several upstream outputs (`Task.map_sources`) combines them
+    (issue 39), as Airflow 3.3.2's `get_task_map_length` counts them: `XComArg.zip` (the
+    shortest's length), `zip(..., fillvalue=...)` (the longest's), `concat` (their sum)."""
+
+    ONE = "", "one source"
+    ZIP = "zip"
+    ZIP_LONGEST = "zip_longest"
+    CONCAT = "concat"
+
+
 class WeightRule(models.TextChoices):
     """Airflow's `WeightRule` (`airflow/task/weight_rule.py`): how a task's effective priority
     weight is totalled from its own and its relatives' `priority_weight`
@@ -249,6 +260,16 @@ class Task(models.Model):
     # (`sql/dependencies`), and a group mapped over a return value expands all its tasks when
     # its roots expand (`mapping`). "": not in a mapped group.
     map_group = models.CharField(max_length=DAG_ID_MAX_LENGTH, blank=True, default="")
+    # Over several upstream outputs (issue 39: Airflow's `a.zip(b, ...)`, `a.concat(b, ...)`):
+    # how they combine, and their task ids in order (a task may come twice: `a.concat(a)`), the
+    # first of them also in `map_upstream` (so "mapped over a return value" stays
+    # `map_upstream <> ''`). [] and "" over one source. The values are the worker's.
+    map_combine = models.CharField(
+        max_length=16, choices=MapCombine.choices, blank=True, default="", db_default=""
+    )
+    map_sources = models.JSONField(
+        default=list, db_default=models.Value([], models.JSONField()), blank=True
+    )
     # Airflow's `depends_on_past` (issue 39): a TI waits until the task's TIs in the Dag's
     # previous run (by logical date) are success or skipped; `wait_for_downstream` also waits
     # for their direct downstream TIs there (and sets `depends_on_past`, as Airflow's operator
@@ -309,6 +330,13 @@ class Task(models.Model):
             models.CheckConstraint(
                 condition=models.Q(map_length__isnull=True) | models.Q(map_upstream=""),
                 name="task_maps_over_one_source",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(map_combine__in=MapCombine.values), name="task_map_combine"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(map_combine="") | ~models.Q(map_upstream=""),
+                name="task_map_combine_over_outputs",
             ),
             # A mapped group's task is mapped over the group's source.
             models.CheckConstraint(

@@ -15,6 +15,10 @@ leaves the TI waiting and `expand` below does it, with the same rules:
 - over a mapped upstream (second order), as Airflow's `get_task_map_length`: the count of the
   return values its map indexes pushed (a map index that returned None, was skipped or failed
   pushed none), known once none of its TIs is unfinished (else nothing to map over);
+- over several return values (issue 39: Airflow's `a.zip(b, ...)`, `a.concat(b, ...)`,
+  `Task.map_combine`), each source's length as above, combined as Airflow's
+  `get_task_map_length` does: nothing to map over if one has none, else the shortest's length
+  (zip), the longest's (zip with a fillvalue) or their sum (concat);
 - n >= 1: the TI becomes map index 0 and map indexes 1..n-1 are inserted, all queued (their
   trigger rule is the one just met);
 - n = 0: the TI is skipped (Airflow: "Marking ... as SKIPPED since the map has 0 values");
@@ -27,12 +31,13 @@ waiting (`scheduled`) for their own map index of upstream (`sql/dependencies._wr
 where the PostgreSQL statement does the same).
 
 `expand`: four statements whatever n (the run, the lengths, one UPDATE of the -1 TIs, one
-INSERT of the others); two more when a group spreads (its waiting
--1 TIs, their UPDATE).
+INSERT of the others); one more when a task expands over several return values (their lengths),
+two more when a group spreads (its waiting -1 TIs, their UPDATE).
 """
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from django.db.models import (
     Case,
@@ -48,7 +53,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Greatest
 
-from ..models import DagRun, Task, TaskInstance, TaskUpstream, TIState, XCom
+from ..models import DagRun, MapCombine, Task, TaskInstance, TaskUpstream, TIState, XCom
 from ..models.runs import TI_UNFINISHED_STATES, first_try_number
 from ..sql.dependencies import RETURN_VALUE_KEY
 
@@ -65,31 +70,36 @@ def _length(
     return None
 
 
-def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[tuple[str, str]]:
-    """Expand the waiting map-index -1 TIs of `task_ids` in the run, whose trigger rule is met
-    (see the module docstring). Inside the caller's transaction; a TI expanded meanwhile is
-    left alone (the UPDATE matches only a waiting -1 TI, the INSERT ignores map indexes that
-    exist). Returns (task_id, new state) per task: queued (expanded), skipped or
-    upstream_failed."""
-    dag_id, run_id = DagRun.objects.values_list("dag_id", "run_id").get(pk=dag_run_id)
+def _combined(combine: str, lengths: Sequence[int | None]) -> int | None:
+    """Airflow's `get_task_map_length` of a zip or concat: nothing if one source gives
+    nothing, else the shortest's length, the longest's (a fillvalue) or their sum."""
+    if not lengths or any(length is None for length in lengths):
+        return None
+    known = [length for length in lengths if length is not None]
+    if combine == MapCombine.ZIP:
+        return min(known)
+    if combine == MapCombine.ZIP_LONGEST:
+        return max(known)
+    return sum(known)
+
+
+def _length_annotations(*, dag_run_id: int, dag_id: str, run_id: str, of: str) -> dict[str, Any]:
+    """What the length of the return value of the task named by the column `of` needs, in the
+    run (`_source_length`'s arguments), as annotations of a Task query."""
     pushed = XCom.objects.filter(
-        dag_id=dag_id,
-        run_id=run_id,
-        task_id=OuterRef("map_upstream"),
-        map_index=-1,
-        key=RETURN_VALUE_KEY,
+        dag_id=dag_id, run_id=run_id, task_id=OuterRef(of), map_index=-1, key=RETURN_VALUE_KEY
     )
-    mapped_upstream = Task.objects.filter(dag_id=dag_id, task_id=OuterRef("map_upstream")).filter(
+    mapped_source = Task.objects.filter(dag_id=dag_id, task_id=OuterRef(of)).filter(
         Q(map_length__isnull=False) | ~Q(map_upstream="")
     )
     unfinished = TaskInstance.objects.filter(
-        dag_run_id=dag_run_id, task_id=OuterRef("map_upstream"), state__in=TI_UNFINISHED_STATES
+        dag_run_id=dag_run_id, task_id=OuterRef(of), state__in=TI_UNFINISHED_STATES
     )
     pushed_by_map_indexes = (
         XCom.objects.filter(
             dag_id=dag_id,
             run_id=run_id,
-            task_id=OuterRef("map_upstream"),
+            task_id=OuterRef(of),
             map_index__gte=0,
             key=RETURN_VALUE_KEY,
         )
@@ -98,52 +108,92 @@ def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[t
         .annotate(n=Count("id"))
         .values("n")
     )
+    return {
+        "pushed_length": Subquery(pushed.values("mapped_length")[:1]),
+        "pushed_value": Subquery(pushed.values("value")[:1]),
+        "pushed_id": Subquery(pushed.values("id")[:1]),
+        "source_mapped": Exists(mapped_source),
+        # Of a mapped task (second order): nothing to map over while one of its TIs is
+        # unfinished, else the count of its map indexes' return values.
+        "pushed_count": Case(
+            When(Exists(unfinished), then=Value(None)),
+            default=Coalesce(Subquery(pushed_by_map_indexes), Value(0)),
+            output_field=IntegerField(),
+        ),
+    }
+
+
+LENGTH_COLUMNS = ("pushed_length", "pushed_value", "pushed_id", "source_mapped", "pushed_count")
+
+
+def _source_length(
+    pushed: int | None, value: object, xcom_id: object, mapped: bool, count: int | None
+) -> int | None:
+    """The length a return value gives (`LENGTH_COLUMNS`), as
+    `sql/dependencies._source_length_sql`: of an unmapped task, the pushed length or its value's;
+    of a mapped one, None while one of its TIs is unfinished, else its pushed values' count."""
+    if mapped:
+        return count
+    return _length(literal=None, pushed=pushed, value=value, has_value=xcom_id is not None)
+
+
+def expand(*, dag_run_id: int, task_ids: Sequence[str], now: datetime) -> list[tuple[str, str]]:
+    """Expand the waiting map-index -1 TIs of `task_ids` in the run, whose trigger rule is met
+    (see the module docstring). Inside the caller's transaction; a TI expanded meanwhile is
+    left alone (the UPDATE matches only a waiting -1 TI, the INSERT ignores map indexes that
+    exist). Returns (task_id, new state) per task: queued (expanded), skipped or
+    upstream_failed."""
+    dag_id, run_id = DagRun.objects.values_list("dag_id", "run_id").get(pk=dag_run_id)
+
+    def lengths_of(column: str) -> dict[str, Any]:
+        return _length_annotations(dag_run_id=dag_run_id, dag_id=dag_id, run_id=run_id, of=column)
+
     # The tasks to expand, and the other tasks of their mapped groups (spread below).
     groups = Task.objects.filter(dag_id=dag_id, task_id__in=list(task_ids)).exclude(map_group="")
     in_group_upstream = TaskUpstream.objects.filter(
         task=OuterRef("pk"), upstream__map_group=OuterRef("map_group")
     )
-    rows = (
+    rows = list(
         Task.objects.filter(dag_id=dag_id)
         .filter(
             Q(task_id__in=list(task_ids))
             | Q(Exists(in_group_upstream), map_group__in=groups.values("map_group"))
         )
-        .annotate(
-            pushed_length=Subquery(pushed.values("mapped_length")[:1]),
-            pushed_value=Subquery(pushed.values("value")[:1]),
-            pushed_id=Subquery(pushed.values("id")[:1]),
-            # Over a mapped upstream (second order): nothing to map over while one of its TIs
-            # is unfinished, else the count of its map indexes' return values.
-            upstream_mapped=Exists(mapped_upstream),
-            pushed_count=Case(
-                When(Exists(unfinished), then=Value(None)),
-                default=Coalesce(Subquery(pushed_by_map_indexes), Value(0)),
-                output_field=IntegerField(),
-            ),
-        )
+        .annotate(**lengths_of("map_upstream"))
         .values_list(
             "task_id",
             "retries",
             "map_length",
-            "pushed_length",
-            "pushed_value",
-            "pushed_id",
+            "map_combine",
+            "map_sources",
             "map_group",
-            "upstream_mapped",
-            "pushed_count",
+            *LENGTH_COLUMNS,
         )
+    )
+    # Over several return values (zip, concat): each one's length, one statement more.
+    combined = {source for row in rows if row[3] for source in row[4]}
+    sources = (
+        {
+            task_id: _source_length(*columns)
+            for task_id, *columns in Task.objects.filter(dag_id=dag_id, task_id__in=combined)
+            .annotate(**lengths_of("task_id"))
+            .values_list("task_id", *LENGTH_COLUMNS)
+        }
+        if combined
+        else {}
     )
     lengths: dict[str, int | None] = {}
     retries: dict[str, int] = {}
     group_of: dict[str, str] = {}
-    for task_id, task_retries, literal, length, value, xcom_id, group, mapped, count in rows:
+    for task_id, task_retries, literal, combine, of, group, *columns in rows:
         retries[task_id] = task_retries
         group_of[task_id] = group
         lengths[task_id] = (
-            count
-            if mapped and literal is None
-            else _length(literal=literal, pushed=length, value=value, has_value=xcom_id is not None)
+            literal
+            if literal is not None
+            else _combined(combine, [sources.get(source) for source in of])
+            if combine
+            else _source_length(*columns)
         )
     members = {task_id for task_id in group_of if task_id not in task_ids}
     lengths_of_members = {task_id: lengths.pop(task_id) for task_id in members}

@@ -20,6 +20,7 @@ from ..models import (
     DagRun,
     DagRunState,
     DagRunType,
+    MapCombine,
     SetupLinkKind,
     Task,
     TaskInstance,
@@ -388,24 +389,47 @@ def _copy_columns(source: str, **overrides: str) -> tuple[str, str]:
     return ", ".join(columns), ", ".join(values.get(c, f"{source}.{c}") for c in columns)
 
 
+def _source_length_sql(task_id: str) -> str:
+    """The length the return value of the upstream task named by the SQL `task_id` gives, in
+    the run of the TI `w` (PostgreSQL), as Airflow 3.3.2's `get_task_map_length` of a
+    `PlainXComArg`: of an unmapped task, the length the Task SDK pushed with its return value
+    (`XCom.mapped_length`, Airflow's TaskMap) else that value's if a list or object; of a mapped
+    one (second order), NULL while one of its TIs is unfinished, else the count of the return
+    values its map indexes pushed. NULL: nothing to map over."""
+    ti, xcom, task = TaskInstance._meta.db_table, XCom._meta.db_table, Task._meta.db_table
+    unfinished = ", ".join(_q(state) for state in TI_UNFINISHED_STATES)
+    key = _q(RETURN_VALUE_KEY)
+    return f"""(CASE WHEN NOT EXISTS (SELECT 1 FROM {task} um WHERE um.dag_id = w.dag_id
+            AND um.task_id = {task_id} AND (um.map_length IS NOT NULL OR um.map_upstream <> ''))
+        THEN (SELECT COALESCE(x.mapped_length, CASE jsonb_typeof(x.value)
+            WHEN 'array' THEN jsonb_array_length(x.value)
+            WHEN 'object' THEN (SELECT COUNT(*) FROM jsonb_object_keys(x.value)) END)
+            FROM {xcom} x WHERE x.dag_id = w.dag_id AND x.run_id = w.run_id
+            AND x.task_id = {task_id} AND x.map_index = -1 AND x.key = {key})
+        WHEN EXISTS (SELECT 1 FROM {ti} o WHERE o.dag_run_id = w.dag_run_id
+            AND o.task_id = {task_id} AND o.state IN ({unfinished})) THEN NULL
+        ELSE (SELECT COUNT(*) FROM {xcom} m WHERE m.dag_id = w.dag_id AND m.run_id = w.run_id
+            AND m.task_id = {task_id} AND m.map_index >= 0 AND m.key = {key}) END)"""
+
+
 def _write_sql() -> str:
     """The write of the evaluation statement, after its `decided` (ti_id, task_pk, unexpanded,
     map_length, map_upstream, map_index, retries, map_group, new_state). On PostgreSQL it also
     expands the mapped tasks' TIs of map index -1 whose rule is met (issue 25; the rules of
-    `mapping`, Airflow 3.3.2's `TaskMap.expand_mapped_task`): their length (the literal's, the
-    one the Task SDK pushed with the upstream's return value, else that value's length; over a
-    mapped upstream, as Airflow's `get_task_map_length`, the count of its map indexes' return
-    values once none of its TIs is unfinished, else nothing to map over), the -1
-    TI becomes map index 0 (queued) or is skipped (length 0) or upstream_failed (nothing to map
-    over), and map indexes 1..n-1 are inserted as copies of it, in the same statement: the
-    INSERT reads the UPDATE's RETURNING, so of two evaluations racing for one TI only the one
-    whose UPDATE changed it inserts (the UPDATE re-checks `map_index = -1` too, since a mapped
-    group's task stays waiting when it expands, below). A map index of a task mapped over a
-    return value, waiting again (a clear) when its rule is met, is revised as Airflow's
-    `DagRun._revise_map_indexes_if_mapped` does: beyond the new length it is removed, and map
-    index 0's row inserts the map indexes the new length adds. New TIs are a first try (try 1,
-    the task's retries; try 0 while they wait, and a waiting TI this statement queues gets try
-    1, `models.runs.first_try_number`).
+    `mapping`, Airflow 3.3.2's `TaskMap.expand_mapped_task`): their length (the literal's, or
+    the one the upstream's return value gives, `_source_length_sql`; over several zipped or
+    concatenated (`Task.map_combine`, issue 39), as Airflow's `get_task_map_length` combines
+    them: nothing to map over if one gives nothing, else the shortest's length, the longest's
+    with a fillvalue, or their sum), the -1 TI becomes map index 0 (queued) or is skipped
+    (length 0) or upstream_failed (nothing to map over), and map indexes 1..n-1 are inserted as
+    copies of it, in the same statement: the INSERT reads the UPDATE's RETURNING, so of two
+    evaluations racing for one TI only the one whose UPDATE changed it inserts (the UPDATE
+    re-checks `map_index = -1` too, since a mapped group's task stays waiting when it expands,
+    below). A map index of a task mapped over a return value, waiting again (a clear) when its
+    rule is met, is revised as Airflow's `DagRun._revise_map_indexes_if_mapped` does: beyond the
+    new length it is removed, and map index 0's row inserts the map indexes the new length adds.
+    New TIs are a first try (try 1, the task's retries; try 0 while they wait, and a waiting TI
+    this statement queues gets try 1, `models.runs.first_try_number`).
 
     A mapped group (`Task.map_group`) expands as one: when the statement expands (or grows) a
     task of the group, the group's tasks downstream of others in it get the same map indexes,
@@ -422,10 +446,9 @@ def _write_sql() -> str:
 
     SQLite (no data-modifying WITH) leaves a -1 TI waiting and returns it as `scheduled` for
     `mapping.expand`, and does not revise."""
-    ti, xcom = TaskInstance._meta.db_table, XCom._meta.db_table
+    ti = TaskInstance._meta.db_table
     task, link = Task._meta.db_table, TaskUpstream._meta.db_table
     waiting, queued = _q(TIState.SCHEDULED), _q(TIState.QUEUED)
-    unfinished = ", ".join(_q(state) for state in TI_UNFINISHED_STATES)
     # Queued: the TI's first try (Airflow counts one when its scheduler queues a TI; a cleared
     # TI keeps the next try its clear gave it). Skipped or upstream_failed: its try stays.
     greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
@@ -467,25 +490,19 @@ RETURNING {ti}.task_id, {ti}.state, {ti}.dag_run_id
     row_columns = ", ".join(str(field.column) for field in TaskInstance._meta.concrete_fields)
     return f""",
 lengths AS (
-    SELECT d.ti_id, COALESCE(d.map_length, CASE WHEN um.id IS NULL THEN COALESCE(
-        x.mapped_length, CASE jsonb_typeof(x.value)
-        WHEN 'array' THEN jsonb_array_length(x.value)
-        WHEN 'object' THEN (SELECT COUNT(*) FROM jsonb_object_keys(x.value)) END)
-        WHEN EXISTS (SELECT 1 FROM {ti} o WHERE o.dag_run_id = w.dag_run_id
-            AND o.task_id = d.map_upstream AND o.state IN ({unfinished})) THEN NULL
-        ELSE (SELECT COUNT(*) FROM {xcom} m WHERE m.dag_id = w.dag_id AND m.run_id = w.run_id
-            AND m.task_id = d.map_upstream AND m.map_index >= 0
-            AND m.key = {_q(RETURN_VALUE_KEY)}) END) AS len,
+    SELECT d.ti_id, COALESCE(d.map_length, CASE WHEN tk.map_combine = '' THEN
+        {_source_length_sql("d.map_upstream")} ELSE (
+        SELECT CASE WHEN COUNT(*) = COUNT(s.len) THEN CASE tk.map_combine
+            WHEN {_q(MapCombine.ZIP)} THEN MIN(s.len)
+            WHEN {_q(MapCombine.ZIP_LONGEST)} THEN MAX(s.len) ELSE SUM(s.len) END END
+        FROM (SELECT {_source_length_sql("src.task_id")} AS len
+            FROM jsonb_array_elements_text(tk.map_sources) AS src(task_id)) s) END) AS len,
         CASE WHEN d.unexpanded THEN 1 WHEN d.map_index = 0 THEN (
             SELECT MAX(o.map_index) + 1 FROM {ti} o
             WHERE o.dag_run_id = w.dag_run_id AND o.task_id = w.task_id) END AS grow_from
     FROM decided d
     JOIN {ti} w ON w.id = d.ti_id
-    LEFT JOIN {xcom} x ON d.map_upstream <> '' AND x.dag_id = w.dag_id
-        AND x.run_id = w.run_id AND x.task_id = d.map_upstream AND x.map_index = -1
-        AND x.key = {_q(RETURN_VALUE_KEY)}
-    LEFT JOIN {task} um ON d.map_upstream <> '' AND um.dag_id = w.dag_id
-        AND um.task_id = d.map_upstream AND (um.map_length IS NOT NULL OR um.map_upstream <> '')
+    JOIN {task} tk ON tk.id = d.task_pk
     WHERE d.new_state = {queued} AND (d.unexpanded OR d.map_upstream <> '')
 ),
 outcome AS (

@@ -368,18 +368,84 @@ def test_a_mapping_over_a_mapped_tasks_output_converts_and_syncs(tmp_path):
     }
 
 
+@pytest.mark.django_db
+def test_zip_and_concat_become_their_definition_forms_the_service_syncs(tmp_path):
+    """Issue 39: `a.zip(b, ...)` (with or without a fillvalue) and `a.concat(b, ...)` over task
+    outputs, also through `.map(f)` on either side, and `.expand_kwargs` over them."""
+    (tmp_path / "combined.py").write_text(
+        textwrap.dedent(
+            """
+            import datetime
+            from airflow.sdk import dag, task
+
+            @dag(dag_id="combined", schedule=None)
+            def combined():
+                @task
+                def numbers():
+                    return [1, 2, 3]
+
+                @task
+                def letters():
+                    return ["a", "b"]
+
+                @task
+                def show(v):
+                    return v
+
+                n, l = numbers(), letters()
+                doubled = show.override(task_id="doubled").expand(v=n)
+                show.override(task_id="zipped").expand(v=n.zip(l.map(lambda s: s.upper())))
+                show.override(task_id="filled").expand(v=n.zip(l, fillvalue=None))
+                show.override(task_id="odd_fill").expand(
+                    v=n.zip(l, fillvalue=datetime.date(2024, 1, 1))
+                )
+                show.override(task_id="joined").expand(v=n.concat(l, doubled).map(str))
+                show.override(task_id="as_kwargs").expand_kwargs(
+                    n.zip(l).map(lambda p: {"v": p})
+                )
+
+            combined()
+            """
+        )
+    )
+    converted = _convert(tmp_path)
+    assert converted.pop("import_errors") == {}
+    ((dag,),) = converted.values()
+    expands = {t["task_id"]: t["expand"] for t in dag["tasks"] if "expand" in t}
+    n, ls, doubled = {"xcom": "numbers"}, {"xcom": "letters"}, {"xcom": "doubled"}
+    assert expands == {
+        "doubled": {"v": n},
+        "zipped": {"v": {"zip": [n, ls]}},
+        "filled": {"v": {"zip": [n, ls], "fillvalue": None}},
+        "odd_fill": {"v": {"zip": [n, ls], "fillvalue": "datetime.date(2024, 1, 1)"}},
+        "joined": {"v": {"concat": [n, ls, doubled]}},
+        "as_kwargs": {"kwargs": {"zip": [n, ls]}},
+    }
+    definitions.sync_definitions(dags=definitions.parse_document(dag, file="combined.py"))
+    stored = Task.objects.filter(dag_id="combined").exclude(map_combine="")
+    assert {(t.task_id, t.map_combine, tuple(t.map_sources)) for t in stored} == {
+        ("zipped", "zip", ("numbers", "letters")),
+        ("filled", "zip_longest", ("numbers", "letters")),
+        ("odd_fill", "zip_longest", ("numbers", "letters")),
+        ("joined", "concat", ("numbers", "letters", "doubled")),
+        ("as_kwargs", "zip", ("numbers", "letters")),
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "how"),
     [
-        (
-            "square.expand_kwargs(numbers().zip(numbers()).map(lambda p: {'x': p[0]}))",
-            "with .expand_kwargs over MapXComArg",
-        ),
         ("square.expand(x=numbers(), y=[2])", "over 2 arguments, one of them an XCom"),
-        ("square.expand(x=numbers().zip(numbers()))", "over ZipXComArg"),
-        ("square.expand(x=numbers().concat(numbers()))", "over ConcatXComArg"),
+        (
+            "square.expand(x=numbers().concat(numbers().zip(numbers())))",
+            "over a concat holding ZipXComArg",
+        ),
+        (
+            "square.expand(x=numbers().zip(numbers()).concat(numbers()))",
+            "over a concat holding ZipXComArg",
+        ),
     ],
-    ids=["expand_kwargs_map_of_zip", "cross_product_xcom", "zip", "concat"],
+    ids=["cross_product_xcom", "zip_in_concat", "concat_of_zip"],
 )
 def test_a_mapping_the_service_cannot_run_is_refused_naming_the_task(tmp_path, body, how):
     (tmp_path / "fanout.py").write_text(
@@ -503,14 +569,14 @@ def test_tasks_of_a_mapped_task_group_become_map_group_definitions_the_service_s
             def g(x):
                 square(x)
 
-            g.expand(x=numbers().zip(numbers()))
+            g.expand(x=numbers().zip(numbers().concat(numbers())))
             """,
-            "maps task 'g.square' over ZipXComArg",
+            "maps task 'g.square' over a zip holding ConcatXComArg",
         ),
     ],
     # (A mapped task inside a mapped group the Task SDK itself refuses: "operator expansion
     # in an expanded task group is not yet supported".)
-    ids=["group_in_group", "group_over_zip"],
+    ids=["group_in_group", "group_over_zip_of_concat"],
 )
 def test_a_mapped_group_the_service_cannot_run_is_refused_naming_the_task(tmp_path, body, how):
     (tmp_path / "nested.py").write_text(

@@ -17,7 +17,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from ..catalog import dags, queued_events, task_order
+from ..catalog import dags, queued_events, task_graph, task_order
 from ..definitions import conditions, timetables
 from ..definitions import params as dag_params
 from ..guards import exceptions, limits
@@ -40,6 +40,7 @@ from ..models import (
     TIState,
 )
 from ..scheduling import runs
+from . import task_graph as task_graph_view
 from .base import (
     STATE_COLOURS,
     LinkTableAdmin,
@@ -192,10 +193,11 @@ class TaskInline(admin.TabularInline):
         dag_id = unquote(
             (request.resolver_match.kwargs if request.resolver_match else {}).get("object_id", "")
         )
+        # The Dag page's shape (`DagAdmin.get_object`) when it has read it: no query here.
+        shape = getattr(request, "dag_shape", None)
+        rows = shape.rows() if shape is not None else task_order.dag_task_rows(dag_id=dag_id)
         rank = [
-            When(task_id=row.task_id, then=Value(i))
-            for i, row in enumerate(task_order.dag_task_rows(dag_id=dag_id))
-            if row.task_id is not None
+            When(task_id=row.task_id, then=Value(i)) for i, row in enumerate(rows) if row.task_id
         ]
         queryset = super().get_queryset(request)
         if rank:
@@ -268,6 +270,7 @@ class DagAdmin(admin.ModelAdmin):
                 )
             },
         ),
+        ("Graph", {"fields": ("task_graph",), "classes": ("aes-wide",)}),
         (
             "Recent runs and the events they consumed",
             {"fields": ("recent_runs",), "classes": ("aes-wide",)},
@@ -294,6 +297,7 @@ class DagAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
         "recent_runs",
+        "task_graph",
     )
 
     def has_add_permission(self, request):
@@ -457,6 +461,11 @@ class DagAdmin(admin.ModelAdmin):
         obj = super().get_object(request, object_id, from_field)
         if obj is not None:
             obj._on_change_page = True
+            obj.request = request  # the task graph's open groups (?open=)
+            # Read once for the graph and the tasks' order (TaskInline).
+            obj.shape = request.dag_shape = task_graph.load(
+                dag_id=obj.dag_id, task_groups=obj.task_groups
+            )
         return obj
 
     @admin.display(description="tasks", ordering="task_count")
@@ -505,6 +514,15 @@ class DagAdmin(admin.ModelAdmin):
             )[:RECENT_RUNS]
         )
         return render_to_string("admin/assets_app/run_list.html", {"runs": runs})
+
+    @admin.display(description="")
+    def task_graph(self, obj):
+        """Tasks and their upstream edges laid out left to right (`task_graph`), from the
+        shape `get_object` read (two queries, shared with the tasks' order)."""
+        return task_graph_view.render(
+            shape=obj.shape,
+            request=getattr(obj, "request", None),
+        )
 
     @admin.display(description="runs")
     def grid_link(self, obj):

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from ..catalog import run_reads, task_order
+from ..catalog import run_reads, task_graph, task_order
 from ..models import (
     AssetAliasEvent,
     AssetEvent,
@@ -34,6 +34,7 @@ from ..models import (
 from ..runtime import logs as task_logs
 from ..scheduling import runs
 from . import log_view
+from . import task_graph as task_graph_view
 from .base import (
     EstimatedCountMixin,
     LinkTableAdmin,
@@ -82,16 +83,14 @@ def _row_status(row: AssetEventQueue, *, now: datetime) -> str:
     return "pending"
 
 
-def run_outputs(run: DagRun) -> list[TIOutput]:
+def run_outputs(run: DagRun, *, shape: task_graph.Shape | None = None) -> list[TIOutput]:
     """Per TI of the run, in the Dag's task order (`task_order`, tasks gone from the
     definition last): its events, its outbox row (pending / backing off / parked) and who
-    deleted its row, if anyone did. Seven queries whatever the number of TIs and events."""
+    deleted its row, if anyone did. Seven queries whatever the number of TIs and events; four
+    when the caller has read the Dag's `shape` (`task_graph.load`)."""
     now = timezone.now()
-    rank = {
-        row.task_id: i
-        for i, row in enumerate(task_order.dag_task_rows(dag_id=run.dag_id))
-        if row.task_id is not None
-    }
+    rows = shape.rows() if shape is not None else task_order.dag_task_rows(dag_id=run.dag_id)
+    rank = {row.task_id: i for i, row in enumerate(rows) if row.task_id is not None}
     tis = sorted(
         run.task_instances.all(),
         key=lambda ti: (rank.get(ti.task_id, len(rank)), ti.task_id, ti.map_index),
@@ -289,6 +288,7 @@ class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
         "conf_json",
         "task_instances_table",
         "consumed_events_table",
+        "task_graph",
     )
     fieldsets = (
         (None, {"fields": ("outputs_warning",), "classes": ("aes-wide", "aes-bare")}),
@@ -311,6 +311,7 @@ class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
                 )
             },
         ),
+        ("Graph", {"fields": ("task_graph",), "classes": ("aes-wide",)}),
         (
             "Task instances and the events they produced",
             {"fields": ("task_instances_table",), "classes": ("aes-wide",)},
@@ -383,7 +384,9 @@ class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
         # The change page's outputs are computed once and shared by its two fields.
         obj = super().get_object(request, object_id, from_field)
         if obj is not None:
-            obj.outputs = run_outputs(obj)
+            # The Dag's shape orders the TIs and draws the graph (`task_graph`).
+            obj.shape = task_graph.load(dag_id=obj.dag_id, task_groups=obj.dag.task_groups)
+            obj.outputs = run_outputs(obj, shape=obj.shape)
             # The TI table's clear buttons need the CSRF token and the permission.
             obj.request, obj.can_clear = request, self.has_clear_permission(request)
         return obj
@@ -445,6 +448,17 @@ class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
             "admin/assets_app/run_task_instances.html",
             {"outputs": obj.outputs, "run": obj, "can_clear": getattr(obj, "can_clear", False)},
             request=getattr(obj, "request", None),
+        )
+
+    @admin.display(description="")
+    def task_graph(self, obj):
+        """The Dag's graph coloured by this run's states (`task_graph`), from the shape and
+        the TIs the page has read (`get_object`, `run_outputs`): no query of its own."""
+        return task_graph_view.render(
+            shape=obj.shape,
+            request=getattr(obj, "request", None),
+            tis=[(o.ti.task_id, o.ti.state, o.ti.id) for o in obj.outputs],
+            run_pk=obj.pk,
         )
 
     @admin.display(description="consumed", ordering="consumed_event_count")

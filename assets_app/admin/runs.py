@@ -54,6 +54,7 @@ from .base import (
 CONSUMED_SHOWN = 200
 PRODUCED_SHOWN = 500
 GRID_RUNS = 25
+GRID_BAR_MIN, GRID_BAR_MAX = 4, 48  # px: a run's bar in the grid's header, by its duration
 FAILED_SHOWN = 10
 FAILED_LINES = 20
 
@@ -189,6 +190,18 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
             "end_date",
         )[:runs]
     ][::-1]
+    # Airflow's grid: each run's bar as tall as its duration against the longest shown, and a
+    # label under it (its logical date, else when it was due; the run id on hover).
+    seconds = [
+        ((r["end_date"] or now) - r["start_date"]).total_seconds() if r["start_date"] else 0.0
+        for r in recent
+    ]
+    longest = max(seconds, default=0.0) or 1.0
+    for run, took in zip(recent, seconds, strict=True):
+        run["bar"] = round(GRID_BAR_MIN + (GRID_BAR_MAX - GRID_BAR_MIN) * took / longest)
+        run["label"] = timezone.localtime(run["logical_date"] or run["run_after"]).strftime(
+            "%m-%d %H:%M"
+        )
     ordered = task_order.dag_task_rows(dag_id=dag.dag_id, task_groups=dag.task_groups)
     task_ids = [row.task_id for row in ordered if row.task_id is not None]
     cells: dict[tuple[str, int], list[dict]] = {}
@@ -247,14 +260,23 @@ def _grid_cell(task_id: str, tis: list[dict], run: dict, ti_url: str) -> str:
     states = [ti["state"] for ti in tis]
     state = run_reads.mapped_state(states)
     counts = ", ".join(f"{n} {s}" for s, n in run_reads.state_counts(states))
+    # Its duration: from the first map index's start to the last one's end.
+    starts = [ti["start_date"] for ti in tis if ti["start_date"]]
+    ends = [ti["end_date"] for ti in tis]
+    took = run_duration(
+        min(starts, default=None),
+        None if None in ends else max(ends),
+        now=timezone.now(),
+    )
     return format_html(
-        '<td><a href="{}#run-task-instances" title="{} ({} mapped) · {} · {}"><span '
+        '<td><a href="{}#run-task-instances" title="{} ({} mapped) · {} · {} · {}"><span '
         'class="aes-cell aes-cell-mapped" data-state="{}" data-mapped="{}" '
         'style="background:{}">{}</span></a></td>',
         reverse("admin:assets_app_dagrun_change", args=[run["id"]]),
         task_id,
         len(tis),
         counts,
+        took,
         run["run_id"],
         state or "",
         len(tis),

@@ -17,7 +17,7 @@ A group's position is that of its first task.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from assets_app.models import Dag, Task, TaskUpstream
@@ -74,7 +74,7 @@ class GroupTree:
         return groups
 
 
-def group_tree(*, task_ids: Iterable[str], task_groups: dict[str, Iterable[str]]) -> GroupTree:
+def group_tree(*, task_ids: Iterable[str], task_groups: Mapping[str, Iterable[str]]) -> GroupTree:
     """The nesting of `task_groups` (Airflow's `task_group_dict`: group id -> its tasks' ids,
     nested groups' included) over `task_ids`; tasks not in `task_ids` are left out."""
     known = set(task_ids)
@@ -96,7 +96,7 @@ def group_tree(*, task_ids: Iterable[str], task_groups: dict[str, Iterable[str]]
 
 
 def order(
-    *, task_ids: list[str], upstream: dict[str, set[str]], task_groups: dict[str, Iterable[str]]
+    *, task_ids: list[str], upstream: dict[str, set[str]], task_groups: Mapping[str, Iterable[str]]
 ) -> list[Row]:
     """`task_ids` (in declaration order) as rows: each group's children sorted topologically,
     a group's header row before its members, `depth` its nesting. Raises ValueError on a

@@ -171,6 +171,19 @@ def fold(shape: Shape, *, open_groups: Collection[str] = ()) -> Folded:
                 label=_label(row.group_id, tree.group_parent.get(row.group_id)),
                 members=tuple(t for t in task_ids if t in members),
             )
+    # Groups that wait for each other cannot be ordered (`Shape.rows` leaves the groups out):
+    # a folded one is still drawn, after the others.
+    for task_id in task_ids:
+        key = where[task_id]
+        if key not in nodes and key.startswith("group:"):
+            group = key.removeprefix("group:")
+            nodes[key] = Node(
+                key=key,
+                kind="group",
+                node_id=group,
+                label=_label(group, tree.group_parent.get(group)),
+                members=tuple(t for t in task_ids if where[t] == key),
+            )
     edges = sorted(
         {
             (where[up], where[down])

@@ -69,6 +69,16 @@ def test_an_open_group_shows_its_tasks_and_its_folded_subgroups():
     assert "task:g.inner.x" in both.nodes and set(both.open_groups) == {"g", "g.inner"}
 
 
+def test_groups_that_wait_for_each_other_are_still_drawn():
+    # a.x -> b.y and b.z -> a.w: neither group can come first (Airflow's grid refuses them).
+    crossed = shape(
+        [("a.x", "b.y"), ("b.z", "a.w")], groups={"a": ["a.x", "a.w"], "b": ["b.y", "b.z"]}
+    )
+    folded = task_graph.fold(crossed)
+    assert sorted(folded.nodes) == ["group:a", "group:b"]
+    assert folded.edges == [("group:a", "group:b"), ("group:b", "group:a")]
+
+
 def test_a_run_colours_tasks_mapped_tasks_and_groups_by_airflows_summary():
     folded = task_graph.fold(shape([("start", "m"), ("m", "g.a")], {"g": ["g.a"]}, mapped={"m"}))
     states = task_graph.node_states(

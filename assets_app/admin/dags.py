@@ -9,15 +9,16 @@ from django.contrib import admin
 from django.contrib.admin.utils import display_for_value, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, Count, Max, Min, OuterRef, Prefetch, Subquery, Value, When
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
 
-from ..catalog import dags, queued_events, task_order
+from ..catalog import dags, queued_events, task_graph, task_order
 from ..definitions import conditions, timetables
 from ..definitions import params as dag_params
 from ..guards import exceptions, limits
@@ -40,6 +41,7 @@ from ..models import (
     TIState,
 )
 from ..scheduling import runs
+from . import task_graph as task_graph_view
 from .base import (
     STATE_COLOURS,
     LinkTableAdmin,
@@ -192,10 +194,11 @@ class TaskInline(admin.TabularInline):
         dag_id = unquote(
             (request.resolver_match.kwargs if request.resolver_match else {}).get("object_id", "")
         )
+        # The Dag page's shape (`DagAdmin.get_object`) when it has read it: no query here.
+        shape = getattr(request, "dag_shape", None)
+        rows = shape.rows() if shape is not None else task_order.dag_task_rows(dag_id=dag_id)
         rank = [
-            When(task_id=row.task_id, then=Value(i))
-            for i, row in enumerate(task_order.dag_task_rows(dag_id=dag_id))
-            if row.task_id is not None
+            When(task_id=row.task_id, then=Value(i)) for i, row in enumerate(rows) if row.task_id
         ]
         queryset = super().get_queryset(request)
         if rank:
@@ -268,6 +271,7 @@ class DagAdmin(admin.ModelAdmin):
                 )
             },
         ),
+        ("Graph", {"fields": ("task_graph",), "classes": ("aes-wide",)}),
         (
             "Recent runs and the events they consumed",
             {"fields": ("recent_runs",), "classes": ("aes-wide",)},
@@ -294,10 +298,20 @@ class DagAdmin(admin.ModelAdmin):
         "created_at",
         "updated_at",
         "recent_runs",
+        "task_graph",
     )
 
     def has_add_permission(self, request):
         return False
+
+    def get_list_display(self, request):
+        """The pause toggle and the trigger button for those who may use them (issue 45)."""
+        shown = list(super().get_list_display(request))
+        if self.has_change_permission(request):
+            shown[shown.index("paused_view")] = "paused_toggle"
+        if self.has_trigger_permission(request):
+            shown[shown.index("grid_link")] = "grid_and_trigger"
+        return shown
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
@@ -342,6 +356,21 @@ class DagAdmin(admin.ModelAdmin):
             '<span class="aes-badge aes-badge-{}">{}</span>',
             "paused" if obj.is_paused else "ok",
             word,
+        )
+
+    @admin.display(description="state", ordering="is_paused")
+    def paused_toggle(self, obj):
+        """The state badge as a button that pauses or unpauses the Dag: a POST of the list's
+        own form (its CSRF token) to `pause_view`."""
+        return format_html(
+            '<button type="submit" formaction="{}" name="is_paused" value="{}" '
+            'class="aes-badge aes-badge-{} aes-toggle" data-dag="{}" title="{}">{}</button>',
+            reverse("admin:assets_app_dag_pause", args=[obj.pk]),
+            "0" if obj.is_paused else "1",
+            "paused" if obj.is_paused else "ok",
+            obj.dag_id,
+            "Unpause this Dag" if obj.is_paused else "Pause this Dag",
+            "paused" if obj.is_paused else "active",
         )
 
     @admin.display(description="tags")
@@ -457,6 +486,11 @@ class DagAdmin(admin.ModelAdmin):
         obj = super().get_object(request, object_id, from_field)
         if obj is not None:
             obj._on_change_page = True
+            obj.request = request  # the task graph's open groups (?open=)
+            # Read once for the graph and the tasks' order (TaskInline).
+            obj.shape = request.dag_shape = task_graph.load(
+                dag_id=obj.dag_id, task_groups=obj.task_groups
+            )
         return obj
 
     @admin.display(description="tasks", ordering="task_count")
@@ -506,14 +540,45 @@ class DagAdmin(admin.ModelAdmin):
         )
         return render_to_string("admin/assets_app/run_list.html", {"runs": runs})
 
+    @admin.display(description="")
+    def task_graph(self, obj):
+        """Tasks and their upstream edges laid out left to right (`task_graph`), from the
+        shape `get_object` read (two queries, shared with the tasks' order)."""
+        return task_graph_view.render(
+            shape=obj.shape,
+            request=getattr(obj, "request", None),
+        )
+
     @admin.display(description="runs")
     def grid_link(self, obj):
         url = reverse("admin:assets_app_dag_grid", args=[obj.pk])
         return format_html('<a href="{}">grid</a>', url)
 
+    @admin.display(description="runs")
+    def grid_and_trigger(self, obj):
+        """The grid link and a trigger button: a POST of the list's form (`trigger_view`,
+        conf {}) for a Dag without params, the trigger form (conf from the params) for one
+        with params, as Airflow's trigger opens its form when the Dag has params."""
+        grid = reverse("admin:assets_app_dag_grid", args=[obj.pk])
+        trigger = reverse("admin:assets_app_dag_trigger", args=[obj.pk])
+        if obj.params:
+            button = format_html(
+                '<a href="{}" class="aes-trigger" title="Trigger a run (with params)…">▶…</a>',
+                trigger,
+            )
+        else:
+            button = format_html(
+                '<button type="submit" formaction="{}" name="from_list" value="1" '
+                'class="aes-trigger" data-dag="{}" title="Trigger a run now">▶</button>',
+                trigger,
+                obj.dag_id,
+            )
+        return format_html('<a href="{}">grid</a> {}', grid, button)
+
     def get_urls(self):
         view = self.admin_site.admin_view
         return [
+            path("<path:object_id>/pause/", view(self.pause_view), name="assets_app_dag_pause"),
             path("lineage/", view(self.lineage_view), name="assets_app_dag_lineage"),
             path(
                 "<path:object_id>/queued-events/",
@@ -549,6 +614,19 @@ class DagAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/assets_app/dag_grid.html", context)
 
+    def pause_view(self, request, object_id):
+        """POST `is_paused` 1 or 0: pause or unpause the Dag (`dags.set_paused`: audited,
+        idempotent, an unpause stores its next run), then back to the page it came from."""
+        if request.method != "POST" or not self.has_change_permission(request):
+            raise PermissionDenied
+        dag = get_object_or_404(Dag, pk=object_id)
+        wanted = request.POST.get("is_paused")
+        if wanted not in ("0", "1"):
+            return HttpResponseBadRequest("is_paused must be 1 (pause) or 0 (unpause)")
+        dags.set_paused(dag_id=dag.dag_id, is_paused=wanted == "1", actor=actor_of(request))
+        self.message_user(request, f"{'Paused' if wanted == '1' else 'Unpaused'} {dag.dag_id}.")
+        return HttpResponseRedirect(_back(request))
+
     def trigger_view(self, request, object_id):
         """A manual run with a conf (`runs.trigger_dag`, as the API and `trigger_dag` do)."""
         if not self.has_trigger_permission(request):
@@ -575,6 +653,8 @@ class DagAdmin(admin.ModelAdmin):
                 error = exc.message
             else:
                 self.message_user(request, f"Triggered run {run.run_id} of {dag.dag_id}.")
+                if request.POST.get("from_list") == "1":
+                    return HttpResponseRedirect(_back(request))
                 return HttpResponseRedirect(
                     reverse("admin:assets_app_dagrun_change", args=[run.pk])
                 )
@@ -630,6 +710,16 @@ class DagAdmin(admin.ModelAdmin):
             "can_clear": self.has_clear_queued_events_permission(request),
         }
         return TemplateResponse(request, "admin/assets_app/dag_queued_events.html", context)
+
+
+def _back(request) -> str:
+    """The Dag list the request came from (its filters and page kept), else the list."""
+    referer = request.META.get("HTTP_REFERER", "")
+    if referer and url_has_allowed_host_and_scheme(
+        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return referer
+    return reverse("admin:assets_app_dag_changelist")
 
 
 def queued_events_context(dag: Dag) -> dict:

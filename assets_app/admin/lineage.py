@@ -7,6 +7,7 @@ waiting events) are read on every request.
 """
 
 import hashlib
+from collections.abc import Iterable
 
 from django.contrib import messages
 from django.contrib.admin.utils import quote
@@ -36,9 +37,9 @@ LAYOUT_CACHE_SECONDS = 24 * 3600
 class _Box:
     """grandalf's vertex view: laid out top-down with w/h swapped, then turned left-right."""
 
-    w = NODE_HEIGHT
-    h = NODE_WIDTH
-    xy = (0.0, 0.0)
+    def __init__(self, width: float, height: float):
+        self.w, self.h = height, width
+        self.xy = (0.0, 0.0)
 
 
 class _Path:
@@ -49,7 +50,9 @@ class _Path:
         self.points = list(points)
 
 
-def _layout_component(component) -> tuple[dict[str, tuple[float, float]], dict, float, float]:
+def _layout_component(
+    component, node_width: float, node_height: float
+) -> tuple[dict[str, tuple[float, float]], dict, float, float]:
     sugiyama = SugiyamaLayout(component)
     sugiyama.xspace = ROW_GAP
     sugiyama.yspace = LAYER_GAP
@@ -64,28 +67,50 @@ def _layout_component(component) -> tuple[dict[str, tuple[float, float]], dict, 
     }
     xs = [x for x, _ in positions.values()]
     ys = [y for _, y in positions.values()]
-    left, top = min(xs) - NODE_WIDTH / 2, min(ys) - NODE_HEIGHT / 2
+    left, top = min(xs) - node_width / 2, min(ys) - node_height / 2
     positions = {k: (x - left, y - top) for k, (x, y) in positions.items()}
     paths = {k: [(x - left, y - top) for x, y in pts] for k, pts in paths.items()}
-    return positions, paths, max(xs) - min(xs) + NODE_WIDTH, max(ys) - min(ys) + NODE_HEIGHT
+    return positions, paths, max(xs) - min(xs) + node_width, max(ys) - min(ys) + node_height
 
 
 def layout(graph: lineage.Graph) -> dict:
     """Node centres and edge polylines for `graph`, components packed in rows. Cached by the
     graph's shape (its node keys and edges)."""
-    keys = sorted(graph.nodes)
-    shape = (
-        "\n".join(keys)
-        + "\n--\n"
-        + "\n".join(sorted(f"{e.source} {e.target}" for e in graph.edges))
+    return layered(
+        graph.nodes,
+        [(e.source, e.target) for e in graph.edges],
+        node_width=NODE_WIDTH,
+        node_height=NODE_HEIGHT,
+        namespace="lineage-layout",
     )
-    cache_key = "lineage-layout:" + hashlib.sha256(shape.encode()).hexdigest()
+
+
+def layered(
+    nodes: Iterable[str],
+    edges: Iterable[tuple[str, str]],
+    *,
+    node_width: float,
+    node_height: float,
+    namespace: str,
+) -> dict:
+    """grandalf's Sugiyama layout of `nodes` and `edges` (source, target), layers left to
+    right, connected components packed in rows of about MAX_ROW_WIDTH: node centres, edge
+    polylines, width and height. Cached under `namespace` by the shape (keys and edges)."""
+    keys = sorted(nodes)
+    links = sorted({(source, target) for source, target in edges if source != target})
+    shape = (
+        f"{node_width}x{node_height}\n"
+        + "\n".join(keys)
+        + "\n--\n"
+        + "\n".join(f"{source} {target}" for source, target in links)
+    )
+    cache_key = f"{namespace}:" + hashlib.sha256(shape.encode()).hexdigest()
     cached = cache.get(cache_key)
     if cached is not None:
         return cached
     vertices = {key: Vertex(key) for key in keys}
     for vertex in vertices.values():
-        vertex.view = _Box()
+        vertex.view = _Box(node_width, node_height)
     # Connected components are found here (grandalf's Graph() finds them in quadratic time: 3 s
     # of a 3.6 s layout at 300 Dags), then each is laid out as one grandalf graph_core.
     root = {key: key for key in keys}
@@ -96,7 +121,6 @@ def layout(graph: lineage.Graph) -> dict:
             key = root[key]
         return key
 
-    links = sorted({(e.source, e.target) for e in graph.edges if e.source != e.target})
     for source, target in links:
         root[find(source)] = find(target)
     members: dict[str, list[Vertex]] = {}
@@ -108,7 +132,10 @@ def layout(graph: lineage.Graph) -> dict:
         gedge.view = _Path()
         edges_of.setdefault(find(source), []).append(gedge)
     components = sorted(
-        (_layout_component(graph_core(vs, edges_of.get(r, []))) for r, vs in members.items()),
+        (
+            _layout_component(graph_core(vs, edges_of.get(r, [])), node_width, node_height)
+            for r, vs in members.items()
+        ),
         key=lambda c: (-c[3], -c[2]),
     )
     positions: dict[str, tuple[float, float]] = {}

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from ..catalog import run_reads, task_order
+from ..catalog import run_reads, task_graph, task_order
 from ..models import (
     AssetAliasEvent,
     AssetEvent,
@@ -34,6 +34,7 @@ from ..models import (
 from ..runtime import logs as task_logs
 from ..scheduling import runs
 from . import log_view
+from . import task_graph as task_graph_view
 from .base import (
     EstimatedCountMixin,
     LinkTableAdmin,
@@ -53,6 +54,7 @@ from .base import (
 CONSUMED_SHOWN = 200
 PRODUCED_SHOWN = 500
 GRID_RUNS = 25
+GRID_BAR_MIN, GRID_BAR_MAX = 4, 48  # px: a run's bar in the grid's header, by its duration
 FAILED_SHOWN = 10
 FAILED_LINES = 20
 
@@ -82,16 +84,14 @@ def _row_status(row: AssetEventQueue, *, now: datetime) -> str:
     return "pending"
 
 
-def run_outputs(run: DagRun) -> list[TIOutput]:
+def run_outputs(run: DagRun, *, shape: task_graph.Shape | None = None) -> list[TIOutput]:
     """Per TI of the run, in the Dag's task order (`task_order`, tasks gone from the
     definition last): its events, its outbox row (pending / backing off / parked) and who
-    deleted its row, if anyone did. Seven queries whatever the number of TIs and events."""
+    deleted its row, if anyone did. Seven queries whatever the number of TIs and events; four
+    when the caller has read the Dag's `shape` (`task_graph.load`)."""
     now = timezone.now()
-    rank = {
-        row.task_id: i
-        for i, row in enumerate(task_order.dag_task_rows(dag_id=run.dag_id))
-        if row.task_id is not None
-    }
+    rows = shape.rows() if shape is not None else task_order.dag_task_rows(dag_id=run.dag_id)
+    rank = {row.task_id: i for i, row in enumerate(rows) if row.task_id is not None}
     tis = sorted(
         run.task_instances.all(),
         key=lambda ti: (rank.get(ti.task_id, len(rank)), ti.task_id, ti.map_index),
@@ -190,6 +190,18 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
             "end_date",
         )[:runs]
     ][::-1]
+    # Airflow's grid: each run's bar as tall as its duration against the longest shown, and a
+    # label under it (its logical date, else when it was due; the run id on hover).
+    seconds = [
+        ((r["end_date"] or now) - r["start_date"]).total_seconds() if r["start_date"] else 0.0
+        for r in recent
+    ]
+    longest = max(seconds, default=0.0) or 1.0
+    for run, took in zip(recent, seconds, strict=True):
+        run["bar"] = round(GRID_BAR_MIN + (GRID_BAR_MAX - GRID_BAR_MIN) * took / longest)
+        run["label"] = timezone.localtime(run["logical_date"] or run["run_after"]).strftime(
+            "%m-%d %H:%M"
+        )
     ordered = task_order.dag_task_rows(dag_id=dag.dag_id, task_groups=dag.task_groups)
     task_ids = [row.task_id for row in ordered if row.task_id is not None]
     cells: dict[tuple[str, int], list[dict]] = {}
@@ -248,14 +260,23 @@ def _grid_cell(task_id: str, tis: list[dict], run: dict, ti_url: str) -> str:
     states = [ti["state"] for ti in tis]
     state = run_reads.mapped_state(states)
     counts = ", ".join(f"{n} {s}" for s, n in run_reads.state_counts(states))
+    # Its duration: from the first map index's start to the last one's end.
+    starts = [ti["start_date"] for ti in tis if ti["start_date"]]
+    ends = [ti["end_date"] for ti in tis]
+    took = run_duration(
+        min(starts, default=None),
+        None if None in ends else max(ends),
+        now=timezone.now(),
+    )
     return format_html(
-        '<td><a href="{}#run-task-instances" title="{} ({} mapped) · {} · {}"><span '
+        '<td><a href="{}#run-task-instances" title="{} ({} mapped) · {} · {} · {}"><span '
         'class="aes-cell aes-cell-mapped" data-state="{}" data-mapped="{}" '
         'style="background:{}">{}</span></a></td>',
         reverse("admin:assets_app_dagrun_change", args=[run["id"]]),
         task_id,
         len(tis),
         counts,
+        took,
         run["run_id"],
         state or "",
         len(tis),
@@ -289,6 +310,7 @@ class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
         "conf_json",
         "task_instances_table",
         "consumed_events_table",
+        "task_graph",
     )
     fieldsets = (
         (None, {"fields": ("outputs_warning",), "classes": ("aes-wide", "aes-bare")}),
@@ -311,6 +333,7 @@ class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
                 )
             },
         ),
+        ("Graph", {"fields": ("task_graph",), "classes": ("aes-wide",)}),
         (
             "Task instances and the events they produced",
             {"fields": ("task_instances_table",), "classes": ("aes-wide",)},
@@ -383,7 +406,9 @@ class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
         # The change page's outputs are computed once and shared by its two fields.
         obj = super().get_object(request, object_id, from_field)
         if obj is not None:
-            obj.outputs = run_outputs(obj)
+            # The Dag's shape orders the TIs and draws the graph (`task_graph`).
+            obj.shape = task_graph.load(dag_id=obj.dag_id, task_groups=obj.dag.task_groups)
+            obj.outputs = run_outputs(obj, shape=obj.shape)
             # The TI table's clear buttons need the CSRF token and the permission.
             obj.request, obj.can_clear = request, self.has_clear_permission(request)
         return obj
@@ -445,6 +470,17 @@ class DagRunAdmin(EstimatedCountMixin, admin.ModelAdmin):
             "admin/assets_app/run_task_instances.html",
             {"outputs": obj.outputs, "run": obj, "can_clear": getattr(obj, "can_clear", False)},
             request=getattr(obj, "request", None),
+        )
+
+    @admin.display(description="")
+    def task_graph(self, obj):
+        """The Dag's graph coloured by this run's states (`task_graph`), from the shape and
+        the TIs the page has read (`get_object`, `run_outputs`): no query of its own."""
+        return task_graph_view.render(
+            shape=obj.shape,
+            request=getattr(obj, "request", None),
+            tis=[(o.ti.task_id, o.ti.state, o.ti.id) for o in obj.outputs],
+            run_pk=obj.pk,
         )
 
     @admin.display(description="consumed", ordering="consumed_event_count")

@@ -17,7 +17,7 @@ A group's position is that of its first task.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from assets_app.models import Dag, Task, TaskUpstream
@@ -56,14 +56,29 @@ def dag_task_rows(*, dag_id: str, task_groups: dict | None = None) -> list[Row]:
         return order(task_ids=task_ids, upstream=upstream, task_groups={})
 
 
-def order(
-    *, task_ids: list[str], upstream: dict[str, set[str]], task_groups: dict[str, Iterable[str]]
-) -> list[Row]:
-    """`task_ids` (in declaration order) as rows: each group's children sorted topologically,
-    a group's header row before its members, `depth` its nesting. Raises ValueError on a
-    cycle (the definitions refuse cycles; a stored one is corrupt)."""
-    position = {task_id: i for i, task_id in enumerate(task_ids)}
-    members = {g: {t for t in ids if t in position} for g, ids in task_groups.items()}
+@dataclass(frozen=True)
+class GroupTree:
+    """How a Dag's task groups nest: each group's tasks (nested groups' included), each group's
+    and each task's innermost enclosing group (None: the Dag's top level)."""
+
+    members: dict[str, set[str]]
+    group_parent: dict[str, str | None]
+    task_parent: dict[str, str | None]
+
+    def chain(self, task_id: str) -> list[str]:
+        """The groups holding `task_id`, innermost first."""
+        groups, parent = [], self.task_parent.get(task_id)
+        while parent is not None:
+            groups.append(parent)
+            parent = self.group_parent[parent]
+        return groups
+
+
+def group_tree(*, task_ids: Iterable[str], task_groups: Mapping[str, Iterable[str]]) -> GroupTree:
+    """The nesting of `task_groups` (Airflow's `task_group_dict`: group id -> its tasks' ids,
+    nested groups' included) over `task_ids`; tasks not in `task_ids` are left out."""
+    known = set(task_ids)
+    members = {g: {t for t in ids if t in known} for g, ids in task_groups.items()}
 
     def size(g: str) -> tuple[int, int]:
         # The innermost group first; of two with the same tasks, the one nested deeper.
@@ -74,9 +89,21 @@ def order(
         holders = [h for h in members if h != g and members[g] <= members[h] and size(h) > size(g)]
         group_parent[g] = min(holders, key=size) if holders else None
     task_parent: dict[str, str | None] = {}
-    for task_id in task_ids:
+    for task_id in sorted(known):
         holders = [g for g in members if task_id in members[g]]
         task_parent[task_id] = min(holders, key=size) if holders else None
+    return GroupTree(members=members, group_parent=group_parent, task_parent=task_parent)
+
+
+def order(
+    *, task_ids: list[str], upstream: dict[str, set[str]], task_groups: Mapping[str, Iterable[str]]
+) -> list[Row]:
+    """`task_ids` (in declaration order) as rows: each group's children sorted topologically,
+    a group's header row before its members, `depth` its nesting. Raises ValueError on a
+    cycle (the definitions refuse cycles; a stored one is corrupt)."""
+    position = {task_id: i for i, task_id in enumerate(task_ids)}
+    tree = group_tree(task_ids=task_ids, task_groups=task_groups)
+    members, group_parent, task_parent = tree.members, tree.group_parent, tree.task_parent
 
     # A node is ("t", task_id) or ("g", group_id).
     children: dict[str | None, list[tuple[str, str]]] = {}

@@ -152,9 +152,10 @@ def test_a_failed_run_shows_its_failed_tis_last_lines_and_error(
     run = _failed_run(1)
     url = reverse("admin:assets_app_dagrun_change", args=[run.pk])
     staff_client.get(url)
-    # session, user, the run, the task order (groups, tasks, upstream), its TIs, events,
-    # outbox rows, deletions, the failed logs, the consumed events, their aliases.
-    with django_assert_num_queries(13) as pinned:
+    # session, user, the run, its Dag, the Dag's shape (tasks, upstream: the task order and
+    # the graph), its TIs, events, outbox rows, deletions, the failed logs, the consumed events,
+    # their aliases.
+    with django_assert_num_queries(12) as pinned:
         page = staff_client.get(url).content.decode()
     assert "No output of this run was lost." not in page
     assert page.index('id="run-failed"') < page.index("Run id:")

@@ -66,6 +66,7 @@ from ..models import (
 )
 from ..models.runs import TI_UNFINISHED_STATES
 from ..operations import audit
+from ..sql import callbacks as callbacks_sql
 from ..sql import dependencies as dependencies_sql
 from . import mapping
 
@@ -192,14 +193,21 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
     a task failure): when the Dag's last that many runs by run_after all failed, it is paused
     and audited with Airflow's log line (`_pause_after_consecutive_failures`): one
     conditional UPDATE more, only for a run that failed; two audit INSERTs when it pauses.
+
+    A Dag with `on_success_callback` / `on_failure_callback` (issue 39) gets one callback
+    request per finish, committed with the run's state (outbox style: `bin/airflow-worker`
+    claims and runs it later, never under any lock here); a replay finishes nothing and so
+    writes nothing, and the request's unique key refuses a second one for the same finish.
     """
     # The run's `dag_run.succeeded` / `dag_run.failed` webhook messages commit with its state
-    # (issue 29): one statement more, only for a run that finished. No savepoint inside a
-    # caller's transaction: both statements are the caller's then.
+    # (issue 29), and its Dag callback request (issue 39, `sql.callbacks`: written only for a
+    # Dag with the callback of that state): two statements more, only for a run that
+    # finished. No savepoint inside a caller's transaction: they are the caller's then.
     with transaction.atomic(savepoint=False):
         finished = _execute_finish_run_update(dag_run_id, now=now)
         if finished:
             webhooks.write_run_finished(dag_run_id=dag_run_id, now=now)
+            callbacks_sql.write_requests(dag_run_ids=[dag_run_id], now=now)
         if finished == DagRunState.FAILED:
             _pause_after_consecutive_failures(dag_id=dag_id, now=now)
     if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():

@@ -36,6 +36,16 @@ _LAST_UNFINISHED_TI = (
 )
 
 
+# Over a run row just finished (the finish UPDATE's RETURNING, `scheduling.dependencies`):
+# whether its Dag has the callback of its new state, so that a Dag without one costs no
+# statement more.
+WANTED = (
+    f"(SELECT CASE WHEN {_RUN}.state = 'success' THEN d.has_on_success_callback "
+    f"WHEN {_RUN}.state = 'failed' THEN d.has_on_failure_callback ELSE FALSE END "
+    f"FROM {_DAG} d WHERE d.dag_id = {_RUN}.dag_id)"
+)
+
+
 def _at(value: datetime):
     return connection.ops.adapt_datetimefield_value(value)
 

@@ -10,10 +10,17 @@ import threading
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from assets_app.guards import exceptions
-from assets_app.models import CallbackState, DagCallbackRequest, DagRunState, TIState
+from assets_app.models import (
+    CallbackState,
+    DagCallbackRequest,
+    DagRunState,
+    TaskInstance,
+    TIState,
+)
 from assets_app.scheduling import dependencies, runs, timeouts
 from assets_app.task_state import dag_callbacks, finishing, success
 from tests.test_dependencies import sync, ti
@@ -68,6 +75,19 @@ def test_a_run_that_succeeds_writes_one_request_and_a_replay_writes_nothing():
     assert DagCallbackRequest.objects.count() == 1
 
 
+def test_a_finish_with_a_callback_costs_one_statement_more_and_without_none():
+    """Whether the Dag has the callback comes back with the finishing UPDATE (RETURNING): a
+    Dag without one pays nothing (tests/test_consecutive_failures.py pins that finish at 3)."""
+    for dag_id, wanted in (("cb", True), ("plain", False)):
+        sync({**CALLBACKS, "dag_id": dag_id, "has_on_success_callback": wanted})
+        run = runs.trigger_dag(dag_id=dag_id)
+        TaskInstance.objects.filter(dag_run=run).update(state=TIState.SUCCESS)
+        with CaptureQueriesContext(connection) as queries:
+            dependencies.finish_run_if_done(run.pk, dag_id=dag_id, now=timezone.now())
+        assert len(queries) == (4 if wanted else 3), [q["sql"] for q in queries]
+    assert list(DagCallbackRequest.objects.values_list("dag_id", flat=True)) == ["cb"]
+
+
 def test_a_failed_run_requests_the_failure_callback_with_the_failed_ti():
     sync(CALLBACKS)
     run = runs.trigger_dag(dag_id="cb")
@@ -87,7 +107,6 @@ def test_a_failed_run_requests_the_failure_callback_with_the_failed_ti():
 def test_only_the_callback_the_dag_has_is_requested():
     sync({**CALLBACKS, "has_on_success_callback": False})
     run_to_success(runs.trigger_dag(dag_id="cb"))
-    sync({**CALLBACKS, "dag_id": "none", "has_on_failure_callback": False})
     sync({**CALLBACKS, "dag_id": "plain", "has_on_success_callback": False})
     run_to_success(runs.trigger_dag(dag_id="plain"))
     assert DagCallbackRequest.objects.count() == 0

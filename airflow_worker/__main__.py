@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from airflow_worker import service_key
+from airflow_worker import dag_callbacks, service_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -378,6 +378,15 @@ def _runner(options: argparse.Namespace):
 
 def run(options: argparse.Namespace, client: httpx.Client) -> int:
     started = time.monotonic()
+    # Dag-level callbacks (issue 39): a process of its own, forked before the pool (it holds
+    # none of the pool's pipes).
+    callbacks = dag_callbacks.Runner(
+        url=options.url.rstrip("/"),
+        api_key=options.api_key_value,
+        hostname=options.hostname,
+        folder=options.dags,
+        logs=options.logs,
+    )
     runner = _runner(options)
     shipper = _LogShipper(client, options.logs)
     claimed = finished = failed = 0
@@ -410,7 +419,7 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
                 shipper.finish(ti_id)
             shipper.tick()
             busy = runner.busy()
-            if busy or got:
+            if busy or got or callbacks.active():
                 idle_since = time.monotonic()
             elif (out_of_time or out_of_tis) or (
                 options.idle_exit and time.monotonic() - idle_since >= options.idle_exit
@@ -421,6 +430,7 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
             else:
                 time.sleep(0.02 if got or busy else 0.1)
     finally:
+        callbacks.close()
         runner.close()
     elapsed = time.monotonic() - started
     _say(
@@ -441,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         except service_key.KeyNotFound as exc:
             raise SystemExit(f"[airflow-worker] {exc}") from None
         options.key_source = key.source
+        options.api_key_value = key.value
         _say(f"worker API key from {key.source}")
         client.headers["Authorization"] = f"Bearer {key.value}"
         if options.triggerer:

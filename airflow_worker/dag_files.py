@@ -637,6 +637,12 @@ def _dag(dag: Any, *, where: str, manual_only: bool) -> dict[str, Any]:
         definition["params"] = params
     if dag.fail_fast:
         definition["fail_fast"] = True
+    # Dag-level callbacks (issue 39): run by this worker from the file on a request the
+    # service writes when a run finishes (`airflow_worker/dag_callbacks.py`).
+    if dag.has_on_success_callback:
+        definition["has_on_success_callback"] = True
+    if dag.has_on_failure_callback:
+        definition["has_on_failure_callback"] = True
     if dag.allowed_run_types:
         definition["allowed_run_types"] = sorted(str(t.value) for t in dag.allowed_run_types)
     if timetable is not None:

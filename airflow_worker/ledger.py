@@ -111,11 +111,14 @@ DAG_ATTRIBUTES: dict[str, Honoured | Refused] = {
         CONVERSION + ": `dagrun_timeout_seconds`, the run-timeouts timer (`scheduling.timeouts`)"
     ),
     "deadline": Refused("deadline alerts are not supported", _truthy("deadline")),
-    "on_success_callback": Refused(
-        "Dag-level callbacks are not run", _truthy("on_success_callback")
+    "on_success_callback": Honoured(
+        CONVERSION + ": `has_on_success_callback`; a run's finish writes a callback request "
+        "(`scheduling.callbacks`) that `bin/airflow-worker` runs from the file with Airflow's "
+        "context (`airflow_worker/dag_callbacks.py`)"
     ),
-    "on_failure_callback": Refused(
-        "Dag-level callbacks are not run", _truthy("on_failure_callback")
+    "on_failure_callback": Honoured(
+        CONVERSION + ": `has_on_failure_callback`; as `on_success_callback`, for a run that "
+        "fails (a task failure, or its dagrun_timeout)"
     ),
     "params": Honoured(
         CONVERSION + ": `params`, a manual run's conf checked against them as Airflow checks "

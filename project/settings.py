@@ -327,6 +327,11 @@ TASK_HEARTBEAT_TIMEOUT_SECONDS = env.float("TASK_HEARTBEAT_TIMEOUT_SECONDS", def
 # them every second or so); a triggerer that died loses them to another after this (issue 42;
 # Airflow's triggerers take over a dead one's after `[triggerer] triggerer_health_check_threshold`).
 TRIGGER_LEASE_SECONDS = env.float("TRIGGER_LEASE_SECONDS", default=30)
+# A Dag callback request (issue 39) a bin/airflow-worker claimed is due again this long after
+# the claim when no report came (the worker died mid-callback); one claimed this many times
+# without a report is parked for an operator.
+DAG_CALLBACK_LEASE_SECONDS = env.float("DAG_CALLBACK_LEASE_SECONDS", default=300)
+DAG_CALLBACK_MAX_ATTEMPTS = env.int("DAG_CALLBACK_MAX_ATTEMPTS", default=5)
 # How often the repair timer looks (assets_app/timers/service.py).
 TASK_REPAIR_INTERVAL_SECONDS = env.float("TASK_REPAIR_INTERVAL_SECONDS", default=60)
 # A finished TI's token reads Connections this long after (its callbacks; Airflow's

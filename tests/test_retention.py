@@ -20,6 +20,7 @@ from assets_app.models import (
     AuditEntry,
     AuditTarget,
     ComponentHeartbeat,
+    DagCallbackRequest,
     DagRun,
     DagRunAssetEvent,
     DagRunState,
@@ -86,6 +87,30 @@ def exists(model, pk):
     return model.objects.filter(pk=pk).exists()
 
 
+def _callback_request(run, *, state):
+    return DagCallbackRequest.objects.create(
+        dag_run=run,
+        dag_id=run.dag_id,
+        clear_number=0,
+        is_failure_callback=False,
+        reason="success",
+        state=state,
+    )
+
+
+def test_a_run_whose_dag_callback_has_not_run_is_kept():
+    """Issue 39: a pending (or parked) callback request is work not done."""
+    dag = DagFactory()
+    waiting, _ = old_run(dag)
+    parked, _ = old_run(dag)
+    old_run(dag)  # the last run
+    _callback_request(waiting, state="pending")
+    _callback_request(parked, state="parked")
+    retention.clean()
+    assert exists(DagRun, waiting.pk)
+    assert exists(DagRun, parked.pk)
+
+
 def test_a_clean_deletes_old_history_with_its_dependent_rows_and_keeps_the_last_run():
     dag = DagFactory()
     gone, gone_tis = old_run(dag, tis=2)
@@ -98,6 +123,8 @@ def test_a_clean_deletes_old_history_with_its_dependent_rows_and_keeps_the_last_
     event = old_event()
     AssetAliasEvent.objects.create(alias=AssetAliasFactory(), asset_event=event)
     DagRunAssetEvent.objects.create(dag_run=gone, dag=dag, asset_event=event)
+    # Issue 39: its Dag callback ran: the request goes with the run.
+    _callback_request(gone, state="success")
     entry = audit.record(actor=None, action="x", summary="old")
     AuditEntry.objects.filter(pk=entry.pk).update(at=ago(timedelta(days=800)))
 
@@ -118,6 +145,7 @@ def test_a_clean_deletes_old_history_with_its_dependent_rows_and_keeps_the_last_
         "task_log_chunk": 0,
         "hitl_detail": 0,
         "dagrun_asset_event": 1,
+        "dag_callback_request": 1,
         "xcom": 2,  # the deleted run's; the kept last run keeps its XComs
         "task_state_store": 0,
         "asset_event": 1,

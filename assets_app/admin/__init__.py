@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     assets,
     audit,
     backfills,
+    callbacks,
     dags,
     dashboard,
     events,

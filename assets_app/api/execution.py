@@ -16,6 +16,7 @@ from assets_app.models import TIState
 from assets_app.runtime import logs as task_logs
 from assets_app.task_state import (
     claims,
+    dag_callbacks,
     deferral,
     finishing,
     hitl,
@@ -195,6 +196,26 @@ def trigger_end(request: HttpRequest, trigger_id: int, payload: schemas.TriggerE
         trigger_id=trigger_id, state=payload.state, xcoms=payload.xcoms
     )
     return schemas.TriggerEndResponse(state=state)
+
+
+@router.post("/dag-callbacks/claim", auth=auth.worker_api_key)
+def claim_dag_callbacks(request: HttpRequest, payload: schemas.DagCallbackClaimRequest):
+    """Dag callback requests leased to a worker (our own endpoint, issue 39)."""
+    claimed = dag_callbacks.claim(claimed_by=payload.hostname, limit=payload.limit)
+    return HttpResponse(schemas.render_dag_callbacks(claimed), content_type="application/json")
+
+
+@router.post(
+    "/dag-callbacks/{request_id}/report",
+    auth=auth.worker_api_key,
+    response=schemas.DagCallbackReportResponse,
+)
+def report_dag_callback(request: HttpRequest, request_id: int, payload: schemas.DagCallbackReport):
+    """How a claimed request's callbacks went; a replay answers `replayed` (issue 39)."""
+    reported = dag_callbacks.report(
+        request_id=request_id, attempt=payload.attempt, state=payload.state, error=payload.error
+    )
+    return {"state": reported.state, "replayed": reported.replayed}
 
 
 @router.post("/dags/sync", auth=auth.dag_sync, response=schemas.DagSyncResponse)

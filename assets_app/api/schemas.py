@@ -272,45 +272,8 @@ class TIRunContext(ResponseBody):
         decoding their extras only to encode them again ~50 ms; this takes ~15 ms. The JSON
         the database stores (event and asset extras) and `conf` (encoded by the standard
         library: it may hold integers beyond 64 bits) are embedded as they are."""
-        run = context.dag_run
         body = {
-            "dag_run": {
-                "dag_id": run.dag_id,
-                "run_id": run.run_id,
-                "logical_date": _wire_datetime(run.logical_date),
-                "data_interval_start": _wire_datetime(run.data_interval_start),
-                "data_interval_end": _wire_datetime(run.data_interval_end),
-                "run_after": _wire_datetime(run.run_after),
-                "start_date": _wire_datetime(run.start_date),
-                "end_date": _wire_datetime(run.end_date),
-                "clear_number": run.clear_number,
-                "run_type": run.run_type,
-                "state": run.state,
-                "conf": orjson.Fragment(json.dumps(run.conf, cls=DjangoJSONEncoder)),
-                "triggering_user_name": run.triggering_user_name,
-                "consumed_asset_events": [
-                    {
-                        "asset": {
-                            "name": event.asset_name,
-                            "uri": event.asset_uri,
-                            "extra": orjson.Fragment(event.asset_extra_json),
-                        },
-                        "extra": orjson.Fragment(event.extra_json),
-                        "source_task_id": event.source_task_id,
-                        "source_dag_id": event.source_dag_id,
-                        "source_run_id": event.source_run_id,
-                        "source_map_index": event.source_map_index,
-                        "source_aliases": [{"name": name} for name in event.source_alias_names],
-                        "timestamp": _wire_datetime(event.timestamp),
-                        "partition_key": None,
-                    }
-                    for event in context.consumed_events
-                ],
-                "partition_key": None,
-                "partition_date": None,
-                "note": run.note,
-                "team_name": None,
-            },
+            "dag_run": dag_run_body(context.dag_run, context.consumed_events),
             "task_reschedule_count": context.task_reschedule_count,
             "max_tries": context.ti.max_tries,
             "variables": [],
@@ -330,6 +293,49 @@ class TIRunContext(ResponseBody):
             body["next_kwargs"] = ti.next_kwargs
             body["start_date"] = _wire_datetime(ti.start_date)
         return orjson.dumps(body)
+
+
+def dag_run_body(run: Any, consumed_events: Any) -> dict[str, Any]:
+    """Airflow's execution `DagRun` of `run` with its consumed events (`starting.
+    ConsumedEvent`s), as `TIRunContext.render` and the Dag callback claim send it: JSON the
+    database stores embedded as it is (`orjson.Fragment`); encode with orjson."""
+    return {
+        "dag_id": run.dag_id,
+        "run_id": run.run_id,
+        "logical_date": _wire_datetime(run.logical_date),
+        "data_interval_start": _wire_datetime(run.data_interval_start),
+        "data_interval_end": _wire_datetime(run.data_interval_end),
+        "run_after": _wire_datetime(run.run_after),
+        "start_date": _wire_datetime(run.start_date),
+        "end_date": _wire_datetime(run.end_date),
+        "clear_number": run.clear_number,
+        "run_type": run.run_type,
+        "state": run.state,
+        "conf": orjson.Fragment(json.dumps(run.conf, cls=DjangoJSONEncoder)),
+        "triggering_user_name": run.triggering_user_name,
+        "consumed_asset_events": [
+            {
+                "asset": {
+                    "name": event.asset_name,
+                    "uri": event.asset_uri,
+                    "extra": orjson.Fragment(event.asset_extra_json),
+                },
+                "extra": orjson.Fragment(event.extra_json),
+                "source_task_id": event.source_task_id,
+                "source_dag_id": event.source_dag_id,
+                "source_run_id": event.source_run_id,
+                "source_map_index": event.source_map_index,
+                "source_aliases": [{"name": name} for name in event.source_alias_names],
+                "timestamp": _wire_datetime(event.timestamp),
+                "partition_key": None,
+            }
+            for event in consumed_events
+        ],
+        "partition_key": None,
+        "partition_date": None,
+        "note": run.note,
+        "team_name": None,
+    }
 
 
 def _wire_datetime(value: datetime | None) -> str | None:
@@ -521,6 +527,69 @@ class ClaimResponse(ResponseBody):
                 for w in workloads
             ]
         )
+
+
+# --- Dag callbacks (our own endpoints, issue 39) ------------------------------------------------
+
+
+class DagCallbackClaimRequest(RequestBody):
+    """A worker's claim of Dag callback requests: who it is and how many it takes."""
+
+    hostname: Annotated[str, Field(min_length=1, max_length=HOSTNAME_MAX_LENGTH)]
+    limit: Annotated[int, Field(ge=0, le=100)] = 10
+
+
+class DagCallbackReport(RequestBody):
+    """How a claimed request's callbacks went, for the attempt its claim handed out: `failed`
+    when one raised (or the Dag could not be loaded), with the traceback."""
+
+    attempt: Annotated[int, Field(ge=1, le=INT64_MAX)]
+    state: Literal["success", "failed"]
+    error: Annotated[str, Field(max_length=100_000)] = ""
+
+
+class DagCallbackReportResponse(ResponseBody):
+    state: str
+    replayed: bool
+
+
+def render_dag_callbacks(claimed: list[Any]) -> bytes:
+    """The claim's answer: per request Airflow's `DagCallbackRequest` fields (`filepath` is
+    `dag_rel_path`, `msg` the reason, `context_from_server` its `DagRunContext`: the run as
+    the execution API's `DagRun`, the relevant TI as its `TaskInstance`), plus our `id` and
+    `attempt` for the report (`task_state.dag_callbacks.ClaimedCallback`s)."""
+    items = []
+    for c in claimed:
+        ti = c.last_ti
+        items.append(
+            {
+                "id": c.request.id,
+                "attempt": c.attempt,
+                "dag_id": c.request.dag_id,
+                "run_id": c.dag_run.run_id,
+                "dag_rel_path": c.dag_rel_path,
+                "bundle_name": BUNDLE_NAME,
+                "is_failure_callback": c.request.is_failure_callback,
+                "msg": c.request.reason,
+                "context_from_server": {
+                    "dag_run": dag_run_body(c.dag_run, c.consumed_events),
+                    "last_ti": None
+                    if ti is None
+                    else {
+                        "id": str(ti.id),
+                        "task_id": ti.task_id,
+                        "dag_id": ti.dag_id,
+                        "run_id": ti.run_id,
+                        "try_number": ti.try_number,
+                        "dag_version_id": str(uuid5(NAMESPACE_URL, f"dag:{ti.dag_id}")),
+                        "map_index": ti.map_index,
+                        "hostname": ti.hostname,
+                        "context_carrier": None,
+                    },
+                },
+            }
+        )
+    return orjson.dumps({"callbacks": items})
 
 
 # --- the triggerer (our own endpoints, issue 42) ------------------------------------------------

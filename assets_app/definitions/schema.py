@@ -834,6 +834,17 @@ class Dag(_Object):
         description="Airflow's fail_fast: a task that fails for good fails the run's running "
         "tasks and skips the others (every task must keep the all_success trigger rule).",
     )
+    has_on_success_callback: bool = Field(
+        False,
+        description="The Dag file has Airflow's `on_success_callback` (set by "
+        "`bin/airflow-worker`'s conversion): a run that succeeds gets a callback request, run "
+        "by `bin/airflow-worker` from the file.",
+    )
+    has_on_failure_callback: bool = Field(
+        False,
+        description="The Dag file has Airflow's `on_failure_callback` (set by the conversion): "
+        "a run that fails (a task failure or its dagrun_timeout) gets a callback request.",
+    )
     allowed_run_types: list[RunType] | None = Field(
         None,
         description="The run types this Dag allows (Airflow's `allowed_run_types`; null: "

@@ -271,6 +271,8 @@ class DagDefinition:
     # Airflow's allowed_run_types, sorted (None: every type).
     allowed_run_types: tuple[str, ...] | None = None
     fail_fast: bool = False
+    has_on_success_callback: bool = False
+    has_on_failure_callback: bool = False
     # Airflow's task groups (`task_group_dict`): group id -> its task ids (nested included),
     # sorted; `runtime.requests` answers the reads by `task_group_id` from them.
     task_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -438,6 +440,8 @@ def _definition(model: dag_schema.Dag, *, file: str, fileloc: str, path: str) ->
         max_events_per_run=_max_events_per_run(model.consumption),
         params=dag_params.dump(model.param_specs()),
         fail_fast=model.fail_fast,
+        has_on_success_callback=model.has_on_success_callback,
+        has_on_failure_callback=model.has_on_failure_callback,
         task_groups=tuple(
             (group_id, tuple(sorted(set(members))))
             for group_id, members in sorted(model.task_groups.items())
@@ -1404,6 +1408,8 @@ class _Sync:
                 "max_events_per_run": definition.max_events_per_run,
                 "params": definition.params,
                 "fail_fast": definition.fail_fast,
+                "has_on_success_callback": definition.has_on_success_callback,
+                "has_on_failure_callback": definition.has_on_failure_callback,
                 "task_groups": {
                     group_id: list(members) for group_id, members in definition.task_groups
                 },

@@ -20,6 +20,7 @@ from .backfills import (
     BackfillDagRunExceptionReason,
     ReprocessBehavior,
 )
+from .callbacks import CallbackState, DagCallbackRequest
 from .dags import (
     Dag,
     DagImportError,
@@ -95,9 +96,11 @@ __all__ = [
     "Backfill",
     "BackfillDagRun",
     "BackfillDagRunExceptionReason",
+    "CallbackState",
     "ComponentHeartbeat",
     "Connection",
     "Dag",
+    "DagCallbackRequest",
     "DagImportError",
     "DagRun",
     "DagRunAssetEvent",

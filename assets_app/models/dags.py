@@ -104,6 +104,10 @@ class Dag(models.Model):
     # Airflow's `fail_fast`: a TI that fails for good stops the rest of its run
     # (`dependencies.stop_remaining`, issue 39).
     fail_fast = models.BooleanField(db_default=False, default=False)
+    # Airflow's `DagModel.has_on_success_callback` / `has_on_failure_callback` (issue 39): a
+    # run's finish writes a `DagCallbackRequest` for `bin/airflow-worker` to run them.
+    has_on_success_callback = models.BooleanField(db_default=False, default=False)
+    has_on_failure_callback = models.BooleanField(db_default=False, default=False)
     # Airflow's task groups (its `task_group_dict`): group id -> the ids of its tasks, nested
     # groups' included (sorted). The worker's reads by `task_group_id` (ExternalTaskSensor)
     # look a group up here (`runtime.requests`); {}: none.

@@ -60,7 +60,9 @@ from ..models import (
     AuditEntry,
     AuditTarget,
     BackfillDagRun,
+    CallbackState,
     ComponentHeartbeat,
+    DagCallbackRequest,
     DagRun,
     DagRunAssetEvent,
     DagRunState,
@@ -100,6 +102,7 @@ DELETED_MODELS = (
     TaskReschedule,
     TaskLogChunk,
     HITLDetail,
+    DagCallbackRequest,
     DagRunAssetEvent,
     XCom,
     TaskStateStore,
@@ -288,13 +291,23 @@ def run_scan(*, cutoff: datetime, keep: int) -> QuerySet:
 
 def run_candidates(*, cutoff: datetime, keep: int, audit_from: datetime | None) -> QuerySet:
     """Runs retention may delete: finished before `cutoff`, not among their Dag's last `keep`,
-    every task instance finished, no outbox row of theirs, nothing a kept audit entry points at."""
+    every task instance finished, no outbox row of theirs, no Dag callback request not run yet,
+    nothing a kept audit entry points at."""
     kept_targets = _kept_audit_targets(audit_from)
     tis = TaskInstance.objects.filter(dag_run=OuterRef("pk"))
     return (
         run_scan(cutoff=cutoff, keep=keep)
         .exclude(Exists(tis.filter(state__in=TI_UNFINISHED_STATES)))
         .exclude(Exists(tis.filter(Exists(AssetEventQueue.objects.filter(ti_id=OuterRef("id"))))))
+        # A Dag callback request not run yet (pending or parked) is work not done (issue 39).
+        .exclude(
+            Exists(
+                DagCallbackRequest.objects.filter(
+                    dag_run=OuterRef("pk"),
+                    state__in=(CallbackState.PENDING, CallbackState.PARKED),
+                )
+            )
+        )
         .exclude(
             Exists(kept_targets.filter(kind="dag_run", object_id=Cast(OuterRef("pk"), CharField())))
         )
@@ -491,6 +504,7 @@ class _Clean:
             ("hitl_detail", HITLDetail.objects.filter(ti_id__in=ti_ids)),
             ("task_instance", TaskInstance.objects.filter(id__in=ti_ids)),
             ("dagrun_asset_event", DagRunAssetEvent.objects.filter(dag_run_id__in=runs)),
+            ("dag_callback_request", DagCallbackRequest.objects.filter(dag_run_id__in=runs)),
             ("xcom", xcoms),
             ("task_state_store", TaskStateStore.objects.filter(dag_run_id__in=runs)),
             ("dag_run", DagRun.objects.filter(id__in=runs)),

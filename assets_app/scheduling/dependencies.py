@@ -66,6 +66,7 @@ from ..models import (
 )
 from ..models.runs import TI_UNFINISHED_STATES
 from ..operations import audit
+from ..sql import callbacks as callbacks_sql
 from ..sql import dependencies as dependencies_sql
 from . import mapping
 
@@ -169,14 +170,23 @@ def _finish_run_update(dag_run_id: int, now: datetime) -> tuple[QuerySet[DagRun]
     return runs, values
 
 
-def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> str | None:
+def _execute_finish_run_update(dag_run_id: int, *, now: datetime) -> tuple[str | None, bool]:
     """Run `_finish_run_update`, compiled once per process
     (`dependencies_sql.run_update_compiled_once`: building its two `Exists` and the `Case` cost
-    ~3.5 ms of CPU on every finish). Returns the state it gave the run (None: not finished)."""
-    states = dependencies_sql.run_update_compiled_once(
-        _finish_run_update, pk=dag_run_id, now=now, returning="state"
+    ~3.5 ms of CPU on every finish). Returns the state it gave the run (None: not finished)
+    and whether its Dag has the callback of that state (`callbacks_sql.WANTED`, read by the
+    same statement)."""
+    rows = dependencies_sql.run_update_compiled_once(
+        _finish_run_update,
+        pk=dag_run_id,
+        now=now,
+        returning="state",
+        also=callbacks_sql.WANTED,
     )
-    return states[0] if states else None
+    if not rows:
+        return None, False
+    state, wanted = rows[0]
+    return state, bool(wanted)
 
 
 def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
@@ -192,14 +202,23 @@ def finish_run_if_done(dag_run_id: int, *, dag_id: str, now: datetime) -> bool:
     a task failure): when the Dag's last that many runs by run_after all failed, it is paused
     and audited with Airflow's log line (`_pause_after_consecutive_failures`): one
     conditional UPDATE more, only for a run that failed; two audit INSERTs when it pauses.
+
+    A Dag with `on_success_callback` / `on_failure_callback` (issue 39) gets one callback
+    request per finish, committed with the run's state (outbox style: `bin/airflow-worker`
+    claims and runs it later, never under any lock here); a replay finishes nothing and so
+    writes nothing, and the request's unique key refuses a second one for the same finish.
     """
     # The run's `dag_run.succeeded` / `dag_run.failed` webhook messages commit with its state
-    # (issue 29): one statement more, only for a run that finished. No savepoint inside a
-    # caller's transaction: both statements are the caller's then.
+    # (issue 29): one statement more, only for a run that finished; and its Dag callback
+    # request (issue 39, `sql.callbacks`), one more only for a Dag with the callback of that
+    # state (the finish's RETURNING says). No savepoint inside a caller's transaction: they
+    # are the caller's then.
     with transaction.atomic(savepoint=False):
-        finished = _execute_finish_run_update(dag_run_id, now=now)
+        finished, callback_wanted = _execute_finish_run_update(dag_run_id, now=now)
         if finished:
             webhooks.write_run_finished(dag_run_id=dag_run_id, now=now)
+        if callback_wanted:
+            callbacks_sql.write_requests(dag_run_ids=[dag_run_id], now=now)
         if finished == DagRunState.FAILED:
             _pause_after_consecutive_failures(dag_id=dag_id, now=now)
     if finished and AssetDagRunQueue.objects.filter(target_dag_id=dag_id).exists():

@@ -31,6 +31,7 @@ from ..events_out import webhooks
 from ..models import AssetDagRunQueue, DagRun, DagRunState, TaskInstance, TIState
 from ..models.runs import TI_UNFINISHED_STATES
 from ..operations import audit
+from ..sql import callbacks as callbacks_sql
 from ..sql import locks
 from ..sql import timeouts as timeouts_sql
 
@@ -51,7 +52,9 @@ class TimedOut:
 def time_out_due_runs(*, now: datetime | None = None, batch: int = BATCH) -> TimedOut:
     """End every running run whose `timeout_at` passed by `now`: failed with end date `now`,
     its unfinished TIs (waiting, queued, running, up for retry) skipped, its
-    `dag_run.failed` webhook message written, and one audit entry per run naming it. One
+    `dag_run.failed` webhook message written, its Dag's failure callback requested (when it
+    has one: reason "timed_out", as Airflow's scheduler), and one audit entry per run naming
+    it. One
     durable transaction per batch of `batch` runs, locked SKIP LOCKED (`locks.
     lock_timed_out_runs`): two timers never end one run twice, and a run a finish holds is
     left to the next pass (its finish may have ended it first; only a run still running is
@@ -70,6 +73,9 @@ def time_out_due_runs(*, now: datetime | None = None, batch: int = BATCH) -> Tim
             DagRun.objects.filter(id__in=ids, state=DagRunState.RUNNING).update(
                 state=DagRunState.FAILED, end_date=now
             )
+            # Airflow's failure callback of a timed-out run (reason "timed_out", the
+            # unfinished TI that started last): before those TIs are skipped.
+            callbacks_sql.write_requests(dag_run_ids=ids, now=now, timed_out=True)
             skipped += TaskInstance.objects.filter(
                 dag_run_id__in=ids, state__in=TI_UNFINISHED_STATES
             ).update(state=TIState.SKIPPED, updated_at=now)

@@ -640,20 +640,25 @@ def _compiled_update(
 
 
 def run_update_compiled_once(
-    build: UpdateBuilder, *, pk: int, now: datetime, returning: str
-) -> list[Any]:
+    build: UpdateBuilder, *, pk: int, now: datetime, returning: str, also: str = ""
+) -> list[tuple[Any, Any]]:
     """`queryset.update(**values)` of `build(pk, now)`, the statement compiled once per process
     on PostgreSQL (SQLite: the ORM's update as built); autocommit or in the caller's
-    transaction. Returns the column `returning` of the rows it updated (RETURNING: no statement
-    more; on SQLite a read after an update that changed anything)."""
+    transaction. Returns, per row it updated, the column `returning` and the SQL expression
+    `also` over the updated row (its table named in full; None when not given) (RETURNING: no
+    statement more; on SQLite a read after an update that changed anything)."""
+    table = build(_ANY_PK, _ANY_TIME)[0].model._meta.db_table
+    extra = also or "NULL"
+    column = connection.ops.quote_name(returning)
     if connection.vendor != "postgresql":
         queryset, values = build(pk, now)
         if not queryset.update(**values):
             return []
-        model = queryset.model
-        return list(model.objects.filter(pk=pk).values_list(returning, flat=True))
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {column}, {extra} FROM {table} WHERE id = %s", [pk])
+            return [tuple(row) for row in cursor.fetchall()]
     text, template, pk_slots, time_slots = _compiled_update(build)
-    text += f" RETURNING {connection.ops.quote_name(returning)}"
+    text += f" RETURNING {column}, {extra}"
     params = list(template)
     for slot in pk_slots:
         params[slot] = pk
@@ -661,7 +666,7 @@ def run_update_compiled_once(
         params[slot] = now
     with prepared_cursor() as cursor:
         cursor.execute(text, params)
-        return [row[0] for row in cursor.fetchall()]
+        return [tuple(row) for row in cursor.fetchall()]
 
 
 _PAUSE_SQL = f"""

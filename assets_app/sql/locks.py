@@ -89,6 +89,12 @@ lock with one UPDATE and touch no Trigger row; the timeout timer deletes unused 
 alone in its transaction, skipping those a claim holds (SKIP LOCKED). So nothing that holds a
 TI row waits for a Trigger row, and a claim never waits for a TI.
 
+Dag callback requests (issue 39, `task_state.dag_callbacks`), alone in their own short
+transaction: a worker's claim locks due pending request rows FOR UPDATE SKIP LOCKED and stamps
+their lease (`claim_dag_callbacks`); a report is one conditional UPDATE of one row. A run's
+finish inserts its request (a plain INSERT, after its own conditional UPDATE of the run row);
+nothing that holds another lock takes one of these rows.
+
 Claiming work never waits (invariant 5): every claim uses SKIP LOCKED. All functions here must be
 called inside a transaction; they say which rows they lock and return model instances.
 """
@@ -116,6 +122,7 @@ from ..models import (
     WebhookEndpoint,
 )
 from ..models.runs import TI_FINISHED_STATES
+from . import callbacks as callbacks_sql
 from . import claims as claims_sql
 from . import connection as connection_sql
 from . import fences as fences_sql
@@ -554,3 +561,17 @@ def renew_trigger_leases(
     """Extend `triggerer`'s leases on the live triggers of `ids` it still holds (a plain
     UPDATE of those Trigger rows, `triggers_sql.renew_leases`); their ids."""
     return triggers_sql.renew_leases(triggerer=triggerer, ids=ids, now=now, lease_until=lease_until)
+
+
+def claim_dag_callbacks(
+    *, claimed_by: str, limit: int, now: datetime, lease_until: datetime, max_attempts: int
+) -> list[tuple[int, int]]:
+    """Lease up to `limit` due Dag callback requests to `claimed_by`, FOR UPDATE SKIP LOCKED
+    (`callbacks_sql.claim_due`); (id, attempt) of each. Request rows only: see the header."""
+    return callbacks_sql.claim_due(
+        claimed_by=claimed_by,
+        limit=limit,
+        now=now,
+        lease_until=lease_until,
+        max_attempts=max_attempts,
+    )

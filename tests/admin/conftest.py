@@ -16,6 +16,7 @@ from assets_app.models import (
     Backfill,
     BackfillDagRun,
     ComponentHeartbeat,
+    DagCallbackRequest,
     DagImportError,
     DagRunAssetEvent,
     DagRunType,
@@ -165,6 +166,17 @@ def populate(n: int) -> None:
             trigger=trigger,
             next_method="execute_complete",
             trigger_timeout=now,
+        )
+        # Issue 39: a Dag callback request that failed.
+        DagCallbackRequest.objects.create(
+            dag_run=run,
+            dag_id=run.dag_id,
+            clear_number=i,
+            is_failure_callback=True,
+            reason="task_failure",
+            state="failed",
+            attempts=1,
+            last_error="Traceback ...\nRuntimeError: Boom",
         )
         backfill = Backfill.objects.create(dag=producer, from_date=now, to_date=now)
         BackfillDagRun.objects.create(

@@ -86,6 +86,8 @@ EXPECTED = {
     "assetstatestore": 5,
     # Issue 42: triggers (their waiting TIs prefetched).
     "trigger": 5,
+    # Issue 39: Dag callback requests (their runs joined).
+    "dagcallbackrequest": 5,
 }
 
 APPEND_ONLY = (
@@ -99,6 +101,7 @@ APPEND_ONLY = (
     "audittarget",
     "tasklogchunk",
     "dagimporterror",
+    "dagcallbackrequest",
 )
 
 

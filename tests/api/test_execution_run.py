@@ -405,6 +405,9 @@ def test_openapi_schema_lists_every_worker_endpoint(client):
         "/execution/triggers/{trigger_id}/event",
         "/execution/triggers/{trigger_id}/failure",
         "/execution/triggers/{trigger_id}/end",
+        # Dag-level callbacks (issue 39, our own endpoints).
+        "/execution/dag-callbacks/claim",
+        "/execution/dag-callbacks/{request_id}/report",
     }
 
 

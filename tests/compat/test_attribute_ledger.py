@@ -96,8 +96,6 @@ REFUSED: dict[str, tuple[str, str]] = {
         "interval=datetime.timedelta(hours=1), callback=AsyncCallback(notify))",
         "",
     ),
-    "on_success_callback": ("on_success_callback=notify", ""),
-    "on_failure_callback": ("on_failure_callback=[notify]", ""),
     "access_control": ("access_control={'Op': {'DAGs': {'can_read'}}}", ""),
     "start_date": ("", "start_date=pendulum.datetime(2026, 6, 1, tz='UTC')"),
     "end_date": ("", "end_date=pendulum.datetime(2026, 6, 1, tz='UTC')"),

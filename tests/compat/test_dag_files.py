@@ -1008,6 +1008,30 @@ def test_fail_fast_is_carried_and_airflows_own_check_refuses_another_trigger_rul
 
 
 @pytest.mark.django_db
+def test_dag_callbacks_are_marked_on_the_definition(tmp_path):
+    """Issue 39: which Dag-level callbacks a Dag has (Airflow's `has_on_*_callback`) is carried;
+    a Dag without any says nothing."""
+    (tmp_path / "cb.py").write_text(
+        "from airflow.sdk import DAG\n"
+        "from airflow.providers.standard.operators.empty import EmptyOperator\n"
+        "def note(context):\n    pass\n"
+        "with DAG(dag_id='cb', schedule=None, on_success_callback=note,\n"
+        "         on_failure_callback=[note]):\n"
+        "    EmptyOperator(task_id='t')\n"
+        "with DAG(dag_id='plain', schedule=None):\n"
+        "    EmptyOperator(task_id='t')\n"
+    )
+    converted = _convert(tmp_path)
+    cb, plain = sorted(converted["cb.py"], key=lambda d: d["dag_id"])
+    assert (cb["has_on_success_callback"], cb["has_on_failure_callback"]) == (True, True)
+    assert "has_on_success_callback" not in plain and "has_on_failure_callback" not in plain
+    definitions.sync_documents(documents=[("cb.py", [cb, plain])])
+    stored = Dag.objects.get(dag_id="cb")
+    assert stored.has_on_success_callback and stored.has_on_failure_callback
+    assert not Dag.objects.get(dag_id="plain").has_on_failure_callback
+
+
+@pytest.mark.django_db
 def test_what_a_dag_says_about_itself_is_carried_whatever_its_schedule(tmp_path):
     """Issue 39: every tag (the service's own `xcom_read_scope:` ones too, ordinary tags to
     Airflow), `doc_md`, each task's `owner` (through `default_args` too) and `doc_md`, and the

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('assets_app', '0054_hitl'),
+        ('assets_app', '0055_task_map_combine'),
     ]
 
     operations = [

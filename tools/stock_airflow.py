@@ -71,6 +71,11 @@ def airflow_env(
         # by default): 80 Dags on `parallelism` 2 of a loaded 2-core machine waited that long,
         # and ran at try 2 for it.
         "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "7200",
+        # A task's calls to the api-server wait 60 s instead of 5 (Airflow's own advice "under
+        # high load"): at load 10 its root tasks failed on httpx.ReadTimeout before running any
+        # code, and the differential test counted that as Airflow's result (a suite run beside
+        # other sessions: diff_branching and diff_mapping_second_order).
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
     }
     # The checkout's interpreter may have set these for itself: not Airflow's business.
     for name in ("VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE"):

@@ -166,9 +166,17 @@ def patch_variable(
     body: VariableBody,
     update_mask: Query[list[str] | None] = None,
 ):
+    if body.key != variable_key:
+        raise exceptions.BadRequest(
+            "Invalid body, key from request body doesn't match uri parameter",
+            reason="key_mismatch",
+        )
+    # Only the fields the body carried (Airflow's `model_fields_set`): a description it left out
+    # keeps its stored value.
+    sent = {"value": _variable_text(body.value), "description": body.description}
     variable = variables.update_variable(
         key=variable_key,
-        changes={"value": _variable_text(body.value), "description": body.description},
+        changes={name: value for name, value in sent.items() if name in body.model_fields_set},
         update_mask=update_mask,
         actor=actor_of(request),
     )

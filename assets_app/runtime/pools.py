@@ -159,9 +159,10 @@ def update_pool(
     update_mask: Sequence[str] | None = None,
     actor: audit.Actor | None = None,
 ) -> PoolSlots:
-    """Change an existing pool: the fields `changes` names (those of `update_mask` when
-    given; an update erases only what it names, invariant 19). `default_pool`: only `slots`
-    and `include_deferred`, named by `update_mask` (Airflow's rule, 400 otherwise). A body
+    """Change an existing pool: the fields `changes` carries (what the body sent), only those
+    `update_mask` also names when given (an update erases only what it names, invariant 19).
+    `default_pool`: only `slots` and `include_deferred`, named by `update_mask` (Airflow's
+    rule, 400 otherwise). A body
     naming another pool than the path: 400. NotFound when it does not exist. Audited."""
     if changes.get("name") not in (None, name):
         raise exceptions.BadRequest(
@@ -169,14 +170,11 @@ def update_pool(
             reason="name_mismatch",
         )
     if update_mask:
-        unknown = sorted({m.strip() for m in update_mask} - {*POOL_FIELDS, "pool"})
-        if unknown:
-            raise exceptions.BadRequest(
-                f"update_mask names fields that cannot be updated: {unknown}",
-                reason="invalid_update_mask",
-            )
+        # Airflow's `apply_patch_with_update_mask`: the fields the body carried that the mask
+        # also names; a masked field the body left out keeps its value, other names are ignored.
         wanted = {"name" if m.strip() == "pool" else m.strip() for m in update_mask}
-        fields = {k: changes.get(k) for k in wanted if k != "name"}
+        fields = {k: v for k, v in changes.items() if k in wanted and k in POOL_FIELDS}
+        fields.pop("name", None)
     else:
         fields = {k: v for k, v in changes.items() if k in POOL_FIELDS and k != "name"}
     if name == DEFAULT_POOL_NAME and not (

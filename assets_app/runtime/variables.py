@@ -285,9 +285,11 @@ def update_variable(
     update_mask: Sequence[str] | None = None,
     actor: audit.Actor | None = None,
 ) -> Variable:
-    """Change an existing Variable's `value` / `description` (only the `update_mask` fields
-    when given). NotFound when it does not exist; own durable transaction, audited."""
-    fields = _masked(changes, update_mask, allowed=("value", "description"))
+    """Change an existing Variable's `value` / `description`: those `changes` carries (what
+    the body sent; a field left out keeps its value), only the `update_mask` ones when given
+    (`_masked`; `key` in the mask is a 400). NotFound when it does not exist; own durable
+    transaction, audited."""
+    fields = _masked(changes, update_mask, allowed=("value", "description"), immutable=("key",))
     with transaction.atomic(durable=True):
         variable = Variable.objects.filter(key=key).first()
         if variable is None:
@@ -353,10 +355,7 @@ def patch_connection(
 
     NotFound when the Connection does not exist; own durable transaction, audited with the
     fields written. The admin's form uses `update_connection`, where a null password clears."""
-    allowed = (*CONNECTION_FIELDS, "password", "extra")
-    if update_mask:
-        _masked({}, update_mask, allowed=allowed)  # refuses a field that cannot be updated
-    named = set(update_mask) if update_mask else None
+    named = {name.strip() for name in update_mask} if update_mask else None
     plain = {
         name: sent[name]
         for name in CONNECTION_FIELDS
@@ -412,14 +411,24 @@ def _merged_extra(new: str | None, stored_token: str | None) -> Any:
 
 
 def _masked(
-    changes: dict[str, Any], update_mask: Sequence[str] | None, *, allowed: Sequence[str]
+    changes: dict[str, Any],
+    update_mask: Sequence[str] | None,
+    *,
+    allowed: Sequence[str],
+    immutable: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """The fields an update writes, as Airflow 3.3.2's `apply_patch_with_update_mask` picks them:
+    those `changes` carries (a field the body left out is never erased), and with an
+    `update_mask` only those it also names. A mask naming an `immutable` field is a 400 with
+    Airflow's message; other names the body cannot change are ignored, as Airflow ignores them."""
     if update_mask:
-        unknown = sorted(set(update_mask) - set(allowed))
-        if unknown:
+        restricted = {name.strip() for name in update_mask} & set(immutable)
+        if restricted:
             raise exceptions.BadRequest(
-                f"update_mask names fields that cannot be updated: {unknown}",
-                reason="invalid_update_mask",
+                "Update not allowed: the following fields are immutable and cannot be "
+                f"modified: {restricted}",
+                reason="immutable_field",
             )
-        return {name: changes.get(name) for name in update_mask}
+        named = {name.strip() for name in update_mask}
+        return {k: v for k, v in changes.items() if k in allowed and k in named}
     return {name: value for name, value in changes.items() if name in allowed}

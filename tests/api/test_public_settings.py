@@ -10,6 +10,7 @@ from django.test import Client
 from assets_app.api.public_auth import create_api_token
 from assets_app.models import Connection, Variable
 from assets_app.runtime.variables import get_connection, value_of
+from tests.api.snapshots import db_snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -119,6 +120,32 @@ def test_admin_connection_form_encrypts_and_never_shows_the_password(client):
 
 
 # --- PATCH /connections as Airflow 3.3.2 updates (`update_orm_from_pydantic`) ----------------
+
+
+def test_a_variable_patch_changes_only_what_the_body_carries(api):
+    """Airflow 3.3.2's variable PATCH (`update_orm_from_pydantic`): a description the body left
+    out keeps its value, with or without an update_mask naming it; `key` in the mask, or a body
+    naming another key, is a 400 with Airflow's message and writes nothing."""
+    _send(api, "post", "/variables", {"key": "v", "value": "one", "description": "kept"})
+    patched = _send(api, "patch", "/variables/v", {"key": "v", "value": "two"})
+    assert patched.status_code == 200, patched.content
+    assert (patched.json()["value"], patched.json()["description"]) == ("two", "kept")
+    masked = _send(
+        api,
+        "patch",
+        "/variables/v?update_mask=description&update_mask=value",
+        {"key": "v", "value": "three"},
+    )
+    assert (masked.json()["value"], masked.json()["description"]) == ("three", "kept")
+    before = db_snapshot()
+    immutable = _send(api, "patch", "/variables/v?update_mask=key", {"key": "v", "value": "4"})
+    assert immutable.status_code == 400, immutable.content
+    assert "immutable and cannot be modified: {'key'}" in immutable.json()["detail"]["message"]
+    other = _send(api, "patch", "/variables/v", {"key": "w", "value": "4"})
+    assert other.status_code == 400, other.content
+    assert "key from request body doesn't match uri parameter" in other.json()["detail"]["message"]
+    assert db_snapshot() == before
+    assert value_of(Variable.objects.get(key="v")) == "three"
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from ninja import Field, Query, Router, Status
 
 from assets_app.guards import exceptions, masking
 from assets_app.models import Connection, Variable
-from assets_app.runtime import variables
+from assets_app.runtime import bulk, variables
 
+from . import public_bulk
 from .public import Page, actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
@@ -152,6 +153,21 @@ def post_variable(request: HttpRequest, body: VariableBody):
     return Status(201, VariableResponse.from_variable(variable))
 
 
+BulkBodyVariableBody = public_bulk.bulk_body(VariableBody, "VariableBody")
+
+
+def _variable_fields(body: VariableBody) -> dict[str, Any]:
+    sent = {"key": body.key, "value": _variable_text(body.value), "description": body.description}
+    return {name: value for name, value in sent.items() if name in body.model_fields_set}
+
+
+@router.patch("/variables", response=responses(public_bulk.BulkResponse))
+@needs("add", Variable)
+def bulk_variables(request: HttpRequest, body: BulkBodyVariableBody):  # type: ignore[valid-type]
+    """Airflow's bulk create / update / delete of Variables (`runtime.bulk`)."""
+    return public_bulk.apply(request, bulk.VARIABLES, body, _variable_fields)
+
+
 @router.get("/variables/{path:variable_key}", response=responses(VariableResponse, 404))
 @needs("view", Variable)
 def get_variable(request: HttpRequest, variable_key: str):
@@ -217,6 +233,24 @@ def post_connection(request: HttpRequest, body: ConnectionBody):
         **body.fields(),
     )
     return Status(201, ConnectionResponse.from_connection(connection))
+
+
+BulkBodyConnectionBody = public_bulk.bulk_body(ConnectionBody, "ConnectionBody")
+
+
+def _connection_fields(body: ConnectionBody) -> dict[str, Any]:
+    sent = {"connection_id": body.connection_id, **body.fields()}
+    sent |= {"password": body.password, "extra": body.extra}
+    given = {"schema" if name == "schema_" else name for name in body.model_fields_set}
+    return {name: value for name, value in sent.items() if name in given}
+
+
+@router.patch("/connections", response=responses(public_bulk.BulkResponse))
+@needs("add", Connection)
+def bulk_connections(request: HttpRequest, body: BulkBodyConnectionBody):  # type: ignore[valid-type]
+    """Airflow's bulk create / update / delete of Connections (`runtime.bulk`): an update
+    keeps a password it sends as null, as the single PATCH does."""
+    return public_bulk.apply(request, bulk.CONNECTIONS, body, _connection_fields)
 
 
 # `/connections/test` and `/connections/defaults` come before `/connections/{connection_id}`:

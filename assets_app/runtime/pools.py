@@ -162,8 +162,21 @@ def update_pool(
     """Change an existing pool: the fields `changes` carries (what the body sent), only those
     `update_mask` also names when given (an update erases only what it names, invariant 19).
     `default_pool`: only `slots` and `include_deferred`, named by `update_mask` (Airflow's
-    rule, 400 otherwise). A body
-    naming another pool than the path: 400. NotFound when it does not exist. Audited."""
+    rule, 400 otherwise). A body naming another pool than the path: 400. NotFound when it does
+    not exist. Audited."""
+    fields = patched_fields(name, changes, update_mask)
+    with transaction.atomic(durable=True):
+        pool = Pool.objects.filter(name=name).first()
+        if pool is None:
+            raise exceptions.NotFound(f"The Pool with name: `{name}` was not found")
+        write_pool(pool, fields, actor=actor)
+    return with_slots([pool])[0]
+
+
+def patched_fields(
+    name: str, changes: dict[str, Any], update_mask: Sequence[str] | None
+) -> dict[str, Any]:
+    """The checked fields an update of pool `name` writes (`update_pool`'s rules)."""
     if changes.get("name") not in (None, name):
         raise exceptions.BadRequest(
             "Invalid body, pool name from request body doesn't match uri parameter",
@@ -185,16 +198,16 @@ def update_pool(
             reason="default_pool",
         )
     _check(fields)
-    with transaction.atomic(durable=True):
-        pool = Pool.objects.filter(name=name).first()
-        if pool is None:
-            raise exceptions.NotFound(f"The Pool with name: `{name}` was not found")
-        for field, value in fields.items():
-            setattr(pool, field, value)
-        if fields:
-            pool.save(update_fields=list(fields))
-        _record(actor, "update", name, list(fields))
-    return with_slots([pool])[0]
+    return fields
+
+
+def write_pool(pool: Pool, fields: dict[str, Any], *, actor: audit.Actor | None) -> None:
+    """Write checked `fields` to a pool row, audited, inside the caller's transaction."""
+    for field, value in fields.items():
+        setattr(pool, field, value)
+    if fields:
+        pool.save(update_fields=list(fields))
+    _record(actor, "update", pool.name, list(fields))
 
 
 def delete_pool(*, name: str, actor: audit.Actor | None = None) -> None:

@@ -294,14 +294,22 @@ def update_variable(
         variable = Variable.objects.filter(key=key).first()
         if variable is None:
             raise exceptions.NotFound(f"The Variable with key: `{key}` was not found")
-        if "value" in fields:
-            stored = _stored_value(fields["value"])
-            variable.val, variable.is_encrypted = stored["val"], stored["is_encrypted"]
-        if "description" in fields:
-            variable.description = fields["description"]
-        variable.save()
-        _record(actor, "variable.update", "variable", key, list(fields))
+        write_variable(variable, fields, actor=actor)
     return variable
+
+
+def write_variable(
+    variable: Variable, fields: dict[str, Any], *, actor: audit.Actor | None
+) -> None:
+    """Write `fields` (`value`, `description`) to a Variable row, audited: inside the caller's
+    transaction (`update_variable`, the public API's bulk requests)."""
+    if "value" in fields:
+        stored = _stored_value(fields["value"])
+        variable.val, variable.is_encrypted = stored["val"], stored["is_encrypted"]
+    if "description" in fields:
+        variable.description = fields["description"]
+    variable.save()
+    _record(actor, "variable.update", "variable", variable.key, list(fields))
 
 
 def update_connection(
@@ -355,6 +363,25 @@ def patch_connection(
 
     NotFound when the Connection does not exist; own durable transaction, audited with the
     fields written. The admin's form uses `update_connection`, where a null password clears."""
+    with transaction.atomic(durable=True):
+        connection = Connection.objects.filter(conn_id=conn_id).first()
+        if connection is None:
+            raise exceptions.NotFound(
+                f"The Connection with connection_id: `{conn_id}` was not found"
+            )
+        patch_connection_row(connection, sent, update_mask, actor=actor)
+    return connection
+
+
+def patch_connection_row(
+    connection: Connection,
+    sent: dict[str, Any],
+    update_mask: Sequence[str] | None,
+    *,
+    actor: audit.Actor | None,
+) -> None:
+    """`patch_connection`'s rules applied to a Connection row, audited, inside the caller's
+    transaction (`patch_connection`, the public API's bulk requests)."""
     named = {name.strip() for name in update_mask} if update_mask else None
     plain = {
         name: sent[name]
@@ -367,31 +394,24 @@ def patch_connection(
         if (name in named if named is not None else name in sent)
     ]
     limits.check_lengths(Connection, plain)
-    with transaction.atomic(durable=True):
-        connection = Connection.objects.filter(conn_id=conn_id).first()
-        if connection is None:
-            raise exceptions.NotFound(
-                f"The Connection with connection_id: `{conn_id}` was not found"
-            )
-        # The answer shows this Connection's secrets (masked): they must decrypt before any
-        # write, or a host-only change would commit and then answer 503.
-        reveal(connection)
-        written = dict(plain)
-        if "password" in secrets and sent.get("password") not in (None, "", masking.MASK):
-            written["password"] = sent["password"]
-        if "extra" in secrets:
-            extra = _merged_extra(sent.get("extra"), connection.extra)
-            if extra is not _KEEP:
-                written["extra"] = extra
-        if written.get("password") is not None or written.get("extra") is not None:
-            encryption.check_key_reads_stored()
-        for name, value in written.items():
-            if name in ("password", "extra"):
-                value = encryption.encrypt(value)
-            setattr(connection, name, value)
-        connection.save()
-        _record(actor, "connection.update", "connection", conn_id, list(written))
-    return connection
+    # The answer shows this Connection's secrets (masked): they must decrypt before any
+    # write, or a host-only change would commit and then answer 503.
+    reveal(connection)
+    written = dict(plain)
+    if "password" in secrets and sent.get("password") not in (None, "", masking.MASK):
+        written["password"] = sent["password"]
+    if "extra" in secrets:
+        extra = _merged_extra(sent.get("extra"), connection.extra)
+        if extra is not _KEEP:
+            written["extra"] = extra
+    if written.get("password") is not None or written.get("extra") is not None:
+        encryption.check_key_reads_stored()
+    for name, value in written.items():
+        if name in ("password", "extra"):
+            value = encryption.encrypt(value)
+        setattr(connection, name, value)
+    connection.save()
+    _record(actor, "connection.update", "connection", connection.conn_id, list(written))
 
 
 _KEEP = object()

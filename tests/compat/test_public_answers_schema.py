@@ -148,6 +148,13 @@ CALLS = [
         200,
     ),
     ("patch", "/api/v2/pools", "/api/v2/pools", {"actions": [{"action": "create"}]}, 422),
+    (
+        "get",
+        "/api/v2/auth/login",
+        "/api/v2/auth/login",
+        {"next": "https://elsewhere.example/"},
+        400,
+    ),
 ]
 
 

@@ -49,14 +49,17 @@ class VariableCollectionResponse(StrictSchema):
 
 class VariableBody(StrictSchema):
     key: str = Field(min_length=1, max_length=250)
-    # Airflow's JsonValue: a string is stored as it is, anything else as its JSON text.
+    # Airflow's JsonValue: a string is stored as it is, anything else (null too) as its JSON
+    # text, indented by 2 (`VariableBody.serialize_non_string_value`).
     value: Any
     description: str | None = None
     team_name: str | None = Field(default=None, max_length=50)
 
 
-def _variable_text(value: Any) -> str | None:
-    return value if isinstance(value, str) or value is None else json.dumps(value)
+def _variable_text(value: Any) -> str:
+    """The text Airflow 3.3.2 stores for a Variable body's value (`serialize_non_string_value`:
+    `{"rows": 5}` is stored as `'{\n  "rows": 5\n}'`, null as `'null'`)."""
+    return value if isinstance(value, str) else json.dumps(value, indent=2)
 
 
 class VariableFilters(Page):

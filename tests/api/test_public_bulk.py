@@ -82,7 +82,7 @@ def test_variables_create_fail_skip_overwrite_update_and_delete(api):
     }
     a = Variable.objects.get(key="a")
     assert (value_of(a), a.description) == ("new", "kept")  # an update keeps what it did not send
-    assert value_of(Variable.objects.get(key="b")) == '{"n": 1}'
+    assert value_of(Variable.objects.get(key="b")) == '{\n  "n": 1\n}'
     over = _bulk(
         api,
         "variables",

@@ -14,6 +14,9 @@ urlpatterns = [
     path("admin/timezone/", admin.site.admin_view(timezone_view), name="operator_timezone"),
     path("admin/", admin.site.urls),
     path("execution/", execution_api.urls),
+    # Airflow's core API login routes, plain views (not in the ninja API: no permission applies).
+    path("api/v2/auth/logout", login.logout, name="api_auth_logout"),
+    path("api/v2/auth/login", login.login_page, name="api_auth_login"),
     path("api/v2/", public_api.urls),
     path("auth/token", login.token, name="auth_token"),
     path("auth/token/cli", login.token_cli, name="auth_token_cli"),

@@ -293,6 +293,21 @@ def test_default_pool_cannot_be_deleted_and_only_its_slots_change(api):
     assert ok.status_code == 200 and ok.json()["slots"] == 8
 
 
+def test_a_masked_field_the_body_left_out_keeps_its_value(api):
+    """Airflow 3.3.2's `apply_patch_with_update_mask`: the fields written are those the body
+    carried that the mask names; a name the body cannot change is ignored, as Airflow does."""
+    Pool.objects.create(name="gpu", slots=3, description="cards", include_deferred=True)
+    patched = _send(
+        api, "patch", "/pools/gpu?update_mask=description&update_mask=slots", {"slots": 5}
+    )
+    assert patched.status_code == 200, patched.content
+    assert (patched.json()["slots"], patched.json()["description"]) == (5, "cards")
+    ignored = _send(api, "patch", "/pools/gpu?update_mask=bogus", {"slots": 9})
+    assert ignored.status_code == 200, ignored.content
+    pool = Pool.objects.get(name="gpu")
+    assert (pool.slots, pool.description, pool.include_deferred) == (5, "cards", True)
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body", "status"),
     [

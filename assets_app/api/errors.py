@@ -71,13 +71,13 @@ def error_response_for(path: str, status: int, reason: str, message: str, **extr
     return error_response(status, reason, message, **extra)
 
 
-def _status_of(exc: exceptions.DomainError) -> int:
+def status_of(exc: exceptions.DomainError) -> int:
     return next((code for cls, code in STATUS_BY_EXCEPTION if isinstance(exc, cls)), 400)
 
 
 def _domain_error(request: HttpRequest, exc: exceptions.DomainError) -> HttpResponse:
     response = error_response_for(
-        request.path, _status_of(exc), exc.reason, exc.message, **exc.extra
+        request.path, status_of(exc), exc.reason, exc.message, **exc.extra
     )
     if "retry_after_seconds" in exc.extra:  # e.g. `too_many_waits`: when to come back
         response["Retry-After"] = str(exc.extra["retry_after_seconds"])

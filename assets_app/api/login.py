@@ -12,6 +12,11 @@ made and checked by `operations.logins`.
 - Ours: 429 (with `Retry-After`) while too many recent failures name the username or come from
   the client address (`logins.log_in`), where Airflow's simple manager has no limit.
 
+- `GET /api/v2/auth/logout` (Airflow's core API route): revokes the login token of the
+  `Authorization: Bearer` header and of a `_token` cookie (`logins.log_out`), then 307 to the
+  login page; `GET /api/v2/auth/login`: 307 to the login page (the admin's), with a `next` only
+  when it is safe (400 "Invalid or unsafe next URL" otherwise).
+
 These are plain Django views, not a ninja API: the bodies are Airflow's (`{"detail": "..."}` with
 a string), no session or CSRF is involved, and the form body is parsed as Airflow does.
 """
@@ -21,6 +26,8 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -151,3 +158,46 @@ def _method_not_allowed(allowed: tuple[str, ...]) -> HttpResponse:
     response = _detail(405, "Method Not Allowed")
     response["Allow"] = ", ".join(allowed)
     return response
+
+
+# Airflow's UI keeps its login token in this cookie (`COOKIE_NAME_JWT_TOKEN`); logout ends it too.
+TOKEN_COOKIE = "_token"
+
+
+def _redirect(url: str) -> HttpResponse:
+    response = HttpResponse(status=307)
+    response["Location"] = url
+    return response
+
+
+@csrf_exempt
+def logout(request: HttpRequest) -> HttpResponse:
+    """`GET /api/v2/auth/logout`: revoke the request's login tokens, 307 to the login page
+    (Airflow: `auth_manager.get_url_login()`, the cookie deleted). Credentials are optional, as
+    in Airflow: a request without a valid login token is simply redirected."""
+    if request.method != "GET":
+        return _method_not_allowed(("GET",))
+    scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+    tokens = [bearer] if scheme.lower() == "bearer" and bearer else []
+    if request.COOKIES.get(TOKEN_COOKIE):
+        tokens.append(request.COOKIES[TOKEN_COOKIE])
+    logins.log_out(tokens=tokens, client=_client(request))
+    response = _redirect(reverse("admin:login"))
+    response.delete_cookie(TOKEN_COOKIE, path="/")
+    return response
+
+
+@csrf_exempt
+def login_page(request: HttpRequest) -> HttpResponse:
+    """`GET /api/v2/auth/login`: 307 to the login page, with `next` when it is safe."""
+    if request.method != "GET":
+        return _method_not_allowed(("GET",))
+    url = reverse("admin:login")
+    next_url = request.GET.get("next")
+    if next_url:
+        if not url_has_allowed_host_and_scheme(
+            next_url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            return _detail(400, "Invalid or unsafe next URL")
+        url += "?" + urlencode({"next": next_url})
+    return _redirect(url)

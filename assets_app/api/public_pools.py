@@ -4,13 +4,16 @@
 `slots` and `include_deferred` change, named by `update_mask`; `team_name` is refused when set
 (Airflow refuses it without multi-team mode, which the service does not have)."""
 
+from typing import Any
+
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Status
 from pydantic import AliasChoices, field_validator
 
 from assets_app.models import Pool
-from assets_app.runtime import pools
+from assets_app.runtime import bulk, pools
 
+from . import public_bulk
 from .public import Page, actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
@@ -111,6 +114,20 @@ def post_pool(request: HttpRequest, body: PoolBody):
         actor=actor_of(request),
     )
     return Status(201, PoolResponse.from_domain(created))
+
+
+BulkBodyPoolBody = public_bulk.bulk_body(PoolBody, "PoolBody")
+
+
+def _pool_fields(body: PoolBody) -> dict[str, Any]:
+    return {"name": body.name, **body.model_dump(exclude_unset=True, exclude={"team_name"})}
+
+
+@router.patch("/pools", response=responses(public_bulk.BulkResponse))
+@needs("add", Pool)
+def bulk_pools(request: HttpRequest, body: BulkBodyPoolBody):  # type: ignore[valid-type]
+    """Airflow's bulk create / update / delete of pools (`runtime.bulk`)."""
+    return public_bulk.apply(request, bulk.POOLS, body, _pool_fields)
 
 
 @router.get("/pools/{path:pool_name}", response=responses(PoolResponse, 404))

@@ -12,8 +12,9 @@ from ninja import Field, Query, Router, Status
 
 from assets_app.guards import exceptions, masking
 from assets_app.models import Connection, Variable
-from assets_app.runtime import variables
+from assets_app.runtime import bulk, variables
 
+from . import public_bulk
 from .public import Page, actor_of
 from .public_auth import public_api_auth
 from .public_permissions import needs
@@ -48,14 +49,17 @@ class VariableCollectionResponse(StrictSchema):
 
 class VariableBody(StrictSchema):
     key: str = Field(min_length=1, max_length=250)
-    # Airflow's JsonValue: a string is stored as it is, anything else as its JSON text.
+    # Airflow's JsonValue: a string is stored as it is, anything else (null too) as its JSON
+    # text, indented by 2 (`VariableBody.serialize_non_string_value`).
     value: Any
     description: str | None = None
     team_name: str | None = Field(default=None, max_length=50)
 
 
-def _variable_text(value: Any) -> str | None:
-    return value if isinstance(value, str) or value is None else json.dumps(value)
+def _variable_text(value: Any) -> str:
+    """The text Airflow 3.3.2 stores for a Variable body's value (`serialize_non_string_value`:
+    `{"rows": 5}` is stored as `'{\n  "rows": 5\n}'`, null as `'null'`)."""
+    return value if isinstance(value, str) else json.dumps(value, indent=2)
 
 
 class VariableFilters(Page):
@@ -152,6 +156,21 @@ def post_variable(request: HttpRequest, body: VariableBody):
     return Status(201, VariableResponse.from_variable(variable))
 
 
+BulkBodyVariableBody = public_bulk.bulk_body(VariableBody, "VariableBody")
+
+
+def _variable_fields(body: VariableBody) -> dict[str, Any]:
+    sent = {"key": body.key, "value": _variable_text(body.value), "description": body.description}
+    return {name: value for name, value in sent.items() if name in body.model_fields_set}
+
+
+@router.patch("/variables", response=responses(public_bulk.BulkResponse))
+@needs("add", Variable)
+def bulk_variables(request: HttpRequest, body: BulkBodyVariableBody):  # type: ignore[valid-type]
+    """Airflow's bulk create / update / delete of Variables (`runtime.bulk`)."""
+    return public_bulk.apply(request, bulk.VARIABLES, body, _variable_fields)
+
+
 @router.get("/variables/{path:variable_key}", response=responses(VariableResponse, 404))
 @needs("view", Variable)
 def get_variable(request: HttpRequest, variable_key: str):
@@ -166,9 +185,17 @@ def patch_variable(
     body: VariableBody,
     update_mask: Query[list[str] | None] = None,
 ):
+    if body.key != variable_key:
+        raise exceptions.BadRequest(
+            "Invalid body, key from request body doesn't match uri parameter",
+            reason="key_mismatch",
+        )
+    # Only the fields the body carried (Airflow's `model_fields_set`): a description it left out
+    # keeps its stored value.
+    sent = {"value": _variable_text(body.value), "description": body.description}
     variable = variables.update_variable(
         key=variable_key,
-        changes={"value": _variable_text(body.value), "description": body.description},
+        changes={name: value for name, value in sent.items() if name in body.model_fields_set},
         update_mask=update_mask,
         actor=actor_of(request),
     )
@@ -209,6 +236,24 @@ def post_connection(request: HttpRequest, body: ConnectionBody):
         **body.fields(),
     )
     return Status(201, ConnectionResponse.from_connection(connection))
+
+
+BulkBodyConnectionBody = public_bulk.bulk_body(ConnectionBody, "ConnectionBody")
+
+
+def _connection_fields(body: ConnectionBody) -> dict[str, Any]:
+    sent = {"connection_id": body.connection_id, **body.fields()}
+    sent |= {"password": body.password, "extra": body.extra}
+    given = {"schema" if name == "schema_" else name for name in body.model_fields_set}
+    return {name: value for name, value in sent.items() if name in given}
+
+
+@router.patch("/connections", response=responses(public_bulk.BulkResponse))
+@needs("add", Connection)
+def bulk_connections(request: HttpRequest, body: BulkBodyConnectionBody):  # type: ignore[valid-type]
+    """Airflow's bulk create / update / delete of Connections (`runtime.bulk`): an update
+    keeps a password it sends as null, as the single PATCH does."""
+    return public_bulk.apply(request, bulk.CONNECTIONS, body, _connection_fields)
 
 
 # `/connections/test` and `/connections/defaults` come before `/connections/{connection_id}`:

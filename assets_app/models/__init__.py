@@ -13,7 +13,7 @@ what a row's `__str__` shows), nothing else of the service.
 
 from .assets import Asset, AssetAlias, AssetAliasAsset
 from .audit import AuditEntry, AuditTarget, AuditVia
-from .auth import ApiToken
+from .auth import ApiToken, RevokedToken
 from .backfills import (
     Backfill,
     BackfillDagRun,
@@ -124,6 +124,7 @@ __all__ = [
     "QueueWatcher",
     "RenderedTaskFields",
     "ReprocessBehavior",
+    "RevokedToken",
     "ScheduleMode",
     "SetupLinkKind",
     "TIState",

@@ -29,3 +29,14 @@ class ApiToken(models.Model):
     @staticmethod
     def generate_key() -> str:
         return secrets.token_urlsafe(32)
+
+
+class RevokedToken(models.Model):
+    """A login token (JWT, `operations.logins`) ended by `GET /api/v2/auth/logout` before its
+    expiry: Airflow 3.3.2's `revoked_token` table (its `jti`, kept until its `exp`)."""
+
+    jti = models.CharField(max_length=32, primary_key=True)
+    exp = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return self.jti

@@ -17,12 +17,16 @@ attempt is refused (`LoginThrottled`, audited as `auth.login_throttled`) without
 password, correct or not, until the oldest leaves the window. The count reads the audit trail
 through its (action, at) index, so it grows with the recent failures, never with history; and it
 lives in PostgreSQL, so every gunicorn worker and host counts the same failures.
+
+Logout (`log_out`, `GET /api/v2/auth/logout`) revokes a token as Airflow's `revoke_token` does:
+its `jti` is kept (`RevokedToken`) until its `exp`, and `user_of_token` refuses it in the same
+read as its user (`token_revoked`).
 """
 
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jwt
@@ -30,11 +34,11 @@ from django.conf import settings
 from django.contrib.auth import authenticate, get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, Q
 from django.http import HttpRequest
 from django.utils import timezone
 
-from ..models import AuditEntry, AuditVia
+from ..models import AuditEntry, AuditVia, RevokedToken
 from . import audit
 
 ALGORITHM = "HS512"
@@ -42,6 +46,7 @@ REQUIRED_CLAIMS = ("jti", "sub", "aud", "exp", "iat", "nbf")
 FAILED = "auth.login_failed"
 THROTTLED = "auth.login_throttled"
 SUCCEEDED = "auth.login"
+LOGGED_OUT = "auth.logout"
 
 
 class InvalidCredentials(Exception):
@@ -99,12 +104,52 @@ def user_of_token(token: str) -> AbstractBaseUser:
     except jwt.InvalidTokenError as exc:
         raise InvalidLoginToken(f"invalid login token: {exc}", reason="invalid_token") from exc
     pk = _int_or_none(claims["sub"])
-    user = None if pk is None else get_user_model().objects.filter(pk=pk, is_active=True).first()
+    user = None
+    if pk is not None:
+        # One read: the user, and whether the token was revoked (`log_out`).
+        revoked = Exists(RevokedToken.objects.filter(jti=str(claims["jti"])))
+        users = get_user_model().objects.filter(pk=pk, is_active=True)
+        user = users.annotate(revoked=revoked).first()
     if user is None:
         raise InvalidLoginToken(
             "the user of this login token does not exist or is inactive", reason="invalid_token"
         )
+    if getattr(user, "revoked", False):
+        raise InvalidLoginToken("the login token has been revoked", reason="token_revoked")
     return user
+
+
+def log_out(*, tokens: list[str], client: str) -> int:
+    """Revoke the login tokens among `tokens` (Airflow 3.3.2's `revoke_token`: each valid JWT's
+    `jti` is kept until its `exp`, and the public API refuses it from then on). What is not a
+    valid login token of an active user (an API token key, an expired or forged JWT) is left
+    alone, as Airflow leaves it. Idempotent: a token revoked twice stays revoked, audited once
+    per call that revoked something (`auth.logout`). Revocations past their expiry are removed
+    on the way (Airflow's `_maybe_cleanup_expired`). Returns how many tokens were revoked."""
+    revoked = 0
+    for token in tokens:
+        if not looks_like_jwt(token):
+            continue
+        try:
+            user = user_of_token(token)
+        except InvalidLoginToken:
+            continue
+        claims = jwt.decode(token, options={"verify_signature": False})
+        exp = datetime.fromtimestamp(int(claims["exp"]), tz=UTC)
+        with transaction.atomic(durable=True):
+            RevokedToken.objects.filter(exp__lt=timezone.now()).delete()
+            _, made = RevokedToken.objects.get_or_create(
+                jti=str(claims["jti"]), defaults={"exp": exp}
+            )
+            if made:
+                audit.record(
+                    actor=audit.Actor.from_user(user, via=AuditVia.API),
+                    action=LOGGED_OUT,
+                    summary=f"{user.get_username()} logged out from {client}",
+                    detail={"client": client, "jti": str(claims["jti"])},
+                )
+                revoked += 1
+    return revoked
 
 
 def _int_or_none(value: Any) -> int | None:

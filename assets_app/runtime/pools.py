@@ -159,24 +159,35 @@ def update_pool(
     update_mask: Sequence[str] | None = None,
     actor: audit.Actor | None = None,
 ) -> PoolSlots:
-    """Change an existing pool: the fields `changes` names (those of `update_mask` when
-    given; an update erases only what it names, invariant 19). `default_pool`: only `slots`
-    and `include_deferred`, named by `update_mask` (Airflow's rule, 400 otherwise). A body
-    naming another pool than the path: 400. NotFound when it does not exist. Audited."""
+    """Change an existing pool: the fields `changes` carries (what the body sent), only those
+    `update_mask` also names when given (an update erases only what it names, invariant 19).
+    `default_pool`: only `slots` and `include_deferred`, named by `update_mask` (Airflow's
+    rule, 400 otherwise). A body naming another pool than the path: 400. NotFound when it does
+    not exist. Audited."""
+    fields = patched_fields(name, changes, update_mask)
+    with transaction.atomic(durable=True):
+        pool = Pool.objects.filter(name=name).first()
+        if pool is None:
+            raise exceptions.NotFound(f"The Pool with name: `{name}` was not found")
+        write_pool(pool, fields, actor=actor)
+    return with_slots([pool])[0]
+
+
+def patched_fields(
+    name: str, changes: dict[str, Any], update_mask: Sequence[str] | None
+) -> dict[str, Any]:
+    """The checked fields an update of pool `name` writes (`update_pool`'s rules)."""
     if changes.get("name") not in (None, name):
         raise exceptions.BadRequest(
             "Invalid body, pool name from request body doesn't match uri parameter",
             reason="name_mismatch",
         )
     if update_mask:
-        unknown = sorted({m.strip() for m in update_mask} - {*POOL_FIELDS, "pool"})
-        if unknown:
-            raise exceptions.BadRequest(
-                f"update_mask names fields that cannot be updated: {unknown}",
-                reason="invalid_update_mask",
-            )
+        # Airflow's `apply_patch_with_update_mask`: the fields the body carried that the mask
+        # also names; a masked field the body left out keeps its value, other names are ignored.
         wanted = {"name" if m.strip() == "pool" else m.strip() for m in update_mask}
-        fields = {k: changes.get(k) for k in wanted if k != "name"}
+        fields = {k: v for k, v in changes.items() if k in wanted and k in POOL_FIELDS}
+        fields.pop("name", None)
     else:
         fields = {k: v for k, v in changes.items() if k in POOL_FIELDS and k != "name"}
     if name == DEFAULT_POOL_NAME and not (
@@ -187,16 +198,16 @@ def update_pool(
             reason="default_pool",
         )
     _check(fields)
-    with transaction.atomic(durable=True):
-        pool = Pool.objects.filter(name=name).first()
-        if pool is None:
-            raise exceptions.NotFound(f"The Pool with name: `{name}` was not found")
-        for field, value in fields.items():
-            setattr(pool, field, value)
-        if fields:
-            pool.save(update_fields=list(fields))
-        _record(actor, "update", name, list(fields))
-    return with_slots([pool])[0]
+    return fields
+
+
+def write_pool(pool: Pool, fields: dict[str, Any], *, actor: audit.Actor | None) -> None:
+    """Write checked `fields` to a pool row, audited, inside the caller's transaction."""
+    for field, value in fields.items():
+        setattr(pool, field, value)
+    if fields:
+        pool.save(update_fields=list(fields))
+    _record(actor, "update", pool.name, list(fields))
 
 
 def delete_pool(*, name: str, actor: audit.Actor | None = None) -> None:

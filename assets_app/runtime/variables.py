@@ -285,21 +285,31 @@ def update_variable(
     update_mask: Sequence[str] | None = None,
     actor: audit.Actor | None = None,
 ) -> Variable:
-    """Change an existing Variable's `value` / `description` (only the `update_mask` fields
-    when given). NotFound when it does not exist; own durable transaction, audited."""
-    fields = _masked(changes, update_mask, allowed=("value", "description"))
+    """Change an existing Variable's `value` / `description`: those `changes` carries (what
+    the body sent; a field left out keeps its value), only the `update_mask` ones when given
+    (`_masked`; `key` in the mask is a 400). NotFound when it does not exist; own durable
+    transaction, audited."""
+    fields = _masked(changes, update_mask, allowed=("value", "description"), immutable=("key",))
     with transaction.atomic(durable=True):
         variable = Variable.objects.filter(key=key).first()
         if variable is None:
             raise exceptions.NotFound(f"The Variable with key: `{key}` was not found")
-        if "value" in fields:
-            stored = _stored_value(fields["value"])
-            variable.val, variable.is_encrypted = stored["val"], stored["is_encrypted"]
-        if "description" in fields:
-            variable.description = fields["description"]
-        variable.save()
-        _record(actor, "variable.update", "variable", key, list(fields))
+        write_variable(variable, fields, actor=actor)
     return variable
+
+
+def write_variable(
+    variable: Variable, fields: dict[str, Any], *, actor: audit.Actor | None
+) -> None:
+    """Write `fields` (`value`, `description`) to a Variable row, audited: inside the caller's
+    transaction (`update_variable`, the public API's bulk requests)."""
+    if "value" in fields:
+        stored = _stored_value(fields["value"])
+        variable.val, variable.is_encrypted = stored["val"], stored["is_encrypted"]
+    if "description" in fields:
+        variable.description = fields["description"]
+    variable.save()
+    _record(actor, "variable.update", "variable", variable.key, list(fields))
 
 
 def update_connection(
@@ -353,10 +363,26 @@ def patch_connection(
 
     NotFound when the Connection does not exist; own durable transaction, audited with the
     fields written. The admin's form uses `update_connection`, where a null password clears."""
-    allowed = (*CONNECTION_FIELDS, "password", "extra")
-    if update_mask:
-        _masked({}, update_mask, allowed=allowed)  # refuses a field that cannot be updated
-    named = set(update_mask) if update_mask else None
+    with transaction.atomic(durable=True):
+        connection = Connection.objects.filter(conn_id=conn_id).first()
+        if connection is None:
+            raise exceptions.NotFound(
+                f"The Connection with connection_id: `{conn_id}` was not found"
+            )
+        patch_connection_row(connection, sent, update_mask, actor=actor)
+    return connection
+
+
+def patch_connection_row(
+    connection: Connection,
+    sent: dict[str, Any],
+    update_mask: Sequence[str] | None,
+    *,
+    actor: audit.Actor | None,
+) -> None:
+    """`patch_connection`'s rules applied to a Connection row, audited, inside the caller's
+    transaction (`patch_connection`, the public API's bulk requests)."""
+    named = {name.strip() for name in update_mask} if update_mask else None
     plain = {
         name: sent[name]
         for name in CONNECTION_FIELDS
@@ -368,31 +394,24 @@ def patch_connection(
         if (name in named if named is not None else name in sent)
     ]
     limits.check_lengths(Connection, plain)
-    with transaction.atomic(durable=True):
-        connection = Connection.objects.filter(conn_id=conn_id).first()
-        if connection is None:
-            raise exceptions.NotFound(
-                f"The Connection with connection_id: `{conn_id}` was not found"
-            )
-        # The answer shows this Connection's secrets (masked): they must decrypt before any
-        # write, or a host-only change would commit and then answer 503.
-        reveal(connection)
-        written = dict(plain)
-        if "password" in secrets and sent.get("password") not in (None, "", masking.MASK):
-            written["password"] = sent["password"]
-        if "extra" in secrets:
-            extra = _merged_extra(sent.get("extra"), connection.extra)
-            if extra is not _KEEP:
-                written["extra"] = extra
-        if written.get("password") is not None or written.get("extra") is not None:
-            encryption.check_key_reads_stored()
-        for name, value in written.items():
-            if name in ("password", "extra"):
-                value = encryption.encrypt(value)
-            setattr(connection, name, value)
-        connection.save()
-        _record(actor, "connection.update", "connection", conn_id, list(written))
-    return connection
+    # The answer shows this Connection's secrets (masked): they must decrypt before any
+    # write, or a host-only change would commit and then answer 503.
+    reveal(connection)
+    written = dict(plain)
+    if "password" in secrets and sent.get("password") not in (None, "", masking.MASK):
+        written["password"] = sent["password"]
+    if "extra" in secrets:
+        extra = _merged_extra(sent.get("extra"), connection.extra)
+        if extra is not _KEEP:
+            written["extra"] = extra
+    if written.get("password") is not None or written.get("extra") is not None:
+        encryption.check_key_reads_stored()
+    for name, value in written.items():
+        if name in ("password", "extra"):
+            value = encryption.encrypt(value)
+        setattr(connection, name, value)
+    connection.save()
+    _record(actor, "connection.update", "connection", connection.conn_id, list(written))
 
 
 _KEEP = object()
@@ -412,14 +431,24 @@ def _merged_extra(new: str | None, stored_token: str | None) -> Any:
 
 
 def _masked(
-    changes: dict[str, Any], update_mask: Sequence[str] | None, *, allowed: Sequence[str]
+    changes: dict[str, Any],
+    update_mask: Sequence[str] | None,
+    *,
+    allowed: Sequence[str],
+    immutable: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """The fields an update writes, as Airflow 3.3.2's `apply_patch_with_update_mask` picks them:
+    those `changes` carries (a field the body left out is never erased), and with an
+    `update_mask` only those it also names. A mask naming an `immutable` field is a 400 with
+    Airflow's message; other names the body cannot change are ignored, as Airflow ignores them."""
     if update_mask:
-        unknown = sorted(set(update_mask) - set(allowed))
-        if unknown:
+        restricted = {name.strip() for name in update_mask} & set(immutable)
+        if restricted:
             raise exceptions.BadRequest(
-                f"update_mask names fields that cannot be updated: {unknown}",
-                reason="invalid_update_mask",
+                "Update not allowed: the following fields are immutable and cannot be "
+                f"modified: {restricted}",
+                reason="immutable_field",
             )
-        return {name: changes.get(name) for name in update_mask}
+        named = {name.strip() for name in update_mask}
+        return {k: v for k, v in changes.items() if k in allowed and k in named}
     return {name: value for name, value in changes.items() if name in allowed}

@@ -32,7 +32,7 @@ PIN_COOKIE = "ae_primary_until"
 # Read on the primary even in a replica scope: who is asking and what they may do (a revoked
 # token or permission takes effect at once; a session just logged in exists at once).
 PRIMARY_ONLY_APPS = frozenset({"auth", "sessions", "contenttypes", "admin"})
-PRIMARY_ONLY_MODELS = frozenset({"assets_app.ApiToken"})
+PRIMARY_ONLY_MODELS = frozenset({"assets_app.ApiToken", "assets_app.RevokedToken"})
 
 # On the standby: seconds since the last replayed commit, 0 when everything received is
 # replayed while the WAL receiver runs (an idle primary is not "lag"); NULL when nothing was

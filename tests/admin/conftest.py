@@ -28,6 +28,7 @@ from assets_app.models import (
     Pool,
     QueueWatcher,
     RenderedTaskFields,
+    RevokedToken,
     TaskLogChunk,
     TaskOutletAliasReference,
     TaskOutletAssetReference,
@@ -109,6 +110,7 @@ def populate(n: int) -> None:
         AssetEventQueueFactory(source_dag_id=producer.dag_id, parked=True)
         MetricCounter.objects.create(name="outbox_registered", shard=i, value=i)
         ApiToken.objects.create(user=user, name=f"token-{i}", key_hash=ApiToken.hash_key(f"k{i}"))
+        RevokedToken.objects.create(jti=f"{i:032x}", exp=timezone.now())
         audit.record(
             actor=audit.Actor.from_user(user, via="admin"),
             action="outbox.requeue",

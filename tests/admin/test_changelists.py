@@ -37,6 +37,7 @@ MODELS = sorted(
 # (count, rows, one per related-object filter). Pinned: a new per-row query shows up here.
 EXPECTED = {
     "apitoken": 5,
+    "revokedtoken": 5,  # issue 49: logged-out login tokens
     "asset": 6,
     "connection": 5,
     "renderedtaskfields": 5,
@@ -102,6 +103,7 @@ APPEND_ONLY = (
     "tasklogchunk",
     "dagimporterror",
     "dagcallbackrequest",
+    "revokedtoken",
 )
 
 

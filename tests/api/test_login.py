@@ -15,7 +15,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from assets_app.api.auth import issue_token as issue_task_token
-from assets_app.models import AuditEntry
+from assets_app.models import AuditEntry, RevokedToken
 from assets_app.operations import logins
 
 pytestmark = pytest.mark.django_db
@@ -179,3 +179,51 @@ def test_failed_attempts_are_throttled_per_username_and_per_client(ops, settings
         at=AuditEntry.objects.first().at - timedelta(seconds=settings.LOGIN_FAILURE_WINDOW_SECONDS)
     )
     assert post("/auth/token", {"username": "ops", "password": PASSWORD}).status_code == 201
+
+
+def test_logout_revokes_the_login_token_and_redirects_to_the_login_page(ops):
+    """`GET /api/v2/auth/logout` as Airflow 3.3.2's: the bearer token (and a `_token` cookie)
+    revoked until its expiry, refused from then on; 307 to the login page; idempotent, audited
+    once; a request without a valid login token is only redirected."""
+    token = post("/auth/token/cli", {"username": "ops", "password": PASSWORD}).json()
+    token = token["access_token"]
+    other = post("/auth/token", {"username": "ops", "password": PASSWORD}).json()["access_token"]
+    out = bearer(token).get("/api/v2/auth/logout")
+    assert out.status_code == 307, out.content
+    assert out["Location"] == "/admin/login/"
+    refused = bearer(token).get("/api/v2/dags")
+    assert refused.status_code == 401
+    assert refused.json()["detail"]["reason"] == "token_revoked"
+    assert bearer(other).get("/api/v2/dags").status_code == 200  # only that token ended
+    assert bearer(token).get("/api/v2/auth/logout").status_code == 307
+    assert AuditEntry.objects.filter(action="auth.logout").count() == 1
+
+    cookie_client = Client()
+    cookie_client.cookies["_token"] = other
+    assert cookie_client.get("/api/v2/auth/logout").status_code == 307
+    assert bearer(other).get("/api/v2/dags").status_code == 401
+
+    before = AuditEntry.objects.count()
+    for client in (
+        Client(),
+        bearer("not-a-jwt"),
+        bearer(logins.issue_token(user=ops, lifetime_seconds=-60)),
+    ):
+        assert client.get("/api/v2/auth/logout").status_code == 307
+    assert AuditEntry.objects.count() == before
+
+
+def test_a_revocation_is_removed_once_its_token_has_expired(ops):
+    logins.log_out(tokens=[logins.issue_token(user=ops, lifetime_seconds=600)], client="c")
+    RevokedToken.objects.update(exp=RevokedToken.objects.get().exp - timedelta(hours=1))
+    logins.log_out(tokens=[logins.issue_token(user=ops, lifetime_seconds=600)], client="c")
+    assert RevokedToken.objects.count() == 1
+
+
+def test_the_login_route_redirects_to_the_login_page_with_a_safe_next_only():
+    ok = Client().get("/api/v2/auth/login", {"next": "/api/v2/dags"})
+    assert ok.status_code == 307
+    assert ok["Location"] == "/admin/login/?" + urlencode({"next": "/api/v2/dags"})
+    unsafe = Client().get("/api/v2/auth/login", {"next": "https://elsewhere.example/"})
+    assert unsafe.status_code == 400
+    assert unsafe.json() == {"detail": "Invalid or unsafe next URL"}

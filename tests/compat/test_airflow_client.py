@@ -7,6 +7,7 @@ Airflow's own CLI (apache-airflow-ctl 0.1.5, same virtualenv) logs in against th
 a user would (issue 49): `airflowctl auth login --username --password` posts to `/auth/token/cli`
 and keeps the JWT it gets (AIRFLOW_CLI_DEBUG_MODE: in a file under AIRFLOW_HOME, as there is no
 keyring here), and `airflowctl dags list` reads the Dags with it; a wrong password fails the login.
+`airflowctl variables|pools|connections import` (Airflow's bulk PATCH) create, then overwrite.
 """
 
 import json
@@ -20,7 +21,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 from assets_app.api.public_auth import create_api_token
-from assets_app.models import DagRun, TaskInstance
+from assets_app.models import DagRun, Pool, TaskInstance, Variable
+from assets_app.runtime import variables
 from tests.proof.conftest import ROOT
 
 from .airflow_env import client_python
@@ -120,3 +122,20 @@ def _airflowctl_logs_in_with_a_password(python: Path, url: str, home: Path) -> N
     assert listed.returncode == 0, listed.stdout + listed.stderr
     dags = json.loads(listed.stdout[listed.stdout.index("[") :])
     assert {d["dag_id"] for d in dags} >= {"client_producer", "client_consumer"}, dags
+
+    # The import commands send Airflow's bulk PATCH (create, overwrite by default); run twice,
+    # the second overwrites what the first created.
+    files = {
+        "variables": {"greeting": "hi", "limits": {"value": {"rows": 5}, "description": "d"}},
+        "pools": [{"name": "ctl_pool", "slots": 4, "description": "from airflowctl"}],
+        "connections": {"ctl_conn": {"conn_type": "http", "host": "h", "password": "s3cret"}},
+    }
+    for noun, content in files.items():
+        path = home / f"{noun}.json"
+        path.write_text(json.dumps(content))
+        for _ in range(2):
+            imported = run(noun, "import", str(path))
+            assert imported.returncode == 0, noun + imported.stdout + imported.stderr
+    assert Pool.objects.get(name="ctl_pool").slots == 4
+    assert variables.value_of(Variable.objects.get(key="limits")) == '{\n  "rows": 5\n}'
+    assert variables.get_connection(conn_id="ctl_conn").password == "s3cret"

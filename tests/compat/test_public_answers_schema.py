@@ -112,6 +112,49 @@ CALLS = [
         200,
     ),
     ("get", "/api/v2/backfills", "/api/v2/backfills", {"dag_id": "daily"}, 200),
+    (
+        "patch",
+        "/api/v2/variables",
+        "/api/v2/variables",
+        {
+            "actions": [
+                {"action": "create", "entities": [{"key": "v", "value": {"n": 1}}]},
+                {"action": "create", "entities": [{"key": "v", "value": 2}]},
+                {"action": "delete", "entities": ["nope"]},
+            ]
+        },
+        200,
+    ),
+    (
+        "patch",
+        "/api/v2/connections",
+        "/api/v2/connections",
+        {
+            "actions": [
+                {"action": "create", "entities": [{"connection_id": "c", "conn_type": "http"}]},
+                {
+                    "action": "update",
+                    "entities": [{"connection_id": "c", "conn_type": "http", "host": "h"}],
+                },
+            ]
+        },
+        200,
+    ),
+    (
+        "patch",
+        "/api/v2/pools",
+        "/api/v2/pools",
+        {"actions": [{"action": "update", "entities": [{"name": "nope", "slots": 1}]}]},
+        200,
+    ),
+    ("patch", "/api/v2/pools", "/api/v2/pools", {"actions": [{"action": "create"}]}, 422),
+    (
+        "get",
+        "/api/v2/auth/login",
+        "/api/v2/auth/login",
+        {"next": "https://elsewhere.example/"},
+        400,
+    ),
 ]
 
 

@@ -3,7 +3,9 @@
 `bin/test` runs the suite on pytest-xdist workers (`--dist loadgroup`). The scenarios of
 `tests/proof/` and `tests/concurrency/` (real servers, SIGKILLs, timing figures) form one group,
 run one after another on one worker, so two of them never compete for the machine's cores; the
-rest is spread over the workers beside them.
+rest is spread over the workers beside them, with the proof modules that run in-process and
+measure nothing (IN_PROCESS_PROOFS: the fuzzers, the bad-input cases, the auth and permission
+matrices, a third of the group's time), which made the serial worker the suite's long pole.
 """
 
 import json
@@ -19,6 +21,12 @@ from django.db.backends.postgresql.operations import DatabaseOperations
 FIGURES_DIR_ENV = "TEST_FIGURES_DIR"
 _FIGURES_OWNED = pytest.StashKey[str]()
 SERIAL_FOLDERS = ("proof", "concurrency")
+IN_PROCESS_PROOFS = {
+    "test_fuzz_apis.py",
+    "test_bad_input.py",
+    "test_auth_matrix.py",
+    "test_permission_matrix.py",
+}
 
 
 def pytest_configure(config):
@@ -83,7 +91,8 @@ def record_figure(line: str) -> None:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if Path(item.fspath).parent.name in SERIAL_FOLDERS:
+        path = Path(item.fspath)
+        if path.parent.name in SERIAL_FOLDERS and path.name not in IN_PROCESS_PROOFS:
             item.add_marker(pytest.mark.xdist_group("serial"))
 
 

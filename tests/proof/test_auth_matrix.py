@@ -188,9 +188,10 @@ def test_every_worker_endpoint_refuses_bad_credentials(world):
         url = _url(path, world)
         before = app_table_counts()
         # The worker-key doors: claiming, shipping a try's log (issue 27), the deploy door and
-        # the triggerer's (issue 42: claiming triggers, reporting their events and ends).
+        # the triggerer's (issue 42: claiming triggers, reporting their events and ends) and
+        # the Dag callbacks' (issue 39: claiming a run's callbacks, reporting them).
         if path.endswith(("/workloads/claim", "/dags/sync", "/logs/{try_number}")) or (
-            "/triggers/" in path
+            "/triggers/" in path or "/dag-callbacks/" in path
         ):
             cases = {
                 "missing": (None, {401}),

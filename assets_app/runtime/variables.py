@@ -329,14 +329,7 @@ def update_connection(
             raise exceptions.NotFound(
                 f"The Connection with connection_id: `{conn_id}` was not found"
             )
-        if fields.get("password") is not None or fields.get("extra") is not None:
-            encryption.check_key_reads_stored()
-        for name, value in fields.items():
-            if name in ("password", "extra"):
-                value = encryption.encrypt(value)
-            setattr(connection, name, value)
-        connection.save()
-        _record(actor, "connection.update", "connection", conn_id, list(fields))
+        _write_connection(connection, fields, actor)
     return connection
 
 
@@ -404,17 +397,23 @@ def patch_connection_row(
         extra = _merged_extra(sent.get("extra"), connection.extra)
         if extra is not _KEEP:
             written["extra"] = extra
-    if written.get("password") is not None or written.get("extra") is not None:
+    _write_connection(connection, written, actor)
+
+
+_KEEP = object()
+
+
+def _write_connection(connection: Connection, fields: dict, actor: audit.Actor | None) -> None:
+    """Write `fields` on a locked or fetched Connection, `password` and `extra` encrypted (the
+    stored key checked first when either is set), and audit the names written."""
+    if fields.get("password") is not None or fields.get("extra") is not None:
         encryption.check_key_reads_stored()
-    for name, value in written.items():
+    for name, value in fields.items():
         if name in ("password", "extra"):
             value = encryption.encrypt(value)
         setattr(connection, name, value)
     connection.save()
-    _record(actor, "connection.update", "connection", connection.conn_id, list(written))
-
-
-_KEEP = object()
+    _record(actor, "connection.update", "connection", connection.conn_id, list(fields))
 
 
 def _merged_extra(new: str | None, stored_token: str | None) -> Any:

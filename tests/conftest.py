@@ -130,3 +130,15 @@ def _postgresql_only(request, django_db_blocker):
                 "asset_events (bin/test does this)",
                 returncode=2,
             )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashes():
+    """Users made and logged in by the in-process tests hash with 1,000 PBKDF2 iterations
+    (tests/hashers.py): the same algorithm, readable by the servers the tests start."""
+    from django.conf import settings
+    from django.contrib.auth import hashers
+
+    settings.PASSWORD_HASHERS = ["tests.hashers.FastPBKDF2PasswordHasher"]
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()

@@ -72,7 +72,10 @@ def airflow_openapi(document: str = CORE_DOCUMENT) -> dict:
     version = CORE.split("==")[1]
     wheel = next((_ensure() / "wheels").glob(f"apache_airflow_core-{version}-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
-        return yaml.safe_load(archive.read(document))
+        # libyaml's loader when PyYAML has it: the document parses 5 to 10 times faster.
+        return yaml.load(
+            archive.read(document), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        )
 
 
 def airflow_response_problems(

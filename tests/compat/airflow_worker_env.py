@@ -3,11 +3,13 @@ by a hash of requirements-airflow.txt) the virtualenv bin/airflow-worker runs in
 apache-airflow-task-sdk 1.3.2, and prints its python. `validate_with_sdk` checks JSON bodies
 against the SDK's own pydantic models there."""
 
+import atexit
 import functools
 import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +38,99 @@ def sdk_python() -> Path:
         [str(ROOT / "bin/airflow-worker"), "--python"], check=True, capture_output=True, text=True
     )
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+# A fork server for `convert_folder`: one interpreter of the Task SDK's virtualenv imports Airflow
+# and the worker's converter once (about 2 s of CPU), then forks a child per folder. Each child
+# parses in a process of its own, as a fresh interpreter did (the Dag folder on sys.path, the
+# modules it imports, Airflow's DagBag state all die with it), with the folder's own AIRFLOW_HOME
+# in its environment; its output goes to a file, so the server's stdout carries only replies.
+_CONVERT_SERVER = r"""
+import json, os, sys, traceback
+from pathlib import Path
+from airflow_worker import dag_files
+from airflow.dag_processing.dagbag import BundleDagBag  # noqa: F401  (imported once, here)
+for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.environ["AIRFLOW_HOME"] = request["airflow_home"]
+            folder = dag_files.parse_folder(
+                Path(request["folder"]), manual_only=request["manual_only"]
+            )
+            converted = {f.rel_path: f.definitions for f in folder.files}
+            converted["import_errors"] = {e.rel_path: e.error for e in folder.import_errors}
+            Path(request["out"]).write_text(json.dumps(converted))
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+_convert_server: subprocess.Popen | None = None
+
+
+def _stop_converter() -> None:
+    if _convert_server is not None and _convert_server.poll() is None:
+        _convert_server.kill()
+        _convert_server.wait()
+
+
+def _converter() -> subprocess.Popen:
+    global _convert_server
+    if _convert_server is None or _convert_server.poll() is not None:
+        atexit.register(_stop_converter)
+        _convert_server = subprocess.Popen(
+            [str(sdk_python()), "-c", _CONVERT_SERVER],
+            cwd=ROOT,
+            env={
+                "PYTHONPATH": str(ROOT),
+                "AIRFLOW_HOME": tempfile.mkdtemp(prefix="sdk-convert-home-"),
+                "PATH": "/usr/bin",
+            },
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+    return _convert_server
+
+
+def convert_folder(folder: Path, *, manual_only: bool = False) -> dict:
+    """{file: its definitions, ..., "import_errors": {file: error}} of an Airflow DAG folder, as
+    `airflow_worker.dag_files.parse_folder` converts it in the Task SDK's virtualenv (a child of
+    the fork server above, AIRFLOW_HOME `folder/.airflow`). A parse that crashes raises
+    CalledProcessError with the child's output."""
+    server = _converter()
+    with tempfile.TemporaryDirectory(prefix="sdk-convert-") as scratch:
+        request = {
+            "folder": str(folder),
+            "manual_only": manual_only,
+            "airflow_home": str(folder / ".airflow"),
+            "out": f"{scratch}/out.json",
+            "log": f"{scratch}/log.txt",
+        }
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        reply = server.stdout.readline()
+        log = Path(request["log"]).read_text() if Path(request["log"]).exists() else ""
+        if not reply:
+            raise RuntimeError(f"the conversion server died (exit {server.wait()}): {log}")
+        code = json.loads(reply)["exit"]
+        if code != 0:
+            raise subprocess.CalledProcessError(code, ["parse_folder", str(folder)], output=log)
+        return json.loads(Path(request["out"]).read_text())
 
 
 def validate_with_sdk(bodies: list[tuple[str, object]]) -> list[str]:

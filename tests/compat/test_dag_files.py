@@ -11,37 +11,18 @@ from django.utils import timezone
 from assets_app.definitions import sync as definitions
 from assets_app.models import AssetEvent, Dag, DagImportError, QueueWatcher, Task
 from tests import rabbitmq
-from tests.compat.airflow_worker_env import ROOT, sdk_python
+from tests.compat.airflow_worker_env import ROOT, convert_folder, sdk_python
 from tests.proof.conftest import app_table_counts
 from tests.test_watchers import consume
-
-_CONVERT = """
-import json, sys
-from pathlib import Path
-from airflow_worker.dag_files import parse_folder
-folder = parse_folder(Path(sys.argv[1]), manual_only=sys.argv[2] == "1")
-print(json.dumps({
-    **{f.rel_path: f.definitions for f in folder.files},
-    "import_errors": {e.rel_path: e.error for e in folder.import_errors},
-}))
-"""
 
 
 def _convert(folder, *, manual_only=False) -> dict:
     """{file: its definitions, ..., "import_errors": {file: error}} of an Airflow DAG folder."""
-    done = subprocess.run(
-        [str(sdk_python()), "-c", _CONVERT, str(folder), "1" if manual_only else "0"],
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "AIRFLOW_HOME": str(folder / ".airflow"), "PATH": "/usr/bin"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return convert_folder(folder, manual_only=manual_only)
 
 
-# Slow: each conversion starts Airflow; the first use of its virtualenv builds it (.ci/run
-# builds it beforehand).
+# Slow: the conversions run in the Task SDK's virtualenv (one fork server per test process); the
+# first use of that virtualenv builds it (.ci/run builds it beforehand).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 

@@ -81,8 +81,18 @@ def test_a_dag_file_importing_a_helper_beside_it_syncs_runs_and_shows_itself(ser
 
     answer = api.post(f"{url}/api/v2/dags/uses_helper/dagRuns", json={"logical_date": None})
     assert answer.status_code == 200, answer.text
+    # One task: the worker leaves once it has run it (not after 20 s of idling).
     ran = run_worker(
-        service, tmp_path, dags, "--no-sync", "--idle-exit", "20", "--max-seconds", "600"
+        service,
+        tmp_path,
+        dags,
+        "--no-sync",
+        "--max-tis",
+        "1",
+        "--idle-exit",
+        "20",
+        "--max-seconds",
+        "600",
     )
     assert ran.returncode == 0, ran.stderr[-3000:]
     ti = TaskInstance.objects.get(dag_id="uses_helper", task_id="greet")

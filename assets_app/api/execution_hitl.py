@@ -90,6 +90,7 @@ class HITLDetailResponse(Schema):
 def upsert_hitl_detail(request: HttpRequest, task_instance_id: UUID, payload: HITLDetailRequest):
     detail = hitl.upsert_request(
         ti_id=task_instance_id,
+        try_number=auth.try_of(auth.claims_of(request)),
         options=payload.options,
         subject=payload.subject,
         body=payload.body,
@@ -107,6 +108,7 @@ def update_hitl_detail(
 ):
     detail = hitl.worker_respond(
         ti_id=task_instance_id,
+        try_number=auth.try_of(auth.claims_of(request)),
         chosen_options=payload.chosen_options,
         params_input=payload.params_input,
     )

@@ -49,7 +49,7 @@ def ti_put_rtif(request: HttpRequest, task_instance_id: UUID, fields: Body[dict[
     # A TI route: the authentication checked the token names this TI but read no row (one read).
     ti = task_scopes.load(ti_id=task_instance_id)
     if ti is not None:  # unknown: set_rendered_fields answers its 404
-        task_scopes.check_rendered_fields_write(ti)
+        task_scopes.check_rendered_fields_write(ti, token_try=auth.try_of(auth.claims_of(request)))
     task_runtime.set_rendered_fields(ti_id=task_instance_id, fields=fields)
     return Status(201, {"message": "Rendered task instance fields successfully set"})
 

@@ -123,10 +123,16 @@ def _consumed_an_event_of(ti: TokenTI, *, dag_id: str, run_id: str) -> bool:
     ).exists()
 
 
-def check_rendered_fields_write(ti: TokenTI, *, now: datetime | None = None) -> None:
-    """A rendered-fields write (`PUT .../rtif`): while the TI runs, or in its overtime after it
-    finished, where the Task SDK's `finalize` overwrites them for an operator with
-    `overwrite_rtif_after_execution` (after the state was reported)."""
+def check_rendered_fields_write(
+    ti: TokenTI, *, token_try: int, now: datetime | None = None
+) -> None:
+    """A rendered-fields write (`PUT .../rtif`): with a token of the TI's current try (StaleTry,
+    409, otherwise: invariant 12; Airflow answers 410 for an earlier try's TI id, which it
+    regenerates on a retry), while the TI runs, or in its overtime after it finished, where the
+    Task SDK's `finalize` overwrites them for an operator with `overwrite_rtif_after_execution`
+    (after the state was reported)."""
+    if ti.try_number != token_try:
+        raise exceptions.StaleTry.of(ti_id=ti.id, token_try=token_try, current_try=ti.try_number)
     if ti.state == TIState.RUNNING or _in_overtime(ti, now):
         return
     raise exceptions.PermissionDenied(

@@ -56,6 +56,7 @@ def _no_detail(ti_id: UUID) -> NotFound:
 def upsert_request(
     *,
     ti_id: UUID,
+    try_number: int,
     options: list[str],
     subject: str,
     body: str | None,
@@ -66,10 +67,13 @@ def upsert_request(
 ) -> HITLDetail:
     """The task's request (Airflow's `upsert_hitl_detail`): created when the TI has none; kept
     as it is when it has one (a cleared TI asking again), its response cleared when it had one
-    (a retry: only the latest response is kept). One durable transaction under the TI lock."""
+    (a retry: only the latest response is kept). One durable transaction under the TI lock;
+    a token of an earlier try writes nothing (StaleTry, invariant 12)."""
     with transaction.atomic(durable=True):
-        if locks.lock_task_instance(ti_id) is None:
+        ti = locks.lock_task_instance(ti_id)
+        if ti is None:
             raise not_found(ti_id)
+        check_try(ti, try_number)
         detail = HITLDetail.objects.filter(ti_id=ti_id).first()
         if detail is None:
             return HITLDetail.objects.create(
@@ -101,14 +105,16 @@ def get_detail(*, ti_id: UUID) -> HITLDetail:
 
 
 def worker_respond(
-    *, ti_id: UUID, chosen_options: list[str], params_input: dict[str, Any]
+    *, ti_id: UUID, try_number: int, chosen_options: list[str], params_input: dict[str, Any]
 ) -> HITLDetail:
     """The task answering itself (the SDK's `update_hitl_detail_response`): no user, 409 once
-    answered, 404 without a request. Under the TI lock; it does not resume the TI (Airflow's
-    route does not either)."""
+    answered, 404 without a request, 409 `stale_try` for a token of an earlier try. Under the
+    TI lock; it does not resume the TI (Airflow's route does not either)."""
     with transaction.atomic(durable=True):
-        if locks.lock_task_instance(ti_id) is None:
+        ti = locks.lock_task_instance(ti_id)
+        if ti is None:
             raise not_found(ti_id)
+        check_try(ti, try_number)
         detail = get_detail(ti_id=ti_id)
         if detail.response_received:
             raise Conflict(

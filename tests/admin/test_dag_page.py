@@ -8,10 +8,12 @@ import json
 from django.db import transaction
 from django.urls import reverse
 
+from assets_app.admin import dags as dags_admin
+from assets_app.catalog import task_order
 from assets_app.definitions import sources
-from assets_app.models import AuditEntry, Dag, DagRun
+from assets_app.models import AuditEntry, Dag, DagRun, Task, TaskUpstream
 from assets_app.models.dags import DAG_SOURCE_MAX_BYTES
-from tests.factories import DagFactory
+from tests.factories import DagFactory, DagRunFactory
 
 from .test_dag_list import csrf_client, token_of
 
@@ -157,3 +159,30 @@ def test_bad_fields_are_a_400_with_the_reason_and_write_nothing(staff_client):
     bad_json = staff_client.post(url, _fields(tables="[a", day="2026-12-01"))
     assert bad_json.status_code == 400 and "tables: not valid JSON" in bad_json.content.decode()
     assert not DagRun.objects.exists() and not AuditEntry.objects.exists()
+
+
+def test_a_big_dags_task_table_lists_its_first_tasks_in_order(staff_client, monkeypatch):
+    monkeypatch.setattr(dags_admin, "TASK_INLINE_MAX", 3)
+    dag = DagFactory(dag_id="big")
+    made = [Task.objects.create(dag=dag, task_id=f"t{i}") for i in range(5)]
+    # t4 runs first: the table follows the task order, not the ids.
+    TaskUpstream.objects.create(task=made[0], upstream=made[4])
+    text = staff_client.get(reverse("admin:assets_app_dag_change", args=[dag.pk])).content
+    text = text.decode()
+    assert "Tasks: the first 3 of 5 in task order" in text
+    table = text[text.index('id="tasks-group"') :].split("</table>")[0]
+    order = [r.task_id for r in task_order.dag_task_rows(dag_id="big") if r.task_id]
+    assert order.index("t4") < order.index("t0")
+    shown = sorted((table.index(f">{t}<"), t) for t in order if f">{t}<" in table)
+    assert [t for _, t in shown] == order[:3]
+
+
+def test_the_grid_shows_the_chosen_number_of_runs(staff_client):
+    dag = DagFactory(dag_id="ran")
+    for i in range(30):
+        DagRunFactory(dag=dag, run_id=f"r{i:02}", state="success")
+    url = reverse("admin:assets_app_dag_grid", args=[dag.pk])
+    assert "The last 25 runs" in staff_client.get(url).content.decode()
+    page = staff_client.get(url, {"runs": "50"}).content.decode()
+    assert "The last 30 runs" in page and "<strong>50</strong>" in page
+    assert "The last 25 runs" in staff_client.get(url, {"runs": "7"}).content.decode()

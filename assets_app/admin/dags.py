@@ -289,7 +289,7 @@ class DagAdmin(admin.ModelAdmin):
             "Recent runs and the events they consumed",
             {"fields": ("recent_runs",), "classes": ("aes-wide",)},
         ),
-        ("Code", {"fields": ("code_view",), "classes": ("aes-wide", "collapse")}),
+        ("Code", {"fields": ("code_view",), "classes": ("aes-wide",)}),
         (
             "Stored definition",
             {"fields": ("schedule_json", "created_at", "updated_at"), "classes": ("collapse",)},
@@ -585,8 +585,8 @@ class DagAdmin(admin.ModelAdmin):
         if lines and lines[-1] == "":
             lines.pop()
         return format_html(
-            '<div id="dag-code" class="aes-code-wrap"><p class="aes-muted">{} · {} lines · {} '
-            'bytes · synced {}</p>{}<pre class="aes-code">{}</pre></div>',
+            '<div id="dag-code" class="aes-source-wrap"><p class="aes-muted">{} · {} lines · {} '
+            'bytes · synced {}</p>{}<pre class="aes-source">{}</pre></div>',
             code.fileloc,
             f"{len(lines):,}",
             f"{code.source_size:,}",
@@ -595,7 +595,7 @@ class DagAdmin(admin.ModelAdmin):
             if code.truncated
             else "",
             format_html_join(
-                "", '<span class="aes-code-line">{}\n</span>', ((line,) for line in lines)
+                "", '<span class="aes-source-line">{}\n</span>', ((line,) for line in lines)
             ),
         )
 

@@ -32,12 +32,12 @@ def test_the_code_view_shows_the_synced_file_escaped_with_line_numbers(staff_cli
     code = code[: code.index("</pre>")]
     assert "<script>alert" not in code
     assert (
-        '<span class="aes-code-line">print(&quot;&lt;script&gt;alert(1)&lt;/script&gt;&quot;)\n'
+        '<span class="aes-source-line">print(&quot;&lt;script&gt;alert(1)&lt;/script&gt;&quot;)\n'
         "</span>" in code
     )
-    assert code.count('class="aes-code-line"') == 3  # numbered by CSS counters, one a line
+    assert code.count('class="aes-source-line"') == 3  # numbered by CSS counters, one a line
     assert "dags/etl.py · 3 lines · 46 bytes" in code
-    assert ".aes-code-line::before { counter-increment: aes-line;" in text
+    assert ".aes-source-line::before { counter-increment: aes-line;" in text
 
 
 def test_the_code_view_says_when_there_is_no_source_or_it_was_cut(staff_client):

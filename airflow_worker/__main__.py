@@ -158,7 +158,7 @@ def sync(options: argparse.Namespace, client: httpx.Client) -> None:
     for failure in folder.import_errors:
         _say(f"{failure.rel_path}: not synced: {(failure.error.strip().splitlines() or ['?'])[-1]}")
     body = {
-        "files": [{"file": f.rel_path, "definitions": f.definitions} for f in folder.files],
+        "files": [f.payload() for f in folder.files],
         "apply_pause": options.apply_pause,
         "import_errors": [{"file": e.rel_path, "error": e.error} for e in folder.import_errors],
     }

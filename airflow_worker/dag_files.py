@@ -29,6 +29,11 @@ as Airflow's dag-processor has it (a file may import a helper module beside it).
 A file that does not import, or holds a Dag left out, is an import error (Airflow's
 `importErrors`): the sync reports it and the folder's other files still sync.
 
+Each synced file's text goes with its definitions (issue 45, Airflow's `DagCode`): the Dag's
+code view and `GET /api/v2/dagSources/{dag_id}` show it as this sync read it. A file longer
+than `SOURCE_MAX_BYTES` sends its first bytes and its whole size (the service stores it cut and
+says so); the other files are not affected.
+
 A Dag opts its task tokens into wider XCom reads (issue 26, the definition's `xcom_read_scope`)
 with a tag: `tags=["xcom_read_scope:dag"]` (any run of this Dag) or `"xcom_read_scope:all"`
 (any Dag's); without one they read their own run's XComs only.
@@ -113,6 +118,33 @@ class DagFile:
 
     rel_path: str
     definitions: list[dict[str, Any]]
+    # The file's text (at most SOURCE_MAX_BYTES of it, as UTF-8) and its whole size in bytes.
+    source: str | None = None
+    source_size: int = 0
+
+    def payload(self) -> dict[str, Any]:
+        """The file as the sync request carries it."""
+        body: dict[str, Any] = {"file": self.rel_path, "definitions": self.definitions}
+        if self.source is not None:
+            body.update(source=self.source, source_size=self.source_size)
+        return body
+
+
+# The service's limit for a stored DAG file's source (`assets_app.models.dags.DAG_SOURCE_MAX_BYTES`,
+# kept equal by a test): a longer file sends its first bytes only.
+SOURCE_MAX_BYTES = 512 * 1024
+
+
+def read_source(path: Path) -> tuple[str, int]:
+    """A file's text (undecodable bytes replaced) cut at SOURCE_MAX_BYTES, at the start of a
+    character, and its whole size in bytes."""
+    data = path.read_bytes()
+    cut = len(data)
+    if cut > SOURCE_MAX_BYTES:
+        cut = SOURCE_MAX_BYTES
+        while cut > 0 and data[cut] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+            cut -= 1
+    return data[:cut].decode("utf-8", errors="replace"), len(data)
 
 
 def _asset(asset: Any) -> dict[str, str]:
@@ -749,9 +781,20 @@ def parse_folder(folder: Path, *, manual_only: bool = False) -> Folder:
             continue
         by_file.setdefault(rel_path, []).append(definition)
     return Folder(
-        files=[DagFile(rel_path=path, definitions=defs) for path, defs in sorted(by_file.items())],
+        files=[
+            DagFile(rel_path=path, definitions=defs, **_source(folder / path))
+            for path, defs in sorted(by_file.items())
+        ],
         import_errors=[
             ImportFailure(rel_path=path, error="\n".join(lines))
             for path, lines in sorted(errors.items())
         ],
     )
+
+
+def _source(path: Path) -> dict[str, Any]:
+    try:
+        source, size = read_source(path)
+    except OSError:  # gone since it was parsed: its definitions still sync, without a source
+        return {}
+    return {"source": source, "source_size": size}

@@ -19,13 +19,14 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from ..catalog import dags, queued_events, task_graph, task_order
-from ..definitions import conditions, timetables
+from ..definitions import conditions, param_form, sources, timetables
 from ..definitions import params as dag_params
 from ..guards import exceptions, limits
 from ..models import (
     AssetAliasAsset,
     AssetDagRunQueue,
     Dag,
+    DagCode,
     DagImportError,
     DagRun,
     DagRunAssetEvent,
@@ -52,7 +53,7 @@ from .base import (
     pretty_json,
     state_badge,
 )
-from .runs import run_grid
+from .runs import GRID_RUN_CHOICES, GRID_RUNS, run_grid
 
 RECENT_RUNS = 15
 QUEUED_ROWS_SHOWN = 200
@@ -174,6 +175,10 @@ class SchedulerErrorFilter(admin.SimpleListFilter):
         return queryset
 
 
+# The Dag page's task table lists at most this many tasks (issue 45's 1,000-task Dag).
+TASK_INLINE_MAX = 100
+
+
 class TaskInline(admin.TabularInline):
     model = Task
     fields = (
@@ -197,10 +202,18 @@ class TaskInline(admin.TabularInline):
         # The Dag page's shape (`DagAdmin.get_object`) when it has read it: no query here.
         shape = getattr(request, "dag_shape", None)
         rows = shape.rows() if shape is not None else task_order.dag_task_rows(dag_id=dag_id)
-        rank = [
-            When(task_id=row.task_id, then=Value(i)) for i, row in enumerate(rows) if row.task_id
-        ]
+        ordered = [row.task_id for row in rows if row.task_id]
         queryset = super().get_queryset(request)
+        if len(ordered) > TASK_INLINE_MAX:
+            # A big Dag (1,000 tasks: 2.9 s of form widgets) lists its first tasks in order;
+            # the graph, the grid and the task list show them all.
+            self.verbose_name_plural = (
+                f"tasks: the first {TASK_INLINE_MAX} of {len(ordered):,} in task order (the "
+                "graph, the grid and the task list show every one)"
+            )
+            ordered = ordered[:TASK_INLINE_MAX]
+            queryset = queryset.filter(task_id__in=ordered)
+        rank = [When(task_id=task_id, then=Value(i)) for i, task_id in enumerate(ordered)]
         if rank:
             queryset = queryset.order_by(Case(*rank, default=Value(len(rank))), "task_id")
         return queryset.prefetch_related(
@@ -276,6 +289,7 @@ class DagAdmin(admin.ModelAdmin):
             "Recent runs and the events they consumed",
             {"fields": ("recent_runs",), "classes": ("aes-wide",)},
         ),
+        ("Code", {"fields": ("code_view",), "classes": ("aes-wide",)}),
         (
             "Stored definition",
             {"fields": ("schedule_json", "created_at", "updated_at"), "classes": ("collapse",)},
@@ -299,6 +313,7 @@ class DagAdmin(admin.ModelAdmin):
         "updated_at",
         "recent_runs",
         "task_graph",
+        "code_view",
     )
 
     def has_add_permission(self, request):
@@ -315,9 +330,14 @@ class DagAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        if "is_paused" in form.changed_data and not obj.is_paused:
-            # As the API's: the next run of that instant stored (issue 40), the schedulers woken.
-            dags.after_unpause([obj.dag_id])
+        if "is_paused" in form.changed_data:
+            # Audited as the list's toggle and the API's (`dag.pause` / `dag.unpause`), in the
+            # change view's transaction.
+            dags.audit_pause(dag_id=obj.dag_id, is_paused=obj.is_paused, actor=actor_of(request))
+            if not obj.is_paused:
+                # As the API's: the next run of that instant stored (issue 40), the schedulers
+                # woken.
+                dags.after_unpause([obj.dag_id])
 
     def has_delete_permission(self, request, obj=None):
         # Dags come and go with their definitions (sync_dags); deleting one here would cascade
@@ -549,6 +569,36 @@ class DagAdmin(admin.ModelAdmin):
             request=getattr(obj, "request", None),
         )
 
+    @admin.display(description="")
+    def code_view(self, obj):
+        """The Dag's file as the worker last synced it (`definitions.sources`), read only:
+        escaped, one line a row with its number, monospace; a cut file says so."""
+        code = sources.source_of(obj.fileloc)
+        if code is None:
+            return format_html(
+                '<p id="dag-code" class="aes-muted">No source stored for {}: the worker\'s sync '
+                "(<code>bin/airflow-worker --sync-only</code>) sends each DAG file's text; a Dag "
+                "synced from a definition file, or whose file left the folder, has none.</p>",
+                obj.fileloc or "this Dag",
+            )
+        lines = code.source_code.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        return format_html(
+            '<div id="dag-code" class="aes-source-wrap"><p class="aes-muted">{} · {} lines · {} '
+            'bytes · synced {}</p>{}<pre class="aes-source">{}</pre></div>',
+            code.fileloc,
+            f"{len(lines):,}",
+            f"{code.source_size:,}",
+            display_for_value(code.last_updated, ""),
+            format_html('<p class="aes-warning-box">{}</p>', sources.note(code))
+            if code.truncated
+            else "",
+            format_html_join(
+                "", '<span class="aes-source-line">{}\n</span>', ((line,) for line in lines)
+            ),
+        )
+
     @admin.display(description="runs")
     def grid_link(self, obj):
         url = reverse("admin:assets_app_dag_grid", args=[obj.pk])
@@ -593,7 +643,8 @@ class DagAdmin(admin.ModelAdmin):
         ]
 
     def grid_view(self, request, object_id):
-        """Recent runs x tasks, coloured by state (`run_grid`: a fixed number of queries)."""
+        """Recent runs x tasks, coloured by state (`run_grid`: a fixed number of queries); the
+        last 25 runs, or `?runs=` one of `GRID_RUN_CHOICES`."""
         if not self.has_view_permission(request):
             raise Http404
         dag = get_object_or_404(Dag, pk=object_id)
@@ -604,11 +655,14 @@ class DagAdmin(admin.ModelAdmin):
                 if state in TIState.values
             }
         )
+        wanted = request.GET.get("runs", "")
+        shown = int(wanted) if wanted.isdigit() and int(wanted) in GRID_RUN_CHOICES else GRID_RUNS
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": f"Runs of {dag.dag_id}",
-            "grid": run_grid(dag=dag),
+            "grid": run_grid(dag=dag, runs=shown),
+            "run_choices": [(n, n == shown) for n in GRID_RUN_CHOICES],
             "legend": legend,
             "tz_name": timezone.get_current_timezone_name(),
         }
@@ -628,18 +682,32 @@ class DagAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(_back(request))
 
     def trigger_view(self, request, object_id):
-        """A manual run with a conf (`runs.trigger_dag`, as the API and `trigger_dag` do)."""
+        """A manual run with a conf (`runs.trigger_dag`, as the API and `trigger_dag` do). A
+        Dag with params gets a field per Param (`param_form`) and a JSON text area for more
+        keys (they win over the fields); a Dag without, the JSON text area alone. A field that
+        holds no value of its kind, a conf that is not a JSON object or that a Param refuses
+        (`params.check_conf`) is answered 400 with the form and the reason; nothing is written."""
         if not self.has_trigger_permission(request):
             raise Http404
         dag = get_object_or_404(Dag, pk=object_id)
-        # Prefilled with the params' defaults, as Airflow's trigger form is.
-        defaults = dag_params.defaults(dag_params.load(dag.params))
-        conf_text, note, error = json.dumps(defaults, indent=2) if defaults else "{}", "", None
+        specs = dag_params.load(dag.params)
+        conf_text, note, error, posted = "{}", "", None, None
+        field_errors: dict[str, str] = {}
         if request.method == "POST":
             conf_text = request.POST.get("conf", "").strip() or "{}"
             note = request.POST.get("note", "").strip()
+            from_fields: dict[str, Any] = {}
+            if specs and request.POST.get("param_fields") == "1":
+                posted = request.POST
+                from_fields, field_errors = param_form.conf_from_fields(specs, posted)
             try:
+                if field_errors:
+                    raise exceptions.BadRequest(
+                        "; ".join(f"{name}: {why}" for name, why in field_errors.items())
+                    )
                 conf = json.loads(conf_text)
+                if specs and isinstance(conf, dict):
+                    conf = {**from_fields, **conf}
                 run = runs.trigger_dag(
                     dag_id=dag.dag_id,
                     conf=conf,
@@ -663,11 +731,17 @@ class DagAdmin(admin.ModelAdmin):
             "opts": self.opts,
             "title": f"Trigger {dag.dag_id}",
             "dag": dag,
+            "fields": param_form.fields(specs, posted, field_errors),
             "conf": conf_text,
             "note": note,
             "error": error,
         }
-        return TemplateResponse(request, "admin/assets_app/dag_trigger.html", context)
+        return TemplateResponse(
+            request,
+            "admin/assets_app/dag_trigger.html",
+            context,
+            status=400 if error else 200,
+        )
 
     def has_clear_queued_events_permission(self, request):
         """The admin's own clear action (`AssetDagRunQueueAdmin`) and the public API's DELETE
@@ -893,3 +967,22 @@ class DagImportErrorAdmin(ReadOnlyAdmin):
     @admin.display(description="stack trace")
     def stack_trace_text(self, obj):
         return format_html('<pre class="aes-json">{}</pre>', obj.stack_trace)
+
+
+@admin.register(DagCode)
+class DagCodeAdmin(ReadOnlyAdmin):
+    """The DAG files' source as the worker last synced them (Airflow's `dag_code`, issue 45):
+    each Dag's page shows its file's under "Code"; the sync replaces a changed file's and
+    deletes the source of a file that left the folder."""
+
+    list_display = ("fileloc", "size", "truncated", "last_updated")
+    search_fields = ("fileloc",)
+    readonly_fields = ("fileloc", "source_code_hash", "size", "truncated", "last_updated")
+    fields = readonly_fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("source_code")
+
+    @admin.display(description="bytes", ordering="source_size")
+    def size(self, obj):
+        return f"{obj.source_size:,}"

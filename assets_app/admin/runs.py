@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from html import escape
 from typing import Any
 from uuid import UUID
 
@@ -54,6 +55,8 @@ from .base import (
 CONSUMED_SHOWN = 200
 PRODUCED_SHOWN = 500
 GRID_RUNS = 25
+# The grid's run counts to choose from (`?runs=`; another value is the default).
+GRID_RUN_CHOICES = (10, 25, 50, 100)
 GRID_BAR_MIN, GRID_BAR_MAX = 4, 48  # px: a run's bar in the grid's header, by its duration
 FAILED_SHOWN = 10
 FAILED_LINES = 20
@@ -219,11 +222,15 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
         if task_id is None:
             rows.append({"group_id": line.group_id, "label": line.label, "depth": line.depth})
             continue
-        # Cells are built here, not in a template loop: 25 x 50 of them.
+        # Cells are built here, not in a template loop (100 runs x 1,000 tasks: 100,000 of
+        # them), each escaped value once per row or run, not per cell (`_grid_cell`).
         row = []
+        shown_id = escape(task_id)
         for run in recent:
-            tis = sorted(cells.get((task_id, run["id"]), []), key=lambda t: t["map_index"])
-            row.append(_grid_cell(task_id, tis, run, ti_url))
+            tis = cells.get((task_id, run["id"]), [])
+            if len(tis) > 1:
+                tis.sort(key=lambda t: t["map_index"])
+            row.append(_grid_cell(task_id, tis, run, ti_url, shown_id=shown_id))
         rows.append(
             {
                 "task_id": task_id,
@@ -236,24 +243,29 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
     return {"dag": dag, "runs": recent, "rows": rows}
 
 
-def _grid_cell(task_id: str, tis: list[dict], run: dict, ti_url: str) -> str:
+_EMPTY_CELL = '<td><span class="aes-cell aes-cell-empty" title="no task instance"></span></td>'
+
+
+def _grid_cell(
+    task_id: str, tis: list[dict], run: dict, ti_url: str, *, shown_id: str | None = None
+) -> str:
+    """One cell of the grid. A plain TI's cell is the hot path (100,000 of them at 1,000 tasks x
+    100 runs): an f-string of values escaped once per row (`shown_id`) or run, the same text
+    `format_html` gave, at a fraction of its cost."""
     if not tis:
-        return mark_safe(
-            '<td><span class="aes-cell aes-cell-empty" title="no task instance"></span></td>'
-        )
+        return _EMPTY_CELL
     first = tis[0]
     if len(tis) == 1 and first["map_index"] < 0:
-        return format_html(
-            '<td><a href="{}" title="{} · {} · try {} · {} · {}"><span class="aes-cell" '
-            'data-state="{}" style="background:{}"></span></a></td>',
-            ti_url.replace("__pk__", str(first["id"])),
-            task_id,
-            first["state"] or "no status",
-            first["try_number"],
-            first["duration"],
-            run["run_id"],
-            first["state"] or "",
-            state_colour(first["state"]),
+        if "shown_run_id" not in run:
+            run["shown_run_id"] = escape(run["run_id"])
+        state = first["state"]
+        return (
+            f'<td><a href="{ti_url.replace("__pk__", str(first["id"]))}" title="'
+            f"{shown_id if shown_id is not None else escape(task_id)} · "
+            f"{escape(state or 'no status')} · try {first['try_number']} · "
+            f'{escape(first["duration"])} · {run["shown_run_id"]}"><span class="aes-cell" '
+            f'data-state="{escape(state or "")}" style="background:{state_colour(state)}">'
+            "</span></a></td>"
         )
     # A mapped task: one cell, coloured by Airflow's summary state of its map indexes, with
     # their count and the counts by state; it opens the run's page, which lists them all.

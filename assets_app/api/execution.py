@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Body, Query, Router
 
 from assets_app.catalog import asset_events
+from assets_app.definitions import sources
 from assets_app.definitions import sync as definitions
 from assets_app.models import TIState
 from assets_app.runtime import logs as task_logs
@@ -231,6 +232,11 @@ def sync_dag_files(request: HttpRequest, payload: schemas.DagSyncRequest):
         else [
             definitions.ImportErrorReport(filename=e.file, stack_trace=e.error)
             for e in payload.import_errors
+        ],
+        file_sources=[
+            sources.cut(f.file, f.source, size=f.source_size)
+            for f in payload.files
+            if f.source is not None
         ],
     )
     return {

@@ -10,22 +10,31 @@ parameters and shapes (`routes/public/dag_tags.py`, `dag_stats.py`, `dag_warning
 - `GET /dags/{dag_id}/dagVersions[/{version_number}]`: the service keeps no Dag versions (a sync
   replaces a definition): an empty list, and 404 for a version, as Airflow answers for a version
   it does not have; 404 too for an unknown Dag (`~` lists every Dag's).
+- `GET /dagSources/{dag_id}` (`dag_sources.py`, issue 45): the source of the Dag's file as the
+  worker last synced it (`definitions.sources`), as Airflow's `DAGSourceResponse`, or the text
+  alone with `Accept: text/plain`. `version_number` is null (no versions are kept) and a
+  `version_number` asked for is Airflow's 404 for a version it does not have. A source cut at
+  the limit ends with a comment line saying so. Airflow redacts the code when the caller may not
+  read every Dag of the file; here the read permission is the model's (`view_dag`), so whoever
+  may read one Dag may read them all and nothing is redacted.
 """
 
 from typing import Literal
 
-from django.http import HttpRequest
-from ninja import Field, Query, Router, Schema
+from django.http import HttpRequest, HttpResponse
+from ninja import Field, Header, Query, Router, Schema
 
 from assets_app.catalog import dags, listing
+from assets_app.definitions import sources
 from assets_app.guards import exceptions
 from assets_app.models import Dag, DagRun
 
+from .errors import error_response
 from .public import Page
 from .public_auth import public_api_auth
 from .public_permissions import needs
 from .public_schemas import DagVersionResponse, responses
-from .schemas import UtcDatetime
+from .schemas import INT32_MAX, UtcDatetime
 
 router = Router(tags=["public"], auth=public_api_auth())
 
@@ -166,4 +175,49 @@ def get_dag_version(request: HttpRequest, dag_id: str, version_number: int) -> D
         f"The DagVersion with dag_id: `{dag_id}` and version_number: `{version_number}` was "
         "not found",
         reason="dag_version_not_found",
+    )
+
+
+class DAGSourceResponse(Schema):
+    """Airflow 3.3.2's `DAGSourceResponse`."""
+
+    content: str | None
+    dag_id: str
+    version_number: int | None
+    dag_display_name: str
+
+
+@router.get("/dagSources/{dag_id}", response=responses(DAGSourceResponse, 400, 404, 406))
+@needs("view", Dag)
+def get_dag_source(
+    request: HttpRequest,
+    dag_id: str,
+    version_number: int | None = Query(None, ge=0, le=INT32_MAX),
+    accept: Header[str] = "*/*",
+):
+    """The Dag's file as last synced; Airflow's Accept rule (`header_accept_json_or_text_depends`)
+    and its two 404 messages (`get_dag_source`)."""
+    if not accept.startswith(("*/*", "application/json", "text/plain")):
+        return error_response(
+            406, "not_acceptable", "Only application/json or text/plain is supported"
+        )
+    dag = Dag.objects.filter(dag_id=dag_id).only("dag_id", "fileloc").first()
+    if dag is None or version_number is not None:
+        raise exceptions.NotFound(
+            f"The source code of the Dag {dag_id}, version_number {version_number} was not found",
+            reason="dag_source_not_found",
+        )
+    code = sources.source_of(dag.fileloc)
+    if code is None:
+        raise exceptions.NotFound(
+            f"Code not found. dag_id='{dag_id}' version_number='{version_number}'",
+            reason="dag_source_not_found",
+        )
+    content = code.source_code
+    if code.truncated:
+        content += f"\n# [asset service] {sources.note(code)}\n"
+    if accept.startswith("text/plain"):
+        return HttpResponse(content, content_type="text/plain; charset=utf-8")
+    return DAGSourceResponse(
+        content=content, dag_id=dag_id, version_number=None, dag_display_name=dag_id
     )

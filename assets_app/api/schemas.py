@@ -705,6 +705,12 @@ class TriggerEndResponse(ResponseBody):
 class DagFileDocument(RequestBody):
     file: Annotated[str, Field(min_length=1, max_length=2000)]
     definitions: list[JsonDict] | JsonDict
+    # The file's text (issue 45, `definitions.sources`): stored for the Dag's code view and
+    # `GET /api/v2/dagSources/{dag_id}`, cut at `DAG_SOURCE_MAX_BYTES` by the service too;
+    # `source_size` is the whole file's size in bytes when the sender cut it. Omitted: the
+    # stored source is left alone.
+    source: str | None = None
+    source_size: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
 
 
 class DagImportErrorDocument(RequestBody):

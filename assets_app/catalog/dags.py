@@ -358,6 +358,13 @@ def after_unpause(dag_ids: Sequence[str]) -> None:
     nudges.scheduler_on_commit(dag_ids=dag_ids)
 
 
+def audit_pause(*, dag_id: str, is_paused: bool, actor: audit.Actor) -> None:
+    """The audit entry of one Dag's pause or unpause (`dag.pause` / `dag.unpause`), in the
+    caller's transaction: `set_paused`'s, and the Dag page's form (`DagAdmin.save_model`)."""
+    action = "dag.pause" if is_paused else "dag.unpause"
+    audit.record(actor=actor, action=action, summary=f"{action} {dag_id}", dag_id=dag_id)
+
+
 def set_paused(
     *,
     is_paused: bool,
@@ -386,9 +393,7 @@ def set_paused(
                     f"Dag with id {dag_id} was not found", reason="dag_not_found", dag_id=dag_id
                 )
             if actor is not None:
-                audit.record(
-                    actor=actor, action=action, summary=f"{action} {dag_id}", dag_id=dag_id
-                )
+                audit_pause(dag_id=dag_id, is_paused=is_paused, actor=actor)
             return listing.Page(rows=[get_dag(dag_id)], total_entries=1)
         filters = filters or DagFilters()
         if filters.dag_id_pattern is None and filters.dag_id_prefix_pattern is None:

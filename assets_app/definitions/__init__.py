@@ -8,8 +8,9 @@ Owns: `sync` (parse, validate and sync DAG definition files: `sync_dags` and the
 `next_runs` (a Dag's stored next run: computed at a sync, an unpause and by the time scheduler).
 
 Writes: `Dag`, `Task`, `Asset`, `AssetAlias`, the schedule and outlet references, `QueueWatcher` and
-`WatcherRoute` (from the files), `DagImportError`; it deletes the tasks, routes and import errors a
-new version of a file no longer has. Never runs, TIs or events.
+`WatcherRoute` (from the files), `DagImportError`, `DagCode` (`sources`: the files' text); it
+deletes the tasks, routes, import errors and sources a new version of the folder no longer
+has. Never runs, TIs or events.
 
 May import: the shared packages only.
 """

@@ -59,7 +59,7 @@ from __future__ import annotations
 import graphlib
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -105,7 +105,7 @@ from ..models.dags import (
 )
 from ..operations import audit
 from ..sql import locks, wakeups
-from . import conditions, next_runs, setup_teardown, timetables
+from . import conditions, next_runs, setup_teardown, sources, timetables
 from . import params as dag_params
 from . import schema as dag_schema
 from .conditions import AliasRef, AllOf, AnyOf, AssetRef, Condition
@@ -309,6 +309,10 @@ class SyncResult:
     # left alone), and whether the stored set changed.
     import_errors: tuple[str, ...] | None = None
     import_errors_changed: bool = False
+    # DAG file sources (`sources`) created, replaced or deleted, and the files whose source was
+    # longer than the limit and stored cut.
+    sources_changed: int = 0
+    sources_truncated: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -336,6 +340,11 @@ class SyncResult:
             lines.append(
                 f"{len(self.import_errors)} files did not import, their Dags kept as last synced: "
                 + ", ".join(self.import_errors)
+            )
+        for fileloc in self.sources_truncated:
+            lines.append(
+                f"{fileloc}: its source is longer than {sources.DAG_SOURCE_MAX_BYTES:,} bytes; "
+                "only its first bytes are stored (the Dag's code view says so)"
             )
         for dag_id, count in self.unscheduled_waiting:
             lines.append(
@@ -1071,12 +1080,16 @@ def sync_definitions(
     actor: audit.Actor | None = None,
     import_errors: Sequence[ImportErrorReport] | None = None,
     refused: Sequence[ImportErrorReport] = (),
+    file_sources: Sequence[sources.FileSource] = (),
+    folder_files: Collection[str] | None = None,
 ) -> SyncResult:
     """Write already-parsed definitions (see `sync_dags`); one durable transaction. With
     `import_errors` (the files of the folder that did not import), the stored import errors
     become exactly those, in the same transaction. `refused`: the files the service refused
     itself (`sync_documents`), import errors too; with `import_errors` None they are added to
-    the stored ones (replacing only their own files' errors)."""
+    the stored ones (replacing only their own files' errors). `file_sources`: the files' text,
+    stored in the same transaction (`sources.record_sources`); with `folder_files` (every file
+    of a whole-folder sync) the stored sources of other files are deleted."""
     check_definitions(dags)
     with transaction.atomic(durable=True):
         # Concurrent syncs (several hosts at start-up) run one after the other; every read below
@@ -1105,13 +1118,27 @@ def sync_definitions(
                 import_errors=tuple(sorted({e.filename for e in import_errors})),
                 import_errors_changed=record_import_errors(import_errors),
             )
-        if result.changed or result.import_errors_changed:
+        if file_sources or folder_files is not None:
+            result = replace(
+                result,
+                sources_changed=sources.record_sources(file_sources, keep=folder_files),
+                sources_truncated=tuple(s.fileloc for s in file_sources if s.truncated),
+            )
+        if result.changed or result.import_errors_changed or result.sources_changed:
             audit.record(
                 actor=actor,
                 action="sync_dags",
                 summary=result.summary().split("\n")[0],
                 targets=[audit.Target(kind="dag", object_id=d) for d in result.dag_ids],
-                detail={"apply_pause": apply_pause, "import_errors": result.import_errors},
+                detail={
+                    "apply_pause": apply_pause,
+                    "import_errors": result.import_errors,
+                    **(
+                        {"sources_changed": result.sources_changed}
+                        if result.sources_changed
+                        else {}
+                    ),
+                },
             )
         return result
 
@@ -1189,6 +1216,7 @@ def sync_documents(
     apply_pause: bool = False,
     actor: audit.Actor | None = None,
     import_errors: Sequence[ImportErrorReport] | None = None,
+    file_sources: Sequence[sources.FileSource] = (),
 ) -> SyncResult:
     """Sync definition documents that arrive decoded, as (file, document) pairs: the Dags of an
     Airflow DAG file, converted by `bin/airflow-worker` (`file` is its path relative to the Dag
@@ -1201,9 +1229,13 @@ def sync_documents(
     Each `file` must be a relative path inside the bundle (`check_fileloc`): workers hand it to
     the Task SDK as `dag_rel_path`, which loads the file it names. `import_errors` (the worker's
     files that did not import, same path rule) replace the stored ones (`record_import_errors`);
-    None leaves them alone."""
+    None leaves them alone. `file_sources`: the files' text (`sources`), stored for the files
+    that synced; a file refused or that did not import keeps its stored source, and with
+    `import_errors` (a whole folder) the sources of files not in it are deleted."""
     for file, _ in documents:
         check_fileloc(file)
+    for source in file_sources:
+        check_fileloc(source.fileloc)
     for report in import_errors or ():
         check_fileloc(report.filename)
     # Per-file isolation (issue 39): a file whose Dags the service refuses becomes an import
@@ -1215,6 +1247,7 @@ def sync_documents(
             dags.extend(parse_document(raw, file=file, fileloc=file))
         except DefinitionError as exc:
             refused.append(ImportErrorReport(filename=file, stack_trace=refusal_text(raw, exc)))
+    refused_files = {report.filename for report in refused}
     try:
         return sync_definitions(
             dags=dags,
@@ -1222,6 +1255,10 @@ def sync_documents(
             actor=actor,
             import_errors=import_errors,
             refused=refused,
+            file_sources=[s for s in file_sources if s.fileloc not in refused_files],
+            folder_files=None
+            if import_errors is None
+            else {file for file, _ in documents} | {e.filename for e in import_errors},
         )
     except DefinitionError as exc:
         raise exceptions.InvalidInput(

@@ -504,3 +504,33 @@ class DagImportError(models.Model):
 
     def __str__(self) -> str:
         return f"import error in {self.filename}"
+
+
+# A DAG file's source is stored up to this many bytes of UTF-8 (512 KiB; a request body's string
+# may hold at most `limits.MAX_JSON_STRING` characters): a longer file keeps its first bytes and
+# says so (`DagCode.source_size` is the whole file's).
+DAG_SOURCE_MAX_BYTES = 512 * 1024
+
+
+class DagCode(models.Model):
+    """A DAG file's source as the worker synced it (Airflow's `dag_code`), one row per file:
+    `fileloc` as `Dag.fileloc`, looked up by its md5 (`fileloc_hash`: a 2,000-character path is
+    too long for an index, as Airflow notes), the source and its md5 (Airflow's
+    `source_code_hash`: a sync replaces the row only when it changed). Written only by
+    `definitions.sources` under the sync lock; a file no longer in the synced folder loses its
+    row. The service keeps no Dag versions, so there is one row per file, not per version."""
+
+    fileloc_hash = models.CharField(max_length=32, unique=True)
+    fileloc = models.TextField()
+    source_code = models.TextField()
+    source_code_hash = models.CharField(max_length=32)
+    # The whole file's size in bytes; larger than the stored source's when it was truncated.
+    source_size = models.PositiveIntegerField()
+    truncated = models.BooleanField(default=False)
+    last_updated = models.DateTimeField()
+
+    class Meta:
+        ordering = ["fileloc"]
+
+    def __str__(self) -> str:
+        return f"source of {self.fileloc}"

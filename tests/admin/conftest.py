@@ -6,6 +6,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
+from assets_app.definitions import sources
 from assets_app.guards import encryption
 from assets_app.models import (
     ApiToken,
@@ -205,6 +206,8 @@ def populate(n: int) -> None:
             filename=f"broken_{i}.py", timestamp=now, stack_trace="SyntaxError: invalid syntax"
         )
         DagFactory(dag_id=f"unimported_{i}", fileloc=f"broken_{i}.py")
+        # Issue 45: the file's source as last synced.
+        sources.record_sources([sources.cut(f"broken_{i}.py", f"# file {i}\n")])
         # Issue 28: a watcher with a route and a registered and a parked message.
         watcher = QueueWatcher.objects.create(name=f"watcher-{i}", queue=f"queue-{i}")
         WatcherRoute.objects.create(watcher=watcher).assets.set([asset])

@@ -38,6 +38,7 @@ MODELS = sorted(
 EXPECTED = {
     "apitoken": 5,
     "revokedtoken": 5,  # issue 49: logged-out login tokens
+    "dagcode": 5,  # issue 45: the DAG files' source as synced
     "asset": 6,
     "connection": 5,
     "renderedtaskfields": 5,
@@ -102,6 +103,7 @@ APPEND_ONLY = (
     "audittarget",
     "tasklogchunk",
     "dagimporterror",
+    "dagcode",
     "dagcallbackrequest",
     "revokedtoken",
 )

@@ -14,11 +14,12 @@ import pytest
 import requests
 from django.conf import settings
 from django.contrib.admin.utils import quote
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 
+from assets_app.definitions import sources
 from assets_app.definitions import sync as definitions
-from assets_app.models import Asset, AssetEvent, AssetEventQueue, DagRun, DagRunType, Task
+from assets_app.models import Asset, AssetEvent, AssetEventQueue, Dag, DagRun, DagRunType, Task
 from assets_app.operations import heartbeats, observability
 from assets_app.outbox import drain
 from assets_app.scheduling import runs
@@ -155,9 +156,27 @@ def test_operator_requeues_a_parked_row_and_sees_its_events(
     assert screenshot.stat().st_size > 10_000
 
 
-LINEAGE_SHOT, GRID_SHOT, RUN_SHOT = (
-    Path(settings.BASE_DIR) / "docs" / name for name in ("lineage.png", "grid.png", "run.png")
+LINEAGE_SHOT, GRID_SHOT, RUN_SHOT, CODE_SHOT = (
+    Path(settings.BASE_DIR) / "docs" / name
+    for name in ("lineage.png", "grid.png", "run.png", "dag_code.png")
 )
+
+
+# The DAG file a worker would have synced for clean_orders (the code view's screenshot).
+CODE = '''"""Clean the raw orders into the lake's cleaned zone (<b>daily</b>)."""
+from airflow.sdk import DAG, Asset, task
+
+orders = Asset("orders", uri="s3://lake/raw/orders")
+cleaned = Asset("cleaned_orders", uri="s3://lake/clean/orders")
+
+with DAG("clean_orders", schedule=[orders], tags=["lake"]):
+
+    @task(outlets=[cleaned])
+    def clean():
+        print("cleaning orders & payments")
+
+    clean()
+'''
 
 
 def _shot(path: Path, tmp_path: Path) -> Path:
@@ -203,6 +222,8 @@ def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_au
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     django_user_model.objects.create_superuser(username="operator", password="s3cret-pw")
     definitions.sync_dags(paths=[Path(settings.BASE_DIR) / "examples" / "dags"])
+    with transaction.atomic():  # the source a worker's sync would have stored (issue 45)
+        sources.record_sources([sources.cut(Dag.objects.get(dag_id="clean_orders").fileloc, CODE)])
     for fail in ("fetch_payments", None, None):
         _run_ingest(orders_uri="s3://lake/raw/orders", fail=fail)
         drain.drain(time_budget=5)
@@ -232,6 +253,14 @@ def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_au
         assert "dag:clean_orders" in keys and f"asset:{orders.pk}" in keys
         page.click(".aes-node[data-key='dag:clean_orders']")
         page.wait_for_url(f"**/dag/{quote('clean_orders')}/change/")
+        # Issue 45: its file's code as synced, escaped and numbered, read only.
+        page.click("#content-main .object-tools a:has-text('Code')")
+        code = page.locator("#dag-code .aes-source-line")
+        assert code.count() == CODE.count("\n")
+        assert code.first.inner_text().rstrip("\n") == CODE.splitlines()[0]
+        assert "<b>" in page.inner_text("#dag-code")  # shown as text, not markup
+        page.locator("#dag-code").scroll_into_view_if_needed()
+        page.screenshot(path=str(_shot(CODE_SHOT, tmp_path)))
         page.click("text=Runs grid")
         page.wait_for_url("**/clean_orders/grid/")
         assert page.locator("#run-grid .aes-cell[data-state]").count() >= 3
@@ -283,7 +312,7 @@ def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_au
         assert "operator" in audit_list
         browser.close()
         connections.close_all()
-    for shot in (LINEAGE_SHOT, GRID_SHOT, RUN_SHOT):
+    for shot in (LINEAGE_SHOT, GRID_SHOT, RUN_SHOT, CODE_SHOT):
         assert _shot(shot, tmp_path).stat().st_size > 10_000
 
 

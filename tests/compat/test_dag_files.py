@@ -1298,3 +1298,41 @@ def test_run_and_task_limits_are_carried(tmp_path):
     assert "max_active_tasks" not in dags["unlimited"]
     parsed = definitions.parse_document(converted["limited.py"], file="limited.py")
     assert {d.dag_id: d.max_active_tasks for d in parsed} == {"limited": 3, "unlimited": 16}
+
+
+_SOURCES = """
+import json, sys
+from pathlib import Path
+from airflow_worker.dag_files import parse_folder
+folder = parse_folder(Path(sys.argv[1]))
+print(json.dumps({f.rel_path: f.payload() for f in folder.files}))
+"""
+
+
+def test_each_synced_file_carries_its_source_and_size(tmp_path):
+    """Issue 45: the sync payload of each file that imported holds its text and size, as the
+    worker's Airflow parse read the folder (the service's side: tests/api/test_dag_sources.py)."""
+    text = (
+        "from airflow.sdk import DAG\n"
+        "from airflow.providers.standard.operators.empty import EmptyOperator\n\n"
+        "# é: not ASCII\n"
+        "with DAG('with_source', schedule=None):\n"
+        "    EmptyOperator(task_id='t')\n"
+    )
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/with_source.py").write_text(text)
+    done = subprocess.run(
+        [str(sdk_python()), "-c", _SOURCES, str(tmp_path)],
+        cwd=ROOT,
+        env={
+            "PYTHONPATH": str(ROOT),
+            "AIRFLOW_HOME": str(tmp_path / ".airflow"),
+            "PATH": "/usr/bin",
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    payload = json.loads(done.stdout.strip().splitlines()[-1])["sub/with_source.py"]
+    assert payload["source"] == text and payload["source_size"] == len(text.encode())
+    assert [d["dag_id"] for d in payload["definitions"]] == ["with_source"]

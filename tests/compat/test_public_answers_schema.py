@@ -8,9 +8,12 @@ import json
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.test import Client
 
 from assets_app.api.public_auth import create_api_token
+from assets_app.definitions import sources
+from assets_app.models import Dag
 from tests.api.test_public_airflowctl import world
 
 from .airflow_env import AUTH_DOCUMENT, airflow_openapi, airflow_response_problems
@@ -80,6 +83,18 @@ CALLS = [
         "/api/v2/dags/{dag_id}/dagVersions/{version_number}",
         "/api/v2/dags/daily/dagVersions/1",
         {},
+        404,
+    ),
+    # Issue 45: a Dag's file as synced; an unknown Dag, a Dag without a stored source and a
+    # version (none are kept) are Airflow's 404s.
+    ("get", "/api/v2/dagSources/{dag_id}", "/api/v2/dagSources/daily", {}, 200),
+    ("get", "/api/v2/dagSources/{dag_id}", "/api/v2/dagSources/nope", {}, 404),
+    ("get", "/api/v2/dagSources/{dag_id}", "/api/v2/dagSources/manual", {}, 404),
+    (
+        "get",
+        "/api/v2/dagSources/{dag_id}",
+        "/api/v2/dagSources/daily",
+        {"version_number": 1},
         404,
     ),
     ("get", "/api/v2/jobs", "/api/v2/jobs", {}, 200),
@@ -163,6 +178,9 @@ def test_issue_49_answers_validate_against_airflows_document():
     _, key = create_api_token(username="ops", name="test")
     api = Client(headers={"Authorization": f"Bearer {key}"})
     world()
+    Dag.objects.filter(dag_id="daily").update(fileloc="dags/daily.py")
+    with transaction.atomic():
+        sources.record_sources([sources.cut("dags/daily.py", "from airflow import DAG\n")])
     answers = []
     for method, template, url, params, status in CALLS:
         if method == "get":

@@ -9,12 +9,13 @@ ones whose variable segment would also match them.
 from typing import Literal
 
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Field, Header, Query, Router, Schema
+from ninja import Field, Header, Query, Router, Schema, Status
 
 from assets_app.catalog import asset_events, dags, run_reads, run_waits
 from assets_app.guards import exceptions
 from assets_app.models import Dag, DagImportError, DagRun, DagRunTriggeredBy, TaskInstance
 from assets_app.models.runs import TI_FINISHED_STATES
+from assets_app.operations import retention
 from assets_app.runtime import logs as task_logs
 from assets_app.scheduling import runs
 
@@ -271,6 +272,15 @@ def patch_dag(
     _check_update_mask(mask.update_mask)
     page = dags.set_paused(is_paused=body.is_paused, dag_id=dag_id, actor=actor_of(request))
     return DAGResponse.from_dag(page.rows[0])
+
+
+@router.delete("/dags/{dag_id}", response=responses(None, 400, 404, 409, status=204))
+@needs("delete", Dag)
+def delete_dag(request: HttpRequest, dag_id: str):
+    """Delete a Dag with its runs and history (Airflow: same path; 204 as Airflow's route
+    answers, 409 while a TI runs), by retention's deleter (`retention.delete_dag`)."""
+    retention.delete_dag(dag_id=dag_id, actor=actor_of(request))
+    return Status(204, None)
 
 
 @router.get(

@@ -58,6 +58,11 @@ a scheduler wait, since schedulers skip locked Dags.
 Retention (`retention`, issue 30), alone in its own short transaction per batch: the batch's
 DagRun rows, then their TaskInstance rows, both FOR UPDATE SKIP LOCKED (`lock_runs_for_retention`):
 it never waits, and a run or TI anyone holds (a clear, a worker) is skipped, not deleted.
+A Dag's deletion (`retention.delete_dag`, `DELETE /api/v2/dags/{dag_id}`) takes the same two
+steps for its run batches (`lock_runs_for_dag_deletion`: every TI, whatever its state, so that
+a running one is seen under its lock), then, alone in its last short transaction, the Dag row
+FOR UPDATE SKIP LOCKED (`lock_dag_for_deletion`: a scheduler holding it is not waited on; the
+deletion tries again).
 
 Events out (issue 29), alone in their own short transactions, never under any lock above:
 webhook endpoints claimed FOR NO KEY UPDATE SKIP LOCKED (`claim_webhook_endpoints`) while
@@ -118,6 +123,7 @@ from ..models import (
     FreshnessState,
     ScheduleMode,
     TaskInstance,
+    TIState,
     WatcherMessage,
     WebhookEndpoint,
 )
@@ -374,6 +380,43 @@ def lock_runs_for_retention(queryset: QuerySet) -> tuple[list[int], list[UUID]]:
     ready = [r for r in runs if per_run.get(r, 0) == totals.get(r, 0)]
     ready_set = set(ready)
     return ready, [ti_id for ti_id, run_id in locked if run_id in ready_set]
+
+
+def lock_runs_for_dag_deletion(run_ids: Sequence[int]) -> tuple[list[int], list[UUID], bool]:
+    """Lock these runs and every TI of them, FOR UPDATE SKIP LOCKED (retention's order: runs,
+    then TIs); a run is left out unless all its TIs were locked. Returns (run ids, TI ids,
+    whether a locked TI of those runs is running)."""
+    runs = list(
+        DagRun.objects.select_for_update(of=("self",), skip_locked=True)
+        .filter(id__in=list(run_ids))
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    if not runs:
+        return [], [], False
+    totals = dict(
+        TaskInstance.objects.filter(dag_run_id__in=runs)
+        .values_list("dag_run_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    locked = list(
+        TaskInstance.objects.select_for_update(of=("self",), skip_locked=True)
+        .filter(dag_run_id__in=runs)
+        .order_by("id")
+        .values_list("id", "dag_run_id", "state")
+    )
+    per_run: dict[int, int] = {}
+    for _, run_id, _ in locked:
+        per_run[run_id] = per_run.get(run_id, 0) + 1
+    ready = {r for r in runs if per_run.get(r, 0) == totals.get(r, 0)}
+    running = any(state == TIState.RUNNING for _, _, state in locked)
+    return sorted(ready), [ti for ti, run_id, _ in locked if run_id in ready], running
+
+
+def lock_dag_for_deletion(dag_id: str) -> Dag | None:
+    """The Dag row FOR UPDATE SKIP LOCKED (None: absent, or held by a scheduler now)."""
+    return Dag.objects.select_for_update(skip_locked=True).filter(dag_id=dag_id).first()
 
 
 # The Dag's stored next run (Airflow's `next_dagrun*`), read by the time scheduler.

@@ -82,6 +82,7 @@ CALLS = [
         {},
         404,
     ),
+    ("delete", "/api/v2/dags/{dag_id}", "/api/v2/dags/nope", None, 404),
     ("get", "/api/v2/jobs", "/api/v2/jobs", {}, 200),
     ("get", "/api/v2/plugins", "/api/v2/plugins", {}, 200),
     ("get", "/api/v2/plugins/importErrors", "/api/v2/plugins/importErrors", {}, 200),

@@ -17,7 +17,7 @@ from assets_app.models import Dag, DagImportError, DagRun, DagRunTriggeredBy, Ta
 from assets_app.models.runs import TI_FINISHED_STATES
 from assets_app.operations import retention
 from assets_app.runtime import logs as task_logs
-from assets_app.scheduling import runs
+from assets_app.scheduling import run_states, runs
 
 from . import public_auth
 from .public import Page, actor_of
@@ -33,6 +33,7 @@ from .public_schemas import (
     DAGResponse,
     DAGRunClearBody,
     DAGRunCollectionResponse,
+    DAGRunPatchBody,
     DAGRunResponse,
     DAGRunsBatchBody,
     ImportErrorCollectionResponse,
@@ -439,6 +440,42 @@ def wait_dag_run_until_finished(
         dag_id=dag_id, run_id=dag_run_id, interval=max(query.interval, MIN_WAIT_INTERVAL_SECONDS)
     )
     return StreamingHttpResponse(wait, content_type=NDJSON)
+
+
+@router.patch("/dags/{dag_id}/dagRuns/{dag_run_id}", response=responses(DAGRunResponse, 400, 404))
+@needs("change", DagRun)
+def patch_dag_run(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    body: DAGRunPatchBody,
+    mask: Query[UpdateMask],
+) -> DAGRunResponse:
+    """Change a run's state or note (Airflow: same path): the body's fields, only those
+    `update_mask` names when it is given (`run_states.patch_dag_run`)."""
+    fields = body.model_fields_set
+    if mask.update_mask:
+        fields = fields & set(mask.update_mask)
+    patched = run_states.patch_dag_run(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        state=body.state,
+        note=body.note,
+        fields=frozenset(fields),
+        actor=actor_of(request),
+    )
+    return DAGRunResponse.from_run(patched.run)
+
+
+@router.delete(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}", response=responses(None, 400, 404, 409, status=204)
+)
+@needs("delete", DagRun)
+def delete_dag_run(request: HttpRequest, dag_id: str, dag_run_id: str):
+    """Delete a queued or finished run with its TIs and history (Airflow: same path; 409 for a
+    running run), by retention's deleter (`retention.delete_dag_run`)."""
+    retention.delete_dag_run(dag_id=dag_id, run_id=dag_run_id, actor=actor_of(request))
+    return Status(204, None)
 
 
 @router.get("/dags/{dag_id}/dagRuns/{dag_run_id}", response=responses(DAGRunResponse, 404))

@@ -611,6 +611,13 @@ class DAGRunClearBody(StrictSchema):
     note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
 
 
+class DAGRunPatchBody(StrictSchema):
+    """Airflow 3.3.2's `DAGRunPatchBody` (`DagRunMutableStates`: queued, success, failed)."""
+
+    state: Literal["queued", "success", "failed"] | None = None
+    note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
+
+
 class DAGRunsBatchBody(RunRanges, StrictSchema):
     """Airflow's body of `POST /dags/{dag_id}/dagRuns/list`."""
 

@@ -941,3 +941,61 @@ def _delete_dag_row(dag_id: str, result: DagDeletion, *, actor: audit.Actor | No
         return True
 
     return _timed(result, last)
+
+
+def delete_dag_run(*, dag_id: str, run_id: str, actor: audit.Actor | None = None) -> DagDeletion:
+    """Airflow's `DELETE /api/v2/dags/{dag_id}/dagRuns/{dag_run_id}` by retention's deleter:
+    one run (queued, success or failed; running -> Conflict with Airflow's message) with
+    everything that goes with a run (`_run_rows`), in one short transaction under its locks
+    (SKIP LOCKED: a run or TI someone holds right now -> Conflict, try again), audited
+    (`dag_run.delete`). Beyond Airflow, a queued run with a running TI is refused too (the
+    worker's work). Its consumed events and the outbox rows of its TIs stay. Unknown run ->
+    NotFound."""
+    result = DagDeletion(dag_id=dag_id)
+    found = DagRun.objects.filter(dag_id=dag_id, run_id=run_id).values_list("pk", "state").first()
+    if found is None:
+        raise exceptions.NotFound(
+            f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` was not found",
+            reason="dag_run_not_found",
+        )
+    pk, state = found
+    if state == DagRunState.RUNNING:
+        raise exceptions.Conflict(
+            f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` cannot be deleted in "
+            f"{state} state",
+            reason="run_running",
+        )
+
+    def batch() -> bool:
+        runs, ti_ids, running = locks.lock_runs_for_dag_deletion([pk])
+        state_now = DagRun.objects.filter(pk=pk).values_list("state", flat=True).first()
+        if running or state_now == DagRunState.RUNNING:
+            raise exceptions.Conflict(
+                f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` cannot be deleted "
+                "in running state",
+                reason="run_running",
+            )
+        if not runs:
+            raise exceptions.Conflict(
+                f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` is held by another "
+                "change right now: try again",
+                reason="run_busy",
+            )
+        BackfillDagRun.objects.filter(dag_run_id__in=runs).update(dag_run=None)
+        for name, queryset in _run_rows(runs, ti_ids, [(dag_id, run_id)]):
+            result.add(name, retention_sql.delete_rows(queryset))
+        audit.record(
+            actor=actor,
+            action="dag_run.delete",
+            summary=f"deleted run {run_id} of {dag_id} and {result.total - 1} row(s) of it",
+            targets=[audit.Target(kind="dag_run", object_id=pk)],
+            dag_id=dag_id,
+            detail={
+                "run_id": run_id,
+                "counts": {t: n for t, n in sorted(result.counts.items()) if n},
+            },
+        )
+        return True
+
+    _timed(result, batch)
+    return result

@@ -62,7 +62,10 @@ A Dag's deletion (`retention.delete_dag`, `DELETE /api/v2/dags/{dag_id}`) takes 
 steps for its run batches (`lock_runs_for_dag_deletion`: every TI, whatever its state, so that
 a running one is seen under its lock), then, alone in its last short transaction, the Dag row
 FOR UPDATE SKIP LOCKED (`lock_dag_for_deletion`: a scheduler holding it is not waited on; the
-deletion tries again).
+deletion tries again). A run's deletion (`retention.delete_dag_run`) takes the same two steps
+for its one run.
+An operator's PATCH of a run (`scheduling.run_states`), alone in its own short transaction:
+that run row FOR UPDATE, waiting (`lock_run`), then plain UPDATEs of its TIs, as run timeouts.
 
 Events out (issue 29), alone in their own short transactions, never under any lock above:
 webhook endpoints claimed FOR NO KEY UPDATE SKIP LOCKED (`claim_webhook_endpoints`) while
@@ -412,6 +415,15 @@ def lock_runs_for_dag_deletion(run_ids: Sequence[int]) -> tuple[list[int], list[
     ready = {r for r in runs if per_run.get(r, 0) == totals.get(r, 0)}
     running = any(state == TIState.RUNNING for _, _, state in locked)
     return sorted(ready), [ti for ti, run_id, _ in locked if run_id in ready], running
+
+
+def lock_run(*, dag_id: str, run_id: str) -> DagRun | None:
+    """One run row FOR UPDATE, waiting (an operator's PATCH of it: its other holders, a finish,
+    a timeout pass or a clear, hold it for one short transaction). The caller then updates the
+    run's TIs with plain UPDATEs, run timeouts' order (run, then TIs)."""
+    return (
+        DagRun.objects.select_for_update(of=("self",)).filter(dag_id=dag_id, run_id=run_id).first()
+    )
 
 
 def lock_dag_for_deletion(dag_id: str) -> Dag | None:

@@ -8,7 +8,7 @@ ones whose variable segment would also match them.
 
 from typing import Literal
 
-from django.http import HttpRequest, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Field, Header, Query, Router, Schema, Status
 
 from assets_app.catalog import asset_events, dags, run_reads, run_waits
@@ -36,12 +36,15 @@ from .public_schemas import (
     DAGRunPatchBody,
     DAGRunResponse,
     DAGRunsBatchBody,
+    ExtraLinkCollectionResponse,
     ImportErrorCollectionResponse,
     ImportErrorResponse,
     NewTaskResponse,
     RunRanges,
     TaskCollectionResponse,
     TaskInstanceCollectionResponse,
+    TaskInstanceHistoryCollectionResponse,
+    TaskInstanceHistoryResponse,
     TaskInstanceResponse,
     TaskInstancesBatchBody,
     TaskInstancesLogResponse,
@@ -575,6 +578,133 @@ def get_task_instance_log(
         "content": task_logs.structured(text),
         "continuation_token": task_logs.continuation_token(end, end_of_log=finished),
     }
+
+
+TI_PATH = "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}"
+
+
+def _tries(tis) -> TaskInstanceHistoryCollectionResponse:
+    return TaskInstanceHistoryCollectionResponse(
+        task_instances=[TaskInstanceHistoryResponse.from_ti(ti) for ti in tis],
+        total_entries=len(tis),
+    )
+
+
+@router.get(TI_PATH + "/tries", response=responses(TaskInstanceHistoryCollectionResponse, 404))
+@needs("view", TaskInstance)
+def get_task_instance_tries(
+    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, map_index: int = -1
+) -> TaskInstanceHistoryCollectionResponse:
+    """A TI's tries (Airflow: same path): the current one, as earlier tries are not kept."""
+    return _tries(
+        run_reads.task_instance_tries(
+            dag_id=dag_id, run_id=dag_run_id, task_id=task_id, map_index=map_index
+        )
+    )
+
+
+@router.get(
+    TI_PATH + "/tries/{task_try_number}", response=responses(TaskInstanceHistoryResponse, 404)
+)
+@needs("view", TaskInstance)
+def get_task_instance_try_details(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    task_try_number: int,
+    map_index: int = -1,
+) -> TaskInstanceHistoryResponse:
+    """One try of a TI (Airflow: same path): the current try; an earlier one is a 404 saying
+    it is not kept."""
+    ti = run_reads.task_instance_try(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        task_id=task_id,
+        try_number=task_try_number,
+        map_index=map_index,
+    )
+    return TaskInstanceHistoryResponse.from_ti(ti)
+
+
+@router.get(
+    TI_PATH + "/{map_index}/tries", response=responses(TaskInstanceHistoryCollectionResponse, 404)
+)
+@needs("view", TaskInstance)
+def get_mapped_task_instance_tries(
+    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, map_index: int
+) -> TaskInstanceHistoryCollectionResponse:
+    """A mapped TI's tries (Airflow: same path)."""
+    return get_task_instance_tries(request, dag_id, dag_run_id, task_id, map_index)
+
+
+@router.get(
+    TI_PATH + "/{map_index}/tries/{task_try_number}",
+    response=responses(TaskInstanceHistoryResponse, 404),
+)
+@needs("view", TaskInstance)
+def get_mapped_task_instance_try_details(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int,
+    task_try_number: int,
+) -> TaskInstanceHistoryResponse:
+    """One try of a mapped TI (Airflow: same path)."""
+    return get_task_instance_try_details(
+        request, dag_id, dag_run_id, task_id, task_try_number, map_index
+    )
+
+
+@router.get(TI_PATH + "/links", response=responses(ExtraLinkCollectionResponse, 404))
+@needs("view", TaskInstance)
+def get_extra_links(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int = -1,
+    try_number: int | None = None,
+) -> ExtraLinkCollectionResponse:
+    """A TI's operator extra links (Airflow: same path): none, as no task here declares any."""
+    links = run_reads.extra_links(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        task_id=task_id,
+        map_index=map_index,
+        try_number=try_number,
+    )
+    return ExtraLinkCollectionResponse(extra_links=links, total_entries=len(links))
+
+
+@router.delete(
+    TI_PATH,
+    response=responses(None, 404, 409, status=200),
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "Successful Response (a null body, as Airflow's route answers)",
+                "content": {"application/json": {"schema": {}}},
+            }
+        }
+    },
+)
+@needs("delete", TaskInstance)
+def delete_task_instance(
+    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, map_index: int = -1
+):
+    """Delete a TI with its history (Airflow: same path, 200 with a null body as its route
+    answers), by retention's deleter (`retention.delete_task_instance`); 409 (ours) for a
+    running one."""
+    retention.delete_task_instance(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        task_id=task_id,
+        map_index=map_index,
+        actor=actor_of(request),
+    )
+    return HttpResponse(b"null", content_type="application/json")
 
 
 @router.get(

@@ -952,6 +952,57 @@ class TaskInstanceResponse(Schema):
         )
 
 
+class TaskInstanceHistoryResponse(Schema):
+    """Airflow 3.3.2's `TaskInstanceHistoryResponse`: one try of a TI (here only the current
+    one: earlier tries are not kept), the fields of `TaskInstanceResponse` it shares."""
+
+    task_id: str
+    dag_id: str
+    dag_run_id: str
+    map_index: int
+    start_date: datetime | None
+    end_date: datetime | None
+    duration: float | None
+    state: str | None
+    try_number: int
+    max_tries: int
+    task_display_name: str
+    dag_display_name: str
+    hostname: str | None
+    unixname: str | None
+    pool: str
+    pool_slots: int
+    queue: str | None
+    priority_weight: int | None
+    operator: str | None
+    operator_name: str | None
+    queued_when: datetime | None
+    scheduled_when: datetime | None
+    pid: int | None
+    executor: str | None
+    executor_config: str
+    dag_version: DagVersionResponse | None
+
+    @staticmethod
+    def from_ti(ti: TaskInstance) -> "TaskInstanceHistoryResponse":
+        full = TaskInstanceResponse.from_ti(ti)
+        return TaskInstanceHistoryResponse(
+            **{name: getattr(full, name) for name in TaskInstanceHistoryResponse.model_fields}
+        )
+
+
+class TaskInstanceHistoryCollectionResponse(Schema):
+    task_instances: list[TaskInstanceHistoryResponse]
+    total_entries: int
+
+
+class ExtraLinkCollectionResponse(Schema):
+    """Airflow 3.3.2's `ExtraLinkCollectionResponse` (link name -> URL)."""
+
+    extra_links: dict[str, str | None]
+    total_entries: int
+
+
 class TaskInstanceCollectionResponse(Schema):
     task_instances: list[TaskInstanceResponse]
     total_entries: int | None

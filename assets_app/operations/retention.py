@@ -999,3 +999,55 @@ def delete_dag_run(*, dag_id: str, run_id: str, actor: audit.Actor | None = None
 
     _timed(result, batch)
     return result
+
+
+def delete_task_instance(
+    *, dag_id: str, run_id: str, task_id: str, map_index: int = -1, actor: audit.Actor | None = None
+) -> DagDeletion:
+    """Airflow's `DELETE .../taskInstances/{task_id}` by retention's deleter: one TI with its
+    rendered fields, reschedules, logs, HITL detail and XComs (Airflow's XCom rows go with their
+    TI), in one short transaction under the TI's lock, audited (`task_instance.delete`). Beyond
+    Airflow, a running TI (or one a worker holds right now: SKIP LOCKED) is refused with a
+    Conflict: it is a worker's work. Unknown TI -> NotFound in Airflow's words."""
+    result = DagDeletion(dag_id=dag_id)
+    where = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index}
+    name = f"{dag_id}.{task_id} of run {run_id} (map index {map_index})"
+
+    def batch() -> bool:
+        found = TaskInstance.objects.filter(**where).values_list("id", "state").first()
+        if found is None:
+            raise exceptions.NotFound(
+                f"The Task Instance with dag_id: `{dag_id}`, run_id: `{run_id}`, task_id: "
+                f"`{task_id}` and map_index: `{map_index}` was not found",
+                reason="task_instance_not_found",
+            )
+        ti_id, _ = found
+        state = locks.lock_task_instance_for_deletion(ti_id)
+        if state is None or state == TIState.RUNNING:
+            raise exceptions.Conflict(
+                f"Task instance {name} is running (or held by its worker right now): it is not "
+                "deleted",
+                reason="task_instance_running",
+            )
+        steps = [
+            ("rendered_task_fields", RenderedTaskFields.objects.filter(ti_id=ti_id)),
+            ("task_reschedule", TaskReschedule.objects.filter(ti_id=ti_id)),
+            ("task_log_chunk", TaskLogChunk.objects.filter(ti_id=ti_id)),
+            ("hitl_detail", HITLDetail.objects.filter(ti_id=ti_id)),
+            ("xcom", XCom.objects.filter(**where)),
+            ("task_instance", TaskInstance.objects.filter(id=ti_id)),
+        ]
+        for table, queryset in steps:
+            result.add(table, retention_sql.delete_rows(queryset))
+        audit.record(
+            actor=actor,
+            action="task_instance.delete",
+            summary=f"deleted task instance {name}",
+            targets=[audit.Target(kind="task_instance", object_id=ti_id, ti_id=ti_id)],
+            dag_id=dag_id,
+            detail={"run_id": run_id, "task_id": task_id, "map_index": map_index},
+        )
+        return True
+
+    _timed(result, batch)
+    return result

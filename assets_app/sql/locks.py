@@ -63,7 +63,7 @@ steps for its run batches (`lock_runs_for_dag_deletion`: every TI, whatever its 
 a running one is seen under its lock), then, alone in its last short transaction, the Dag row
 FOR UPDATE SKIP LOCKED (`lock_dag_for_deletion`: a scheduler holding it is not waited on; the
 deletion tries again). A run's deletion (`retention.delete_dag_run`) takes the same two steps
-for its one run.
+for its one run; a TI's (`retention.delete_task_instance`) its one TI row, SKIP LOCKED, alone.
 An operator's PATCH of a run (`scheduling.run_states`), alone in its own short transaction:
 that run row FOR UPDATE, waiting (`lock_run`), then plain UPDATEs of its TIs, as run timeouts.
 
@@ -423,6 +423,17 @@ def lock_run(*, dag_id: str, run_id: str) -> DagRun | None:
     run's TIs with plain UPDATEs, run timeouts' order (run, then TIs)."""
     return (
         DagRun.objects.select_for_update(of=("self",)).filter(dag_id=dag_id, run_id=run_id).first()
+    )
+
+
+def lock_task_instance_for_deletion(ti_id: UUID) -> str | None:
+    """One TI row FOR UPDATE SKIP LOCKED, alone (step 1); its state, None when a worker holds
+    it right now (or it is gone)."""
+    return (
+        TaskInstance.objects.select_for_update(skip_locked=True)
+        .filter(id=ti_id)
+        .values_list("state", flat=True)
+        .first()
     )
 
 

@@ -11,7 +11,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from assets_app.api.public_auth import create_api_token
+from assets_app.models import DagRun
 from tests.api.test_public_airflowctl import world
+from tests.factories import TaskInstanceFactory
 
 from .airflow_env import AUTH_DOCUMENT, airflow_openapi, airflow_response_problems
 
@@ -104,6 +106,24 @@ CALLS = [
         None,
         409,
     ),
+    ("get", f"{TI}/tries", "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/tries", {}, 200),
+    (
+        "get",
+        f"{TI}/tries/{{task_try_number}}",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/tries/1",
+        {},
+        200,
+    ),
+    (
+        "get",
+        f"{TI}/tries/{{task_try_number}}",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/tries/9",
+        {},
+        404,
+    ),
+    ("get", f"{TI}/links", "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/links", {}, 200),
+    ("get", f"{TI}/links", "/api/v2/dags/daily/dagRuns/r1/taskInstances/nope/links", {}, 404),
+    ("delete", TI, "/api/v2/dags/daily/dagRuns/r1/taskInstances/nope", None, 404),
     ("get", "/api/v2/jobs", "/api/v2/jobs", {}, 200),
     ("get", "/api/v2/plugins", "/api/v2/plugins", {}, 200),
     ("get", "/api/v2/plugins/importErrors", "/api/v2/plugins/importErrors", {}, 200),
@@ -185,6 +205,12 @@ def test_issue_49_answers_validate_against_airflows_document():
     _, key = create_api_token(username="ops", name="test")
     api = Client(headers={"Authorization": f"Bearer {key}"})
     world()
+    TaskInstanceFactory(
+        dag_run=DagRun.objects.get(dag_id="daily", run_id="r1"),
+        task_id="load",
+        succeeded=True,
+        try_number=1,
+    )
     answers = []
     for method, template, url, params, status in CALLS:
         if method == "get":

@@ -40,6 +40,7 @@ from .public_schemas import (
     ImportErrorCollectionResponse,
     ImportErrorResponse,
     NewTaskResponse,
+    PatchTaskInstanceBody,
     RunRanges,
     TaskCollectionResponse,
     TaskInstanceCollectionResponse,
@@ -727,6 +728,112 @@ def get_mapped_task_instances(
         offset=filters.offset,
     )
     return _ti_collection(page)
+
+
+def _patch_tis(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int | None,
+    body: PatchTaskInstanceBody,
+    update_mask: list[str],
+    *,
+    dry_run: bool,
+) -> TaskInstanceCollectionResponse:
+    fields = body.model_fields_set
+    if update_mask:
+        fields = fields & set(update_mask)
+    tis = run_states.patch_task_instances(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        task_id=task_id,
+        map_index=map_index,
+        new_state=body.new_state,
+        note=body.note,
+        fields=frozenset(fields),
+        masked=bool(update_mask),
+        includes=frozenset(f for f in run_states.INCLUDE_FLAGS if getattr(body, f)),
+        dry_run=dry_run,
+        actor=actor_of(request),
+    )
+    return TaskInstanceCollectionResponse(
+        task_instances=[TaskInstanceResponse.from_ti(ti) for ti in tis], total_entries=len(tis)
+    )
+
+
+@router.patch(TI_PATH + "/dry_run", response=responses(TaskInstanceCollectionResponse, 400, 404))
+@needs("change", TaskInstance)
+def patch_task_instance_dry_run(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    body: PatchTaskInstanceBody,
+    mask: Query[UpdateMask],
+    map_index: int | None = None,
+) -> TaskInstanceCollectionResponse:
+    """The TIs a PATCH would change, nothing written (Airflow: same path)."""
+    return _patch_tis(
+        request, dag_id, dag_run_id, task_id, map_index, body, mask.update_mask, dry_run=True
+    )
+
+
+@router.patch(
+    TI_PATH + "/{map_index}/dry_run",
+    response=responses(TaskInstanceCollectionResponse, 400, 404),
+)
+@needs("change", TaskInstance)
+def patch_task_instance_dry_run_by_map_index(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int,
+    body: PatchTaskInstanceBody,
+    mask: Query[UpdateMask],
+) -> TaskInstanceCollectionResponse:
+    """The mapped TI a PATCH would change, nothing written (Airflow: same path)."""
+    return _patch_tis(
+        request, dag_id, dag_run_id, task_id, map_index, body, mask.update_mask, dry_run=True
+    )
+
+
+@router.patch(TI_PATH, response=responses(TaskInstanceCollectionResponse, 400, 404, 409))
+@needs("change", TaskInstance)
+def patch_task_instance(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    body: PatchTaskInstanceBody,
+    mask: Query[UpdateMask],
+    map_index: int | None = None,
+) -> TaskInstanceCollectionResponse:
+    """Set a task's TIs' state or note (Airflow: same path; without `map_index`, every map
+    index), `run_states.patch_task_instances`."""
+    return _patch_tis(
+        request, dag_id, dag_run_id, task_id, map_index, body, mask.update_mask, dry_run=False
+    )
+
+
+@router.patch(
+    TI_PATH + "/{map_index}", response=responses(TaskInstanceCollectionResponse, 400, 404, 409)
+)
+@needs("change", TaskInstance)
+def patch_task_instance_by_map_index(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int,
+    body: PatchTaskInstanceBody,
+    mask: Query[UpdateMask],
+) -> TaskInstanceCollectionResponse:
+    """Set one mapped TI's state or note (Airflow: same path)."""
+    return _patch_tis(
+        request, dag_id, dag_run_id, task_id, map_index, body, mask.update_mask, dry_run=False
+    )
 
 
 @router.get(

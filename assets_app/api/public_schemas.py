@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from ninja import Schema
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from assets_app.catalog import dags as dag_reads
 from assets_app.catalog import run_reads
@@ -618,6 +618,28 @@ class DAGRunPatchBody(StrictSchema):
     note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
 
 
+class PatchTaskInstanceBody(StrictSchema):
+    """Airflow 3.3.2's `PatchTaskInstanceBody`: `new_state` success, failed or skipped (any
+    case; null refused, as its validator), a note, and the include flags."""
+
+    new_state: str | None = None
+    note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
+    include_upstream: bool = False
+    include_downstream: bool = False
+    include_future: bool = False
+    include_past: bool = False
+
+    @field_validator("new_state", mode="before")
+    @classmethod
+    def _valid_new_state(cls, value: Any) -> str:
+        valid = ["success", "failed", "skipped"]
+        if value is None:
+            raise ValueError("'new_state' should not be empty")
+        if not isinstance(value, str) or value.lower() not in valid:
+            raise ValueError(f"'{value}' is not one of {valid}")
+        return value.lower()
+
+
 class DAGRunsBatchBody(RunRanges, StrictSchema):
     """Airflow's body of `POST /dags/{dag_id}/dagRuns/list`."""
 
@@ -943,7 +965,7 @@ class TaskInstanceResponse(Schema):
             pid=ti.pid,
             executor=None,
             executor_config="{}",
-            note=None,
+            note=ti.note,
             rendered_map_index=None,
             rendered_fields={},
             trigger=TriggerResponse.of(ti),

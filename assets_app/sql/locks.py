@@ -151,6 +151,13 @@ def lock_task_instances_to_clear(queryset: QuerySet[TaskInstance]) -> list[TaskI
     return list(queryset.select_for_update(of=("self",), skip_locked=True).order_by("id"))
 
 
+def lock_task_instances_to_set(queryset: QuerySet[TaskInstance]) -> list[TaskInstance]:
+    """Lock TIs of one run for an operator's state change, by id, waiting (step 1 of the order,
+    several TIs of one run: a worker only ever locks one TI and holds nothing else meanwhile,
+    so no deadlock; it waits at most one worker's short state change)."""
+    return list(queryset.select_for_update(of=("self",)).order_by("id"))
+
+
 def lock_claim_pools(
     *, queues: Sequence[str], now: datetime, claim_timeout: timedelta
 ) -> list[str]:

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from assets_app.api.public_auth import create_api_token
-from assets_app.models import AuditEntry, TaskInstance, TIState, XCom
+from assets_app.models import AuditEntry, TaskInstance, TaskUpstream, TIState, XCom
 from assets_app.runtime import xcoms
 from tests.api.snapshots import db_snapshot
 from tests.factories import DagFactory, DagRunFactory, TaskFactory, TaskInstanceFactory
@@ -91,3 +91,93 @@ def test_a_running_task_instance_is_not_deleted(api, run):
     assert response.status_code == 409
     assert response.json()["detail"]["reason"] == "task_instance_running"
     assert db_snapshot() == before
+
+
+# --- PATCH .../taskInstances/{task_id}[/{map_index}][/dry_run] -----------------------------
+
+
+@pytest.fixture
+def chain():
+    """`a` -> `b` -> `c` in a failed run: `a` failed, `b` upstream_failed, `c` upstream_failed."""
+    dag = DagFactory(dag_id="d")
+    tasks = {t: TaskFactory(dag=dag, task_id=t) for t in ("a", "b", "c")}
+    TaskUpstream.objects.create(task=tasks["b"], upstream=tasks["a"])
+    TaskUpstream.objects.create(task=tasks["c"], upstream=tasks["b"])
+    run = DagRunFactory(dag=dag, run_id="r", state="failed")
+    TaskInstanceFactory(dag_run=run, task_id="a", state=TIState.FAILED, try_number=1)
+    for t in ("b", "c"):
+        TaskInstanceFactory(dag_run=run, task_id=t, state=TIState.UPSTREAM_FAILED, try_number=1)
+    return run
+
+
+def test_marking_a_failed_ti_success_clears_its_failed_downstream_and_a_replay_is_409(api, chain):
+    response = api.patch(f"{TI}/a", {"new_state": "SUCCESS"}, content_type="application/json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["total_entries"] == 1 and body["task_instances"][0]["state"] == "success"
+    # Airflow's set_task_instance_state: the failed downstream are cleared (a new try), the
+    # run queued again; `b` is queued as its upstream is done.
+    states = dict(TaskInstance.objects.values_list("task_id", "state"))
+    assert states["a"] == "success"
+    assert states["b"] == "queued" and states["c"] == "scheduled"
+    assert TaskInstance.objects.get(task_id="b").try_number == 2
+    assert AuditEntry.objects.filter(action="task_instance.patch").count() == 1
+    before = db_snapshot()
+    again = api.patch(f"{TI}/a", {"new_state": "success"}, content_type="application/json")
+    assert again.status_code == 409
+    assert again.json()["detail"]["message"] == "Task id a is already in success state"
+    assert db_snapshot() == before
+
+
+def test_dry_run_answers_what_would_change_and_writes_nothing(api, run):
+    before = db_snapshot()
+    response = api.patch(
+        f"{TI}/m/dry_run", {"new_state": "failed"}, content_type="application/json"
+    )
+    assert response.status_code == 200
+    assert response.json()["total_entries"] == 0  # both map indexes are failed already
+    one = api.patch(f"{TI}/m/1/dry_run", {"new_state": "skipped"}, content_type="application/json")
+    assert [ti["map_index"] for ti in one.json()["task_instances"]] == [1]
+    assert db_snapshot() == before
+
+
+def test_note_by_map_index_with_update_mask_and_an_empty_note_removes_it(api, run):
+    response = api.patch(
+        f"{TI}/m/0?update_mask=note",
+        {"new_state": "success", "note": "checked"},
+        content_type="application/json",
+    )
+    assert response.status_code == 200
+    (ti,) = response.json()["task_instances"]
+    assert (ti["state"], ti["note"]) == ("failed", "checked")
+    assert TaskInstance.objects.get(task_id="m", map_index=1).note is None
+    cleared = api.patch(f"{TI}/m/0", {"note": ""}, content_type="application/json")
+    assert cleared.json()["task_instances"][0]["note"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "named"),
+    [
+        ({"new_state": "running"}, 422, "new_state"),
+        ({"new_state": None}, 422, "new_state"),
+        ({"new_state": "success", "colour": 1}, 422, "colour"),
+        ({"new_state": "success", "include_downstream": True}, 400, "include_downstream"),
+    ],
+)
+def test_bad_ti_patches_are_4xx_naming_the_problem_and_write_nothing(api, run, body, status, named):
+    before = db_snapshot()
+    response = api.patch(f"{TI}/t", body, content_type="application/json")
+    assert response.status_code == status, response.content
+    assert named in response.content.decode()
+    assert db_snapshot() == before
+
+
+def test_unknown_task_and_missing_ti_are_airflows_404s(api, run):
+    response = api.patch(f"{TI}/nope", {"new_state": "success"}, content_type="application/json")
+    assert response.json()["detail"]["message"] == "Task 'nope' not found in Dag 'd'"
+    response = api.patch(f"{TI}/m/7", {"new_state": "success"}, content_type="application/json")
+    assert response.status_code == 404
+    assert response.json()["detail"]["message"] == (
+        "The Task Instance with dag_id: `d`, run_id: `r`, task_id: `m` and map_index: `7` "
+        "was not found"
+    )

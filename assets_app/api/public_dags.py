@@ -2,8 +2,10 @@
 shapes of Airflow 3.3.2's public API. Same rules as `public.py`: token or staff session, one
 `@needs` permission per view, thin views over `dags`, `run_reads` and `runs`.
 
-Routes with a fixed segment (`dagRuns/list`, `taskInstances/list`) are registered before the
-ones whose variable segment would also match them.
+Routes with a fixed segment (`dagRuns/list`, `taskInstances/list`, `.../{task_id}/tries`,
+`/links`, `/dry_run`, `/listMapped`) are registered before the ones whose variable segment
+(`{map_index}`) would also match them. Deletes (a Dag, a run, a TI) go through retention's
+deleter (`operations.retention`), state changes through `scheduling.run_states`.
 """
 
 from typing import Literal

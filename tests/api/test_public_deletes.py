@@ -145,3 +145,31 @@ def test_a_task_instance_that_starts_meanwhile_stops_the_deletion_at_its_batch(a
     }
     assert Dag.objects.filter(dag_id="gone").exists()
     assert not AuditEntry.objects.filter(action="dag.delete").exists()
+
+
+def test_every_table_pointing_at_a_dag_is_one_the_deletion_empties(api, monkeypatch):
+    """A raw delete skips Django's cascade: a model added later with a foreign key into a Dag,
+    its tasks, runs, TIs or backfills must be in the deletion's steps, or its rows would fail
+    the commit. Every such model is named in what `delete_dag` deletes."""
+    from django.apps import apps
+
+    from assets_app.models import Backfill
+
+    _world()
+    deleted: set[type] = set()
+    real = retention.retention_sql.delete_rows
+
+    def seen(queryset):
+        deleted.add(queryset.model)
+        return real(queryset)
+
+    monkeypatch.setattr(retention.retention_sql, "delete_rows", seen)
+    retention.delete_dag(dag_id="gone")
+    parents = {Dag, Task, DagRun, TaskInstance, Backfill}
+    pointing = {
+        model
+        for model in apps.get_app_config("assets_app").get_models()
+        for f in model._meta.get_fields()
+        if f.concrete and f.is_relation and f.many_to_one and f.related_model in parents
+    }
+    assert pointing - deleted == set()

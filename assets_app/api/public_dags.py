@@ -2,21 +2,24 @@
 shapes of Airflow 3.3.2's public API. Same rules as `public.py`: token or staff session, one
 `@needs` permission per view, thin views over `dags`, `run_reads` and `runs`.
 
-Routes with a fixed segment (`dagRuns/list`, `taskInstances/list`) are registered before the
-ones whose variable segment would also match them.
+Routes with a fixed segment (`dagRuns/list`, `taskInstances/list`, `.../{task_id}/tries`,
+`/links`, `/dry_run`, `/listMapped`) are registered before the ones whose variable segment
+(`{map_index}`) would also match them. Deletes (a Dag, a run, a TI) go through retention's
+deleter (`operations.retention`), state changes through `scheduling.run_states`.
 """
 
 from typing import Literal
 
-from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Field, Header, Query, Router, Schema
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from ninja import Field, Header, Query, Router, Schema, Status
 
 from assets_app.catalog import asset_events, dags, run_reads, run_waits
 from assets_app.guards import exceptions
 from assets_app.models import Dag, DagImportError, DagRun, DagRunTriggeredBy, TaskInstance
 from assets_app.models.runs import TI_FINISHED_STATES
+from assets_app.operations import retention
 from assets_app.runtime import logs as task_logs
-from assets_app.scheduling import runs
+from assets_app.scheduling import run_states, runs
 
 from . import public_auth
 from .public import Page, actor_of
@@ -32,14 +35,19 @@ from .public_schemas import (
     DAGResponse,
     DAGRunClearBody,
     DAGRunCollectionResponse,
+    DAGRunPatchBody,
     DAGRunResponse,
     DAGRunsBatchBody,
+    ExtraLinkCollectionResponse,
     ImportErrorCollectionResponse,
     ImportErrorResponse,
     NewTaskResponse,
+    PatchTaskInstanceBody,
     RunRanges,
     TaskCollectionResponse,
     TaskInstanceCollectionResponse,
+    TaskInstanceHistoryCollectionResponse,
+    TaskInstanceHistoryResponse,
     TaskInstanceResponse,
     TaskInstancesBatchBody,
     TaskInstancesLogResponse,
@@ -273,6 +281,15 @@ def patch_dag(
     return DAGResponse.from_dag(page.rows[0])
 
 
+@router.delete("/dags/{dag_id}", response=responses(None, 400, 404, 409, status=204))
+@needs("delete", Dag)
+def delete_dag(request: HttpRequest, dag_id: str):
+    """Delete a Dag with its runs and history (Airflow: same path; 204 as Airflow's route
+    answers, 409 while a TI runs), by retention's deleter (`retention.delete_dag`)."""
+    retention.delete_dag(dag_id=dag_id, actor=actor_of(request))
+    return Status(204, None)
+
+
 @router.get(
     "/dags/{dag_id}/tasks", response=responses(TaskCollectionResponse, 400, 404), by_alias=True
 )
@@ -431,6 +448,42 @@ def wait_dag_run_until_finished(
     return StreamingHttpResponse(wait, content_type=NDJSON)
 
 
+@router.patch("/dags/{dag_id}/dagRuns/{dag_run_id}", response=responses(DAGRunResponse, 400, 404))
+@needs("change", DagRun)
+def patch_dag_run(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    body: DAGRunPatchBody,
+    mask: Query[UpdateMask],
+) -> DAGRunResponse:
+    """Change a run's state or note (Airflow: same path): the body's fields, only those
+    `update_mask` names when it is given (`run_states.patch_dag_run`)."""
+    fields = body.model_fields_set
+    if mask.update_mask:
+        fields = fields & set(mask.update_mask)
+    patched = run_states.patch_dag_run(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        state=body.state,
+        note=body.note,
+        fields=frozenset(fields),
+        actor=actor_of(request),
+    )
+    return DAGRunResponse.from_run(patched.run)
+
+
+@router.delete(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}", response=responses(None, 400, 404, 409, status=204)
+)
+@needs("delete", DagRun)
+def delete_dag_run(request: HttpRequest, dag_id: str, dag_run_id: str):
+    """Delete a queued or finished run with its TIs and history (Airflow: same path; 409 for a
+    running run), by retention's deleter (`retention.delete_dag_run`)."""
+    retention.delete_dag_run(dag_id=dag_id, run_id=dag_run_id, actor=actor_of(request))
+    return Status(204, None)
+
+
 @router.get("/dags/{dag_id}/dagRuns/{dag_run_id}", response=responses(DAGRunResponse, 404))
 @needs("view", DagRun)
 def get_dag_run(request: HttpRequest, dag_id: str, dag_run_id: str) -> DAGRunResponse:
@@ -530,6 +583,133 @@ def get_task_instance_log(
     }
 
 
+TI_PATH = "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}"
+
+
+def _tries(tis) -> TaskInstanceHistoryCollectionResponse:
+    return TaskInstanceHistoryCollectionResponse(
+        task_instances=[TaskInstanceHistoryResponse.from_ti(ti) for ti in tis],
+        total_entries=len(tis),
+    )
+
+
+@router.get(TI_PATH + "/tries", response=responses(TaskInstanceHistoryCollectionResponse, 404))
+@needs("view", TaskInstance)
+def get_task_instance_tries(
+    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, map_index: int = -1
+) -> TaskInstanceHistoryCollectionResponse:
+    """A TI's tries (Airflow: same path): the current one, as earlier tries are not kept."""
+    return _tries(
+        run_reads.task_instance_tries(
+            dag_id=dag_id, run_id=dag_run_id, task_id=task_id, map_index=map_index
+        )
+    )
+
+
+@router.get(
+    TI_PATH + "/tries/{task_try_number}", response=responses(TaskInstanceHistoryResponse, 404)
+)
+@needs("view", TaskInstance)
+def get_task_instance_try_details(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    task_try_number: int,
+    map_index: int = -1,
+) -> TaskInstanceHistoryResponse:
+    """One try of a TI (Airflow: same path): the current try; an earlier one is a 404 saying
+    it is not kept."""
+    ti = run_reads.task_instance_try(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        task_id=task_id,
+        try_number=task_try_number,
+        map_index=map_index,
+    )
+    return TaskInstanceHistoryResponse.from_ti(ti)
+
+
+@router.get(
+    TI_PATH + "/{map_index}/tries", response=responses(TaskInstanceHistoryCollectionResponse, 404)
+)
+@needs("view", TaskInstance)
+def get_mapped_task_instance_tries(
+    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, map_index: int
+) -> TaskInstanceHistoryCollectionResponse:
+    """A mapped TI's tries (Airflow: same path)."""
+    return get_task_instance_tries(request, dag_id, dag_run_id, task_id, map_index)
+
+
+@router.get(
+    TI_PATH + "/{map_index}/tries/{task_try_number}",
+    response=responses(TaskInstanceHistoryResponse, 404),
+)
+@needs("view", TaskInstance)
+def get_mapped_task_instance_try_details(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int,
+    task_try_number: int,
+) -> TaskInstanceHistoryResponse:
+    """One try of a mapped TI (Airflow: same path)."""
+    return get_task_instance_try_details(
+        request, dag_id, dag_run_id, task_id, task_try_number, map_index
+    )
+
+
+@router.get(TI_PATH + "/links", response=responses(ExtraLinkCollectionResponse, 404))
+@needs("view", TaskInstance)
+def get_extra_links(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int = -1,
+    try_number: int | None = None,
+) -> ExtraLinkCollectionResponse:
+    """A TI's operator extra links (Airflow: same path): none, as no task here declares any."""
+    links = run_reads.extra_links(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        task_id=task_id,
+        map_index=map_index,
+        try_number=try_number,
+    )
+    return ExtraLinkCollectionResponse(extra_links=links, total_entries=len(links))
+
+
+@router.delete(
+    TI_PATH,
+    response=responses(None, 404, 409, status=200),
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "Successful Response (a null body, as Airflow's route answers)",
+                "content": {"application/json": {"schema": {}}},
+            }
+        }
+    },
+)
+@needs("delete", TaskInstance)
+def delete_task_instance(
+    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, map_index: int = -1
+):
+    """Delete a TI with its history (Airflow: same path, 200 with a null body as its route
+    answers), by retention's deleter (`retention.delete_task_instance`); 409 (ours) for a
+    running one."""
+    retention.delete_task_instance(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        task_id=task_id,
+        map_index=map_index,
+        actor=actor_of(request),
+    )
+    return HttpResponse(b"null", content_type="application/json")
+
+
 @router.get(
     "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}/listMapped",
     response=responses(TaskInstanceCollectionResponse, 400, 404),
@@ -550,6 +730,112 @@ def get_mapped_task_instances(
         offset=filters.offset,
     )
     return _ti_collection(page)
+
+
+def _patch_tis(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int | None,
+    body: PatchTaskInstanceBody,
+    update_mask: list[str],
+    *,
+    dry_run: bool,
+) -> TaskInstanceCollectionResponse:
+    fields = body.model_fields_set
+    if update_mask:
+        fields = fields & set(update_mask)
+    tis = run_states.patch_task_instances(
+        dag_id=dag_id,
+        run_id=dag_run_id,
+        task_id=task_id,
+        map_index=map_index,
+        new_state=body.new_state,
+        note=body.note,
+        fields=frozenset(fields),
+        masked=bool(update_mask),
+        includes=frozenset(f for f in run_states.INCLUDE_FLAGS if getattr(body, f)),
+        dry_run=dry_run,
+        actor=actor_of(request),
+    )
+    return TaskInstanceCollectionResponse(
+        task_instances=[TaskInstanceResponse.from_ti(ti) for ti in tis], total_entries=len(tis)
+    )
+
+
+@router.patch(TI_PATH + "/dry_run", response=responses(TaskInstanceCollectionResponse, 400, 404))
+@needs("change", TaskInstance)
+def patch_task_instance_dry_run(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    body: PatchTaskInstanceBody,
+    mask: Query[UpdateMask],
+    map_index: int | None = None,
+) -> TaskInstanceCollectionResponse:
+    """The TIs a PATCH would change, nothing written (Airflow: same path)."""
+    return _patch_tis(
+        request, dag_id, dag_run_id, task_id, map_index, body, mask.update_mask, dry_run=True
+    )
+
+
+@router.patch(
+    TI_PATH + "/{map_index}/dry_run",
+    response=responses(TaskInstanceCollectionResponse, 400, 404),
+)
+@needs("change", TaskInstance)
+def patch_task_instance_dry_run_by_map_index(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int,
+    body: PatchTaskInstanceBody,
+    mask: Query[UpdateMask],
+) -> TaskInstanceCollectionResponse:
+    """The mapped TI a PATCH would change, nothing written (Airflow: same path)."""
+    return _patch_tis(
+        request, dag_id, dag_run_id, task_id, map_index, body, mask.update_mask, dry_run=True
+    )
+
+
+@router.patch(TI_PATH, response=responses(TaskInstanceCollectionResponse, 400, 404, 409))
+@needs("change", TaskInstance)
+def patch_task_instance(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    body: PatchTaskInstanceBody,
+    mask: Query[UpdateMask],
+    map_index: int | None = None,
+) -> TaskInstanceCollectionResponse:
+    """Set a task's TIs' state or note (Airflow: same path; without `map_index`, every map
+    index), `run_states.patch_task_instances`."""
+    return _patch_tis(
+        request, dag_id, dag_run_id, task_id, map_index, body, mask.update_mask, dry_run=False
+    )
+
+
+@router.patch(
+    TI_PATH + "/{map_index}", response=responses(TaskInstanceCollectionResponse, 400, 404, 409)
+)
+@needs("change", TaskInstance)
+def patch_task_instance_by_map_index(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int,
+    body: PatchTaskInstanceBody,
+    mask: Query[UpdateMask],
+) -> TaskInstanceCollectionResponse:
+    """Set one mapped TI's state or note (Airflow: same path)."""
+    return _patch_tis(
+        request, dag_id, dag_run_id, task_id, map_index, body, mask.update_mask, dry_run=False
+    )
 
 
 @router.get(

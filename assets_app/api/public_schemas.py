@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from ninja import Schema
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from assets_app.catalog import dags as dag_reads
 from assets_app.catalog import run_reads
@@ -611,6 +611,35 @@ class DAGRunClearBody(StrictSchema):
     note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
 
 
+class DAGRunPatchBody(StrictSchema):
+    """Airflow 3.3.2's `DAGRunPatchBody` (`DagRunMutableStates`: queued, success, failed)."""
+
+    state: Literal["queued", "success", "failed"] | None = None
+    note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
+
+
+class PatchTaskInstanceBody(StrictSchema):
+    """Airflow 3.3.2's `PatchTaskInstanceBody`: `new_state` success, failed or skipped (any
+    case; null refused, as its validator), a note, and the include flags."""
+
+    new_state: str | None = None
+    note: str | None = Field(default=None, max_length=NOTE_MAX_LENGTH)
+    include_upstream: bool = False
+    include_downstream: bool = False
+    include_future: bool = False
+    include_past: bool = False
+
+    @field_validator("new_state", mode="before")
+    @classmethod
+    def _valid_new_state(cls, value: Any) -> str:
+        valid = ["success", "failed", "skipped"]
+        if value is None:
+            raise ValueError("'new_state' should not be empty")
+        if not isinstance(value, str) or value.lower() not in valid:
+            raise ValueError(f"'{value}' is not one of {valid}")
+        return value.lower()
+
+
 class DAGRunsBatchBody(RunRanges, StrictSchema):
     """Airflow's body of `POST /dags/{dag_id}/dagRuns/list`."""
 
@@ -936,13 +965,64 @@ class TaskInstanceResponse(Schema):
             pid=ti.pid,
             executor=None,
             executor_config="{}",
-            note=None,
+            note=ti.note,
             rendered_map_index=None,
             rendered_fields={},
             trigger=TriggerResponse.of(ti),
             triggerer_job=None,
             dag_version=None,
         )
+
+
+class TaskInstanceHistoryResponse(Schema):
+    """Airflow 3.3.2's `TaskInstanceHistoryResponse`: one try of a TI (here only the current
+    one: earlier tries are not kept), the fields of `TaskInstanceResponse` it shares."""
+
+    task_id: str
+    dag_id: str
+    dag_run_id: str
+    map_index: int
+    start_date: datetime | None
+    end_date: datetime | None
+    duration: float | None
+    state: str | None
+    try_number: int
+    max_tries: int
+    task_display_name: str
+    dag_display_name: str
+    hostname: str | None
+    unixname: str | None
+    pool: str
+    pool_slots: int
+    queue: str | None
+    priority_weight: int | None
+    operator: str | None
+    operator_name: str | None
+    queued_when: datetime | None
+    scheduled_when: datetime | None
+    pid: int | None
+    executor: str | None
+    executor_config: str
+    dag_version: DagVersionResponse | None
+
+    @staticmethod
+    def from_ti(ti: TaskInstance) -> "TaskInstanceHistoryResponse":
+        full = TaskInstanceResponse.from_ti(ti)
+        return TaskInstanceHistoryResponse(
+            **{name: getattr(full, name) for name in TaskInstanceHistoryResponse.model_fields}
+        )
+
+
+class TaskInstanceHistoryCollectionResponse(Schema):
+    task_instances: list[TaskInstanceHistoryResponse]
+    total_entries: int
+
+
+class ExtraLinkCollectionResponse(Schema):
+    """Airflow 3.3.2's `ExtraLinkCollectionResponse` (link name -> URL)."""
+
+    extra_links: dict[str, str | None]
+    total_entries: int
 
 
 class TaskInstanceCollectionResponse(Schema):

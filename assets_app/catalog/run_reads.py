@@ -606,3 +606,68 @@ def get_task_instance(
             reason="task_instance_not_found",
         )
     return ti
+
+
+def task_instance_tries(
+    *, dag_id: str, run_id: str, task_id: str, map_index: int = -1
+) -> list[TaskInstance]:
+    """Airflow's `GET .../taskInstances/{task_id}/tries`: its TaskInstanceHistory rows and the
+    TI. Earlier tries are not kept here (a retry or a clear updates the TI row in place), so
+    the list is the current try alone. None -> NotFound in Airflow's words."""
+    tis = list(
+        TaskInstance.objects.select_related("dag_run", "trigger").filter(
+            dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index
+        )
+    )
+    if not tis:
+        raise exceptions.NotFound(
+            f"The Task Instance with dag_id: `{dag_id}`, run_id: `{run_id}`, task_id: "
+            f"`{task_id}` and map_index: `{map_index}` was not found",
+            reason="task_instance_not_found",
+        )
+    return tis
+
+
+def task_instance_try(
+    *, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1
+) -> TaskInstance:
+    """One try of a TI (Airflow's `.../tries/{task_try_number}`): the current one; an earlier
+    try is a 404 that says it is not kept (Airflow would answer its history row)."""
+    ti = (
+        TaskInstance.objects.select_related("dag_run", "trigger")
+        .filter(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index)
+        .first()
+    )
+    if ti is None or ti.try_number != try_number:
+        earlier = ti is not None and 1 <= try_number < ti.try_number
+        raise exceptions.NotFound(
+            f"The Task Instance with dag_id: `{dag_id}`, run_id: `{run_id}`, task_id: "
+            f"`{task_id}`, try_number: `{try_number}` and map_index: `{map_index}` was not found"
+            + (" (earlier tries are not kept: only the current try is)" if earlier else ""),
+            reason="task_instance_try_not_kept" if earlier else "task_instance_not_found",
+        )
+    return ti
+
+
+def extra_links(
+    *, dag_id: str, run_id: str, task_id: str, map_index: int = -1, try_number: int | None = None
+) -> dict[str, str | None]:
+    """Airflow's `GET .../taskInstances/{task_id}/links`: the task's operator extra links. No
+    task here declares any (the service runs no operators), so an existing TI has none."""
+    ti = (
+        TaskInstance.objects.filter(
+            dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index
+        )
+        .values_list("try_number", flat=True)
+        .first()
+    )
+    if ti is None:
+        raise exceptions.NotFound("TaskInstance not found", reason="task_instance_not_found")
+    if not Task.objects.filter(dag_id=dag_id, task_id=task_id).exists():
+        raise exceptions.NotFound(f"Task with ID = {task_id} not found", reason="task_not_found")
+    if try_number is not None and try_number != ti:
+        raise exceptions.NotFound(
+            f"TaskInstanceHistory not found for try_number={try_number}",
+            reason="task_instance_try_not_kept",
+        )
+    return {}

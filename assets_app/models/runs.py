@@ -213,6 +213,8 @@ class TaskInstance(models.Model):
     try_number = models.PositiveIntegerField(default=1)
     max_tries = models.PositiveIntegerField(default=0)
     state = models.CharField(max_length=20, choices=TIState.choices, default=TIState.QUEUED)
+    # An operator's note (Airflow's TaskInstanceNote content; `PATCH .../taskInstances/...`).
+    note = models.TextField(null=True, blank=True)
     hostname = models.CharField(max_length=1000, blank=True, default="")
     unixname = models.CharField(max_length=1000, blank=True, default="")
     pid = models.IntegerField(null=True, blank=True)

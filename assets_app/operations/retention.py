@@ -24,6 +24,9 @@ with their asset or when a task or an operator deletes them. An event with its a
 audit entry with its targets. Deletes are single statements by key list
 (`sql.retention.delete_rows`), children first.
 
+A Dag deleted through the public API (`delete_dag`, `DELETE /api/v2/dags/{dag_id}`) is the
+deleter's second caller: the same run batches (`_run_rows`), then the Dag's own rows.
+
 A clean paces itself: after each batch it sleeps `RETENTION_SLEEP_RATIO` (3) times as long as
 the batch took, so that it works at most a quarter of the time and a busy database (slower
 batches) gets longer pauses. While it works, a clean keeps about a core busy (its process and
@@ -52,6 +55,7 @@ from django.db.models import CharField, Exists, IntegerField, OuterRef, Q, Query
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
+from ..guards import exceptions
 from ..models import (
     AssetAliasEvent,
     AssetDagRunQueue,
@@ -59,20 +63,32 @@ from ..models import (
     AssetEventQueue,
     AuditEntry,
     AuditTarget,
+    Backfill,
     BackfillDagRun,
     CallbackState,
     ComponentHeartbeat,
+    Dag,
     DagCallbackRequest,
+    DagImportError,
     DagRun,
     DagRunAssetEvent,
     DagRunState,
+    DagScheduleAliasReference,
+    DagScheduleAssetReference,
     DeliveryState,
     HITLDetail,
     RenderedTaskFields,
+    Task,
     TaskInstance,
     TaskLogChunk,
+    TaskOutletAliasReference,
+    TaskOutletAssetReference,
     TaskReschedule,
+    TaskSetupLink,
     TaskStateStore,
+    TaskUpstream,
+    TIState,
+    WatcherRoute,
     WebhookAttempt,
     WebhookDelivery,
     XCom,
@@ -374,6 +390,30 @@ def _time_keyset(queryset: QuerySet, column: str, after: tuple[Any, int] | None)
     return queryset.order_by(column, "id")
 
 
+def _run_rows(
+    runs: list[int], ti_ids: list[Any], pairs: list[tuple[str, str]]
+) -> list[tuple[str, QuerySet]]:
+    """The rows that go with `runs` (their `(dag_id, run_id)` `pairs`) and their TIs `ti_ids`,
+    children first: what a clean's run batch and a Dag deletion's run batch delete."""
+    xcoms = XCom.objects.none()
+    for dag_id in {d for d, _ in pairs}:
+        xcoms = xcoms | XCom.objects.filter(
+            dag_id=dag_id, run_id__in=[r for d, r in pairs if d == dag_id]
+        )
+    return [
+        ("rendered_task_fields", RenderedTaskFields.objects.filter(ti_id__in=ti_ids)),
+        ("task_reschedule", TaskReschedule.objects.filter(ti_id__in=ti_ids)),
+        ("task_log_chunk", TaskLogChunk.objects.filter(ti_id__in=ti_ids)),
+        ("hitl_detail", HITLDetail.objects.filter(ti_id__in=ti_ids)),
+        ("task_instance", TaskInstance.objects.filter(id__in=ti_ids)),
+        ("dagrun_asset_event", DagRunAssetEvent.objects.filter(dag_run_id__in=runs)),
+        ("dag_callback_request", DagCallbackRequest.objects.filter(dag_run_id__in=runs)),
+        ("xcom", xcoms),
+        ("task_state_store", TaskStateStore.objects.filter(dag_run_id__in=runs)),
+        ("dag_run", DagRun.objects.filter(id__in=runs)),
+    ]
+
+
 class _Clean:
     def __init__(
         self,
@@ -492,23 +532,7 @@ class _Clean:
         pairs = list(DagRun.objects.filter(id__in=runs).values_list("dag_id", "run_id"))
         if self.dry_run:
             self.assumed_deleted_pairs.update(pairs)
-        xcoms = XCom.objects.none()
-        for dag_id in {d for d, _ in pairs}:
-            xcoms = xcoms | XCom.objects.filter(
-                dag_id=dag_id, run_id__in=[r for d, r in pairs if d == dag_id]
-            )
-        return [
-            ("rendered_task_fields", RenderedTaskFields.objects.filter(ti_id__in=ti_ids)),
-            ("task_reschedule", TaskReschedule.objects.filter(ti_id__in=ti_ids)),
-            ("task_log_chunk", TaskLogChunk.objects.filter(ti_id__in=ti_ids)),
-            ("hitl_detail", HITLDetail.objects.filter(ti_id__in=ti_ids)),
-            ("task_instance", TaskInstance.objects.filter(id__in=ti_ids)),
-            ("dagrun_asset_event", DagRunAssetEvent.objects.filter(dag_run_id__in=runs)),
-            ("dag_callback_request", DagCallbackRequest.objects.filter(dag_run_id__in=runs)),
-            ("xcom", xcoms),
-            ("task_state_store", TaskStateStore.objects.filter(dag_run_id__in=runs)),
-            ("dag_run", DagRun.objects.filter(id__in=runs)),
-        ]
+        return _run_rows(runs, ti_ids, pairs)
 
     # --- XComs, events, audit entries: (age, id) keysets -----------------------------------
 
@@ -737,3 +761,293 @@ def next_clean_at(*, now: datetime | None = None) -> datetime | None:
     if last is None:
         return now or timezone.now()
     return last + timedelta(minutes=float(settings.RETENTION_INTERVAL_MINUTES))
+
+
+# --- a Dag's deletion (`DELETE /api/v2/dags/{dag_id}`): the second caller of the deleter -------
+
+# Attempts at a batch whose rows someone holds (SKIP LOCKED left it empty) before the deletion
+# gives up with a 409; each waits DAG_DELETION_RETRY_SECONDS.
+DAG_DELETION_ATTEMPTS = 50
+DAG_DELETION_RETRY_SECONDS = 0.1
+
+
+@dataclass
+class DagDeletion:
+    dag_id: str
+    counts: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    longest_transaction_ms: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, table: str, n: int) -> None:
+        self.counts[table] = self.counts.get(table, 0) + n
+
+
+def _still_running(dag_id: str) -> exceptions.Conflict:
+    return exceptions.Conflict(
+        f"Task instances of dag with id: '{dag_id}' are still running",
+        reason="task_instances_running",
+    )
+
+
+def delete_dag(
+    *, dag_id: str, actor: audit.Actor | None = None, batch_size: int | None = None
+) -> DagDeletion:
+    """Airflow's `delete_dag` (`airflow/api/common/delete_dag.py`), by retention's deleter:
+    the Dag and every row keyed by it (runs with their TIs, rendered fields, reschedules, logs,
+    consumed-event links, XComs and state keys; its ADRQ rows; backfills; tasks and schedule
+    references; the import errors of its file), in short batches (`RETENTION_BATCH_SIZE`, runs
+    by a fifth of it), children first. Kept, as Airflow keeps them: the asset events its tasks
+    produced (history of the asset; `source_dag_id` is only a label) and the audit trail; and,
+    as retention keeps them, outbox rows (the drain registers them from their payload).
+
+    A running TI refuses the deletion with `Conflict` (Airflow's 409), checked first and again
+    under each run batch's locks: batches committed before a TI started stay deleted. Unknown
+    Dag -> NotFound. Audited once (`dag.delete`, the counts) in the last transaction, which
+    deletes the Dag row; a run created meanwhile is deleted in another batch first. Each batch
+    is its own durable transaction; nothing waits on a lock (SKIP LOCKED, retried briefly)."""
+    if not Dag.objects.filter(dag_id=dag_id).exists():
+        raise exceptions.NotFound(f"Dag with id: {dag_id} was not found", reason="dag_not_found")
+    if TaskInstance.objects.filter(dag_id=dag_id, state=TIState.RUNNING).exists():
+        raise _still_running(dag_id)
+    size = int(settings.RETENTION_BATCH_SIZE if batch_size is None else batch_size)
+    result = DagDeletion(dag_id=dag_id)
+    idle = 0
+    while True:
+        progress = _delete_dag_runs(dag_id, size, result)
+        progress |= _delete_by_id(
+            AssetDagRunQueue, "asset_dag_run_queue", size, result, target_dag_id=dag_id
+        )
+        progress |= _delete_by_id(XCom, "xcom", size, result, dag_id=dag_id)
+        if not progress and _delete_dag_row(dag_id, result, actor=actor):
+            return result
+        if not progress:
+            idle += 1
+            if idle >= DAG_DELETION_ATTEMPTS:
+                raise exceptions.Conflict(
+                    f"Dag with id: '{dag_id}' is busy (its rows stayed locked): try again",
+                    reason="dag_busy",
+                )
+            time.sleep(DAG_DELETION_RETRY_SECONDS)
+        else:
+            idle = 0
+
+
+def _timed(result: DagDeletion, work: Callable[[], bool]) -> bool:
+    started = time.monotonic()
+    with transaction.atomic(durable=True):
+        done = work()
+    result.batches += 1
+    result.longest_transaction_ms = max(
+        result.longest_transaction_ms, (time.monotonic() - started) * 1000
+    )
+    return done
+
+
+def _delete_dag_runs(dag_id: str, size: int, result: DagDeletion) -> bool:
+    """The Dag's runs, batch by batch; True if any went."""
+    deleted = False
+    last = 0
+    while True:
+        ids = list(
+            DagRun.objects.filter(dag_id=dag_id, id__gt=last)
+            .order_by("id")
+            .values_list("id", flat=True)[: max(1, size // RUN_BATCH_DIVISOR)]
+        )
+        if not ids:
+            return deleted
+        last = ids[-1]
+
+        def batch(ids: list[int] = ids) -> bool:
+            runs, ti_ids, running = locks.lock_runs_for_dag_deletion(ids)
+            if running:
+                raise _still_running(dag_id)
+            if not runs:
+                return False
+            BackfillDagRun.objects.filter(dag_run_id__in=runs).update(dag_run=None)
+            pairs = list(DagRun.objects.filter(id__in=runs).values_list("dag_id", "run_id"))
+            for name, queryset in _run_rows(runs, ti_ids, pairs):
+                result.add(name, retention_sql.delete_rows(queryset))
+            return True
+
+        deleted |= _timed(result, batch)
+
+
+def _delete_by_id(model: Any, name: str, size: int, result: DagDeletion, **where: Any) -> bool:
+    """Rows of `model` matching `where`, `size` ids per transaction; True if any went."""
+    deleted = False
+    while True:
+        ids = list(model.objects.filter(**where).order_by("id").values_list("id", flat=True)[:size])
+        if not ids:
+            return deleted
+
+        def batch(ids: list[int] = ids) -> bool:
+            result.add(name, retention_sql.delete_rows(model.objects.filter(id__in=ids)))
+            return True
+
+        deleted |= _timed(result, batch)
+
+
+def _delete_dag_row(dag_id: str, result: DagDeletion, *, actor: audit.Actor | None) -> bool:
+    """The last transaction: the Dag row locked (False: held, or a run appeared: go round
+    again), its definition rows, backfills and file's import errors deleted, the audit entry."""
+
+    def last() -> bool:
+        dag = locks.lock_dag_for_deletion(dag_id)
+        if dag is None or DagRun.objects.filter(dag_id=dag_id).exists():
+            return False
+        tasks = Q(task__dag_id=dag_id)
+        steps: list[tuple[str, QuerySet]] = [
+            ("task_upstream", TaskUpstream.objects.filter(tasks)),
+            ("task_setup_link", TaskSetupLink.objects.filter(tasks)),
+            ("task_outlet_asset_reference", TaskOutletAssetReference.objects.filter(tasks)),
+            ("task_outlet_alias_reference", TaskOutletAliasReference.objects.filter(tasks)),
+            ("task", Task.objects.filter(dag_id=dag_id)),
+            (
+                "dag_schedule_asset_reference",
+                DagScheduleAssetReference.objects.filter(dag_id=dag_id),
+            ),
+            (
+                "dag_schedule_alias_reference",
+                DagScheduleAliasReference.objects.filter(dag_id=dag_id),
+            ),
+            ("watcher_route", WatcherRoute.objects.filter(dag_id=dag_id)),
+            ("dag_callback_request", DagCallbackRequest.objects.filter(dag_id=dag_id)),
+            ("dagrun_asset_event", DagRunAssetEvent.objects.filter(dag_id=dag_id)),
+            ("asset_dag_run_queue", AssetDagRunQueue.objects.filter(target_dag_id=dag_id)),
+            ("backfill_dag_run", BackfillDagRun.objects.filter(backfill__dag_id=dag_id)),
+            ("backfill", Backfill.objects.filter(dag_id=dag_id)),
+            (
+                "import_error",
+                DagImportError.objects.filter(filename=dag.fileloc)
+                if dag.fileloc
+                else DagImportError.objects.none(),
+            ),
+            ("dag", Dag.objects.filter(dag_id=dag_id)),
+        ]
+        for name, queryset in steps:
+            result.add(name, retention_sql.delete_rows(queryset))
+        audit.record(
+            actor=actor,
+            action="dag.delete",
+            summary=f"deleted Dag {dag_id} and {result.total - 1} row(s) of it: "
+            + ", ".join(f"{n} {t}" for t, n in sorted(result.counts.items()) if n),
+            dag_id=dag_id,
+            detail={"counts": {t: n for t, n in sorted(result.counts.items()) if n}},
+        )
+        return True
+
+    return _timed(result, last)
+
+
+def delete_dag_run(*, dag_id: str, run_id: str, actor: audit.Actor | None = None) -> DagDeletion:
+    """Airflow's `DELETE /api/v2/dags/{dag_id}/dagRuns/{dag_run_id}` by retention's deleter:
+    one run (queued, success or failed; running -> Conflict with Airflow's message) with
+    everything that goes with a run (`_run_rows`), in one short transaction under its locks
+    (SKIP LOCKED: a run or TI someone holds right now -> Conflict, try again), audited
+    (`dag_run.delete`). Beyond Airflow, a queued run with a running TI is refused too (the
+    worker's work). Its consumed events and the outbox rows of its TIs stay. Unknown run ->
+    NotFound."""
+    result = DagDeletion(dag_id=dag_id)
+    found = DagRun.objects.filter(dag_id=dag_id, run_id=run_id).values_list("pk", "state").first()
+    if found is None:
+        raise exceptions.NotFound(
+            f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` was not found",
+            reason="dag_run_not_found",
+        )
+    pk, state = found
+    if state == DagRunState.RUNNING:
+        raise exceptions.Conflict(
+            f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` cannot be deleted in "
+            f"{state} state",
+            reason="run_running",
+        )
+
+    def batch() -> bool:
+        runs, ti_ids, running = locks.lock_runs_for_dag_deletion([pk])
+        state_now = DagRun.objects.filter(pk=pk).values_list("state", flat=True).first()
+        if running or state_now == DagRunState.RUNNING:
+            raise exceptions.Conflict(
+                f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` cannot be deleted "
+                "in running state",
+                reason="run_running",
+            )
+        if not runs:
+            raise exceptions.Conflict(
+                f"The DagRun with dag_id: `{dag_id}` and run_id: `{run_id}` is held by another "
+                "change right now: try again",
+                reason="run_busy",
+            )
+        BackfillDagRun.objects.filter(dag_run_id__in=runs).update(dag_run=None)
+        for name, queryset in _run_rows(runs, ti_ids, [(dag_id, run_id)]):
+            result.add(name, retention_sql.delete_rows(queryset))
+        audit.record(
+            actor=actor,
+            action="dag_run.delete",
+            summary=f"deleted run {run_id} of {dag_id} and {result.total - 1} row(s) of it",
+            targets=[audit.Target(kind="dag_run", object_id=pk)],
+            dag_id=dag_id,
+            detail={
+                "run_id": run_id,
+                "counts": {t: n for t, n in sorted(result.counts.items()) if n},
+            },
+        )
+        return True
+
+    _timed(result, batch)
+    return result
+
+
+def delete_task_instance(
+    *, dag_id: str, run_id: str, task_id: str, map_index: int = -1, actor: audit.Actor | None = None
+) -> DagDeletion:
+    """Airflow's `DELETE .../taskInstances/{task_id}` by retention's deleter: one TI with its
+    rendered fields, reschedules, logs, HITL detail and XComs (Airflow's XCom rows go with their
+    TI), in one short transaction under the TI's lock, audited (`task_instance.delete`). Beyond
+    Airflow, a running TI (or one a worker holds right now: SKIP LOCKED) is refused with a
+    Conflict: it is a worker's work. Unknown TI -> NotFound in Airflow's words."""
+    result = DagDeletion(dag_id=dag_id)
+    where = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index}
+    name = f"{dag_id}.{task_id} of run {run_id} (map index {map_index})"
+
+    def batch() -> bool:
+        found = TaskInstance.objects.filter(**where).values_list("id", "state").first()
+        if found is None:
+            raise exceptions.NotFound(
+                f"The Task Instance with dag_id: `{dag_id}`, run_id: `{run_id}`, task_id: "
+                f"`{task_id}` and map_index: `{map_index}` was not found",
+                reason="task_instance_not_found",
+            )
+        ti_id, _ = found
+        state = locks.lock_task_instance_for_deletion(ti_id)
+        if state is None or state == TIState.RUNNING:
+            raise exceptions.Conflict(
+                f"Task instance {name} is running (or held by its worker right now): it is not "
+                "deleted",
+                reason="task_instance_running",
+            )
+        steps = [
+            ("rendered_task_fields", RenderedTaskFields.objects.filter(ti_id=ti_id)),
+            ("task_reschedule", TaskReschedule.objects.filter(ti_id=ti_id)),
+            ("task_log_chunk", TaskLogChunk.objects.filter(ti_id=ti_id)),
+            ("hitl_detail", HITLDetail.objects.filter(ti_id=ti_id)),
+            ("xcom", XCom.objects.filter(**where)),
+            ("task_instance", TaskInstance.objects.filter(id=ti_id)),
+        ]
+        for table, queryset in steps:
+            result.add(table, retention_sql.delete_rows(queryset))
+        audit.record(
+            actor=actor,
+            action="task_instance.delete",
+            summary=f"deleted task instance {name}",
+            targets=[audit.Target(kind="task_instance", object_id=ti_id, ti_id=ti_id)],
+            dag_id=dag_id,
+            detail={"run_id": run_id, "task_id": task_id, "map_index": map_index},
+        )
+        return True
+
+    _timed(result, batch)
+    return result

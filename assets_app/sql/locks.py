@@ -58,6 +58,14 @@ a scheduler wait, since schedulers skip locked Dags.
 Retention (`retention`, issue 30), alone in its own short transaction per batch: the batch's
 DagRun rows, then their TaskInstance rows, both FOR UPDATE SKIP LOCKED (`lock_runs_for_retention`):
 it never waits, and a run or TI anyone holds (a clear, a worker) is skipped, not deleted.
+A Dag's deletion (`retention.delete_dag`, `DELETE /api/v2/dags/{dag_id}`) takes the same two
+steps for its run batches (`lock_runs_for_dag_deletion`: every TI, whatever its state, so that
+a running one is seen under its lock), then, alone in its last short transaction, the Dag row
+FOR UPDATE SKIP LOCKED (`lock_dag_for_deletion`: a scheduler holding it is not waited on; the
+deletion tries again). A run's deletion (`retention.delete_dag_run`) takes the same two steps
+for its one run; a TI's (`retention.delete_task_instance`) its one TI row, SKIP LOCKED, alone.
+An operator's PATCH of a run (`scheduling.run_states`), alone in its own short transaction:
+that run row FOR UPDATE, waiting (`lock_run`), then plain UPDATEs of its TIs, as run timeouts.
 
 Events out (issue 29), alone in their own short transactions, never under any lock above:
 webhook endpoints claimed FOR NO KEY UPDATE SKIP LOCKED (`claim_webhook_endpoints`) while
@@ -118,6 +126,7 @@ from ..models import (
     FreshnessState,
     ScheduleMode,
     TaskInstance,
+    TIState,
     WatcherMessage,
     WebhookEndpoint,
 )
@@ -140,6 +149,13 @@ def lock_task_instances_to_clear(queryset: QuerySet[TaskInstance]) -> list[TaskI
     (step 1 of the order, several TIs of one run: a worker only ever locks one TI, so no
     deadlock; skipping means the clear never makes a worker wait)."""
     return list(queryset.select_for_update(of=("self",), skip_locked=True).order_by("id"))
+
+
+def lock_task_instances_to_set(queryset: QuerySet[TaskInstance]) -> list[TaskInstance]:
+    """Lock TIs of one run for an operator's state change, by id, waiting (step 1 of the order,
+    several TIs of one run: a worker only ever locks one TI and holds nothing else meanwhile,
+    so no deadlock; it waits at most one worker's short state change)."""
+    return list(queryset.select_for_update(of=("self",)).order_by("id"))
 
 
 def lock_claim_pools(
@@ -374,6 +390,63 @@ def lock_runs_for_retention(queryset: QuerySet) -> tuple[list[int], list[UUID]]:
     ready = [r for r in runs if per_run.get(r, 0) == totals.get(r, 0)]
     ready_set = set(ready)
     return ready, [ti_id for ti_id, run_id in locked if run_id in ready_set]
+
+
+def lock_runs_for_dag_deletion(run_ids: Sequence[int]) -> tuple[list[int], list[UUID], bool]:
+    """Lock these runs and every TI of them, FOR UPDATE SKIP LOCKED (retention's order: runs,
+    then TIs); a run is left out unless all its TIs were locked. Returns (run ids, TI ids,
+    whether a locked TI of those runs is running)."""
+    runs = list(
+        DagRun.objects.select_for_update(of=("self",), skip_locked=True)
+        .filter(id__in=list(run_ids))
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    if not runs:
+        return [], [], False
+    totals = dict(
+        TaskInstance.objects.filter(dag_run_id__in=runs)
+        .values_list("dag_run_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    locked = list(
+        TaskInstance.objects.select_for_update(of=("self",), skip_locked=True)
+        .filter(dag_run_id__in=runs)
+        .order_by("id")
+        .values_list("id", "dag_run_id", "state")
+    )
+    per_run: dict[int, int] = {}
+    for _, run_id, _ in locked:
+        per_run[run_id] = per_run.get(run_id, 0) + 1
+    ready = {r for r in runs if per_run.get(r, 0) == totals.get(r, 0)}
+    running = any(state == TIState.RUNNING for _, _, state in locked)
+    return sorted(ready), [ti for ti, run_id, _ in locked if run_id in ready], running
+
+
+def lock_run(*, dag_id: str, run_id: str) -> DagRun | None:
+    """One run row FOR UPDATE, waiting (an operator's PATCH of it: its other holders, a finish,
+    a timeout pass or a clear, hold it for one short transaction). The caller then updates the
+    run's TIs with plain UPDATEs, run timeouts' order (run, then TIs)."""
+    return (
+        DagRun.objects.select_for_update(of=("self",)).filter(dag_id=dag_id, run_id=run_id).first()
+    )
+
+
+def lock_task_instance_for_deletion(ti_id: UUID) -> str | None:
+    """One TI row FOR UPDATE SKIP LOCKED, alone (step 1); its state, None when a worker holds
+    it right now (or it is gone)."""
+    return (
+        TaskInstance.objects.select_for_update(skip_locked=True)
+        .filter(id=ti_id)
+        .values_list("state", flat=True)
+        .first()
+    )
+
+
+def lock_dag_for_deletion(dag_id: str) -> Dag | None:
+    """The Dag row FOR UPDATE SKIP LOCKED (None: absent, or held by a scheduler now)."""
+    return Dag.objects.select_for_update(skip_locked=True).filter(dag_id=dag_id).first()
 
 
 # The Dag's stored next run (Airflow's `next_dagrun*`), read by the time scheduler.

@@ -13,8 +13,9 @@ from django.test import Client
 
 from assets_app.api.public_auth import create_api_token
 from assets_app.definitions import sources
-from assets_app.models import Dag
+from assets_app.models import Dag, DagRun
 from tests.api.test_public_airflowctl import world
+from tests.factories import TaskInstanceFactory
 
 from .airflow_env import AUTH_DOCUMENT, airflow_openapi, airflow_response_problems
 
@@ -95,6 +96,62 @@ CALLS = [
         "/api/v2/dagSources/{dag_id}",
         "/api/v2/dagSources/daily",
         {"version_number": 1},
+        404,
+    ),
+    ("delete", "/api/v2/dags/{dag_id}", "/api/v2/dags/nope", None, 404),
+    (
+        "patch",
+        "/api/v2/dags/{dag_id}/dagRuns/{dag_run_id}",
+        "/api/v2/dags/daily/dagRuns/r2",
+        {"note": "seen"},
+        200,
+    ),
+    (
+        "patch",
+        "/api/v2/dags/{dag_id}/dagRuns/{dag_run_id}",
+        "/api/v2/dags/daily/dagRuns/nope",
+        {"state": "failed"},
+        404,
+    ),
+    (
+        "delete",
+        "/api/v2/dags/{dag_id}/dagRuns/{dag_run_id}",
+        "/api/v2/dags/manual/dagRuns/m1",
+        None,
+        409,
+    ),
+    ("get", f"{TI}/tries", "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/tries", {}, 200),
+    (
+        "get",
+        f"{TI}/tries/{{task_try_number}}",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/tries/1",
+        {},
+        200,
+    ),
+    (
+        "get",
+        f"{TI}/tries/{{task_try_number}}",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/tries/9",
+        {},
+        404,
+    ),
+    ("get", f"{TI}/links", "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/links", {}, 200),
+    ("get", f"{TI}/links", "/api/v2/dags/daily/dagRuns/r1/taskInstances/nope/links", {}, 404),
+    ("delete", TI, "/api/v2/dags/daily/dagRuns/r1/taskInstances/nope", None, 404),
+    (
+        "patch",
+        f"{TI}/dry_run",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/dry_run",
+        {"new_state": "failed"},
+        200,
+    ),
+    ("patch", TI, "/api/v2/dags/daily/dagRuns/r1/taskInstances/load", {"new_state": "failed"}, 200),
+    ("patch", TI, "/api/v2/dags/daily/dagRuns/r1/taskInstances/load", {"new_state": "failed"}, 409),
+    (
+        "patch",
+        f"{TI}/{{map_index}}",
+        "/api/v2/dags/daily/dagRuns/r1/taskInstances/load/3",
+        {"note": "n"},
         404,
     ),
     ("get", "/api/v2/jobs", "/api/v2/jobs", {}, 200),
@@ -181,6 +238,12 @@ def test_issue_49_answers_validate_against_airflows_document():
     Dag.objects.filter(dag_id="daily").update(fileloc="dags/daily.py")
     with transaction.atomic():
         sources.record_sources([sources.cut("dags/daily.py", "from airflow import DAG\n")])
+    TaskInstanceFactory(
+        dag_run=DagRun.objects.get(dag_id="daily", run_id="r1"),
+        task_id="load",
+        succeeded=True,
+        try_number=1,
+    )
     answers = []
     for method, template, url, params, status in CALLS:
         if method == "get":

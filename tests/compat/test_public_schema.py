@@ -112,6 +112,14 @@ def _operations(doc: dict) -> dict[tuple[str, str], dict]:
     }
 
 
+# Responses Airflow's document lists that its route never sends, with what it sends instead.
+DOCUMENTED_NOT_SENT = {
+    # `delete_dag` returns `Response(status_code=204)` (routes/public/dags.py); FastAPI documents
+    # the decorator's default 200 with an empty schema. We answer 204, as the route does.
+    ("delete", "/api/v2/dags/{dag_id}", "200"): 204,
+}
+
+
 @pytest.fixture(scope="module")
 def documents() -> tuple[dict, dict]:
     return airflow_openapi(), Client().get("/api/v2/openapi.json").json()
@@ -154,6 +162,10 @@ def test_every_operation_matches_airflows_document(documents):
             if status == "422" and schema.get("$ref", "").endswith("/HTTPExceptionResponse"):
                 # Airflow documents a few 422s as HTTPExceptionResponse; every 422 of ours is an
                 # HTTPValidationError (which the client still raises as a 422).
+                continue
+            if (*key, status) in DOCUMENTED_NOT_SENT:
+                if str(DOCUMENTED_NOT_SENT[(*key, status)]) not in op["responses"]:
+                    problems.append(f"{label}: response {DOCUMENTED_NOT_SENT[(*key, status)]}")
                 continue
             if status not in op["responses"]:
                 problems.append(f"{label}: response {status} not documented")

@@ -7,7 +7,13 @@ airflow.sdk.execution_time.execute_workload` per TI instead.
     bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
         [--api-key KEY] [--sync-key KEY] [--wait S] [--concurrency 8] [--max-tis N] \\
         [--max-seconds S] [--idle-exit S] [--logs var/airflow-logs] [--manual-only] \\
-        [--queues default,gpu] [--sync-only | --no-sync | --triggerer]
+        [--queues default,gpu] [--grace-period S] [--cleanup-time S] \\
+        [--sync-only | --no-sync | --triggerer]
+
+SIGTERM / SIGINT stop claiming, let running tasks finish for `--grace-period`, then end them as
+Airflow's supervisor does (SIGTERM, SIGKILL after `--cleanup-time`); a second signal skips the
+rest of the grace. Every process the worker forks dies with it, even when it is SIGKILLed
+(airflow_worker/lifeline.py; README, "Stopping").
 
 `--triggerer` runs, instead of TIs, the triggers of deferred TIs (`airflow_worker/triggerer.py`:
 many on one asyncio loop, as Airflow's triggerer), with the same url, key and `--max-seconds` /
@@ -500,6 +506,7 @@ def _end_tasks(runner, options: argparse.Namespace, stop: _Stop, report) -> None
 
 def run(options: argparse.Namespace, client: httpx.Client) -> int:
     started = time.monotonic()
+    stop = _Stop()  # before anything is forked: a signal while the pool starts stops it cleanly
     # Dag-level callbacks (issue 39): a process of its own, forked before the pool (it holds
     # none of the pool's pipes).
     callbacks = dag_callbacks.Runner(
@@ -513,7 +520,6 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
     shipper = _LogShipper(client, options.logs)
     claimed = finished = failed = 0
     grace = _grace_default() if options.grace_period is None else options.grace_period
-    stop = _Stop()
     ended: list[str] = []
 
     def report(restart: bool = True) -> None:

@@ -7,7 +7,13 @@ airflow.sdk.execution_time.execute_workload` per TI instead.
     bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
         [--api-key KEY] [--sync-key KEY] [--wait S] [--concurrency 8] [--max-tis N] \\
         [--max-seconds S] [--idle-exit S] [--logs var/airflow-logs] [--manual-only] \\
-        [--queues default,gpu] [--sync-only | --no-sync | --triggerer]
+        [--queues default,gpu] [--grace-period S] [--cleanup-time S] \\
+        [--sync-only | --no-sync | --triggerer]
+
+SIGTERM / SIGINT stop claiming, let running tasks finish for `--grace-period`, then end them as
+Airflow's supervisor does (SIGTERM, SIGKILL after `--cleanup-time`); a second signal skips the
+rest of the grace. Every process the worker forks dies with it, even when it is SIGKILLed
+(airflow_worker/lifeline.py; README, "Stopping").
 
 `--triggerer` runs, instead of TIs, the triggers of deferred TIs (`airflow_worker/triggerer.py`:
 many on one asyncio loop, as Airflow's triggerer), with the same url, key and `--max-seconds` /
@@ -20,8 +26,10 @@ options; anything else `AIRFLOW__...` passes through).
 """
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -86,6 +94,21 @@ def _options(argv: list[str]) -> argparse.Namespace:
         "--interpreter-per-task",
         action="store_true",
         help="start a new interpreter per TI (execute_workload) instead of the forked pool",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=None,
+        help="on SIGTERM/SIGINT: seconds running tasks may take to finish before they are "
+        "ended (default: Airflow's [core] killed_task_cleanup_time, 60); a second signal ends "
+        "them at once",
+    )
+    parser.add_argument(
+        "--cleanup-time",
+        type=float,
+        default=5.0,
+        help="seconds an ended task has between SIGTERM (its on_kill runs) and SIGKILL "
+        "(default: 5, the escalation delay of Airflow's supervisor kill())",
     )
     parser.add_argument("--apply-pause", action="store_true", help="as sync_dags --apply-pause")
     parser.add_argument(
@@ -232,19 +255,31 @@ class _InterpreterPerTask:
         )
         self._running.append((process, ti, log, time.monotonic()))
 
-    def finished(self):
+    def finished(self, *, restart: bool = True):
         for item in [r for r in self._running if r[0].poll() is not None]:
             self._running.remove(item)
             process, ti, log, started = item
             log.close()
-            yield ti, process.returncode, time.monotonic() - started
+            yield ti, process.returncode, time.monotonic() - started, None
 
     def wait(self, timeout: float) -> None:
         time.sleep(min(timeout, 0.02))
 
-    def close(self) -> None:
+    def signal_busy(self, signum: int) -> None:
         for process, *_ in self._running:
-            process.wait()
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+
+    def pids(self) -> list[int]:
+        return [process.pid for process, *_ in self._running]
+
+    def close(self, timeout: float = 10) -> None:
+        for process, *_ in self._running:
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def _key_hint(options: argparse.Namespace, response: httpx.Response) -> str:
@@ -373,11 +408,105 @@ def _runner(options: argparse.Namespace):
         options.concurrency,
         logs=options.logs,
         server=os.environ["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"],
+        cleanup=options.cleanup_time,
     )
+
+
+# ---- issue 44: a worker that stops cleanly ----
+class _Stop:
+    """SIGTERM / SIGINT: the first stops claiming (`requested`), the second ends the grace
+    (`hurried`). Handlers only set flags; the loop acts on them."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.signals: list[str] = []
+        self.hurried = False
+        signums = (signal.SIGTERM, signal.SIGINT)
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in signums}
+
+    def _handle(self, signum: int, _frame) -> None:
+        self.signals.append(signal.Signals(signum).name)
+        if self.at is None:
+            self.at = time.monotonic()
+        else:
+            self.hurried = True
+
+    @property
+    def requested(self) -> bool:
+        return self.at is not None
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def _grace_default() -> float:
+    """Airflow's `[core] killed_task_cleanup_time` (60 s): how long Airflow gives a task it is
+    killing before SIGKILL, read from this interpreter's Airflow config."""
+    try:
+        from airflow.configuration import conf
+
+        return conf.getfloat("core", "killed_task_cleanup_time", fallback=60.0)
+    except Exception:
+        return 60.0
+
+
+_FAILED = {"failed", "up_for_retry", "upstream_failed"}
+
+
+def _result(ti: dict, code: int, seconds: float, state: str | None) -> str:
+    what = f"{ti['dag_id']}.{ti['task_id']} try {ti['try_number']}"
+    if state is None:  # no supervisor answer (--interpreter-per-task, a pool process that died)
+        return f"{what} exited {code} (its state as the service has it) after {seconds:.1f}s"
+    return f"{what} ended {state} (supervisor exit {code}) after {seconds:.1f}s"
+
+
+def _end_tasks(runner, options: argparse.Namespace, stop: _Stop, report) -> None:
+    """After the grace: as Airflow's supervisor ends a task (`kill`): SIGTERM to the supervisors,
+    which forward it to their tasks (`on_kill` runs); SIGKILL to the task processes and their
+    groups left after `--cleanup-time`; the supervisors then report each task's state. A
+    supervisor that has not answered `cleanup + 10 s` later is SIGKILLed with its tree."""
+    import psutil
+
+    from airflow_worker.pool import kill_task_processes
+
+    busy = runner.busy()
+    _say(f"ending {busy} running task(s): SIGTERM, SIGKILL after {options.cleanup_time:g}s")
+    tree: dict[int, psutil.Process] = {}
+    for pid in runner.pids():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+                tree[process.pid] = process
+    runner.signal_busy(signal.SIGTERM)
+    deadline = time.monotonic() + options.cleanup_time
+    while runner.busy() and time.monotonic() < deadline:
+        runner.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+        report(restart=False)
+    if runner.busy():
+        kill_task_processes(runner.pids())
+        deadline = time.monotonic() + options.cleanup_time + 10
+        while runner.busy() and time.monotonic() < deadline:
+            runner.wait(0.2)
+            report(restart=False)
+    for pid in runner.pids():  # what was forked since
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for process in psutil.Process(pid).children(recursive=True):
+                tree[process.pid] = process
+    runner.close(timeout=options.cleanup_time)
+    left = []
+    for process in tree.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                process.kill()
+                left.append(process)
+    if left:
+        _say(f"SIGKILLed {len(left)} process(es) left after the supervisors' report time")
+    report(restart=False)
 
 
 def run(options: argparse.Namespace, client: httpx.Client) -> int:
     started = time.monotonic()
+    stop = _Stop()  # before anything is forked: a signal while the pool starts stops it cleanly
     # Dag-level callbacks (issue 39): a process of its own, forked before the pool (it holds
     # none of the pool's pipes).
     callbacks = dag_callbacks.Runner(
@@ -390,17 +519,27 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
     runner = _runner(options)
     shipper = _LogShipper(client, options.logs)
     claimed = finished = failed = 0
+    grace = _grace_default() if options.grace_period is None else options.grace_period
+    ended: list[str] = []
+
+    def report(restart: bool = True) -> None:
+        nonlocal finished, failed
+        for ti, code, seconds, state in runner.finished(restart=restart):
+            ended.append(ti["id"])
+            finished += 1
+            failed += state in _FAILED if state is not None else code != 0
+            _say(_result(ti, code, seconds, state))
+
     idle_since = time.monotonic()
+    said_stopping = False
     try:
         while True:
-            ended = []
-            for ti, code, seconds in runner.finished():
-                ended.append(ti["id"])
-                finished += 1
-                failed += code != 0
+            report(restart=not stop.requested)
+            if stop.requested and not said_stopping:
+                said_stopping = True
                 _say(
-                    f"{ti['dag_id']}.{ti['task_id']} try {ti['try_number']} exited {code} "
-                    f"after {seconds:.1f}s"
+                    f"{stop.signals[0]}: claiming nothing more; {runner.busy()} running task(s) "
+                    f"may take {grace:g}s to finish (signal again to end them now)"
                 )
             out_of_time = options.max_seconds and time.monotonic() - started >= options.max_seconds
             out_of_tis = options.max_tis and claimed >= options.max_tis
@@ -408,7 +547,7 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
             if options.max_tis:
                 free = min(free, options.max_tis - claimed)
             got = []
-            if free > 0 and not out_of_time and not out_of_tis:
+            if free > 0 and not out_of_time and not out_of_tis and not stop.requested:
                 got = _claim(client, options, limit=free)
                 for workload in got:
                     shipper.track(workload)
@@ -417,25 +556,35 @@ def run(options: argparse.Namespace, client: httpx.Client) -> int:
             # The freed slots are claimed for first; the ended tries' last log lines follow.
             for ti_id in ended:
                 shipper.finish(ti_id)
+            ended.clear()
             shipper.tick()
             busy = runner.busy()
+            if stop.requested:
+                if not busy:
+                    break
+                if stop.hurried or time.monotonic() - stop.at >= grace:
+                    _end_tasks(runner, options, stop, report)
+                    break
             if busy or got or callbacks.active():
                 idle_since = time.monotonic()
             elif (out_of_time or out_of_tis) or (
                 options.idle_exit and time.monotonic() - idle_since >= options.idle_exit
             ):
                 break
-            if busy and (runner.idle() == 0 or out_of_time or out_of_tis):
+            if busy and (runner.idle() == 0 or out_of_time or out_of_tis or stop.requested):
                 runner.wait(0.5)  # nothing to claim for until a slot frees: wake when one does
             else:
                 time.sleep(0.02 if got or busy else 0.1)
     finally:
         callbacks.close()
         runner.close()
+        for ti_id in ended:
+            shipper.finish(ti_id)
+        stop.restore()
     elapsed = time.monotonic() - started
     _say(
-        f"{claimed} TIs claimed, {finished} finished ({failed} supervisors exited non-zero) in "
-        f"{elapsed:.1f}s"
+        f"{claimed} TIs claimed, {finished} finished ({failed} failed) in {elapsed:.1f}s"
+        + (f"; stopped on {', '.join(stop.signals)}" if stop.requested else "")
     )
     return 0
 

@@ -38,6 +38,8 @@ from typing import Any
 
 import httpx
 
+from airflow_worker import lifeline
+
 POLL_SECONDS = 0.5
 
 
@@ -126,6 +128,8 @@ def run_request(item: dict[str, Any], *, folder: Path, out: Any) -> tuple[str, s
 
 def _child(item: dict[str, Any], folder: Path, logs: Path, conn: Any) -> None:
     """The process one request runs in: its output appended to the Dag's callback log."""
+    # Dies with the runner (issue 44): SIGKILL, as the runner's own timeout ends it.
+    lifeline.die_with_parent(signal.SIGKILL, multiprocessing.parent_process().pid)  # type: ignore[union-attr]
     target = logs / "dag_callbacks"
     target.mkdir(parents=True, exist_ok=True)
     with open(target / f"{item['dag_id']}.log", "a") as out:
@@ -198,6 +202,8 @@ def serve(
     shared counter) moves on every request, so the worker's `--idle-exit` waits for them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the worker stops it (close)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # Dies with the worker, even a SIGKILLed one (issue 44): SIGTERM, the exit `close` asks for.
+    lifeline.die_with_parent(signal.SIGTERM, multiprocessing.parent_process().pid)  # type: ignore[union-attr]
     # What the processor imports to run callbacks, once here (not in each request's process).
     from airflow.dag_processing import processor  # noqa: F401
 

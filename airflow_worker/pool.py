@@ -79,8 +79,9 @@ def route_queues(queues: Iterable[str]) -> None:
     os.environ["AIRFLOW__SDK__QUEUE_TO_COORDINATOR"] = json.dumps(routes)
 
 
-def _serve(conn: Connection, number: int, logs: Path, server: str) -> None:
-    """One pool process: workloads in, exit codes out, until the pipe closes or gets None."""
+def _serve(conn: Connection, number: int, logs: Path, server: str, worker: int, cleanup: float):
+    """One pool process: workloads in, `(exit code, final state)` out, until the pipe closes or
+    gets None. `worker` is the worker's pid, `cleanup` its `--cleanup-time`."""
     import signal
 
     from airflow.executors import workloads
@@ -88,10 +89,23 @@ def _serve(conn: Connection, number: int, logs: Path, server: str) -> None:
     from airflow.sdk.log import configure_logging
     from pydantic import TypeAdapter
 
-    # Ctrl-C goes to the whole group: let the running task finish, as LocalExecutor's workers do;
-    # the parent ends the pool with None (or SIGTERM).
+    from airflow_worker import coordinator, lifeline
+
+    # A process group of its own: Ctrl-C in a terminal reaches the worker alone, which lets the
+    # running tasks finish (its grace period) before it ends them through SIGTERM here (Airflow's
+    # supervisor forwards SIGINT and SIGTERM to its task at once). Still ignored if it comes.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The worker dies (even SIGKILLed): SIGHUP here. Idle, or between tasks, this process just
+    # exits; while it supervises a task, its supervisor ends the task as Airflow's does
+    # (coordinator.WakingActivitySubprocess: SIGTERM, SIGKILL after `cleanup`), reports it and
+    # exits. Its task processes get SIGTERM if it dies itself (lifeline.task_runner_lifeline).
+    signal.signal(signal.SIGHUP, coordinator.worker_gone_signal)
+    coordinator.watch_worker(worker, cleanup)
+    lifeline.die_with_parent(signal.SIGHUP, worker)
+    lifeline.task_runner_lifeline(os.getpid())
     folder = logs / "supervisor"
     folder.mkdir(parents=True, exist_ok=True)
     out = open(folder / f"pool-{number}.log", "ab", buffering=0)  # noqa: SIM115  (process-long)
@@ -105,7 +119,7 @@ def _serve(conn: Connection, number: int, logs: Path, server: str) -> None:
         pass
     configure_logging(output=sys.stdout.buffer, json_output=True)
     decoder = TypeAdapter(workloads.All)
-    while True:
+    while os.getppid() == worker:
         try:
             message = conn.recv()
         except EOFError:
@@ -113,6 +127,7 @@ def _serve(conn: Connection, number: int, logs: Path, server: str) -> None:
         if message is None:
             return
         code = 1
+        coordinator.LAST_FINAL_STATE = None
         try:
             workload = decoder.validate_json(message)
             code = BaseExecutor.run_workload(workload, server=server)
@@ -120,7 +135,17 @@ def _serve(conn: Connection, number: int, logs: Path, server: str) -> None:
             import traceback
 
             traceback.print_exc()
-        conn.send(code)
+        # The task's result as the supervisor reported it to the service (its `final_state`)
+        # beside the exit code `supervise_task` returns (the task process's: 0 for a task that
+        # failed cleanly and said so, -9 for one SIGKILLed).
+        state = coordinator.LAST_FINAL_STATE
+        with contextlib.suppress(OSError):  # the worker is gone
+            conn.send((int(code), None if state is None else str(getattr(state, "value", state))))
+        if os.getppid() != worker:
+            # The worker died while this process supervised (its SIGHUP was left to the
+            # supervisor): nobody will read the answer, and the pipe's EOF may never come (the
+            # pool's other processes hold its ends). Done.
+            return
 
 
 @dataclass
@@ -134,19 +159,21 @@ class Slot:
 
 class Pool:
     """`size` forked supervisor processes. `idle()` counts free ones, `submit(workload)` gives a
-    claimed workload to one, `finished()` yields `(ti, exit_code, seconds)` for each done."""
+    claimed workload to one, `finished()` yields `(ti, exit_code, seconds, final_state)` for each
+    done."""
 
-    def __init__(self, size: int, *, logs: Path, server: str) -> None:
+    def __init__(self, size: int, *, logs: Path, server: str, cleanup: float = 5.0) -> None:
         self._context = multiprocessing.get_context("fork")
         self._logs = logs
         self._server = server
+        self._cleanup = cleanup
         self._slots = [self._start(number) for number in range(size)]
 
     def _start(self, number: int) -> Slot:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=_serve,
-            args=(child, number, self._logs, self._server),
+            args=(child, number, self._logs, self._server, os.getpid(), self._cleanup),
             name=f"airflow-worker-pool-{number}",
             daemon=True,
         )
@@ -166,24 +193,26 @@ class Pool:
         slot.started = monotonic()
         slot.conn.send(json.dumps(workload))
 
-    def finished(self):
+    def finished(self, *, restart: bool = True):
         for index, slot in enumerate(self._slots):
             if slot.ti is None:
                 continue
             if slot.conn.poll():
                 try:
-                    code = slot.conn.recv()
+                    answer = slot.conn.recv()
                 except EOFError:
-                    code = None
-                if code is not None:
+                    answer = None
+                if answer is not None:
                     ti, slot.ti = slot.ti, None
-                    yield ti, code, monotonic() - slot.started
+                    code, state = answer
+                    yield ti, code, monotonic() - slot.started, state
                     continue
             if not slot.process.is_alive():
-                ti = slot.ti
+                ti, slot.ti = slot.ti, None
                 slot.conn.close()
-                self._slots[index] = self._start(slot.number)
-                yield ti, -1, monotonic() - slot.started
+                if restart:
+                    self._slots[index] = self._start(slot.number)
+                yield ti, -1, monotonic() - slot.started, None
 
     def wait(self, timeout: float) -> None:
         """Until a busy process answers or dies, or `timeout` seconds: the worker claims for a
@@ -193,12 +222,56 @@ class Pool:
         if waitables:
             multiprocessing.connection.wait(waitables, timeout)
 
+    # ---- issue 44: stopping ----
+    def signal_busy(self, signum: int) -> None:
+        """`signum` to each supervisor with a task (SIGTERM: Airflow's supervisor forwards it to
+        its task, whose `on_kill` runs, and goes on monitoring it)."""
+        for slot in self._slots:
+            if slot.ti is not None and slot.process.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.process.pid, signum)
+
+    def kill_tasks(self) -> None:
+        """SIGKILL to the task processes of the supervisors, with their process groups (Airflow's
+        supervisor puts each in a group of its own, `setpgid`, so what a task started goes too),
+        as the supervisor's `kill()` ends its escalation; the supervisors see the exit and report
+        the task's state."""
+        kill_task_processes([s.process.pid for s in self._slots if s.process.pid])
+
+    def pids(self) -> list[int]:
+        return [s.process.pid for s in self._slots if s.process.pid]
+
     def close(self, timeout: float = 10) -> None:
         for slot in self._slots:
             with contextlib.suppress(OSError):  # BrokenPipeError: that process is gone
                 slot.conn.send(None)
+        deadline = monotonic() + timeout
         for slot in self._slots:
-            slot.process.join(timeout)
+            slot.process.join(max(0.0, deadline - monotonic()))
+        for slot in self._slots:
             if slot.process.is_alive():
-                slot.process.terminate()
+                slot.process.kill()
                 slot.process.join(timeout)
+
+
+def kill_task_processes(supervisors: Iterable[int]) -> None:
+    """SIGKILL each child of `supervisors` (their task processes) and its process group when it
+    leads one, then every descendant left."""
+    import signal
+
+    import psutil
+
+    for pid in supervisors:
+        try:
+            children = psutil.Process(pid).children()
+        except psutil.NoSuchProcess:
+            continue
+        for child in children:
+            with contextlib.suppress(psutil.Error, OSError):
+                descendants = child.children(recursive=True)
+                if os.getpgid(child.pid) == child.pid:
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.kill()
+                for process in descendants:
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()

@@ -66,6 +66,13 @@ def _kill_all(processes: Iterable[psutil.Process]) -> None:
     psutil.wait_procs(alive, timeout=10)
 
 
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())[:120]
+    except psutil.Error:
+        return "?"
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -167,20 +174,29 @@ class Server:
         while _group_alive(self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.02)
 
-    def stop(self, *, timeout: float | None = None) -> None:
+    def stop(self, *, timeout: float | None = None) -> list[str]:
         """SIGTERM to the process (it stops its own children: a TERM to each of django-q2's
         processes can wedge its signal handler), then SIGKILL to its tree after `timeout`,
         including the descendants it had when it was told to stop (a leader that exits first
-        leaves them to init, where `kill` no longer finds them)."""
+        leaves them to init, where `kill` no longer finds them). Returns what it left: a line
+        per descendant still alive 2 s after it exited (or "did not exit ..."), before that
+        sweep killed them (issue 44: a caller that must leave nothing fails on it)."""
         tree: list[psutil.Process] = []
+        left: list[str] = []
         if self.running:
             assert self.proc is not None
             tree = _descendants(self.proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 self.proc.wait(timeout=self.stop_timeout if timeout is None else timeout)
+            except subprocess.TimeoutExpired:
+                left.append(f"{self.argv[:2]} did not exit within its stop timeout")
+            else:
+                _, alive = psutil.wait_procs(tree, timeout=2)
+                left += [f"{p.pid} {_cmdline(p)}" for p in alive]
         self.kill(also=tree)
+        return left
 
     def log_tail(self, chars: int = 4000) -> str:
         try:

@@ -4,6 +4,7 @@ apache-airflow-task-sdk 1.3.2, and prints its python. `validate_with_sdk` checks
 against the SDK's own pydantic models there."""
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -13,6 +14,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -194,7 +197,7 @@ def synced_dag_folder(
 
 def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """A worker or triggerer in the background, its stderr (where it says everything) in `log`;
-    in its own process group: `stop` stops the task processes it forked too."""
+    in a session of its own (a test's Ctrl-C is not its signal); `stop` stops it."""
     return subprocess.Popen(
         argv,
         env=env,
@@ -215,15 +218,63 @@ def wait_for(predicate: Callable[[], object], *, seconds: float, what: str, logs
         time.sleep(0.2)
 
 
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the process group, SIGKILL after 20 s."""
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, signum)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=20)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+def tree(pid: int) -> list[psutil.Process]:
+    """`pid` and every living descendant of it (pool processes, supervisors, task processes,
+    whatever their process group)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def gone(processes: list[psutil.Process], seconds: float) -> list[psutil.Process]:
+    """Those of `processes` still alive (not zombies) after up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [p for p in processes if _alive(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop(process: subprocess.Popen, *, timeout: float = 90) -> None:
+    """Stop a worker or triggerer as a user does (`kill <pid>`: SIGTERM to it alone) and check it
+    left nothing: every process of its tree, collected before the signal, is gone once it has
+    exited (issue 44). It has `timeout` s to exit (its grace period and cleanup time); then its
+    group and tree are SIGKILLed and the test fails, as it fails when it left a process behind
+    (those are SIGKILLed too, so one test's leak does not outlive the test)."""
+    processes = tree(process.pid)[1:]
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+        exited = True
+    except subprocess.TimeoutExpired:
+        exited = False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    # A moment for init to reap what exited with it.
+    left = gone(processes, 2 if exited else 0)
+    for leftover in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            leftover.kill()
+    assert exited, f"{process.args[:1]} did not exit within {timeout} s of SIGTERM"
+    assert not left, "left behind after it exited: " + ", ".join(
+        f"{p.pid} {_name(p)}" for p in left
+    )
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())[:120] or process.name()
+    except psutil.Error:
+        return "?"

@@ -117,6 +117,10 @@ def test_stock_task_sdk_worker_runs_the_example_dag_files(service, tmp_path):
     tis = {(ti.dag_id, ti.task_id): ti for ti in TaskInstance.objects.all()}
     got = {key: (ti.state, ti.try_number) for key, ti in tis.items()}
     assert got == EXPECTED, ran.stderr[-4000:]
+    # Issue 44: each try is printed with the state its supervisor reported, not only the exit
+    # code (0 for a try that raised and said so: "exited 0" read as a success).
+    assert "af_retry.flaky try 1 ended up_for_retry (supervisor exit 0)" in ran.stderr, ran.stderr
+    assert "af_retry.flaky try 2 ended success (supervisor exit 0)" in ran.stderr, ran.stderr
     figure(f"airflow worker: {len(tis)} TIs of 8 Dags in {elapsed:.0f}s, concurrency 6")
 
     produced = {"rows": 3, "file": "file:///tmp/airflow-demo/orders.csv"}

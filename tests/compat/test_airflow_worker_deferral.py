@@ -161,7 +161,7 @@ def test_deferrable_sensors_resume_and_succeed(module_web, tmp_path):
     assert result["logs"]["triggerer-1.log"].count(" fired: ") == 2
     assert result["logs"]["triggerer-1.log"].count(" ended its task: ") == 1
     # The trigger ended wait_end: no worker ran it a second time.
-    assert result["logs"]["worker.log"].count("deferring_10.wait_end try 1 exited") == 1
+    assert result["logs"]["worker.log"].count("deferring_10.wait_end try 1 ended") == 1
     run = result["run"]
     assert (
         XCom.objects.get(run_id=run.run_id, task_id="after", key="return_value").value

@@ -142,7 +142,7 @@ def test_the_supervisor_wakes_when_its_task_process_exits_after_its_sockets_clos
     )
     assert worker.returncode == 0, worker.stderr[-3000:]
     assert TaskInstance.objects.get().state == "success", worker.stderr[-3000:]
-    (line,) = [x for x in worker.stderr.splitlines() if "pool_linger.linger try 1 exited" in x]
+    (line,) = [x for x in worker.stderr.splitlines() if "pool_linger.linger try 1 ended" in x]
     seconds = float(line.rsplit("after ", 1)[1].rstrip("s"))
     # 2 s of lingering plus the task's start; the stock supervisor: more than 120 s.
     assert 2 <= seconds < 60, line

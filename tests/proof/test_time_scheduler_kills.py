@@ -58,6 +58,12 @@ def _dags(count: int, minutes: int) -> dt.datetime:
     return start
 
 
+def _due_dates(start: dt.datetime) -> int:
+    """How many minute dates are due for one Dag now (its start's included)."""
+    now = timezone.now().replace(second=0, microsecond=0)
+    return int((now - start).total_seconds() // 60) + 1
+
+
 def _spawn(env: dict[str, str], log) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", LOOP], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
@@ -72,9 +78,20 @@ def _scenario(service_env, tmp_path, *, dags: int, kills: int) -> None:
     rng = random.Random(24)
     done = 0
     progress = []
+    seen = DagRun.objects.count()
     try:
         while done < kills:
             time.sleep(rng.uniform(0.6, 1.8))  # a fresh process needs ~0.5 s to start working
+            # ... and several on a loaded machine (a CI run at load 8 saw no run created in 40
+            # kills): each kill waits (30 s at most) until the schedulers have created something
+            # since the last one, so the kills land between passes of working schedulers, not
+            # only in start-ups. Once every due date has its run nothing moves: kill at once.
+            deadline = time.monotonic() + 30
+            while DagRun.objects.count() == seen and time.monotonic() < deadline:
+                if seen >= dags * _due_dates(start):
+                    break
+                time.sleep(0.05)
+            seen = DagRun.objects.count()
             victim = rng.randrange(2)
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait()

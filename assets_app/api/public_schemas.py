@@ -447,8 +447,8 @@ class DAGDetailsResponse(DAGResponse):
     latest_dag_version: DagVersionResponse | None
 
     @staticmethod
-    def from_dag(dag: Dag) -> "DAGDetailsResponse":
-        """From a Dag loaded by `dags.get_dag(details=True)`."""
+    def from_dag(dag: Dag, *, is_favorite: bool = False) -> "DAGDetailsResponse":
+        """From a Dag loaded by `dags.get_dag(details=True)`; `is_favorite` for the caller."""
         return DAGDetailsResponse(
             **_dag_fields(dag),
             catchup=dag.catchup,
@@ -467,7 +467,7 @@ class DAGDetailsResponse(DAGResponse):
             default_args={},
             rerun_with_latest_version=None,
             owner_links={},
-            is_favorite=False,
+            is_favorite=is_favorite,
             active_runs_count=dag.active_runs_count or 0,  # type: ignore[attr-defined]  # (annotated)
             concurrency=AIRFLOW_MAX_ACTIVE_TASKS,
             latest_dag_version=None,

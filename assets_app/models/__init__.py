@@ -23,6 +23,7 @@ from .backfills import (
 from .callbacks import CallbackState, DagCallbackRequest
 from .dags import (
     Dag,
+    DagFavorite,
     DagImportError,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
@@ -101,6 +102,7 @@ __all__ = [
     "Connection",
     "Dag",
     "DagCallbackRequest",
+    "DagFavorite",
     "DagImportError",
     "DagRun",
     "DagRunAssetEvent",

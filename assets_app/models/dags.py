@@ -1,6 +1,7 @@
 """Dags and their tasks (DESIGN 2): schedules, trigger rules, outlets, schedule references and
 import errors."""
 
+from django.conf import settings
 from django.db import models
 
 from ..guards.limits import StoredJsonDecoder
@@ -504,3 +505,21 @@ class DagImportError(models.Model):
 
     def __str__(self) -> str:
         return f"import error in {self.filename}"
+
+
+class DagFavorite(models.Model):
+    """A user's favorite Dag (Airflow's `dag_favorite` table: `POST /dags/{dag_id}/favorite`,
+    `/unfavorite`, the `is_favorite` filter of `GET /dags`). Goes with the Dag and with the
+    user."""
+
+    dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "dag"], name="dag_favorite_once_per_user"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} likes {self.dag_id}"

@@ -7,9 +7,9 @@ parameters and shapes (`routes/public/dag_tags.py`, `dag_stats.py`, `dag_warning
 - `GET /dagWarnings`: an empty list. Airflow's warning types (asset conflict, non-existent pool,
   runtime-varying value) are not detected here; a Dag the scheduler cannot evaluate shows its
   `schedule_error` in the admin instead.
-- `GET /dags/{dag_id}/dagVersions[/{version_number}]`: the service keeps no Dag versions (a sync
-  replaces a definition): an empty list, and 404 for a version, as Airflow answers for a version
-  it does not have; 404 too for an unknown Dag (`~` lists every Dag's).
+- `GET /dags/{dag_id}/dagVersions[/{version_number}]`: a Dag's versions, one per synced
+  definition change (`definitions.sync`); 404 for an unknown Dag or version (`~` lists every
+  Dag's).
 """
 
 from typing import Literal
@@ -18,7 +18,6 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
 
 from assets_app.catalog import dags, listing
-from assets_app.guards import exceptions
 from assets_app.models import Dag, DagRun
 
 from .public import Page
@@ -143,17 +142,13 @@ class VersionFilters(Page):
 def get_dag_versions(
     request: HttpRequest, dag_id: str, filters: Query[VersionFilters]
 ) -> DAGVersionCollectionResponse:
-    """No versions (see the module docstring); 404 for an unknown Dag, as Airflow."""
-    if dag_id != "~":
-        dags.check_dag_exists(dag_id)
-    listing.sorted_page(
-        [],
-        order_by=filters.order_by,
-        names=("id", "version_number", "bundle_name", "bundle_version"),
-        limit=filters.limit,
-        offset=0,
+    """A Dag's versions (`~`: every Dag's), one per synced definition change; 404 for an
+    unknown Dag, as Airflow."""
+    page = dags.list_dag_versions(dag_id=dag_id, **filters.dict())
+    return DAGVersionCollectionResponse(
+        dag_versions=[DagVersionResponse.from_version(v) for v in page.rows],
+        total_entries=page.total_entries,
     )
-    return DAGVersionCollectionResponse(dag_versions=[], total_entries=0)
 
 
 @router.get(
@@ -161,9 +156,6 @@ def get_dag_versions(
 )
 @needs("view", Dag)
 def get_dag_version(request: HttpRequest, dag_id: str, version_number: int) -> DagVersionResponse:
-    """Airflow's 404 for a version it does not have: the service keeps none."""
-    raise exceptions.NotFound(
-        f"The DagVersion with dag_id: `{dag_id}` and version_number: `{version_number}` was "
-        "not found",
-        reason="dag_version_not_found",
-    )
+    """One version, or Airflow's 404."""
+    found = dags.get_dag_version(dag_id=dag_id, version_number=version_number)
+    return DagVersionResponse.from_version(found)

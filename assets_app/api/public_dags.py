@@ -194,8 +194,9 @@ def _dag_collection(page) -> DAGCollectionResponse:
 
 
 def _run_collection(page) -> DAGRunCollectionResponse:
+    versions = dags.versions_of_runs(page.rows)
     return DAGRunCollectionResponse(
-        dag_runs=[DAGRunResponse.from_run(run) for run in page.rows],
+        dag_runs=[DAGRunResponse.from_run(run, versions=versions) for run in page.rows],
         total_entries=page.total_entries,
         total_entries_limit=page.total_entries_limit,
         next_cursor=page.next_cursor,
@@ -254,7 +255,9 @@ def get_dag_details(request: HttpRequest, dag_id: str) -> DAGDetailsResponse:
     """One Dag with Airflow's details (asset expression, active runs)."""
     dag = dags.get_dag(dag_id, details=True)
     liked = dags.is_favorite(dag_id=dag_id, user_id=public_auth.user_of(request).pk)
-    return DAGDetailsResponse.from_dag(dag, is_favorite=liked)
+    return DAGDetailsResponse.from_dag(
+        dag, is_favorite=liked, latest_version=dags.latest_version(dag_id)
+    )
 
 
 # Airflow's 201 is a JSON body of any shape (`null`), never sent here.

@@ -16,12 +16,14 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import (
+    CharField,
     Count,
     Exists,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
+    Value,
 )
 
 from ..cluster import nudges
@@ -37,6 +39,7 @@ from ..models import (
     DagRunState,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    DagVersion,
     ScheduleMode,
     Task,
     TaskUpstream,
@@ -561,3 +564,80 @@ def unfavorite_dag(*, dag_id: str, user_id: int, actor: audit.Actor) -> None:
         if not deleted:
             raise exceptions.Conflict("Dag is not marked as favorite", reason="dag_not_favorite")
         audit.record(actor=actor, action="unfavorite_dag", summary="unfavorite", dag_id=dag_id)
+
+
+# --- versions -------------------------------------------------------------------------------------
+
+# Airflow orders by its uuid7 ids, which follow creation; ids here are uuid4, so `id` orders by
+# the creation time (then the id, unique).
+VERSION_ORDERING = listing.Ordering(
+    keys={
+        "id": "created_at",
+        "version_number": "version_number",
+        "bundle_name": Value(None, output_field=CharField()),
+        "bundle_version": Value(None, output_field=CharField()),
+    },
+    default=("id",),
+)
+
+
+def list_dag_versions(
+    *,
+    dag_id: str,
+    version_number: int | None = None,
+    bundle_name: str | None = None,
+    bundle_version: str | None = None,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    """A page of a Dag's versions (`~`: every Dag's), as Airflow's `GET .../dagVersions`:
+    NotFound for an unknown Dag; no bundles here, so a bundle filter matches none. 3 queries."""
+    versions = DagVersion.objects.all()
+    if dag_id != "~":
+        check_dag_exists(dag_id)
+        versions = versions.filter(dag_id=dag_id)
+    if version_number is not None:
+        versions = versions.filter(version_number=version_number)
+    if bundle_name is not None or bundle_version is not None:
+        versions = versions.none()
+    return listing.offset_page(
+        versions, VERSION_ORDERING, order_by=order_by, limit=limit, offset=offset
+    )
+
+
+def get_dag_version(*, dag_id: str, version_number: int) -> DagVersion:
+    found = DagVersion.objects.filter(dag_id=dag_id, version_number=version_number).first()
+    if found is None:
+        raise exceptions.NotFound(
+            f"The DagVersion with dag_id: `{dag_id}` and version_number: `{version_number}` "
+            "was not found",
+            reason="dag_version_not_found",
+        )
+    return found
+
+
+def latest_version(dag_id: str) -> DagVersion | None:
+    return DagVersion.objects.filter(dag_id=dag_id).order_by("-version_number").first()
+
+
+def versions_of_runs(runs: Sequence[DagRun]) -> dict[int, DagVersion]:
+    """Each run's version: the Dag's latest version created at or before the run was last
+    queued (its creation or its last clear, when its tasks took the definition then in force).
+    One query for a page of runs, whatever its size."""
+    dag_ids = {run.dag_id for run in runs}
+    if not runs:
+        return {}
+    by_dag: dict[str, list[DagVersion]] = {}
+    for version in DagVersion.objects.filter(dag_id__in=dag_ids).order_by("created_at"):
+        by_dag.setdefault(version.dag_id, []).append(version)
+    found = {}
+    for run in runs:
+        chosen = None
+        for version in by_dag.get(run.dag_id, ()):
+            if version.created_at > run.queued_at:
+                break
+            chosen = version
+        if chosen is not None:
+            found[run.pk] = chosen
+    return found

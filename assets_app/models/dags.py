@@ -1,8 +1,11 @@
 """Dags and their tasks (DESIGN 2): schedules, trigger rules, outlets, schedule references and
 import errors."""
 
+import uuid
+
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from ..guards.limits import StoredJsonDecoder
 from .assets import Asset, AssetAlias
@@ -523,3 +526,25 @@ class DagFavorite(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id} likes {self.dag_id}"
+
+
+class DagVersion(models.Model):
+    """One version of a Dag's definition (Airflow's `dag_version`): a sync that creates the Dag
+    or changes any of its fields, tasks or references writes the next `version_number`
+    (`definitions.sync`); an unchanged sync writes none. Goes with the Dag."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="versions")
+    version_number = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dag", "version_number"], name="dag_version_number_unique"
+            ),
+        ]
+        indexes = [models.Index(fields=["dag", "created_at"], name="dag_version_by_time")]
+
+    def __str__(self) -> str:
+        return f"{self.dag_id} v{self.version_number}"

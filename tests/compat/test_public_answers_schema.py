@@ -80,7 +80,7 @@ CALLS = [
         "/api/v2/dags/{dag_id}/dagVersions/{version_number}",
         "/api/v2/dags/daily/dagVersions/1",
         {},
-        404,
+        200,
     ),
     ("get", "/api/v2/jobs", "/api/v2/jobs", {}, 200),
     ("get", "/api/v2/plugins", "/api/v2/plugins", {}, 200),

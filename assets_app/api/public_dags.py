@@ -9,7 +9,7 @@ ones whose variable segment would also match them.
 from typing import Any, Literal
 
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Field, Header, Query, Router, Schema, Status
+from ninja import Field, Header, Path, Query, Router, Schema, Status
 
 from assets_app.catalog import asset_events, dags, run_reads, run_waits
 from assets_app.guards import exceptions
@@ -530,6 +530,31 @@ def get_task_instances(
         cursor=filters.cursor,
     )
     return _ti_collection(page)
+
+
+class ExternalLogUrlResponse(Schema):
+    url: str
+
+
+@router.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}/externalLogUrl/{try_number}",
+    response=responses(ExternalLogUrlResponse, 400, 404),
+)
+@needs("view", TaskInstance)
+def get_external_log_url(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    try_number: int = Path(..., gt=0),
+    map_index: int = -1,
+):
+    """Airflow answers 400 before looking the task instance up when its task log handler has no
+    external links (its default file handler has none); here logs are stored in the database
+    (`runtime.logs`), never in an external system: always that 400, with Airflow's message."""
+    raise exceptions.BadRequest(
+        "Task log handler does not support external logs.", reason="no_external_logs"
+    )
 
 
 @router.get(

@@ -1,7 +1,8 @@
 """Routes of Airflow 3.3.2's public API for features this service does not run, answered as
 Airflow answers without them: `/connections/enqueue-test` (POST: the 403 of `test_connection`
 disabled, after the body's validation; GET: the 404 of an unknown token) and
-`PUT /parseDagFile/{file_token}` (404 "File not found": no token is ever signed here)."""
+`PUT /parseDagFile/{file_token}` (404 "File not found": no token is ever signed here),
+`.../externalLogUrl/{try_number}` (400: no external log handler)."""
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -44,3 +45,12 @@ def test_reparse_a_dag_file_says_the_worker_parses_files(api):
     assert response.status_code == 404, response.content
     message = response.json()["detail"]["message"]
     assert message.startswith("File not found") and "bin/airflow-worker" in message
+
+
+def test_external_log_urls_are_airflows_400_without_an_external_handler(api):
+    url = "/api/v2/dags/d/dagRuns/r/taskInstances/t/externalLogUrl/1"
+    response = api.get(url)
+    assert response.status_code == 400, response.content
+    message = response.json()["detail"]["message"]
+    assert message == "Task log handler does not support external logs."
+    assert api.get(url[:-1] + "0").status_code == 422  # Airflow's PositiveInt

@@ -54,7 +54,6 @@ UNSERVED: dict[tuple[str, str], str] = {
     ("delete", TASK): "TI DELETE: not built yet",
     ("get", TASK + "/dependencies"): "TI dependencies: not built yet",
     ("patch", TASK + "/dry_run"): "TI dry_run: another issue 49 step",
-    ("get", TASK + "/externalLogUrl/{try_number}"): "external log URLs: no remote logging",
     ("get", TASK + "/links"): "TI extra links: another issue 49 step",
     ("get", TASK + "/tries"): "TI tries: another issue 49 step",
     ("get", TASK + "/tries/{task_try_number}"): "TI tries: another issue 49 step",

@@ -44,6 +44,7 @@ from . import (  # noqa: E402  (routers register on the APIs)
     public_backfills,
     public_dag_lists,
     public_dags,
+    public_event_logs,
     public_hitl,
     public_pools,
     public_service,
@@ -72,3 +73,4 @@ public_api.add_router("", public_backfills.router)
 public_api.add_router("", public_webhooks.router)
 public_api.add_router("", public_dag_lists.router)
 public_api.add_router("", public_service.router)
+public_api.add_router("", public_event_logs.router)

@@ -7,13 +7,13 @@ parameters and shapes (`routes/public/dag_tags.py`, `dag_stats.py`, `dag_warning
 - `GET /dagWarnings`: an empty list. Airflow's warning types (asset conflict, non-existent pool,
   runtime-varying value) are not detected here; a Dag the scheduler cannot evaluate shows its
   `schedule_error` in the admin instead.
-- `GET /dags/{dag_id}/dagVersions[/{version_number}]`: the service keeps no Dag versions (a sync
-  replaces a definition): an empty list, and 404 for a version, as Airflow answers for a version
-  it does not have; 404 too for an unknown Dag (`~` lists every Dag's).
+- `GET /dags/{dag_id}/dagVersions[/{version_number}]`: a Dag's versions, one per synced
+  definition change (`definitions.sync`); 404 for an unknown Dag or version (`~` lists every
+  Dag's).
 - `GET /dagSources/{dag_id}` (`dag_sources.py`, issue 45): the source of the Dag's file as the
   worker last synced it (`definitions.sources`), as Airflow's `DAGSourceResponse`, or the text
-  alone with `Accept: text/plain`. `version_number` is null (no versions are kept) and a
-  `version_number` asked for is Airflow's 404 for a version it does not have. A source cut at
+  alone with `Accept: text/plain`. `version_number` is the Dag's latest version; the source
+  of an earlier version is not kept, and asking for one is Airflow's 404. A source cut at
   the limit ends with a comment line saying so. Airflow redacts the code when the caller may not
   read every Dag of the file; here the read permission is the model's (`view_dag`), so whoever
   may read one Dag may read them all and nothing is redacted.
@@ -152,17 +152,13 @@ class VersionFilters(Page):
 def get_dag_versions(
     request: HttpRequest, dag_id: str, filters: Query[VersionFilters]
 ) -> DAGVersionCollectionResponse:
-    """No versions (see the module docstring); 404 for an unknown Dag, as Airflow."""
-    if dag_id != "~":
-        dags.check_dag_exists(dag_id)
-    listing.sorted_page(
-        [],
-        order_by=filters.order_by,
-        names=("id", "version_number", "bundle_name", "bundle_version"),
-        limit=filters.limit,
-        offset=0,
+    """A Dag's versions (`~`: every Dag's), one per synced definition change; 404 for an
+    unknown Dag, as Airflow."""
+    page = dags.list_dag_versions(dag_id=dag_id, **filters.dict())
+    return DAGVersionCollectionResponse(
+        dag_versions=[DagVersionResponse.from_version(v) for v in page.rows],
+        total_entries=page.total_entries,
     )
-    return DAGVersionCollectionResponse(dag_versions=[], total_entries=0)
 
 
 @router.get(
@@ -170,12 +166,9 @@ def get_dag_versions(
 )
 @needs("view", Dag)
 def get_dag_version(request: HttpRequest, dag_id: str, version_number: int) -> DagVersionResponse:
-    """Airflow's 404 for a version it does not have: the service keeps none."""
-    raise exceptions.NotFound(
-        f"The DagVersion with dag_id: `{dag_id}` and version_number: `{version_number}` was "
-        "not found",
-        reason="dag_version_not_found",
-    )
+    """One version, or Airflow's 404."""
+    found = dags.get_dag_version(dag_id=dag_id, version_number=version_number)
+    return DagVersionResponse.from_version(found)
 
 
 class DAGSourceResponse(Schema):
@@ -202,7 +195,10 @@ def get_dag_source(
             406, "not_acceptable", "Only application/json or text/plain is supported"
         )
     dag = Dag.objects.filter(dag_id=dag_id).only("dag_id", "fileloc").first()
-    if dag is None or version_number is not None:
+    latest = dags.latest_version(dag_id) if dag is not None else None
+    latest_number = latest.version_number if latest is not None else None
+    # Only the current source is kept: it is the latest version's; an earlier one is a 404.
+    if dag is None or version_number not in (None, latest_number):
         raise exceptions.NotFound(
             f"The source code of the Dag {dag_id}, version_number {version_number} was not found",
             reason="dag_source_not_found",
@@ -219,5 +215,5 @@ def get_dag_source(
     if accept.startswith("text/plain"):
         return HttpResponse(content, content_type="text/plain; charset=utf-8")
     return DAGSourceResponse(
-        content=content, dag_id=dag_id, version_number=None, dag_display_name=dag_id
+        content=content, dag_id=dag_id, version_number=latest_number, dag_display_name=dag_id
     )

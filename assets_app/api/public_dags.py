@@ -8,10 +8,10 @@ Routes with a fixed segment (`dagRuns/list`, `taskInstances/list`, `.../{task_id
 deleter (`operations.retention`), state changes through `scheduling.run_states`.
 """
 
-from typing import Literal
+from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from ninja import Field, Header, Query, Router, Schema, Status
+from ninja import Field, Header, Path, Query, Router, Schema, Status
 
 from assets_app.catalog import asset_events, dags, run_reads, run_waits
 from assets_app.guards import exceptions
@@ -97,9 +97,9 @@ class DagFilters(Page):
     is_favorite: bool | None = None
     timetable_type: list[str] = Field(default_factory=list)
 
-    def domain(self) -> dags.DagFilters:
+    def domain(self, *, user_id: int | None) -> dags.DagFilters:
         values = self.dict(exclude={"limit", "offset", "order_by", "exclude_stale"})
-        return dags.DagFilters(**values)
+        return dags.DagFilters(**values, user_id=user_id)
 
 
 class PatchDagsFilters(Schema):
@@ -202,8 +202,9 @@ def _dag_collection(page) -> DAGCollectionResponse:
 
 
 def _run_collection(page) -> DAGRunCollectionResponse:
+    versions = dags.versions_of_runs(page.rows)
     return DAGRunCollectionResponse(
-        dag_runs=[DAGRunResponse.from_run(run) for run in page.rows],
+        dag_runs=[DAGRunResponse.from_run(run, versions=versions) for run in page.rows],
         total_entries=page.total_entries,
         total_entries_limit=page.total_entries_limit,
         next_cursor=page.next_cursor,
@@ -229,7 +230,7 @@ def _ti_collection(page) -> TaskInstanceCollectionResponse:
 def get_dags(request: HttpRequest, filters: Query[DagFilters]) -> DAGCollectionResponse:
     """Dags, filtered and paged (Airflow: `GET /api/v2/dags`)."""
     page = dags.list_dags(
-        filters=filters.domain(),
+        filters=filters.domain(user_id=public_auth.user_of(request).pk),
         order_by=filters.order_by,
         limit=filters.limit,
         offset=filters.offset,
@@ -260,7 +261,45 @@ def patch_dags(
 @needs("view", Dag)
 def get_dag_details(request: HttpRequest, dag_id: str) -> DAGDetailsResponse:
     """One Dag with Airflow's details (asset expression, active runs)."""
-    return DAGDetailsResponse.from_dag(dags.get_dag(dag_id, details=True))
+    dag = dags.get_dag(dag_id, details=True)
+    liked = dags.is_favorite(dag_id=dag_id, user_id=public_auth.user_of(request).pk)
+    return DAGDetailsResponse.from_dag(
+        dag, is_favorite=liked, latest_version=dags.latest_version(dag_id)
+    )
+
+
+# Airflow's 201 is a JSON body of any shape (`null`), never sent here.
+@router.put("/parseDagFile/{file_token}", response=responses(Any, 404, status=201))
+@needs("change", Dag)
+def reparse_dag_file(request: HttpRequest, file_token: str):
+    """Airflow queues a re-parse of the file a `file_token` (signed by its api-server, handed out
+    in a Dag's details) names, and answers 404 "File not found" for a token it did not sign. This
+    service signs none (its `file_token` is ""): Dag files are parsed by the worker
+    (`bin/airflow-worker --sync-only`, or on its own schedule), so every token is that 404, with
+    the reason."""
+    raise exceptions.NotFound(
+        "File not found: this service hands out no file tokens; Dag files are parsed by the "
+        "worker (bin/airflow-worker --sync-only re-parses them now)",
+        reason="dag_file_not_found",
+    )
+
+
+@router.post("/dags/{dag_id}/favorite", response=responses(None, 404, 409, status=204))
+@needs("view", Dag)
+def favorite_dag(request: HttpRequest, dag_id: str):
+    """Mark the Dag as the caller's favorite (Airflow: same path; Dag read access suffices)."""
+    user = public_auth.user_of(request)
+    dags.favorite_dag(dag_id=dag_id, user_id=user.pk, actor=actor_of(request))
+    return Status(204, None)
+
+
+@router.post("/dags/{dag_id}/unfavorite", response=responses(None, 404, 409, status=204))
+@needs("view", Dag)
+def unfavorite_dag(request: HttpRequest, dag_id: str):
+    """Unmark it (409 when it is not one, as Airflow)."""
+    user = public_auth.user_of(request)
+    dags.unfavorite_dag(dag_id=dag_id, user_id=user.pk, actor=actor_of(request))
+    return Status(204, None)
 
 
 @router.get("/dags/{dag_id}", response=responses(DAGResponse, 400, 404), url_name="dag")
@@ -544,6 +583,31 @@ def get_task_instances(
         cursor=filters.cursor,
     )
     return _ti_collection(page)
+
+
+class ExternalLogUrlResponse(Schema):
+    url: str
+
+
+@router.get(
+    "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}/externalLogUrl/{try_number}",
+    response=responses(ExternalLogUrlResponse, 400, 404),
+)
+@needs("view", TaskInstance)
+def get_external_log_url(
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    try_number: int = Path(..., gt=0),
+    map_index: int = -1,
+):
+    """Airflow answers 400 before looking the task instance up when its task log handler has no
+    external links (its default file handler has none); here logs are stored in the database
+    (`runtime.logs`), never in an external system: always that 400, with Airflow's message."""
+    raise exceptions.BadRequest(
+        "Task log handler does not support external logs.", reason="no_external_logs"
+    )
 
 
 @router.get(

@@ -30,6 +30,7 @@ from assets_app.models import (
     DagImportError,
     DagRun,
     DagRunType,
+    DagVersion,
     Task,
     TaskInstance,
 )
@@ -306,6 +307,20 @@ class DagVersionResponse(Schema):
     dag_display_name: str
     bundle_url: str | None
 
+    @staticmethod
+    def from_version(version: DagVersion) -> "DagVersionResponse":
+        """No bundles here: Dag files are synced by the worker, not read from a bundle."""
+        return DagVersionResponse(
+            id=version.id,
+            version_number=version.version_number,
+            dag_id=version.dag_id,
+            bundle_name=None,
+            bundle_version=None,
+            created_at=version.created_at,
+            dag_display_name=version.dag_id,
+            bundle_url=None,
+        )
+
 
 def _time_fields(dag: Dag) -> dict[str, Any]:
     """The schedule fields of a Dag with a timetable (issue 24), as Airflow's DAG answers: its
@@ -447,8 +462,10 @@ class DAGDetailsResponse(DAGResponse):
     latest_dag_version: DagVersionResponse | None
 
     @staticmethod
-    def from_dag(dag: Dag) -> "DAGDetailsResponse":
-        """From a Dag loaded by `dags.get_dag(details=True)`."""
+    def from_dag(
+        dag: Dag, *, is_favorite: bool = False, latest_version: DagVersion | None = None
+    ) -> "DAGDetailsResponse":
+        """From a Dag loaded by `dags.get_dag(details=True)`; `is_favorite` for the caller."""
         return DAGDetailsResponse(
             **_dag_fields(dag),
             catchup=dag.catchup,
@@ -467,10 +484,12 @@ class DAGDetailsResponse(DAGResponse):
             default_args={},
             rerun_with_latest_version=None,
             owner_links={},
-            is_favorite=False,
+            is_favorite=is_favorite,
             active_runs_count=dag.active_runs_count or 0,  # type: ignore[attr-defined]  # (annotated)
             concurrency=AIRFLOW_MAX_ACTIVE_TASKS,
-            latest_dag_version=None,
+            latest_dag_version=(
+                DagVersionResponse.from_version(latest_version) if latest_version else None
+            ),
         )
 
 
@@ -536,7 +555,12 @@ class DAGRunResponse(Schema):
     partition_date: datetime | None
 
     @staticmethod
-    def from_run(run: DagRun) -> "DAGRunResponse":
+    def from_run(run: DagRun, *, versions: dict[int, DagVersion] | None = None) -> "DAGRunResponse":
+        """`versions`: `dag_reads.versions_of_runs` of a page of runs (one query for them all);
+        None reads this run's."""
+        if versions is None:
+            versions = dag_reads.versions_of_runs([run])
+        version = versions.get(run.pk)
         duration = None
         if run.start_date is not None and run.end_date is not None:
             duration = (run.end_date - run.start_date).total_seconds()
@@ -558,7 +582,7 @@ class DAGRunResponse(Schema):
             triggering_user_name=run.triggering_user_name,
             conf=run.conf,
             note=run.note,
-            dag_versions=[],
+            dag_versions=[DagVersionResponse.from_version(version)] if version else [],
             bundle_version=None,
             dag_display_name=run.dag_id,
             partition_key=None,

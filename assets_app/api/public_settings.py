@@ -5,10 +5,11 @@ Connection's password ("***" when set) and the sensitive keys of its `extra` at 
 Variable whose key, or a key inside its JSON value, names a secret."""
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Field, Query, Router, Status
+from ninja import Field, Header, Query, Router, Status
 
 from assets_app.guards import exceptions, masking
 from assets_app.models import Connection, Variable
@@ -275,6 +276,56 @@ def test_connection(request: HttpRequest, body: ConnectionBody):
         "Testing connections is disabled in Airflow configuration. "
         "Contact your deployment admin to enable it.",
         reason="connection_test_disabled",
+    )
+
+
+class ConnectionTestRequestBody(ConnectionBody):
+    commit_on_success: bool = False
+    executor: str | None = None
+    queue: str | None = None
+
+
+class ConnectionTestQueuedResponse(StrictSchema):
+    token: str
+    connection_id: str
+    state: str
+
+
+class AsyncConnectionTestResponse(StrictSchema):
+    token: str
+    connection_id: str
+    state: str
+    result_message: str | None
+    created_at: datetime
+
+
+@router.post(
+    "/connections/enqueue-test",
+    response=responses(ConnectionTestQueuedResponse, 409, status=202),
+)
+@needs("add", Connection)
+def enqueue_connection_test(request: HttpRequest, body: ConnectionTestRequestBody):
+    """Airflow 3.3.2 enqueues a test for a worker only with `[core] test_connection` `Enabled`
+    (`_ensure_test_connection_enabled`, before anything else): this service runs no hooks, so
+    always that 403, with Airflow's message; nothing is queued."""
+    raise exceptions.PermissionDenied(
+        "Testing connections is disabled in Airflow configuration. "
+        "Contact your deployment admin to enable it.",
+        reason="connection_test_disabled",
+    )
+
+
+@router.get("/connections/enqueue-test", response=responses(AsyncConnectionTestResponse, 404))
+@needs("view", Connection)
+def get_connection_test(
+    request: HttpRequest,
+    connection_test_token: str = Header(..., alias="Airflow-Connection-Test-Token"),
+):
+    """Airflow's poll of an enqueued test by its token: none is ever enqueued here, so every
+    token is Airflow's 404 for a token it does not know."""
+    raise exceptions.NotFound(
+        f"No connection test found for token: `{connection_test_token}`",
+        reason="connection_test_not_found",
     )
 
 

@@ -16,12 +16,14 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import (
+    CharField,
     Count,
     Exists,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
+    Value,
 )
 
 from ..cluster import nudges
@@ -31,11 +33,13 @@ from ..models import (
     Asset,
     AssetAlias,
     Dag,
+    DagFavorite,
     DagImportError,
     DagRun,
     DagRunState,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    DagVersion,
     ScheduleMode,
     Task,
     TaskUpstream,
@@ -106,7 +110,7 @@ class DagFilters:
     """Airflow's `GET /dags` filters. `tags` match as Airflow's `_TagsFilter` (a Dag with any
     of them, or with all of them for `tags_match_mode` `all`), `owners` as its `_OwnersFilter`
     (an owner's text anywhere in the Dag's owners, case-insensitive, any of them). Those on
-    concepts this service has no values for (bundles, favorites) match what Airflow matches when
+    concepts this service has no values for (bundles) match what Airflow matches when
     nothing has them: asking for a value matches no Dag, asking for its absence every Dag."""
 
     tags: Sequence[str] = ()
@@ -133,6 +137,8 @@ class DagFilters:
     dag_run_end_date_lt: datetime | None = None
     dag_run_state: Sequence[str] = ()
     is_favorite: bool | None = None
+    # Whose favorites `is_favorite` means (the caller, as Airflow's `_FavoriteFilter`).
+    user_id: int | None = None
     timetable_type: Sequence[str] = ()
 
 
@@ -167,8 +173,10 @@ def _filter(dags: QuerySet[Dag], f: DagFilters) -> QuerySet[Dag]:
         q &= functools.reduce(operator.and_ if f.tags_match_mode == "all" else operator.or_, has)
     if f.owners:
         q &= functools.reduce(operator.or_, (Q(owners__icontains=o) for o in f.owners))
-    if f.is_favorite:
-        q &= _NOTHING
+    if f.is_favorite is not None:
+        mine = DagFavorite.objects.filter(dag=OuterRef("pk"))
+        mine = mine.filter(user_id=f.user_id) if f.user_id is not None else mine.none()
+        q &= Q(Exists(mine)) if f.is_favorite else ~Q(Exists(mine))
     if f.has_import_errors is not None:
         q &= Q(_has_import_errors()) if f.has_import_errors else ~Q(_has_import_errors())
     if f.bundle_name is not None or f.bundle_version is not None:
@@ -521,3 +529,120 @@ def check_dag_exists(dag_id: str) -> None:
         raise exceptions.NotFound(
             f"The Dag with ID: `{dag_id}` was not found", reason="dag_not_found", dag_id=dag_id
         )
+
+
+# --- favorites ----------------------------------------------------------------------------------
+
+
+def _dag_for_favorite(dag_id: str) -> Dag:
+    dag = Dag.objects.filter(dag_id=dag_id).first()
+    if dag is None:
+        raise exceptions.NotFound(f"Dag with id '{dag_id}' not found", reason="dag_not_found")
+    return dag
+
+
+def is_favorite(*, dag_id: str, user_id: int | None) -> bool:
+    if user_id is None:
+        return False
+    return DagFavorite.objects.filter(dag_id=dag_id, user_id=user_id).exists()
+
+
+def favorite_dag(*, dag_id: str, user_id: int, actor: audit.Actor) -> None:
+    """Mark the Dag as the user's favorite (Airflow's `POST /dags/{dag_id}/favorite`): NotFound
+    for an unknown Dag, Conflict when it already is one (Airflow's INSERT then violates the
+    table's primary key: its 409). Audited, as Airflow's `action_logging` logs it."""
+    with transaction.atomic():
+        dag = _dag_for_favorite(dag_id)
+        _, created = DagFavorite.objects.get_or_create(dag=dag, user_id=user_id)
+        if not created:
+            raise exceptions.Conflict(
+                "Dag is already marked as favorite", reason="dag_already_favorite"
+            )
+        audit.record(actor=actor, action="favorite_dag", summary="favorite", dag_id=dag_id)
+
+
+def unfavorite_dag(*, dag_id: str, user_id: int, actor: audit.Actor) -> None:
+    """Airflow's `POST /dags/{dag_id}/unfavorite`: NotFound, Conflict when it is not one."""
+    with transaction.atomic():
+        _dag_for_favorite(dag_id)
+        deleted, _ = DagFavorite.objects.filter(dag_id=dag_id, user_id=user_id).delete()
+        if not deleted:
+            raise exceptions.Conflict("Dag is not marked as favorite", reason="dag_not_favorite")
+        audit.record(actor=actor, action="unfavorite_dag", summary="unfavorite", dag_id=dag_id)
+
+
+# --- versions -------------------------------------------------------------------------------------
+
+# Airflow orders by its uuid7 ids, which follow creation; ids here are uuid4, so `id` orders by
+# the creation time (then the id, unique).
+VERSION_ORDERING = listing.Ordering(
+    keys={
+        "id": "created_at",
+        "version_number": "version_number",
+        "bundle_name": Value(None, output_field=CharField()),
+        "bundle_version": Value(None, output_field=CharField()),
+    },
+    default=("id",),
+)
+
+
+def list_dag_versions(
+    *,
+    dag_id: str,
+    version_number: int | None = None,
+    bundle_name: str | None = None,
+    bundle_version: str | None = None,
+    order_by: Sequence[str] | None = None,
+    limit: int = listing.DEFAULT_PAGE_LIMIT,
+    offset: int = 0,
+) -> listing.Page:
+    """A page of a Dag's versions (`~`: every Dag's), as Airflow's `GET .../dagVersions`:
+    NotFound for an unknown Dag; no bundles here, so a bundle filter matches none. 3 queries."""
+    versions = DagVersion.objects.all()
+    if dag_id != "~":
+        check_dag_exists(dag_id)
+        versions = versions.filter(dag_id=dag_id)
+    if version_number is not None:
+        versions = versions.filter(version_number=version_number)
+    if bundle_name is not None or bundle_version is not None:
+        versions = versions.none()
+    return listing.offset_page(
+        versions, VERSION_ORDERING, order_by=order_by, limit=limit, offset=offset
+    )
+
+
+def get_dag_version(*, dag_id: str, version_number: int) -> DagVersion:
+    found = DagVersion.objects.filter(dag_id=dag_id, version_number=version_number).first()
+    if found is None:
+        raise exceptions.NotFound(
+            f"The DagVersion with dag_id: `{dag_id}` and version_number: `{version_number}` "
+            "was not found",
+            reason="dag_version_not_found",
+        )
+    return found
+
+
+def latest_version(dag_id: str) -> DagVersion | None:
+    return DagVersion.objects.filter(dag_id=dag_id).order_by("-version_number").first()
+
+
+def versions_of_runs(runs: Sequence[DagRun]) -> dict[int, DagVersion]:
+    """Each run's version: the Dag's latest version created at or before the run was last
+    queued (its creation or its last clear, when its tasks took the definition then in force).
+    One query for a page of runs, whatever its size."""
+    dag_ids = {run.dag_id for run in runs}
+    if not runs:
+        return {}
+    by_dag: dict[str, list[DagVersion]] = {}
+    for version in DagVersion.objects.filter(dag_id__in=dag_ids).order_by("created_at"):
+        by_dag.setdefault(version.dag_id, []).append(version)
+    found = {}
+    for run in runs:
+        chosen = None
+        for version in by_dag.get(run.dag_id, ()):
+            if version.created_at > run.queued_at:
+                break
+            chosen = version
+        if chosen is not None:
+            found[run.pk] = chosen
+    return found

@@ -68,7 +68,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Count, Exists, OuterRef
+from django.db.models import Count, Exists, Max, OuterRef
 from django.utils import timezone
 from pydantic import BaseModel, ValidationError
 
@@ -83,6 +83,7 @@ from ..models import (
     DagImportError,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    DagVersion,
     MapCombine,
     QueueWatcher,
     ScheduleMode,
@@ -1294,6 +1295,24 @@ TIME_FIELDS = ("timetable", "timezone", "start_date", "end_date", "catchup", "sc
 NEXT_RUN_FIELDS = next_runs.FIELDS
 
 
+def _record_versions(dag_ids: set[str]) -> None:
+    """The next version of each Dag whose definition the sync created or changed (Airflow's
+    `dag_version`, one per definition change). Two queries whatever the number of Dags; runs
+    under the sync's lock, so two syncs never write the same number."""
+    if not dag_ids:
+        return
+    latest = dict(
+        DagVersion.objects.filter(dag_id__in=dag_ids)
+        .values("dag_id")
+        .annotate(n=Max("version_number"))
+        .values_list("dag_id", "n")
+    )
+    DagVersion.objects.bulk_create(
+        DagVersion(dag_id=dag_id, version_number=latest.get(dag_id, 0) + 1)
+        for dag_id in sorted(dag_ids)
+    )
+
+
 class _Sync:
     """One sync inside the transaction. A fixed number of queries per step, not per Dag."""
 
@@ -1325,6 +1344,7 @@ class _Sync:
         unscheduled = self._unscheduled_waiting()
         created = set(dags_created)
         updated = (self.changed_dags | set(dags_updated)) - created
+        _record_versions(created)
         return SyncResult(
             dag_ids=tuple(dag.dag_id for dag in self.dags),
             dags_created=len(created),

@@ -1,7 +1,11 @@
 """Dags and their tasks (DESIGN 2): schedules, trigger rules, outlets, schedule references and
 import errors."""
 
+import uuid
+
+from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from ..guards.limits import StoredJsonDecoder
 from .assets import Asset, AssetAlias
@@ -518,7 +522,7 @@ class DagCode(models.Model):
     too long for an index, as Airflow notes), the source and its md5 (Airflow's
     `source_code_hash`: a sync replaces the row only when it changed). Written only by
     `definitions.sources` under the sync lock; a file no longer in the synced folder loses its
-    row. The service keeps no Dag versions, so there is one row per file, not per version."""
+    row. Only the current source is kept: one row per file, not one per Dag version."""
 
     fileloc_hash = models.CharField(max_length=32, unique=True)
     fileloc = models.TextField()
@@ -534,3 +538,43 @@ class DagCode(models.Model):
 
     def __str__(self) -> str:
         return f"source of {self.fileloc}"
+
+
+class DagFavorite(models.Model):
+    """A user's favorite Dag (Airflow's `dag_favorite` table: `POST /dags/{dag_id}/favorite`,
+    `/unfavorite`, the `is_favorite` filter of `GET /dags`). Goes with the Dag and with the
+    user."""
+
+    dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "dag"], name="dag_favorite_once_per_user"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} likes {self.dag_id}"
+
+
+class DagVersion(models.Model):
+    """One version of a Dag's definition (Airflow's `dag_version`): a sync that creates the Dag
+    or changes any of its fields, tasks or references writes the next `version_number`
+    (`definitions.sync`); an unchanged sync writes none. Goes with the Dag."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    dag = models.ForeignKey(Dag, on_delete=models.CASCADE, related_name="versions")
+    version_number = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dag", "version_number"], name="dag_version_number_unique"
+            ),
+        ]
+        indexes = [models.Index(fields=["dag", "created_at"], name="dag_version_by_time")]
+
+    def __str__(self) -> str:
+        return f"{self.dag_id} v{self.version_number}"

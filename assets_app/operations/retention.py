@@ -69,12 +69,15 @@ from ..models import (
     ComponentHeartbeat,
     Dag,
     DagCallbackRequest,
+    DagCode,
+    DagFavorite,
     DagImportError,
     DagRun,
     DagRunAssetEvent,
     DagRunState,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    DagVersion,
     DeliveryState,
     HITLDetail,
     RenderedTaskFields,
@@ -925,6 +928,17 @@ def _delete_dag_row(dag_id: str, result: DagDeletion, *, actor: audit.Actor | No
                 DagImportError.objects.filter(filename=dag.fileloc)
                 if dag.fileloc
                 else DagImportError.objects.none(),
+            ),
+            ("dag_favorite", DagFavorite.objects.filter(dag_id=dag_id)),
+            ("dag_version", DagVersion.objects.filter(dag_id=dag_id)),
+            # The file's source goes with its last Dag (Airflow's dag_code goes with the Dag's
+            # versions); a file that still holds other Dags keeps it.
+            (
+                "dag_code",
+                DagCode.objects.filter(fileloc=dag.fileloc)
+                if dag.fileloc
+                and not Dag.objects.filter(fileloc=dag.fileloc).exclude(dag_id=dag_id).exists()
+                else DagCode.objects.none(),
             ),
             ("dag", Dag.objects.filter(dag_id=dag_id)),
         ]

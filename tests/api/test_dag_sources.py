@@ -129,9 +129,10 @@ def test_the_route_answers_as_airflows(sync, api):
     assert answer.json() == {
         "content": "from airflow import DAG\n<b>&</b>\n",
         "dag_id": "a",
-        "version_number": None,
+        "version_number": 1,  # the latest version's: only the current source is kept
         "dag_display_name": "a",
     }
+    assert api.get("/api/v2/dagSources/a", {"version_number": 1}).status_code == 200
     text = api.get("/api/v2/dagSources/a", headers={"Accept": "text/plain"})
     assert text["Content-Type"].startswith("text/plain")
     assert text.content.decode() == "from airflow import DAG\n<b>&</b>\n"

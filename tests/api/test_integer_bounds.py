@@ -36,8 +36,11 @@ LOOKED_UP_ONLY = {
         "/dags/{dag_id}/dagRuns/{dag_run_id}/taskInstances/{task_id}/logs/{try_number}",
         "query:map_index",
     ),
-    # The service keeps no Dag versions: the filter is read and matches nothing (issue 49).
+    # A Dag version's number, compared in a lookup (issue 49).
     ("public_api", "GET", "/dags/{dag_id}/dagVersions", "query:version_number"),
+    # The event log's map index and try, compared with the audit entry's detail (issue 49).
+    ("public_api", "GET", "/eventLogs", "query:map_index"),
+    ("public_api", "GET", "/eventLogs", "query:try_number"),
     # An external event's asset, looked up (404 when there is none).
     ("public_api", "POST", "/assets/events", "body.asset_id"),
 }

@@ -6,7 +6,7 @@ misleading 422, and the values it showed wrong.
 - XCom entries: list with Airflow's filters and `~`, one entry as stored or `deserialize`d.
 - Airflow's answers when it has none of a feature: `/config` 403 (`expose_config` off),
   `/connections/test` 403 (`test_connection` off), empty `/jobs`, `/plugins`, `/providers`,
-  `/dagWarnings`, `/dagVersions` (404 for a version).
+  `/dagWarnings`; `/dagVersions` one per synced definition change.
 - Values: `is_backfillable`, `timetable_summary` null, Variables `is_encrypted`, a backfill's
   `dag_run_conf` null when none was given.
 
@@ -348,21 +348,24 @@ def test_dag_stats_count_runs_by_state_for_dags_with_runs(api):
     assert only["dags"][0]["stats"][1] == {"state": "running", "count": 1}
 
 
-def test_dag_warnings_and_versions_are_empty(api):
+def test_dag_warnings_are_empty_and_versions_one_per_definition_change(api):
     world()
     assert api.get("/api/v2/dagWarnings").json() == {"dag_warnings": [], "total_entries": 0}
     assert api.get("/api/v2/dagWarnings", {"warning_type": "bad"}).status_code == 422
-    assert api.get("/api/v2/dags/daily/dagVersions").json() == {
-        "dag_versions": [],
-        "total_entries": 0,
-    }
-    assert api.get("/api/v2/dags/~/dagVersions").status_code == 200
+    listed = api.get("/api/v2/dags/daily/dagVersions").json()
+    assert [(v["dag_id"], v["version_number"]) for v in listed["dag_versions"]] == [("daily", 1)]
+    assert listed["total_entries"] == 1
+    everyone = api.get("/api/v2/dags/~/dagVersions", {"order_by": "-version_number"}).json()
+    assert everyone["total_entries"] == 4
     unknown = api.get("/api/v2/dags/nope/dagVersions")
     assert unknown.status_code == 404
     assert unknown.json()["detail"]["message"] == "The Dag with ID: `nope` was not found"
-    version = api.get("/api/v2/dags/daily/dagVersions/1")
+    assert api.get("/api/v2/dags/daily/dagVersions/1").json()["version_number"] == 1
+    version = api.get("/api/v2/dags/daily/dagVersions/2")
     assert version.status_code == 404
     assert version.json()["detail"]["reason"] == "dag_version_not_found"
+    none = api.get("/api/v2/dags/daily/dagVersions", {"bundle_name": "dags-folder"}).json()
+    assert none["total_entries"] == 0
 
 
 # --- values -------------------------------------------------------------------------------------

@@ -48,8 +48,9 @@ def _world(n: int, start: int = 0) -> None:
     [
         ("/api/v2/assets", 6),
         ("/api/v2/dags", 3),
-        ("/api/v2/dags/~/dagRuns", 3),
-        ("/api/v2/dags/~/dagRuns?cursor=", 3),
+        # + the page's Dag versions (one query, `dags.versions_of_runs`)
+        ("/api/v2/dags/~/dagRuns", 4),
+        ("/api/v2/dags/~/dagRuns?cursor=", 4),
         ("/api/v2/dags/~/dagRuns/~/taskInstances", 3),
         ("/api/v2/assets/events", 4),
     ],

@@ -84,10 +84,10 @@ CALLS = [
         "/api/v2/dags/{dag_id}/dagVersions/{version_number}",
         "/api/v2/dags/daily/dagVersions/1",
         {},
-        404,
+        200,
     ),
-    # Issue 45: a Dag's file as synced; an unknown Dag, a Dag without a stored source and a
-    # version (none are kept) are Airflow's 404s.
+    # Issue 45: a Dag's file as synced; an unknown Dag, a Dag without a stored source and an
+    # earlier version (only the current source is kept) are Airflow's 404s.
     ("get", "/api/v2/dagSources/{dag_id}", "/api/v2/dagSources/daily", {}, 200),
     ("get", "/api/v2/dagSources/{dag_id}", "/api/v2/dagSources/nope", {}, 404),
     ("get", "/api/v2/dagSources/{dag_id}", "/api/v2/dagSources/manual", {}, 404),
@@ -95,7 +95,7 @@ CALLS = [
         "get",
         "/api/v2/dagSources/{dag_id}",
         "/api/v2/dagSources/daily",
-        {"version_number": 1},
+        {"version_number": 99},
         404,
     ),
     ("delete", "/api/v2/dags/{dag_id}", "/api/v2/dags/nope", None, 404),

@@ -116,6 +116,8 @@ def _url(path: str, world) -> str:
         .replace("{endpoint_id}", "1")  # issue 29's webhook endpoints (404 past the checks)
         .replace("{xcom_key}", "no-such-key")
         .replace("{version_number}", "1")
+        .replace("{event_log_id}", "1")
+        .replace("{file_token}", "no-such-token")
         .replace("{section}", "core")
         .replace("{option}", "dags_folder")
     )

@@ -96,6 +96,7 @@ from ..models import (
     WeightRule,
 )
 from ..models.dags import (
+    DEFAULT_BUNDLE_NAME,
     DEFAULT_OWNER,
     DEFAULT_QUEUE,
     DEFAULT_RETRY_DELAY_SECONDS,
@@ -1071,12 +1072,16 @@ def sync_definitions(
     actor: audit.Actor | None = None,
     import_errors: Sequence[ImportErrorReport] | None = None,
     refused: Sequence[ImportErrorReport] = (),
+    bundle_name: str | None = None,
 ) -> SyncResult:
-    """Write already-parsed definitions (see `sync_dags`); one durable transaction. With
-    `import_errors` (the files of the folder that did not import), the stored import errors
-    become exactly those, in the same transaction. `refused`: the files the service refused
-    itself (`sync_documents`), import errors too; with `import_errors` None they are added to
-    the stored ones (replacing only their own files' errors)."""
+    """Write already-parsed definitions (see `sync_dags`); one durable transaction. Each Dag
+    records `bundle_name`, the Dag bundle it came from (None: a JSON definition). With
+    `import_errors` (the files of the folder that did not import), the stored import errors of
+    that bundle become exactly those, in the same transaction; another bundle's stay. `refused`:
+    the files the service refused itself (`sync_documents`), import errors too; with
+    `import_errors` None they are added to the bundle's stored ones (replacing only their own
+    files' errors)."""
+    errors_bundle = bundle_name or DEFAULT_BUNDLE_NAME
     check_definitions(dags)
     with transaction.atomic(durable=True):
         # Concurrent syncs (several hosts at start-up) run one after the other; every read below
@@ -1087,11 +1092,13 @@ def sync_definitions(
                 files = {report.filename for report in refused}
                 import_errors = [
                     ImportErrorReport(filename=f, stack_trace=trace)
-                    for f, trace in DagImportError.objects.values_list("filename", "stack_trace")
+                    for f, trace in DagImportError.objects.filter(
+                        bundle_name=errors_bundle
+                    ).values_list("filename", "stack_trace")
                     if f not in files
                 ]
             import_errors = [*import_errors, *refused]
-        syncing = _Sync(dags, apply_pause=apply_pause)
+        syncing = _Sync(dags, apply_pause=apply_pause, bundle_name=bundle_name)
         result = syncing.run()
         if result.changed:  # a timetable, a pause or a next run may have changed (at commit)
             wakeups.wake(wakeups.TIME)
@@ -1103,7 +1110,9 @@ def sync_definitions(
             result = replace(
                 result,
                 import_errors=tuple(sorted({e.filename for e in import_errors})),
-                import_errors_changed=record_import_errors(import_errors),
+                import_errors_changed=record_import_errors(
+                    import_errors, bundle_name=errors_bundle
+                ),
             )
         if result.changed or result.import_errors_changed:
             audit.record(
@@ -1111,7 +1120,11 @@ def sync_definitions(
                 action="sync_dags",
                 summary=result.summary().split("\n")[0],
                 targets=[audit.Target(kind="dag", object_id=d) for d in result.dag_ids],
-                detail={"apply_pause": apply_pause, "import_errors": result.import_errors},
+                detail={
+                    "apply_pause": apply_pause,
+                    "import_errors": result.import_errors,
+                    "bundle_name": bundle_name,
+                },
             )
         return result
 
@@ -1129,12 +1142,17 @@ IMPORT_ERROR_MAX_CHARS = 100_000  # a stack trace is cut to its last characters 
 
 
 def record_import_errors(
-    reports: Sequence[ImportErrorReport], *, now: datetime | None = None
+    reports: Sequence[ImportErrorReport],
+    *,
+    bundle_name: str = DEFAULT_BUNDLE_NAME,
+    now: datetime | None = None,
 ) -> bool:
-    """Make the stored import errors exactly `reports` (one row per file; the caller holds the
-    sync lock): a file that imports again loses its row, a file whose error is unchanged keeps
-    its row and timestamp (a replayed sync writes nothing), a new or changed error is written
-    with `now`. Returns whether anything changed. Three statements at most."""
+    """Make the stored import errors of `bundle_name` exactly `reports` (one row per file; the
+    caller holds the sync lock; other bundles' errors are left alone, as Airflow's dag processor
+    replaces only the errors of the bundle it parsed): a file that imports again loses its row,
+    a file whose error is unchanged keeps its row and timestamp (a replayed sync writes
+    nothing), a new or changed error is written with `now`. Returns whether anything changed.
+    Three statements at most."""
     now = now or timezone.now()
     wanted: dict[str, str] = {}
     for report in reports:
@@ -1142,14 +1160,18 @@ def record_import_errors(
         wanted[report.filename] = (
             wanted[report.filename] + "\n" + trace if report.filename in wanted else trace
         )
-    stored = dict(DagImportError.objects.values_list("filename", "stack_trace"))
+    own = DagImportError.objects.filter(bundle_name=bundle_name)
+    stored = dict(own.values_list("filename", "stack_trace"))
     stale = [f for f, trace in stored.items() if wanted.get(f) != trace]
     fresh = sorted(f for f, trace in wanted.items() if stored.get(f) != trace)
     if stale:
-        DagImportError.objects.filter(filename__in=stale).delete()
+        own.filter(filename__in=stale).delete()
     if fresh:
         DagImportError.objects.bulk_create(
-            DagImportError(filename=f, timestamp=now, stack_trace=wanted[f]) for f in fresh
+            DagImportError(
+                filename=f, bundle_name=bundle_name, timestamp=now, stack_trace=wanted[f]
+            )
+            for f in fresh
         )
     return bool(stale or fresh)
 
@@ -1189,6 +1211,7 @@ def sync_documents(
     apply_pause: bool = False,
     actor: audit.Actor | None = None,
     import_errors: Sequence[ImportErrorReport] | None = None,
+    bundle_name: str = DEFAULT_BUNDLE_NAME,
 ) -> SyncResult:
     """Sync definition documents that arrive decoded, as (file, document) pairs: the Dags of an
     Airflow DAG file, converted by `bin/airflow-worker` (`file` is its path relative to the Dag
@@ -1200,8 +1223,9 @@ def sync_documents(
     InvalidInput (`invalid_definition`, naming the file and the path in it) and writes nothing.
     Each `file` must be a relative path inside the bundle (`check_fileloc`): workers hand it to
     the Task SDK as `dag_rel_path`, which loads the file it names. `import_errors` (the worker's
-    files that did not import, same path rule) replace the stored ones (`record_import_errors`);
-    None leaves them alone."""
+    files that did not import, same path rule) replace the stored ones of `bundle_name`, the
+    worker's Dag bundle, which its Dags record (`record_import_errors`); None leaves them
+    alone."""
     for file, _ in documents:
         check_fileloc(file)
     for report in import_errors or ():
@@ -1222,6 +1246,7 @@ def sync_documents(
             actor=actor,
             import_errors=import_errors,
             refused=refused,
+            bundle_name=bundle_name,
         )
     except DefinitionError as exc:
         raise exceptions.InvalidInput(
@@ -1260,9 +1285,16 @@ NEXT_RUN_FIELDS = next_runs.FIELDS
 class _Sync:
     """One sync inside the transaction. A fixed number of queries per step, not per Dag."""
 
-    def __init__(self, dags: Sequence[DagDefinition], *, apply_pause: bool = False) -> None:
+    def __init__(
+        self,
+        dags: Sequence[DagDefinition],
+        *,
+        apply_pause: bool = False,
+        bundle_name: str | None = None,
+    ) -> None:
         self.dags = list(dags)
         self.apply_pause = apply_pause
+        self.bundle_name = bundle_name
         self.changed_dags: set[str] = set()
         # An existing Dag's dagrun_timeout changed (issue 39).
         self.timeout_changed = False
@@ -1404,6 +1436,7 @@ class _Sync:
                     else None
                 ),
                 "fileloc": definition.fileloc,
+                "bundle_name": self.bundle_name,
                 "xcom_read_scope": definition.xcom_read_scope,
                 "max_events_per_run": definition.max_events_per_run,
                 "params": definition.params,

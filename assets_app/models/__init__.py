@@ -36,6 +36,7 @@ from .dags import (
     TaskUpstream,
     TriggerRule,
     WeightRule,
+    WorkerBundle,
     XComReadScope,
 )
 from .events import AssetAliasEvent, AssetEvent
@@ -148,6 +149,7 @@ __all__ = [
     "WebhookEventType",
     "WebhookSubscription",
     "WeightRule",
+    "WorkerBundle",
     "XCom",
     "XComReadScope",
 ]

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from ..models import Dag, WorkerBundle
+from ..sql import claims as claims_sql
 
 # A bundle's row is rewritten at most this often (a worker polls its claim every second or
 # so when idle: one write per bundle per SEEN_EVERY, whatever the number of workers).
@@ -31,20 +31,9 @@ def record_claim(*, hostname: str, bundles: Sequence[str], now: datetime | None 
     if not bundles:
         return
     now = now or timezone.now()
-    adapt = connection.ops.adapt_datetimefield_value
-    table = WorkerBundle._meta.db_table
-    params: list = []
-    for name in sorted(set(bundles)):
-        params += [name, adapt(now), hostname]
-    rows = ", ".join(["(%s, %s, %s)"] * len(set(bundles)))
-    text = f"""
-        INSERT INTO {table} (bundle_name, last_claim_at, last_hostname) VALUES {rows}
-        ON CONFLICT (bundle_name) DO UPDATE
-        SET last_claim_at = excluded.last_claim_at, last_hostname = excluded.last_hostname
-        WHERE {table}.last_claim_at < %s
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(text, [*params, adapt(now - SEEN_EVERY)])
+    claims_sql.record_worker_bundles(
+        hostname=hostname, bundles=bundles, now=now, unless_since=now - SEEN_EVERY
+    )
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from ..models import DEFAULT_POOL_NAME, Dag, DagRun, Pool, Task, TaskInstance
+from ..models import DEFAULT_POOL_NAME, Dag, DagRun, Pool, Task, TaskInstance, WorkerBundle
 from ..models.dags import DEFAULT_QUEUE
 
 _TI = TaskInstance._meta.db_table
@@ -339,3 +339,29 @@ def pool_slot_counts(
     with connection.cursor() as cursor:
         cursor.execute(text, params)
         return {pool: (int(r), int(q), int(s), int(d)) for pool, r, q, s, d in cursor.fetchall()}
+
+
+def record_worker_bundles(
+    *, hostname: str, bundles: Sequence[str], now: datetime, unless_since: datetime
+) -> None:
+    """Stamp each of `bundles` as claimed for by `hostname` at `now`, writing a bundle's row only
+    when it is new or was last stamped before `unless_since` (idle workers poll every second:
+    one write per bundle per interval, whatever the number of workers). 1 statement, INSERT ...
+    ON CONFLICT DO UPDATE ... WHERE (PostgreSQL and SQLite alike)."""
+    names = sorted(set(bundles))
+    if not names:
+        return
+    adapt = connection.ops.adapt_datetimefield_value
+    table = WorkerBundle._meta.db_table
+    rows = ", ".join(["(%s, %s, %s)"] * len(names))
+    params: list = []
+    for name in names:
+        params += [name, adapt(now), hostname]
+    text = f"""
+        INSERT INTO {table} (bundle_name, last_claim_at, last_hostname) VALUES {rows}
+        ON CONFLICT (bundle_name) DO UPDATE
+        SET last_claim_at = excluded.last_claim_at, last_hostname = excluded.last_hostname
+        WHERE {table}.last_claim_at < %s
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(text, [*params, adapt(unless_since)])

@@ -204,7 +204,7 @@ def populate(n: int) -> None:
         DagImportError.objects.create(
             filename=f"broken_{i}.py", timestamp=now, stack_trace="SyntaxError: invalid syntax"
         )
-        DagFactory(dag_id=f"unimported_{i}", fileloc=f"broken_{i}.py")
+        DagFactory(dag_id=f"unimported_{i}", fileloc=f"broken_{i}.py", bundle_name="dags-folder")
         # Issue 28: a watcher with a route and a registered and a parked message.
         watcher = QueueWatcher.objects.create(name=f"watcher-{i}", queue=f"queue-{i}")
         WatcherRoute.objects.create(watcher=watcher).assets.set([asset])

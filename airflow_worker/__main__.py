@@ -7,7 +7,7 @@ airflow.sdk.execution_time.execute_workload` per TI instead.
     bin/airflow-worker --dags examples/airflow_dags --url http://127.0.0.1:8000 \\
         [--api-key KEY] [--sync-key KEY] [--wait S] [--concurrency 8] [--max-tis N] \\
         [--max-seconds S] [--idle-exit S] [--logs var/airflow-logs] [--manual-only] \\
-        [--queues default,gpu] [--grace-period S] [--cleanup-time S] \\
+        [--queues default,gpu] [--bundle dags-folder] [--grace-period S] [--cleanup-time S] \\
         [--sync-only | --no-sync | --triggerer]
 
 SIGTERM / SIGINT stop claiming, let running tasks finish for `--grace-period`, then end them as
@@ -18,6 +18,11 @@ rest of the grace. Every process the worker forks dies with it, even when it is 
 `--triggerer` runs, instead of TIs, the triggers of deferred TIs (`airflow_worker/triggerer.py`:
 many on one asyncio loop, as Airflow's triggerer), with the same url, key and `--max-seconds` /
 `--idle-exit`; `--queues` there names triggerer queues (default: any trigger).
+
+`--bundle NAME` (default Airflow's `dags-folder`) names the Dag bundle the folder is: the sync
+records it on each Dag and replaces that bundle's import errors only, and the worker claims only
+TIs of that bundle's Dags (a JSON-defined Dag, or a Dag of another folder, is left to the
+workers that serve it, instead of failing here with "Dag not found during start up").
 
 Task code runs here, with this machine's environment. Airflow's settings for the supervisor
 come from the environment it is started with (`AIRFLOW__CORE__DAGS_FOLDER`,
@@ -84,6 +89,12 @@ def _options(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="claim only TIs of tasks in these queues, comma-separated (default: Airflow's "
         "[operators] default_queue, 'default')",
+    )
+    parser.add_argument(
+        "--bundle",
+        default="dags-folder",
+        help="the Dag bundle the --dags folder is (Airflow's bundle name; default its "
+        "'dags-folder'): synced as that bundle, and only its Dags' TIs are claimed",
     )
     parser.add_argument(
         "--manual-only",
@@ -166,6 +177,18 @@ def _airflow_environment(options: argparse.Namespace) -> None:
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
     os.environ["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = options.url.rstrip("/") + "/execution/"
     os.environ["AIRFLOW__LOGGING__BASE_LOG_FOLDER"] = str(options.logs.resolve() / "tasks")
+    if options.bundle != "dags-folder":
+        # The Task SDK loads a workload's Dag from the bundle its `bundle_info` names (the
+        # Dag's bundle: this one): Airflow's local bundle over the folder, under that name.
+        os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
+            [
+                {
+                    "name": options.bundle,
+                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                    "kwargs": {"path": str(options.dags.resolve())},
+                }
+            ]
+        )
 
 
 def _say(message: str) -> None:
@@ -184,6 +207,7 @@ def sync(options: argparse.Namespace, client: httpx.Client) -> None:
         "files": [f.payload() for f in folder.files],
         "apply_pause": options.apply_pause,
         "import_errors": [{"file": e.rel_path, "error": e.error} for e in folder.import_errors],
+        "bundle_name": options.bundle,
     }
     response = client.post(
         "/execution/dags/sync",
@@ -309,7 +333,12 @@ def _claim(client: httpx.Client, options: argparse.Namespace, *, limit: int) -> 
     try:
         response = client.post(
             "/execution/workloads/claim",
-            json={"hostname": options.hostname, "limit": limit, "queues": options.queues},
+            json={
+                "hostname": options.hostname,
+                "limit": limit,
+                "queues": options.queues,
+                "bundles": [options.bundle],
+            },
         )
     except httpx.TransportError as exc:
         _say(f"claim failed ({exc!r}); retrying in 2 s")

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from .api import errors
-from .operations import observability
+from .operations import bundles, observability
 from .sql import replica
 from .sql.errors import database_unavailable_reason
 
@@ -28,7 +28,8 @@ def healthz(request):
     start-up grace, have not run yet: status "starting"), else 503. Dags the scheduler cannot
     evaluate make it "degraded" (still 200: everything else works), each named with its error.
     With a read replica, its lag: a replica lagging or away changes no status (reads go to the
-    primary)."""
+    primary). `unserved_dags`: unpaused Dags of a Dag bundle no worker claimed for within
+    `operations.bundles.SERVED_WITHIN` (10 minutes); they change no status."""
     result = observability.health()
     body = {
         "status": result.status,
@@ -51,6 +52,20 @@ def healthz(request):
                     "since": d.since.isoformat() if d.since else None,
                 }
                 for d in result.failing_dags
+            ],
+        },
+        # Dags whose bundle no worker claimed for within SERVED_WITHIN (informative: the
+        # status stays as it is; a worker may be started on demand).
+        "unserved_dags": {
+            "count": result.unserved_dag_count,
+            "within_seconds": bundles.SERVED_WITHIN.total_seconds(),
+            "dags": [
+                {
+                    "dag_id": d.dag_id,
+                    "bundle_name": d.bundle_name,
+                    "last_claim_at": d.last_claim_at.isoformat() if d.last_claim_at else None,
+                }
+                for d in result.unserved_dags
             ],
         },
     }

@@ -4,7 +4,9 @@
 spread over N pools (N = 0: all in `default_pool`), every pool with room for all of them, the
 Dag's `max_active_tasks` too; weights differ per task. Each round one `claims.claim_workloads`
 (limit 10, the default queue) runs in process against PostgreSQL and its claims are undone
-after it, so every round sees the same claimable TIs. `--explain` adds the EXPLAIN ANALYZE of
+after it, so every round sees the same claimable TIs. `--bundle` claims as a stock worker
+does (issue 44: `bundles=["dags-folder"]`, the Dag of that bundle; one more statement, the
+worker-seen upsert, which writes at most every 30 s). `--explain` adds the EXPLAIN ANALYZE of
 the pool lock and the claim statement (run once more, rolled back) to the JSON. Results go to
 bench/results/pools_claim.json (`--runs` other than 10: pools_claim_<TIs>.json; `--label X`
 appends _X).
@@ -23,6 +25,7 @@ POOLS = (0, 10, 100)
 TASKS = 100
 RUNS = 10
 LIMIT = 10
+BUNDLES: list[str] | None = None  # --bundle: the claim names the Dag's bundle
 
 
 def main() -> None:
@@ -33,6 +36,8 @@ def main() -> None:
     url = h.fresh_database(NAME)
     h.setup_django(url)
     runs = args.runs
+    global BUNDLES
+    BUNDLES = ["dags-folder"] if args.bundle else None
     results = [
         _measure(pools, runs=runs, warmup=warmup, rounds=rounds, explain=args.explain)
         for pools in POOLS
@@ -81,6 +86,7 @@ def _options(parser) -> None:
     parser.add_argument("--runs", type=int, default=RUNS, help="runs of 100 queued TIs each")
     parser.add_argument("--explain", action="store_true", help="EXPLAIN ANALYZE into the JSON")
     parser.add_argument("--label", default="", help="suffix of the results file")
+    parser.add_argument("--bundle", action="store_true", help="claim naming the Dag's bundle")
 
 
 def _measure(pools: int, *, runs: int, warmup: int, rounds: int, explain: bool) -> dict:
@@ -96,7 +102,9 @@ def _measure(pools: int, *, runs: int, warmup: int, rounds: int, explain: bool) 
     Pool.objects.exclude(name="default_pool").delete()
     names = [f"pool_{i:03d}" for i in range(pools)]
     Pool.objects.bulk_create(Pool(name=name, slots=TASKS * runs) for name in names)
-    dag = Dag.objects.create(dag_id="bench_pools", max_active_tasks=TASKS * runs)
+    dag = Dag.objects.create(
+        dag_id="bench_pools", max_active_tasks=TASKS * runs, bundle_name="dags-folder"
+    )
     Task.objects.bulk_create(
         Task(
             dag=dag,
@@ -120,7 +128,7 @@ def _measure(pools: int, *, runs: int, warmup: int, rounds: int, explain: bool) 
     for n in range(warmup + rounds):
         with CaptureQueriesContext(connection) as ctx:
             started = time.perf_counter()
-            got = claims.claim_workloads(hostname="bench", limit=LIMIT)
+            got = claims.claim_workloads(hostname="bench", limit=LIMIT, bundles=BUNDLES)
             seconds = time.perf_counter() - started
         TaskInstance.objects.filter(id__in=[w.ti.id for w in got]).update(
             claimed_at=None, claimed_by=""
@@ -158,7 +166,7 @@ def _explain() -> dict[str, list[str]]:
     from assets_app.task_state import claims
 
     with CaptureQueriesContext(connection) as ctx:
-        claims.claim_workloads(hostname="bench", limit=LIMIT)
+        claims.claim_workloads(hostname="bench", limit=LIMIT, bundles=BUNDLES)
     wanted = {"lock": "FOR NO KEY UPDATE", "claim": "AS claim_pool_slots"}
     plans: dict[str, list[str]] = {}
     with transaction.atomic(), connection.cursor() as cursor:

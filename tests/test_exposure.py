@@ -50,7 +50,10 @@ def test_first_admin_gets_a_random_password_printed_once(capsys, monkeypatch):
     assert authenticate(username="admin", password=password) is not None
     assert authenticate(username="admin", password="admin") is None
     again = bootstrap(capsys)
-    assert again == "admin login: use your existing superuser\n"
+    assert again == (
+        "admin login: use your existing superuser ('admin'); to reset its password: "
+        ".venv/bin/python manage.py changepassword admin\n"
+    )
     assert password not in again
 
 

@@ -40,7 +40,9 @@ from ..models import (
     TaskSetupLink,
     TaskUpstream,
     TIState,
+    WorkerBundle,
 )
+from ..operations import bundles
 from ..scheduling import runs
 from . import task_graph as task_graph_view
 from .base import (
@@ -281,6 +283,7 @@ class DagAdmin(admin.ModelAdmin):
                     "scheduler_status",
                     "queued_events_summary",
                     "fileloc",
+                    "bundle_status",
                 )
             },
         ),
@@ -309,6 +312,7 @@ class DagAdmin(admin.ModelAdmin):
         "schedule_json",
         "queued_events_summary",
         "fileloc",
+        "bundle_status",
         "created_at",
         "updated_at",
         "recent_runs",
@@ -362,7 +366,9 @@ class DagAdmin(admin.ModelAdmin):
                     .values("state")[:1]
                 ),
                 import_error_id=Subquery(
-                    DagImportError.objects.filter(filename=OuterRef("fileloc")).values("pk")[:1]
+                    DagImportError.objects.filter(
+                        filename=OuterRef("fileloc"), bundle_name=OuterRef("bundle_name")
+                    ).values("pk")[:1]
                 ),
             )
         )
@@ -487,6 +493,34 @@ class DagAdmin(admin.ModelAdmin):
             obj.schedule_error,
             obj.schedule_error_at.strftime("%Y-%m-%d %H:%M UTC") if obj.schedule_error_at else "?",
             obj.schedule_error[:SCHEDULE_LIST_TEXT_SHOWN],
+        )
+
+    @admin.display(description="bundle")
+    def bundle_status(self, obj):
+        """The Dag bundle it was synced from and whether a worker serves it (issue 44): a
+        worker serving it claimed within `bundles.SERVED_WITHIN`, or a badge saying none did
+        (its TIs wait: no worker of another bundle claims them)."""
+        if not obj.bundle_name:
+            return "none (a JSON definition: run by a worker that names no bundle)"
+        seen = WorkerBundle.objects.filter(bundle_name=obj.bundle_name).first()
+        since = timezone.now() - bundles.SERVED_WITHIN
+        if seen is not None and seen.last_claim_at >= since:
+            return format_html(
+                '{} <span class="aes-muted">served: last claim {} by {}</span>',
+                obj.bundle_name,
+                seen.last_claim_at.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                seen.last_hostname,
+            )
+        return format_html(
+            '{} <span class="aes-badge aes-badge-bad">no worker serves it</span> '
+            '<span class="aes-muted">no worker serving this bundle claimed in the last {} '
+            "minutes ({}); its tasks wait for one (bin/airflow-worker --bundle {})</span>",
+            obj.bundle_name,
+            int(bundles.SERVED_WITHIN.total_seconds() // 60),
+            "last claim " + seen.last_claim_at.strftime("%Y-%m-%d %H:%M UTC")
+            if seen is not None
+            else "never",
+            obj.bundle_name,
         )
 
     @admin.display(description="schedule (stored JSON)")

@@ -148,7 +148,10 @@ def ti_skip_downstream(
 )
 def claim_workloads(request: HttpRequest, payload: schemas.ClaimRequest):
     workloads = claims.claim_workloads(
-        hostname=payload.hostname, limit=payload.limit, queues=payload.queues
+        hostname=payload.hostname,
+        limit=payload.limit,
+        queues=payload.queues,
+        bundles=payload.bundles,
     )
     return schemas.ClaimResponse.from_domain(
         workloads, token_for=lambda ti: auth.issue_token(ti.id, try_number=ti.try_number)
@@ -226,6 +229,7 @@ def sync_dag_files(request: HttpRequest, payload: schemas.DagSyncRequest):
     result = definitions.sync_documents(
         documents=[(f.file, f.definitions) for f in payload.files],
         apply_pause=payload.apply_pause,
+        bundle_name=payload.bundle_name,
         actor=request.auth,  # type: ignore[attr-defined]
         import_errors=None
         if payload.import_errors is None

@@ -353,7 +353,7 @@ def _dag_fields(dag: Dag) -> dict[str, Any]:
         "last_parsed_time": dag.updated_at,
         "last_parse_duration": None,
         "last_expired": None,
-        "bundle_name": None,
+        "bundle_name": dag.bundle_name,
         "bundle_version": None,
         "relative_fileloc": None,
         "fileloc": dag.fileloc,

@@ -19,7 +19,12 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from assets_app.catalog import asset_events
 from assets_app.guards import run_ids
 from assets_app.models import Asset, AssetEvent, DagRun, TaskInstance
-from assets_app.models.dags import DEFAULT_QUEUE, TASK_QUEUE_MAX_LENGTH
+from assets_app.models.dags import (
+    BUNDLE_NAME_MAX_LENGTH,
+    DEFAULT_BUNDLE_NAME,
+    DEFAULT_QUEUE,
+    TASK_QUEUE_MAX_LENGTH,
+)
 from assets_app.models.triggers import TRIGGER_CLASSPATH_MAX_LENGTH, TRIGGER_QUEUE_MAX_LENGTH
 from assets_app.registration.payloads import AssetProfile, OutletEvent
 from assets_app.task_state import claims, deferral, starting
@@ -174,6 +179,13 @@ class TISkippedDownstreamTasksStatePayload(RequestBody):
     ]
 
 
+# A Dag bundle's name (Airflow's `DagBundleModel.name`, `[dag_processor]
+# dag_bundle_config_list`): letters, digits, `_`, `.` and `-`, as ids here.
+BundleName = Annotated[
+    str, Field(min_length=1, max_length=BUNDLE_NAME_MAX_LENGTH, pattern=r"^[A-Za-z0-9_.\-]+$")
+]
+
+
 class ClaimRequest(RequestBody):
     hostname: Annotated[str, Field(min_length=1, max_length=HOSTNAME_MAX_LENGTH)]
     limit: Annotated[int, Field(ge=1, le=1000)] = 1
@@ -183,6 +195,11 @@ class ClaimRequest(RequestBody):
         list[Annotated[str, Field(min_length=1, max_length=TASK_QUEUE_MAX_LENGTH)]],
         Field(min_length=1, max_length=100),
     ] = [DEFAULT_QUEUE]
+    # The Dag bundles this worker serves (`bin/airflow-worker --bundle`): only TIs of Dags
+    # synced from one of them are claimed, and the service records that a worker serves them
+    # (a Dag of a bundle no worker claimed for lately is shown as unserved). Left out: TIs of
+    # any Dag, as before bundles (the reference worker).
+    bundles: Annotated[list[BundleName], Field(min_length=1, max_length=100)] | None = None
 
 
 class AssetEventWindow(BaseModel):
@@ -519,7 +536,7 @@ class ClaimResponse(ResponseBody):
                         queue=w.queue,
                     ),
                     dag_rel_path=w.dag_rel_path,
-                    bundle_info=BundleInfo(name=BUNDLE_NAME),
+                    bundle_info=BundleInfo(name=w.bundle_name or BUNDLE_NAME),
                     log_path=log_path_of(w.ti),
                     token=token_for(w.ti),
                     task_outlets=[OutletOut(**outlet) for outlet in w.task_outlets],
@@ -726,6 +743,10 @@ class DagSyncRequest(RequestBody):
     # The folder's files that did not import: they replace the stored import errors (omitted:
     # the stored ones are left alone).
     import_errors: list[DagImportErrorDocument] | None = None
+    # The Dag bundle the files are of (Airflow's default "dags-folder" when left out): its
+    # Dags record it (workers serving it claim their TIs) and the import errors replaced are
+    # that bundle's only.
+    bundle_name: BundleName = DEFAULT_BUNDLE_NAME
 
 
 class DagSyncResponse(ResponseBody):

@@ -92,7 +92,11 @@ def _timetable_type_q(kinds: set[str], scheduled: Q) -> Q:
 
 def _has_import_errors() -> Exists:
     """Whether the Dag's file did not import at the last sync that reported import errors."""
-    return Exists(DagImportError.objects.filter(filename=OuterRef("fileloc")))
+    return Exists(
+        DagImportError.objects.filter(
+            filename=OuterRef("fileloc"), bundle_name=OuterRef("bundle_name")
+        )
+    )
 
 
 def _with_latest_run(dags: QuerySet[Dag]) -> QuerySet[Dag]:
@@ -110,8 +114,9 @@ class DagFilters:
     """Airflow's `GET /dags` filters. `tags` match as Airflow's `_TagsFilter` (a Dag with any
     of them, or with all of them for `tags_match_mode` `all`), `owners` as its `_OwnersFilter`
     (an owner's text anywhere in the Dag's owners, case-insensitive, any of them). Those on
-    concepts this service has no values for (bundles) match what Airflow matches when
-    nothing has them: asking for a value matches no Dag, asking for its absence every Dag."""
+    concepts this service has no values for (bundle versions) match what Airflow matches when
+    nothing has them: asking for a value matches no Dag, asking for its absence every Dag.
+    `bundle_name` matches the bundle a Dag was synced from (`Dag.bundle_name`)."""
 
     tags: Sequence[str] = ()
     tags_match_mode: str | None = None
@@ -179,7 +184,9 @@ def _filter(dags: QuerySet[Dag], f: DagFilters) -> QuerySet[Dag]:
         q &= Q(Exists(mine)) if f.is_favorite else ~Q(Exists(mine))
     if f.has_import_errors is not None:
         q &= Q(_has_import_errors()) if f.has_import_errors else ~Q(_has_import_errors())
-    if f.bundle_name is not None or f.bundle_version is not None:
+    if f.bundle_name is not None:
+        q &= Q(bundle_name=f.bundle_name)
+    if f.bundle_version is not None:  # no bundle versions here (Airflow's local bundle)
         q &= _NOTHING
     if f.paused is not None:
         q &= Q(is_paused=f.paused)

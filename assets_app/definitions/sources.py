@@ -17,7 +17,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from ..models import DagCode
+from ..models import Dag, DagCode
 from ..models.dags import DAG_SOURCE_MAX_BYTES
 
 __all__ = ["DAG_SOURCE_MAX_BYTES", "FileSource", "cut", "note", "record_sources", "source_of"]
@@ -60,11 +60,13 @@ def record_sources(
     sources: Sequence[FileSource],
     *,
     keep: Collection[str] | None = None,
+    bundle_name: str | None = None,
     now: datetime | None = None,
 ) -> int:
     """Store `sources` (the caller holds the sync lock): a new file's row created, a changed
-    one's replaced, an unchanged one left alone. With `keep` (the files of a whole-folder
-    sync), the rows of every other file are deleted. Returns how many rows changed. Three
+    one's replaced, an unchanged one left alone. With `keep` (the files of a whole-folder sync
+    of `bundle_name`), the rows of every other file are deleted but those of the files another
+    bundle's Dags come from (another worker's folder). Returns how many rows changed. Three
     statements, plus one UPDATE per changed file."""
     now = now or timezone.now()
     wanted = {_fileloc_hash(s.fileloc): s for s in sources}
@@ -104,7 +106,10 @@ def record_sources(
         DagCode.objects.bulk_create(fresh)
     if keep is not None:
         kept = {_fileloc_hash(f) for f in keep} | set(wanted)
-        deleted, _ = DagCode.objects.exclude(fileloc_hash__in=kept).delete()
+        others = Dag.objects.exclude(bundle_name=bundle_name).values("fileloc")
+        deleted, _ = (
+            DagCode.objects.exclude(fileloc_hash__in=kept).exclude(fileloc__in=others).delete()
+        )
         changed += deleted
     return changed + len(fresh)
 

@@ -97,6 +97,7 @@ from ..models import (
     WeightRule,
 )
 from ..models.dags import (
+    DEFAULT_BUNDLE_NAME,
     DEFAULT_OWNER,
     DEFAULT_QUEUE,
     DEFAULT_RETRY_DELAY_SECONDS,
@@ -1083,14 +1084,18 @@ def sync_definitions(
     refused: Sequence[ImportErrorReport] = (),
     file_sources: Sequence[sources.FileSource] = (),
     folder_files: Collection[str] | None = None,
+    bundle_name: str | None = None,
 ) -> SyncResult:
-    """Write already-parsed definitions (see `sync_dags`); one durable transaction. With
-    `import_errors` (the files of the folder that did not import), the stored import errors
-    become exactly those, in the same transaction. `refused`: the files the service refused
-    itself (`sync_documents`), import errors too; with `import_errors` None they are added to
-    the stored ones (replacing only their own files' errors). `file_sources`: the files' text,
-    stored in the same transaction (`sources.record_sources`); with `folder_files` (every file
-    of a whole-folder sync) the stored sources of other files are deleted."""
+    """Write already-parsed definitions (see `sync_dags`); one durable transaction. Each Dag
+    records `bundle_name`, the Dag bundle it came from (None: a JSON definition). With
+    `import_errors` (the files of the folder that did not import), the stored import errors of
+    that bundle become exactly those, in the same transaction; another bundle's stay. `refused`:
+    the files the service refused itself (`sync_documents`), import errors too; with
+    `import_errors` None they are added to the bundle's stored ones (replacing only their own
+    files' errors). `file_sources`: the files' text, stored in the same transaction
+    (`sources.record_sources`); with `folder_files` (every file of a whole-folder sync) the
+    stored sources of the bundle's other files are deleted."""
+    errors_bundle = bundle_name or DEFAULT_BUNDLE_NAME
     check_definitions(dags)
     with transaction.atomic(durable=True):
         # Concurrent syncs (several hosts at start-up) run one after the other; every read below
@@ -1101,11 +1106,13 @@ def sync_definitions(
                 files = {report.filename for report in refused}
                 import_errors = [
                     ImportErrorReport(filename=f, stack_trace=trace)
-                    for f, trace in DagImportError.objects.values_list("filename", "stack_trace")
+                    for f, trace in DagImportError.objects.filter(
+                        bundle_name=errors_bundle
+                    ).values_list("filename", "stack_trace")
                     if f not in files
                 ]
             import_errors = [*import_errors, *refused]
-        syncing = _Sync(dags, apply_pause=apply_pause)
+        syncing = _Sync(dags, apply_pause=apply_pause, bundle_name=bundle_name)
         result = syncing.run()
         if result.changed:  # a timetable, a pause or a next run may have changed (at commit)
             wakeups.wake(wakeups.TIME)
@@ -1117,12 +1124,16 @@ def sync_definitions(
             result = replace(
                 result,
                 import_errors=tuple(sorted({e.filename for e in import_errors})),
-                import_errors_changed=record_import_errors(import_errors),
+                import_errors_changed=record_import_errors(
+                    import_errors, bundle_name=errors_bundle
+                ),
             )
         if file_sources or folder_files is not None:
             result = replace(
                 result,
-                sources_changed=sources.record_sources(file_sources, keep=folder_files),
+                sources_changed=sources.record_sources(
+                    file_sources, keep=folder_files, bundle_name=errors_bundle
+                ),
                 sources_truncated=tuple(s.fileloc for s in file_sources if s.truncated),
             )
         if result.changed or result.import_errors_changed or result.sources_changed:
@@ -1139,6 +1150,7 @@ def sync_definitions(
                         if result.sources_changed
                         else {}
                     ),
+                    "bundle_name": bundle_name,
                 },
             )
         return result
@@ -1157,12 +1169,17 @@ IMPORT_ERROR_MAX_CHARS = 100_000  # a stack trace is cut to its last characters 
 
 
 def record_import_errors(
-    reports: Sequence[ImportErrorReport], *, now: datetime | None = None
+    reports: Sequence[ImportErrorReport],
+    *,
+    bundle_name: str = DEFAULT_BUNDLE_NAME,
+    now: datetime | None = None,
 ) -> bool:
-    """Make the stored import errors exactly `reports` (one row per file; the caller holds the
-    sync lock): a file that imports again loses its row, a file whose error is unchanged keeps
-    its row and timestamp (a replayed sync writes nothing), a new or changed error is written
-    with `now`. Returns whether anything changed. Three statements at most."""
+    """Make the stored import errors of `bundle_name` exactly `reports` (one row per file; the
+    caller holds the sync lock; other bundles' errors are left alone, as Airflow's dag processor
+    replaces only the errors of the bundle it parsed): a file that imports again loses its row,
+    a file whose error is unchanged keeps its row and timestamp (a replayed sync writes
+    nothing), a new or changed error is written with `now`. Returns whether anything changed.
+    Three statements at most."""
     now = now or timezone.now()
     wanted: dict[str, str] = {}
     for report in reports:
@@ -1170,14 +1187,18 @@ def record_import_errors(
         wanted[report.filename] = (
             wanted[report.filename] + "\n" + trace if report.filename in wanted else trace
         )
-    stored = dict(DagImportError.objects.values_list("filename", "stack_trace"))
+    own = DagImportError.objects.filter(bundle_name=bundle_name)
+    stored = dict(own.values_list("filename", "stack_trace"))
     stale = [f for f, trace in stored.items() if wanted.get(f) != trace]
     fresh = sorted(f for f, trace in wanted.items() if stored.get(f) != trace)
     if stale:
-        DagImportError.objects.filter(filename__in=stale).delete()
+        own.filter(filename__in=stale).delete()
     if fresh:
         DagImportError.objects.bulk_create(
-            DagImportError(filename=f, timestamp=now, stack_trace=wanted[f]) for f in fresh
+            DagImportError(
+                filename=f, bundle_name=bundle_name, timestamp=now, stack_trace=wanted[f]
+            )
+            for f in fresh
         )
     return bool(stale or fresh)
 
@@ -1218,6 +1239,7 @@ def sync_documents(
     actor: audit.Actor | None = None,
     import_errors: Sequence[ImportErrorReport] | None = None,
     file_sources: Sequence[sources.FileSource] = (),
+    bundle_name: str = DEFAULT_BUNDLE_NAME,
 ) -> SyncResult:
     """Sync definition documents that arrive decoded, as (file, document) pairs: the Dags of an
     Airflow DAG file, converted by `bin/airflow-worker` (`file` is its path relative to the Dag
@@ -1229,10 +1251,11 @@ def sync_documents(
     InvalidInput (`invalid_definition`, naming the file and the path in it) and writes nothing.
     Each `file` must be a relative path inside the bundle (`check_fileloc`): workers hand it to
     the Task SDK as `dag_rel_path`, which loads the file it names. `import_errors` (the worker's
-    files that did not import, same path rule) replace the stored ones (`record_import_errors`);
-    None leaves them alone. `file_sources`: the files' text (`sources`), stored for the files
-    that synced; a file refused or that did not import keeps its stored source, and with
-    `import_errors` (a whole folder) the sources of files not in it are deleted."""
+    files that did not import, same path rule) replace the stored ones of `bundle_name`, the
+    worker's Dag bundle, which its Dags record (`record_import_errors`); None leaves them
+    alone. `file_sources`: the files' text (`sources`), stored for the files that synced; a
+    file refused or that did not import keeps its stored source, and with `import_errors` (a
+    whole folder) the sources of the bundle's files not in it are deleted."""
     for file, _ in documents:
         check_fileloc(file)
     for source in file_sources:
@@ -1260,6 +1283,7 @@ def sync_documents(
             folder_files=None
             if import_errors is None
             else {file for file, _ in documents} | {e.filename for e in import_errors},
+            bundle_name=bundle_name,
         )
     except DefinitionError as exc:
         raise exceptions.InvalidInput(
@@ -1316,9 +1340,16 @@ def _record_versions(dag_ids: set[str]) -> None:
 class _Sync:
     """One sync inside the transaction. A fixed number of queries per step, not per Dag."""
 
-    def __init__(self, dags: Sequence[DagDefinition], *, apply_pause: bool = False) -> None:
+    def __init__(
+        self,
+        dags: Sequence[DagDefinition],
+        *,
+        apply_pause: bool = False,
+        bundle_name: str | None = None,
+    ) -> None:
         self.dags = list(dags)
         self.apply_pause = apply_pause
+        self.bundle_name = bundle_name
         self.changed_dags: set[str] = set()
         # An existing Dag's dagrun_timeout changed (issue 39).
         self.timeout_changed = False
@@ -1461,6 +1492,7 @@ class _Sync:
                     else None
                 ),
                 "fileloc": definition.fileloc,
+                "bundle_name": self.bundle_name,
                 "xcom_read_scope": definition.xcom_read_scope,
                 "max_events_per_run": definition.max_events_per_run,
                 "params": definition.params,

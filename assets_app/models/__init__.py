@@ -39,6 +39,7 @@ from .dags import (
     TaskUpstream,
     TriggerRule,
     WeightRule,
+    WorkerBundle,
     XComReadScope,
 )
 from .events import AssetAliasEvent, AssetEvent
@@ -154,6 +155,7 @@ __all__ = [
     "WebhookEventType",
     "WebhookSubscription",
     "WeightRule",
+    "WorkerBundle",
     "XCom",
     "XComReadScope",
 ]

@@ -17,6 +17,10 @@ TAG_MAX_LENGTH = 100
 OWNERS_MAX_LENGTH = 2000
 # Airflow's `[operators] default_owner`: a task's owner when the file names none.
 DEFAULT_OWNER = "airflow"
+# Airflow's default Dag bundle (`[dag_processor] dag_bundle_config_list`: one LocalDagBundle
+# named "dags-folder" over `[core] dags_folder`), and the length of its `DagModel.bundle_name`.
+DEFAULT_BUNDLE_NAME = "dags-folder"
+BUNDLE_NAME_MAX_LENGTH = 250
 
 
 class ScheduleMode(models.TextChoices):
@@ -52,6 +56,11 @@ class Dag(models.Model):
     # name} | {"all": [...]} | {"any": [...]}; null means manual runs only.
     schedule = models.JSONField(decoder=StoredJsonDecoder, null=True, blank=True)
     fileloc = models.CharField(max_length=2000, blank=True, default="")
+    # The Dag bundle it was synced from (Airflow's `DagModel.bundle_name`): the folder a stock
+    # worker serves (`bin/airflow-worker --bundle`), whose workers alone claim its TIs
+    # (`sql/claims.py`). Null for a JSON definition (`sync_dags`), which any worker that names
+    # no bundle runs (the reference worker).
+    bundle_name = models.CharField(max_length=BUNDLE_NAME_MAX_LENGTH, null=True, blank=True)
     # What the Dag says about itself (issue 39), shown as Airflow shows it: its tags (sorted,
     # unique; Airflow's DagTag rows), its owners as Airflow's `DagModel.owners` ("a, b": its
     # tasks' owners, sorted here where Airflow joins a set) and its `doc_md` ("" for none).
@@ -494,11 +503,13 @@ class DagImportError(models.Model):
     """A Dag file that did not import, or holds a Dag the service cannot run, as the last sync
     of its folder reported it (Airflow's `ParseImportError`, `/api/v2/importErrors`). Written
     only by `definitions.record_import_errors` under the sync lock: each sync that reports them
-    replaces the set (a file that imports again loses its row). The file's Dags keep what they
-    were last synced as; `filename` is relative to the Dag folder, like `Dag.fileloc`."""
+    replaces the set of its own bundle (a file that imports again loses its row; another
+    bundle's errors stay, as Airflow's dag processor keeps them per bundle). The file's Dags
+    keep what they were last synced as; `filename` is relative to the Dag folder, like
+    `Dag.fileloc`."""
 
     filename = models.CharField(max_length=2000)
-    bundle_name = models.CharField(max_length=250, default="dags-folder")
+    bundle_name = models.CharField(max_length=BUNDLE_NAME_MAX_LENGTH, default=DEFAULT_BUNDLE_NAME)
     timestamp = models.DateTimeField()
     stack_trace = models.TextField()
 
@@ -578,3 +589,17 @@ class DagVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dag_id} v{self.version_number}"
+
+
+class WorkerBundle(models.Model):
+    """A Dag bundle some worker serves, and when a worker serving it last asked for work (the
+    claim request's `bundles`, `task_state.claims`; written at most once per
+    `operations.bundles.SEEN_EVERY` per bundle). A Dag whose bundle no worker claimed for within
+    `SERVED_WITHIN` is shown as unserved (the Dag page, `/healthz`)."""
+
+    bundle_name = models.CharField(max_length=BUNDLE_NAME_MAX_LENGTH, primary_key=True)
+    last_claim_at = models.DateTimeField()
+    last_hostname = models.CharField(max_length=255)
+
+    def __str__(self) -> str:
+        return f"bundle {self.bundle_name} (last claim {self.last_claim_at:%Y-%m-%d %H:%M})"

@@ -41,7 +41,8 @@ from ..models import (
     WebhookDelivery,
 )
 from ..sql import connection as connection_sql
-from . import metrics
+from . import bundles, metrics
+from .bundles import UnservedDag
 
 PREFIX = "asset_service_"
 # The drain and the asset scheduler (the cluster's sweeps beat every minute) and the timers
@@ -612,6 +613,9 @@ class Health:
     # Not a reason for `ok` to be False (the service and every other Dag work): "degraded".
     failing_dags: list[FailingDag] = field(default_factory=list)
     failing_dag_count: int = 0
+    # Nor this: Dags of a bundle no worker claimed for lately (`operations.bundles`).
+    unserved_dags: list[UnservedDag] = field(default_factory=list)
+    unserved_dag_count: int = 0
 
     @property
     def status(self) -> str:
@@ -643,7 +647,10 @@ def health(*, now: datetime | None = None) -> Health:
         return Health(ok=False, database=False, components=[])
     components = component_health(now=now)
     shown, count = failing_dags()
+    unserved, unserved_count = bundles.unserved_dags(now=now)
     return Health(
+        unserved_dags=unserved,
+        unserved_dag_count=unserved_count,
         ok=all(c.healthy for c in components),
         database=True,
         components=components,

@@ -36,7 +36,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from ..models import DEFAULT_POOL_NAME, Dag, DagRun, Pool, Task, TaskInstance
+from ..models import DEFAULT_POOL_NAME, Dag, DagRun, Pool, Task, TaskInstance, WorkerBundle
 from ..models.dags import DEFAULT_QUEUE
 
 _TI = TaskInstance._meta.db_table
@@ -57,6 +57,23 @@ _CLAIMABLE = (
 # (Airflow's queued, at the executor) goes on. A run triggered or cleared while its Dag is
 # paused so stays queued (its first started TI is what starts a run here).
 _DAG_UNPAUSED = f"NOT EXISTS (SELECT 1 FROM {_DAG} pd WHERE pd.dag_id = ti.dag_id AND pd.is_paused)"
+
+
+def _dag_claimable(bundles: Sequence[str] | None) -> tuple[str, list[str]]:
+    """The condition on a candidate's Dag and its parameters: unpaused (`_DAG_UNPAUSED`) and,
+    for a claimer that names the Dag bundles it serves, synced from one of them (a Dag of
+    another bundle, a JSON definition or a TI whose Dag is gone is never claimed by it: its
+    worker could not load the file). One lookup by the Dag's primary key either way."""
+    if bundles is None:
+        return _DAG_UNPAUSED, []
+    placeholders = ", ".join(["%s"] * len(bundles))
+    return (
+        f"EXISTS (SELECT 1 FROM {_DAG} bd WHERE bd.dag_id = ti.dag_id AND NOT bd.is_paused "
+        f"AND bd.bundle_name IN ({placeholders}))",
+        list(bundles),
+    )
+
+
 # Airflow's order: priority weight descending, then the run's logical date (PostgreSQL puts
 # Airflow's NULLs last; spelled out for SQLite), then map index; then FIFO.
 _ORDER = (
@@ -131,12 +148,19 @@ def candidate_window(limit: int) -> int:
 
 
 def claim_task_instances(
-    *, pools: Sequence[str], queues: Sequence[str], limit: int, now: datetime, expired: datetime
+    *,
+    pools: Sequence[str],
+    queues: Sequence[str],
+    limit: int,
+    now: datetime,
+    expired: datetime,
+    bundles: Sequence[str] | None = None,
 ) -> ClaimedBatch:
     """Lock and return up to `limit` claimable TIs of tasks in `queues` and `pools` (whose rows
     the caller locked, `lock_claim_pools`), heaviest first (`_ORDER`), FOR UPDATE SKIP LOCKED,
     such that no pool hands out more slots than it has open and no run, task or task of a run
-    holds more claimed and running TIs than its limit. 1 statement, in the caller's
+    holds more claimed and running TIs than its limit; with `bundles`, only TIs of Dags synced
+    from one of those Dag bundles (`_dag_claimable`). 1 statement, in the caller's
     transaction; the caller repeats it, after stamping the TIs it returned as claimed, while
     it returns some, fewer than asked and `window_full` (`task_state.claims`).
 
@@ -172,8 +196,9 @@ def claim_task_instances(
     Each TI comes back with `weight` (its
     task's effective priority weight), `claim_pool_slots` and `claim_queue`. Pools are counted
     across queues, as Airflow's are: a TI of another queue holds its pool's slots too."""
-    if not pools or not queues or limit < 1:
+    if not pools or not queues or limit < 1 or (bundles is not None and not bundles):
         return ClaimedBatch(tis=[], window_full=False)
+    dag_claimable, bundle_params = _dag_claimable(bundles)
     names = ", ".join(["%s"] * len(pools))
     queue_names = ", ".join(["%s"] * len(queues))
     # A TI whose task is gone is in the default queue and pool. The task's columns are
@@ -224,7 +249,7 @@ def claim_task_instances(
                        COALESCE(t.queue, %s) AS queue, t.max_active_tis_per_dag AS task_max,
                        t.max_active_tis_per_dagrun AS run_task_max
                 FROM {_TI} ti JOIN {_RUN} r ON r.id = ti.dag_run_id {_TASK_JOIN}
-                WHERE {_CLAIMABLE} AND {_DAG_UNPAUSED}
+                WHERE {_CLAIMABLE} AND {dag_claimable}
                   AND (t.queue IN ({queue_names}) OR (t.task_id IS NULL AND {gone_queue}))
                   AND (t.pool IN ({names}) OR (t.task_id IS NULL AND {gone_pool}))
                   AND NOT EXISTS (SELECT 1 FROM free f WHERE f.name = COALESCE(t.pool, %s)
@@ -274,6 +299,7 @@ def claim_task_instances(
         *(DEFAULT_POOL_NAME, expired_),
         *pools,
         *(DEFAULT_POOL_NAME, DEFAULT_QUEUE, now_, expired_),
+        *bundle_params,
         *queues,
         *pools,
         DEFAULT_POOL_NAME,
@@ -313,3 +339,29 @@ def pool_slot_counts(
     with connection.cursor() as cursor:
         cursor.execute(text, params)
         return {pool: (int(r), int(q), int(s), int(d)) for pool, r, q, s, d in cursor.fetchall()}
+
+
+def record_worker_bundles(
+    *, hostname: str, bundles: Sequence[str], now: datetime, unless_since: datetime
+) -> None:
+    """Stamp each of `bundles` as claimed for by `hostname` at `now`, writing a bundle's row only
+    when it is new or was last stamped before `unless_since` (idle workers poll every second:
+    one write per bundle per interval, whatever the number of workers). 1 statement, INSERT ...
+    ON CONFLICT DO UPDATE ... WHERE (PostgreSQL and SQLite alike)."""
+    names = sorted(set(bundles))
+    if not names:
+        return
+    adapt = connection.ops.adapt_datetimefield_value
+    table = WorkerBundle._meta.db_table
+    rows = ", ".join(["(%s, %s, %s)"] * len(names))
+    params: list = []
+    for name in names:
+        params += [name, adapt(now), hostname]
+    text = f"""
+        INSERT INTO {table} (bundle_name, last_claim_at, last_hostname) VALUES {rows}
+        ON CONFLICT (bundle_name) DO UPDATE
+        SET last_claim_at = excluded.last_claim_at, last_hostname = excluded.last_hostname
+        WHERE {table}.last_claim_at < %s
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(text, [*params, adapt(unless_since)])

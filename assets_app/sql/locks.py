@@ -174,6 +174,7 @@ def claim_queued_task_instances(
     limit: int,
     now: datetime,
     claim_timeout: timedelta,
+    bundles: Sequence[str] | None = None,
 ) -> claims_sql.ClaimedBatch:
     """Lock up to `limit` claimable queued TIs of tasks in `queues` and `pools` (whose rows the
     caller locked with `lock_claim_pools`), heaviest first, FOR UPDATE SKIP LOCKED, never more
@@ -186,10 +187,16 @@ def claim_queued_task_instances(
     (`_executable_task_instances_to_queued`): the task's effective priority weight
     (`Task.priority_weight_total`, 1 for a TI whose task is gone) descending, then the run's
     logical date (none last, as PostgreSQL sorts Airflow's NULLs) and the map index, then
-    FIFO (queued_at, id) where Airflow leaves the order open.
+    FIFO (queued_at, id) where Airflow leaves the order open. With `bundles`, only TIs of Dags
+    synced from one of those Dag bundles.
     """
     return claims_sql.claim_task_instances(
-        pools=pools, queues=queues, limit=limit, now=now, expired=now - claim_timeout
+        pools=pools,
+        queues=queues,
+        limit=limit,
+        now=now,
+        expired=now - claim_timeout,
+        bundles=bundles,
     )
 
 

@@ -15,6 +15,7 @@ from ..definitions import sync
 from ..guards import exceptions
 from ..models import Dag, Task, TaskInstance
 from ..models.dags import DEFAULT_QUEUE
+from ..operations import bundles as served
 from ..sql import locks
 
 
@@ -32,13 +33,22 @@ class Workload:
     priority_weight: int = 1
     pool_slots: int = 1
     queue: str = DEFAULT_QUEUE
+    # The Dag bundle its Dag was synced from (the workload's `bundle_info`; None: a JSON
+    # definition, handed as Airflow's default bundle).
+    bundle_name: str | None = None
 
 
 def claim_workloads(
-    *, hostname: str, limit: int, queues: Sequence[str] = (DEFAULT_QUEUE,)
+    *,
+    hostname: str,
+    limit: int,
+    queues: Sequence[str] = (DEFAULT_QUEUE,),
+    bundles: Sequence[str] | None = None,
 ) -> list[Workload]:
     """Claim up to `limit` queued TIs of tasks in `queues` (Airflow's task `queue`; a worker
-    listens on Airflow's `[operators] default_queue` unless told otherwise) for `hostname`,
+    listens on Airflow's `[operators] default_queue` unless told otherwise) and, with
+    `bundles`, of Dags synced from one of those Dag bundles (a stock worker names the bundle
+    it serves; without, any Dag's: the reference worker) for `hostname`,
     heaviest effective priority weight first (then Airflow's tie-break, then FIFO:
     `locks.claim_queued_task_instances`), never handing out more slots than a pool has open,
     even to concurrent claimers.
@@ -55,16 +65,24 @@ def claim_workloads(
     the same transaction: a read that fails (the database went away) rolls the claim back, so a
     claim whose answer is an error never strands its TIs for the claim timeout. The claimed TI
     rows are locked by nobody else (they were queued and SKIP LOCKED), so the longer hold costs
-    no waiter.
+    no waiter. With `bundles`, one more statement before the transaction records that a worker
+    serves them (`bundles.record_claim`, at most one write per bundle per 30 s).
     """
     now = timezone.now()
+    if bundles:
+        served.record_claim(hostname=hostname, bundles=bundles, now=now)
     timeout = timedelta(seconds=settings.WORKLOAD_CLAIM_TIMEOUT_SECONDS)
     with transaction.atomic(durable=True):
         pools = locks.lock_claim_pools(queues=queues, now=now, claim_timeout=timeout)
         tis: list[TaskInstance] = []
         while True:
             batch = locks.claim_queued_task_instances(
-                pools=pools, queues=queues, limit=limit - len(tis), now=now, claim_timeout=timeout
+                pools=pools,
+                queues=queues,
+                limit=limit - len(tis),
+                now=now,
+                claim_timeout=timeout,
+                bundles=bundles,
             )
             if not batch.tis:
                 break
@@ -78,11 +96,12 @@ def claim_workloads(
         if not tis:
             return []
         outlets = _declared_outlets({(ti.dag_id, ti.task_id) for ti in tis})
-        files = dict(
-            Dag.objects.filter(dag_id__in={ti.dag_id for ti in tis}).values_list(
-                "dag_id", "fileloc"
-            )
-        )
+        files = {
+            dag_id: (fileloc, bundle_name)
+            for dag_id, fileloc, bundle_name in Dag.objects.filter(
+                dag_id__in={ti.dag_id for ti in tis}
+            ).values_list("dag_id", "fileloc", "bundle_name")
+        }
     for ti in tis:
         ti.claimed_by = hostname
         ti.claimed_at = now
@@ -90,7 +109,8 @@ def claim_workloads(
         Workload(
             ti=ti,
             task_outlets=outlets.get((ti.dag_id, ti.task_id), []),
-            dag_rel_path=_rel_path(files.get(ti.dag_id, "")),
+            dag_rel_path=_rel_path(files.get(ti.dag_id, ("", None))[0]),
+            bundle_name=files.get(ti.dag_id, ("", None))[1],
             priority_weight=ti.weight,  # type: ignore[attr-defined]  # the claim's columns
             pool_slots=ti.claim_pool_slots,  # type: ignore[attr-defined]
             queue=ti.claim_queue,  # type: ignore[attr-defined]

@@ -205,7 +205,7 @@ def populate(n: int) -> None:
         DagImportError.objects.create(
             filename=f"broken_{i}.py", timestamp=now, stack_trace="SyntaxError: invalid syntax"
         )
-        DagFactory(dag_id=f"unimported_{i}", fileloc=f"broken_{i}.py")
+        DagFactory(dag_id=f"unimported_{i}", fileloc=f"broken_{i}.py", bundle_name="dags-folder")
         # Issue 45: the file's source as last synced.
         sources.record_sources([sources.cut(f"broken_{i}.py", f"# file {i}\n")])
         # Issue 28: a watcher with a route and a registered and a parked message.

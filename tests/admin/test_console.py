@@ -380,8 +380,10 @@ def test_a_dag_whose_file_did_not_import_links_to_its_import_error(staff_client)
         timestamp=timezone.now(),
         stack_trace="Traceback ...\nModuleNotFoundError: No module named 'pandas_x'",
     )
-    DagFactory(dag_id="stale_etl", fileloc="etl/broken.py")
-    DagFactory(dag_id="fine_etl", fileloc="etl/fine.py")
+    # As a worker's sync of Airflow's default bundle writes them (issue 44: errors per bundle).
+    DagFactory(dag_id="stale_etl", fileloc="etl/broken.py", bundle_name="dags-folder")
+    DagFactory(dag_id="fine_etl", fileloc="etl/fine.py", bundle_name="dags-folder")
+    DagFactory(dag_id="other_bundle", fileloc="etl/broken.py", bundle_name="team-b")
     listing = staff_client.get(reverse("admin:assets_app_dag_changelist")).content.decode()
     link = reverse("admin:assets_app_dagimporterror_change", args=[error.pk])
     assert listing.count(link) == 1 and ">import error<" in listing

@@ -39,7 +39,7 @@ def test_the_list_shows_pause_last_run_state_and_tags(staff_client):
 
 
 def test_the_import_error_badge_is_white_on_red(staff_client):
-    DagFactory(dag_id="broken", fileloc="etl/broken.py")
+    DagFactory(dag_id="broken", fileloc="etl/broken.py", bundle_name="dags-folder")
     DagImportError.objects.create(
         filename="etl/broken.py", timestamp=timezone.now(), stack_trace="SyntaxError"
     )

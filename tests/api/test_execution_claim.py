@@ -10,7 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from assets_app.api import auth
-from assets_app.models import DEFAULT_POOL_NAME, Pool, TaskInstance
+from assets_app.models import DEFAULT_POOL_NAME, Pool, TaskInstance, WorkerBundle
+from assets_app.operations import bundles
 from assets_app.task_state import claims
 from tests.factories import (
     AssetAliasFactory,
@@ -197,6 +198,8 @@ def test_a_task_token_is_not_a_worker_api_key(worker_api):
         {"hostname": "a", "queues": []},
         {"hostname": "a", "queues": [""]},
         {"hostname": "a", "queues": "default"},
+        {"hostname": "a", "bundles": []},
+        {"hostname": "a", "bundles": ["two words"]},
     ],
 )
 def test_invalid_claim_body_is_422(worker_api, body):
@@ -294,3 +297,55 @@ def test_a_stored_fileloc_outside_the_bundle_is_not_handed_to_a_worker(worker_ap
     TaskInstanceFactory(dag_run=DagRunFactory(dag=dag), task_id="build")
     (workload,) = claim(worker_api, {"hostname": "worker-1", "limit": 5}).json()["workloads"]
     assert workload["dag_rel_path"] == ""
+
+
+def test_a_worker_claims_only_the_tis_of_the_bundles_it_serves(worker_api):
+    """Issue 44: a worker naming its Dag bundles never claims a TI of a Dag of another bundle
+    or of a JSON definition (it could not load the file: "Dag not found during start up", for
+    ever); a claim naming none (the reference worker) still takes any. Each workload names its
+    Dag's bundle, and the claim records that a worker serves the bundles it named."""
+    mine = TaskInstanceFactory(dag_run__dag__bundle_name="team-a")
+    theirs = TaskInstanceFactory(dag_run__dag__bundle_name="team-b")
+    json_defined = TaskInstanceFactory()  # bundle_name None
+    assert json_defined.dag_run.dag.bundle_name is None
+    body = {"hostname": "w-a", "limit": 10, "bundles": ["team-a"]}
+
+    got = claim(worker_api, body).json()["workloads"]
+    assert [(w["ti"]["id"], w["bundle_info"]) for w in got] == [(str(mine.id), {"name": "team-a"})]
+    assert claim(worker_api, body).json() == {"workloads": []}  # and again, never theirs
+    assert WorkerBundle.objects.get().bundle_name == "team-a"
+    assert WorkerBundle.objects.get().last_hostname == "w-a"
+    both = claim(worker_api, {"hostname": "w-b", "limit": 10, "bundles": ["team-b", "x"]})
+    assert [w["ti"]["id"] for w in both.json()["workloads"]] == [str(theirs.id)]
+    anything = claim(worker_api, {"hostname": "ref", "limit": 10}).json()["workloads"]
+    assert [w["ti"]["id"] for w in anything] == [str(json_defined.id)]
+    assert anything[0]["bundle_info"] == {"name": "dags-folder"}
+
+
+def test_a_bundle_is_recorded_at_most_once_per_seen_every(worker_api):
+    """Idle workers poll every second: a bundle's row is rewritten once per SEEN_EVERY."""
+    start = timezone.now()
+    bundles.record_claim(hostname="a", bundles=["b1", "b1"], now=start)
+    bundles.record_claim(hostname="b", bundles=["b1"], now=start + timedelta(seconds=5))
+    seen = WorkerBundle.objects.get()
+    assert (seen.last_claim_at, seen.last_hostname) == (start, "a")
+    later = start + bundles.SEEN_EVERY + timedelta(seconds=1)
+    bundles.record_claim(hostname="b", bundles=["b1"], now=later)
+    seen = WorkerBundle.objects.get()
+    assert (seen.last_claim_at, seen.last_hostname) == (later, "b")
+
+
+def test_a_bundle_claim_has_the_same_query_count_for_1_and_200_workloads():
+    Pool.objects.filter(name=DEFAULT_POOL_NAME).update(slots=-1)
+    run = DagRunFactory(dag__max_active_tasks=1000, dag__bundle_name="team-a")
+    for i in range(200):
+        TaskFactory(dag=run.dag, task_id=f"t{i}")
+        TaskInstanceFactory(dag_run=run, task_id=f"t{i}")
+
+    def queries(limit: int) -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            got = claims.claim_workloads(hostname="w", limit=limit, bundles=["team-a"])
+        assert len(got) == limit
+        return len(ctx.captured_queries)
+
+    assert queries(1) == queries(199)

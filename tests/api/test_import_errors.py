@@ -27,8 +27,10 @@ def _doc(dag_id: str) -> dict:
 def sync(client, settings):
     settings.DAG_SYNC_KEY = "deploy-key-" + "d" * 30
 
-    def post(files, import_errors=None):
+    def post(files, import_errors=None, bundle_name=None):
         body = {"files": [{"file": f, "definitions": d} for f, d in files.items()]}
+        if bundle_name is not None:
+            body["bundle_name"] = bundle_name
         if import_errors is not None:
             body["import_errors"] = [{"file": f, "error": e} for f, e in import_errors.items()]
         return client.post(
@@ -88,6 +90,35 @@ def test_a_replayed_sync_writes_nothing_and_a_fixed_file_loses_its_error(sync):
     assert DagImportError.objects.count() == 1
     sync(files, import_errors={})
     assert DagImportError.objects.count() == 0
+
+
+def test_import_errors_are_kept_per_bundle_and_dags_record_theirs(sync, api):
+    """Issue 44: a clean sync of bundle B keeps bundle A's import errors (Airflow keeps
+    `ParseImportError` per bundle); each Dag records the bundle it was synced from."""
+    a = sync({"a.py": [_doc("from_a")]}, import_errors={"broken.py": TRACE}, bundle_name="team-a")
+    assert a.status_code == 200, a.content
+    b = sync({"b.py": [_doc("from_b")]}, import_errors={}, bundle_name="team-b")
+    assert b.status_code == 200, b.content
+    assert list(DagImportError.objects.values_list("filename", "bundle_name")) == [
+        ("broken.py", "team-a")
+    ]
+    assert dict(Dag.objects.values_list("dag_id", "bundle_name")) == {
+        "from_a": "team-a",
+        "from_b": "team-b",
+    }
+    # The same file name broken in B: its own row, A's untouched; A's clean sync clears A's.
+    sync({"b.py": [_doc("from_b")]}, import_errors={"broken.py": "B's trace"}, bundle_name="team-b")
+    sync({"a.py": [_doc("from_a")]}, import_errors={}, bundle_name="team-a")
+    assert list(DagImportError.objects.values_list("filename", "bundle_name")) == [
+        ("broken.py", "team-b")
+    ]
+    # Left out: Airflow's default bundle. Airflow's DAGResponse and its filter name the bundle.
+    sync({"c.py": [_doc("from_default")]})
+    assert Dag.objects.get(dag_id="from_default").bundle_name == "dags-folder"
+    listed = api.get("/api/v2/dags", {"bundle_name": "team-a"}).json()
+    assert [d["dag_id"] for d in listed["dags"]] == ["from_a"]
+    assert listed["dags"][0]["bundle_name"] == "team-a"
+    assert sync({"d.py": [_doc("d")]}, bundle_name="no spaces").status_code == 422
 
 
 def test_an_import_error_outside_the_bundle_is_refused_and_nothing_is_written(sync):

@@ -111,6 +111,30 @@ def test_the_public_logs_endpoint_answers_airflows_shape_with_continuation(api):
     assert _valid_for_airflow([body, rest, full]) == []
 
 
+def test_the_logs_endpoint_streams_ndjson_when_asked_as_airflows(api):
+    """Issue 44: `Accept: application/x-ndjson` (listed by Airflow's OpenAPI, asked by its UI)
+    answers one structured message a line; the continuation token, while the try may still
+    log, in `Airflow-Continuation-Token` (Airflow's `get_log`)."""
+    ti = TaskInstanceFactory(state="running")
+    assert _put(ti, 1, 0, LINES[0]).status_code == 200
+    answer = api.get(_logs_url(ti, 1), headers={"Accept": "application/x-ndjson"})
+    assert answer.status_code == 200, answer.content
+    assert answer["Content-Type"] == "application/x-ndjson"
+    lines = answer.content.decode().splitlines()
+    assert [json.loads(line)["event"] for line in lines] == ["starting"]
+    token = answer["Airflow-Continuation-Token"]
+    assert _put(ti, 1, len(LINES[0].encode()), LINES[1]).status_code == 200
+    rest = api.get(_logs_url(ti, 1), {"token": token}, headers={"Accept": "application/x-ndjson"})
+    assert [json.loads(line)["event"] for line in rest.content.decode().splitlines()] == [
+        "not json at all"
+    ]
+    ti.state = "success"
+    ti.save(update_fields=["state"])
+    done = api.get(_logs_url(ti, 1), headers={"Accept": "application/x-ndjson"})
+    assert "Airflow-Continuation-Token" not in done
+    assert api.get(_logs_url(ti, 1), headers={"Accept": "image/png"}).status_code == 422
+
+
 def test_a_ti_that_never_ran_has_an_empty_log_at_try_0(api):
     """Airflow 3.3.2's log route reads the TI whose try_number is the one asked: a TI skipped
     before it was queued is at try 0, with nothing logged; it has no try 1."""

@@ -20,6 +20,7 @@ import requests
 from django.contrib.auth import get_user_model
 
 from assets_app.api.public_auth import create_api_token
+from assets_app.definitions import sync as definitions
 from assets_app.models import DagRun, DagRunType, TaskInstance, TaskReschedule, XCom
 from tests.proof.conftest import figure
 
@@ -94,7 +95,11 @@ def test_stock_task_sdk_worker_runs_the_example_dag_files(service, tmp_path):
     again = _worker(service, tmp_path, "--sync-only")
     assert "8 unchanged" in again.stderr, again.stderr[-2000:]  # idempotent, as sync_dags
 
-    for dag_id in MANUAL_DAGS:
+    # Issue 44: a JSON-defined Dag (no bundle), triggered while the worker (Airflow's default
+    # bundle) claims, is never claimed by it (before: "Dag not found during start up", for ever).
+    json_dag = {"dag_id": "json_other", "is_paused": False, "tasks": [{"task_id": "t"}]}
+    definitions.sync_definitions(dags=definitions.parse_document(json_dag, file="x.json"))
+    for dag_id in (*MANUAL_DAGS, "json_other"):
         body = {"logical_date": None, "conf": {"path": "left"} if dag_id == "af_branch" else {}}
         answer = api.post(f"{url}/api/v2/dags/{dag_id}/dagRuns", json=body)
         assert answer.status_code == 200, answer.text
@@ -114,7 +119,11 @@ def test_stock_task_sdk_worker_runs_the_example_dag_files(service, tmp_path):
     elapsed = time.monotonic() - started
     assert ran.returncode == 0, ran.stderr[-3000:]
 
-    tis = {(ti.dag_id, ti.task_id): ti for ti in TaskInstance.objects.all()}
+    other = TaskInstance.objects.get(dag_id="json_other")
+    # Claimed, it would fail to start and be queued again after a retry delay (retry_at).
+    assert (other.state, other.claimed_by, other.retry_at) == ("queued", "", None)
+    assert "json_other" not in ran.stderr, ran.stderr[-3000:]
+    tis = {(ti.dag_id, ti.task_id): ti for ti in TaskInstance.objects.exclude(dag_id="json_other")}
     got = {key: (ti.state, ti.try_number) for key, ti in tis.items()}
     assert got == EXPECTED, ran.stderr[-4000:]
     # Issue 44: each try is printed with the state its supervisor reported, not only the exit

@@ -1254,6 +1254,40 @@ def test_the_worker_claims_its_queues_default_airflows_default_queue(tmp_path):
     }
 
 
+_BUNDLE = """
+import json, sys
+from pathlib import Path
+from airflow_worker.__main__ import _airflow_environment, _options
+folder, logs = sys.argv[1], sys.argv[2]
+default = _options(["--dags", folder]).bundle
+options = _options(["--dags", folder, "--bundle", "team-a", "--logs", logs])
+_airflow_environment(options)
+from airflow.dag_processing.bundles.manager import DagBundlesManager
+bundle = DagBundlesManager().get_bundle("team-a")
+print(json.dumps({"default": default, "path": str(bundle.path)}))
+"""
+
+
+def test_the_worker_serves_its_bundle_as_airflows_local_bundle_of_that_name(tmp_path):
+    """`bin/airflow-worker --bundle NAME` (default Airflow's `dags-folder`): the Task SDK
+    loads a workload's Dag from the bundle its `bundle_info` names (the Dag's bundle), so the
+    worker configures Airflow's local bundle over `--dags` under that name."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    done = subprocess.run(
+        [str(sdk_python()), "-c", _BUNDLE, str(dags), str(tmp_path / "logs")],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "AIRFLOW_HOME": str(tmp_path), "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "default": "dags-folder",
+        "path": str(dags.resolve()),
+    }
+
+
 def test_queue_is_carried(tmp_path):
     (tmp_path / "queued.py").write_text(
         textwrap.dedent(

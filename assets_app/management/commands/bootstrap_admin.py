@@ -1,5 +1,6 @@
 import os
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from assets_app.guards import exceptions, exposure
@@ -23,7 +24,18 @@ class Command(BaseCommand):
         except exceptions.DomainError as exc:
             raise CommandError(exc.message) from exc
         if login is None:
-            self.stdout.write("admin login: use your existing superuser")
+            # The password was shown once, at the first start (issue 44): say how to reset it.
+            names = (
+                get_user_model()
+                .objects.filter(is_superuser=True, is_active=True)
+                .order_by("id")
+                .values_list("username", flat=True)[:1]
+            )
+            name = names[0] if names else username
+            self.stdout.write(
+                f"admin login: use your existing superuser ({name!r}); to reset its password: "
+                f".venv/bin/python manage.py changepassword {name}"
+            )
             return
         note = " (generated, shown only now)" if login.generated else ""
         self.stdout.write(

@@ -27,12 +27,14 @@ from ..models import (
     AssetDagRunQueue,
     Dag,
     DagCode,
+    DagFavorite,
     DagImportError,
     DagRun,
     DagRunAssetEvent,
     DagRunState,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    DagVersion,
     ScheduleMode,
     Task,
     TaskOutletAliasReference,
@@ -1020,3 +1022,36 @@ class DagCodeAdmin(ReadOnlyAdmin):
     @admin.display(description="bytes", ordering="source_size")
     def size(self, obj):
         return f"{obj.source_size:,}"
+
+
+@admin.register(DagVersion)
+class DagVersionAdmin(ReadOnlyAdmin):
+    """The Dags' versions (Airflow's `dag_version`, issue 49): a sync that creates a Dag or
+    changes its definition writes the next number (`GET /api/v2/dags/{id}/dagVersions`)."""
+
+    list_display = ("dag_id", "version_number", "created_at")
+    search_fields = ("dag__dag_id",)
+    readonly_fields = ("dag", "version_number", "created_at")
+    fields = readonly_fields
+
+
+@admin.register(DagFavorite)
+class DagFavoriteAdmin(ReadOnlyAdmin):
+    """Users' favorite Dags (Airflow's `dag_favorite`, issue 49), set through the public API's
+    `POST /dags/{id}/favorite` and `/unfavorite`."""
+
+    list_display = ("user", "dag_id", "created_at")
+    list_select_related = ("user",)
+    readonly_fields = ("user", "dag", "created_at")
+    fields = readonly_fields
+
+
+@admin.register(WorkerBundle)
+class WorkerBundleAdmin(ReadOnlyAdmin):
+    """The Dag bundles workers serve and when one last claimed for each (issue 44): a Dag whose
+    bundle no worker claimed for recently shows "no worker serves it" on its page and in
+    `/healthz`."""
+
+    list_display = ("bundle_name", "last_claim_at", "last_hostname")
+    readonly_fields = list_display
+    fields = readonly_fields

@@ -18,11 +18,13 @@ from assets_app.models import (
     BackfillDagRun,
     ComponentHeartbeat,
     DagCallbackRequest,
+    DagFavorite,
     DagImportError,
     DagRunAssetEvent,
     DagRunType,
     DagScheduleAliasReference,
     DagScheduleAssetReference,
+    DagVersion,
     FreshnessPolicy,
     HITLDetail,
     MetricCounter,
@@ -46,6 +48,7 @@ from assets_app.models import (
     WebhookDelivery,
     WebhookEndpoint,
     WebhookSubscription,
+    WorkerBundle,
     XCom,
 )
 from assets_app.operations import audit
@@ -108,6 +111,12 @@ def populate(n: int) -> None:
         waiting = AssetEventFactory(asset=asset)
         AssetDagRunQueue.objects.create(target_dag=consumer, asset_event=waiting, asset=asset)
         AssetEventQueueFactory(source_dag_id=producer.dag_id)
+        # Issue 49: a version of the producer and a user's favorite; issue 44: a served bundle.
+        DagVersion.objects.create(dag=producer, version_number=1)
+        DagFavorite.objects.create(dag=producer, user=user)
+        WorkerBundle.objects.create(
+            bundle_name=f"bundle-{i}", last_claim_at=timezone.now(), last_hostname="host"
+        )
         AssetEventQueueFactory(source_dag_id=producer.dag_id, parked=True)
         MetricCounter.objects.create(name="outbox_registered", shard=i, value=i)
         ApiToken.objects.create(user=user, name=f"token-{i}", key_hash=ApiToken.hash_key(f"k{i}"))

@@ -90,6 +90,10 @@ EXPECTED = {
     "trigger": 5,
     # Issue 39: Dag callback requests (their runs joined).
     "dagcallbackrequest": 5,
+    # Issue 49: Dag versions and favorites; issue 44: the bundles workers serve.
+    "dagversion": 5,
+    "dagfavorite": 5,
+    "workerbundle": 5,
 }
 
 APPEND_ONLY = (
@@ -106,6 +110,9 @@ APPEND_ONLY = (
     "dagcode",
     "dagcallbackrequest",
     "revokedtoken",
+    "dagversion",
+    "dagfavorite",
+    "workerbundle",
 )
 
 

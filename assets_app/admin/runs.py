@@ -211,41 +211,38 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
         )
     ordered = task_order.dag_task_rows(dag_id=dag.dag_id, task_groups=dag.task_groups)
     task_ids = [row.task_id for row in ordered if row.task_id is not None]
-    # Durations come from SQL as epoch milliseconds (an unfinished TI ends "now"): no
-    # timestamp is built in Python (200,000 of them at 1,000 tasks x 100 runs).
+    # PostgreSQL writes each TI's cell text after its state letter (`_CELL_TEXT`) and its epoch
+    # milliseconds (for a mapped task's span): no timestamp or duration is built in Python
+    # (200,000 and 100,000 of them at 1,000 tasks x 100 runs).
     column = {run["id"]: i for i, run in enumerate(recent)}
     cells: dict[str, list] = {}
-    for run_pk, task_id, map_index, state, try_number, start_ms, end_ms, unfinished in (
+    multi: dict[tuple[str, int], list[tuple]] = {}  # a mapped task's map indexes
+    mapped: set[str] = set()
+    for run_pk, task_id, map_index, state, text, start_ms, end_ms in (
         TaskInstance.objects.filter(dag_run_id__in=list(column))
         .annotate(
+            text=RawSQL(_CELL_TEXT, ()),
             start_ms=RawSQL("(EXTRACT(EPOCH FROM start_date) * 1000)::bigint", ()),
             end_ms=RawSQL(
                 "(EXTRACT(EPOCH FROM COALESCE(end_date, statement_timestamp())) * 1000)::bigint", ()
             ),
-            unfinished=RawSQL("end_date IS NULL", ()),
         )
-        .values_list(
-            "dag_run_id",
-            "task_id",
-            "map_index",
-            "state",
-            "try_number",
-            "start_ms",
-            "end_ms",
-            "unfinished",
-        )
+        .values_list("dag_run_id", "task_id", "map_index", "state", "text", "start_ms", "end_ms")
     ):
         by_run = cells.get(task_id)
         if by_run is None:
             by_run = cells[task_id] = [None] * len(recent)
-        ti = (map_index, state, try_number, start_ms, end_ms, unfinished)
         at = column[run_pk]
+        ti = (map_index, state, text, start_ms, end_ms)
+        if map_index >= 0:
+            mapped.add(task_id)
         if by_run[at] is None:
-            by_run[at] = [ti]
+            by_run[at] = ti
         else:
-            by_run[at].append(ti)
+            mapped.add(task_id)
+            multi.setdefault((task_id, at), [by_run[at]]).append(ti)
     gone = sorted(set(cells) - set(task_ids))
-    states: dict[str | None, int] = {}
+    letters: dict[str | None, str] = {}
     rows = []
     gone_rows = [task_order.Row(label=task_id, depth=0, task_id=task_id) for task_id in gone]
     empty: list = [None] * len(recent)
@@ -254,28 +251,36 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
             rows.append({"group_id": line.group_id, "label": line.label, "depth": line.depth})
             continue
         task_id = line.task_id
-        found = cells.get(task_id)
+        found = cells.get(task_id) or empty
         row: dict[str, Any] = {
             "task_id": task_id,
             "label": line.label,
             "depth": line.depth,
             "gone": task_id in gone,
+            "cells": None,
         }
-        if found is not None and any(
-            tis is not None and (len(tis) > 1 or tis[0][0] >= 0) for tis in found
-        ):
+        if task_id in mapped:
             # A mapped task: its cells are drawn here (`_mapped_cell`), few as they are.
             row["cells"] = mark_safe(
                 "".join(
-                    _mapped_cell(task_id, tis, run) if tis else _EMPTY_CELL
-                    for tis, run in zip(found, recent, strict=True)
+                    _mapped_cell(task_id, multi.get((task_id, at), [ti]), run)
+                    if ti
+                    else _EMPTY_CELL
+                    for at, (ti, run) in enumerate(zip(found, recent, strict=True))
                 )
             )
-        else:
-            row["cells"], row["data"] = (
-                None,
-                " ".join(_cell_token(tis[0], states) if tis else "-" for tis in found or empty),
-            )
+            rows.append(row)
+            continue
+        tokens = []
+        for ti in found:
+            if ti is None:
+                tokens.append("-")
+                continue
+            letter = letters.get(ti[1])
+            if letter is None:
+                letter = letters[ti[1]] = _state_letter(len(letters))
+            tokens.append(letter + ti[2])
+        row["data"] = " ".join(tokens)
         rows.append(row)
     ti_url = reverse("admin:assets_app_dagrun_ti", args=[987654321, "__task__"]).replace(
         "987654321", "__run__"
@@ -284,9 +289,9 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
         "dag": dag,
         "runs": recent,
         "rows": rows,
-        # What the page's script needs to draw the compact rows' cells (`_cell_token`).
+        # What the page's script needs to draw the compact rows' cells (`_CELL_TEXT`).
         "cell_data": {
-            "states": [[state or "", state_colour(state)] for state in states],
+            "states": [[state or "", state_colour(state)] for state in letters],
             "runs": [[run["id"], run["run_id"]] for run in recent],
             "ti_url": ti_url,
         },
@@ -295,24 +300,20 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
 
 _CODES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
+# One plain TI's cell in a compact row, after its state's letter (`_state_letter`, states in
+# first-seen order): its duration in ms (none before it started), `+` while unfinished ("so
+# far"), `~` and its try when not the first. `-` is a run without this task's TI. The page's
+# script draws the cell, its colour, its link (`ti_redirect_view`) and its title from it.
+_CELL_TEXT = (
+    "CASE WHEN start_date IS NULL THEN '' ELSE (EXTRACT(EPOCH FROM COALESCE(end_date, "
+    "statement_timestamp()) - start_date) * 1000)::bigint::text "
+    "|| CASE WHEN end_date IS NULL THEN '+' ELSE '' END END "
+    "|| CASE WHEN try_number <> 1 THEN '~' || try_number::text ELSE '' END"
+)
 
-def _cell_token(ti: tuple, states: dict[str | None, int]) -> str:
-    """One plain TI's cell in a compact row: its state's letter (`states`, in first-seen order),
-    its duration in ms (none before it started), `+` while unfinished ("so far"), `~` and its
-    try when not the first. `-` is a run without this task's TI. The page's script draws the
-    cell, its colour, its link (`ti_redirect_view`) and its title from it."""
-    _, state, try_number, start_ms, end_ms, unfinished = ti
-    code = states.get(state)
-    if code is None:
-        code = states[state] = len(states)
-    token = _CODES[code] if code < len(_CODES) else f"({code})"
-    if start_ms is not None:
-        token += str(end_ms - start_ms)
-        if unfinished:
-            token += "+"
-    if try_number != 1:
-        token += f"~{try_number}"
-    return token
+
+def _state_letter(code: int) -> str:
+    return _CODES[code] if code < len(_CODES) else f"({code})"
 
 
 _EMPTY_CELL = '<td><span class="aes-cell aes-cell-empty" title="no task instance"></span></td>'
@@ -329,7 +330,7 @@ def _mapped_cell(task_id: str, tis: list[tuple], run: dict) -> str:
     starts = [ti[3] for ti in tis if ti[3] is not None]
     if starts:
         took = duration(timedelta(milliseconds=max(ti[4] for ti in tis) - min(starts)))
-        if any(ti[5] for ti in tis):
+        if any(ti[2].split("~")[0].endswith("+") for ti in tis):
             took += " so far"
     else:
         took = "-"

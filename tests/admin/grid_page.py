@@ -1,4 +1,4 @@
-"""Reads the runs grid's compact rows (`run_grid`, `_cell_token`) as the page's script does,
+"""Reads the runs grid's compact rows (`run_grid`, `_CELL_TEXT`) as the page's script does,
 so tests can assert each cell's state, colour, duration, try and link from the HTML."""
 
 import html

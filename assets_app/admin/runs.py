@@ -211,9 +211,9 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
         )
     ordered = task_order.dag_task_rows(dag_id=dag.dag_id, task_groups=dag.task_groups)
     task_ids = [row.task_id for row in ordered if row.task_id is not None]
-    # PostgreSQL writes each TI's cell text after its state letter (`_CELL_TEXT`) and its epoch
-    # milliseconds (for a mapped task's span): no timestamp or duration is built in Python
-    # (200,000 and 100,000 of them at 1,000 tasks x 100 runs).
+    # PostgreSQL writes each TI's cell text after its state letter (`_CELL_TEXT`) and, for a
+    # map index only, its epoch milliseconds (a mapped task's span): no timestamp or duration
+    # is built in Python (200,000 and 100,000 of them at 1,000 tasks x 100 runs).
     column = {run["id"]: i for i, run in enumerate(recent)}
     cells: dict[str, list] = {}
     multi: dict[tuple[str, int], list[tuple]] = {}  # a mapped task's map indexes
@@ -222,9 +222,14 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
         TaskInstance.objects.filter(dag_run_id__in=list(column))
         .annotate(
             text=RawSQL(_CELL_TEXT, ()),
-            start_ms=RawSQL("(EXTRACT(EPOCH FROM start_date) * 1000)::bigint", ()),
+            start_ms=RawSQL(
+                "CASE WHEN map_index >= 0 THEN (EXTRACT(EPOCH FROM start_date) * 1000)::bigint END",
+                (),
+            ),
             end_ms=RawSQL(
-                "(EXTRACT(EPOCH FROM COALESCE(end_date, statement_timestamp())) * 1000)::bigint", ()
+                "CASE WHEN map_index >= 0 THEN (EXTRACT(EPOCH FROM COALESCE(end_date, "
+                "statement_timestamp())) * 1000)::bigint END",
+                (),
             ),
         )
         .values_list("dag_run_id", "task_id", "map_index", "state", "text", "start_ms", "end_ms")
@@ -329,8 +334,10 @@ def _mapped_cell(task_id: str, tis: list[tuple], run: dict) -> str:
     counts = ", ".join(f"{n} {s}" for s, n in run_reads.state_counts(states))
     starts = [ti[3] for ti in tis if ti[3] is not None]
     if starts:
-        took = duration(timedelta(milliseconds=max(ti[4] for ti in tis) - min(starts)))
-        if any(ti[2].split("~")[0].endswith("+") for ti in tis):
+        ends = [ti[4] for ti in tis if ti[4] is not None]
+        took = duration(timedelta(milliseconds=max(ends) - min(starts)))
+        # Unfinished while a map index runs ("+") or has not started (no duration).
+        if any(not ti[2] or ti[2][0] == "~" or "+" in ti[2] for ti in tis):
             took += " so far"
     else:
         took = "-"

@@ -83,3 +83,19 @@ def test_the_run_page_lists_its_first_tis_and_links_to_all(monkeypatch, staff_cl
     listed = listed.content.decode()
     assert all(f"many.{t}<br>" in listed for t in ("a", "b", "c"))
     assert other.task_id not in listed
+
+
+def test_a_mapped_cell_with_an_index_still_running_says_so_far(staff_client):
+    run = DagRunFactory(dag=DagFactory(dag_id="spread"), state="running")
+    start = timezone.now() - timedelta(seconds=30)
+    TaskInstanceFactory(
+        dag_run=run,
+        task_id="each",
+        map_index=0,
+        state="success",
+        start_date=start,
+        end_date=start + timedelta(seconds=5),
+    )
+    TaskInstanceFactory(dag_run=run, task_id="each", map_index=1, state="scheduled")
+    page = staff_client.get(reverse("admin:assets_app_dag_grid", args=["spread"])).content
+    assert "each (2 mapped) · 1 scheduled, 1 success · 30 s so far · " in page.decode()

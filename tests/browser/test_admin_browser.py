@@ -270,6 +270,12 @@ def test_operator_follows_lineage_finds_a_parked_output_fixes_it_and_sees_the_au
         page.screenshot(path=str(_shot(GRID_SHOT, tmp_path)), full_page=True)
         # Issue 45: the failed TI's page opens on its log (tabs per try), above its fields;
         # its run's page shows the failed TI above the run's fields.
+        # Issue 45: the cells are drawn from each row's compact string; a hovered cell's title
+        # is written then (task · state · try · duration · run id).
+        failed_cell = page.locator("#run-grid .aes-cell[data-state=failed]")
+        failed_cell.hover()
+        title = failed_cell.locator("xpath=..").get_attribute("title") or ""
+        assert title.startswith("fetch_payments · failed · try ") and " s · " in title, title
         page.click("#run-grid .aes-cell[data-state=failed]")
         page.wait_for_url("**/taskinstance/**/change/")
         log_top = page.locator("#task-log").bounding_box()["y"]

@@ -8,7 +8,6 @@ from uuid import UUID
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, Prefetch, Q, Subquery
-from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -34,6 +33,7 @@ from ..models import (
 )
 from ..runtime import logs as task_logs
 from ..scheduling import runs
+from ..sql import task_instances as task_instances_sql
 from . import log_view
 from . import task_graph as task_graph_view
 from .base import (
@@ -211,27 +211,17 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
         )
     ordered = task_order.dag_task_rows(dag_id=dag.dag_id, task_groups=dag.task_groups)
     task_ids = [row.task_id for row in ordered if row.task_id is not None]
-    # PostgreSQL writes each TI's cell text after its state letter (`_CELL_TEXT`) and, for a
+    # The database writes each TI's cell text after its state letter and, for a
     # map index only, its epoch milliseconds (a mapped task's span): no timestamp or duration
     # is built in Python (200,000 and 100,000 of them at 1,000 tasks x 100 runs).
     column = {run["id"]: i for i, run in enumerate(recent)}
     cells: dict[str, list] = {}
     multi: dict[tuple[str, int], list[tuple]] = {}  # a mapped task's map indexes
     mapped: set[str] = set()
+    sql = task_instances_sql.grid_cell_annotations()
     for run_pk, task_id, map_index, state, text, start_ms, end_ms in (
         TaskInstance.objects.filter(dag_run_id__in=list(column))
-        .annotate(
-            text=RawSQL(_CELL_TEXT, ()),
-            start_ms=RawSQL(
-                "CASE WHEN map_index >= 0 THEN (EXTRACT(EPOCH FROM start_date) * 1000)::bigint END",
-                (),
-            ),
-            end_ms=RawSQL(
-                "CASE WHEN map_index >= 0 THEN (EXTRACT(EPOCH FROM COALESCE(end_date, "
-                "statement_timestamp())) * 1000)::bigint END",
-                (),
-            ),
-        )
+        .annotate(text=sql["text"], start_ms=sql["start_ms"], end_ms=sql["end_ms"])
         .values_list("dag_run_id", "task_id", "map_index", "state", "text", "start_ms", "end_ms")
     ):
         by_run = cells.get(task_id)
@@ -294,7 +284,7 @@ def run_grid(*, dag: Dag, runs: int = GRID_RUNS) -> dict:
         "dag": dag,
         "runs": recent,
         "rows": rows,
-        # What the page's script needs to draw the compact rows' cells (`_CELL_TEXT`).
+        # What the page's script needs to draw the compact rows' cells (`grid_cell_annotations`).
         "cell_data": {
             "states": [[state or "", state_colour(state)] for state in letters],
             "runs": [[run["id"], run["run_id"]] for run in recent],
@@ -309,12 +299,6 @@ _CODES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 # first-seen order): its duration in ms (none before it started), `+` while unfinished ("so
 # far"), `~` and its try when not the first. `-` is a run without this task's TI. The page's
 # script draws the cell, its colour, its link (`ti_redirect_view`) and its title from it.
-_CELL_TEXT = (
-    "CASE WHEN start_date IS NULL THEN '' ELSE (EXTRACT(EPOCH FROM COALESCE(end_date, "
-    "statement_timestamp()) - start_date) * 1000)::bigint::text "
-    "|| CASE WHEN end_date IS NULL THEN '+' ELSE '' END END "
-    "|| CASE WHEN try_number <> 1 THEN '~' || try_number::text ELSE '' END"
-)
 
 
 def _state_letter(code: int) -> str:

@@ -56,7 +56,7 @@ from .public_schemas import (
     TriggerDagRunBody,
     responses,
 )
-from .schemas import UtcDatetime
+from .schemas import INT32_MAX, UtcDatetime
 
 router = Router(tags=["public"], auth=public_api_auth())
 
@@ -601,7 +601,7 @@ def get_external_log_url(
     dag_run_id: str,
     task_id: str,
     try_number: int = Path(..., gt=0),
-    map_index: int = -1,
+    map_index: int = Query(-1, ge=-1, le=INT32_MAX),
 ):
     """Airflow answers 400 before looking the task instance up when its task log handler has no
     external links (its default file handler has none); here logs are stored in the database
@@ -676,7 +676,11 @@ def _tries(tis) -> TaskInstanceHistoryCollectionResponse:
 @router.get(TI_PATH + "/tries", response=responses(TaskInstanceHistoryCollectionResponse, 404))
 @needs("view", TaskInstance)
 def get_task_instance_tries(
-    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, map_index: int = -1
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int = Query(-1, ge=-1, le=INT32_MAX),
 ) -> TaskInstanceHistoryCollectionResponse:
     """A TI's tries (Airflow: same path): the current one, as earlier tries are not kept."""
     return _tries(
@@ -696,7 +700,7 @@ def get_task_instance_try_details(
     dag_run_id: str,
     task_id: str,
     task_try_number: int,
-    map_index: int = -1,
+    map_index: int = Query(-1, ge=-1, le=INT32_MAX),
 ) -> TaskInstanceHistoryResponse:
     """One try of a TI (Airflow: same path): the current try; an earlier one is a 404 saying
     it is not kept."""
@@ -747,8 +751,8 @@ def get_extra_links(
     dag_id: str,
     dag_run_id: str,
     task_id: str,
-    map_index: int = -1,
-    try_number: int | None = None,
+    map_index: int = Query(-1, ge=-1, le=INT32_MAX),
+    try_number: int | None = Query(None, ge=0, le=INT32_MAX),
 ) -> ExtraLinkCollectionResponse:
     """A TI's operator extra links (Airflow: same path): none, as no task here declares any."""
     links = run_reads.extra_links(
@@ -775,7 +779,11 @@ def get_extra_links(
 )
 @needs("delete", TaskInstance)
 def delete_task_instance(
-    request: HttpRequest, dag_id: str, dag_run_id: str, task_id: str, map_index: int = -1
+    request: HttpRequest,
+    dag_id: str,
+    dag_run_id: str,
+    task_id: str,
+    map_index: int = Query(-1, ge=-1, le=INT32_MAX),
 ):
     """Delete a TI with its history (Airflow: same path, 200 with a null body as its route
     answers), by retention's deleter (`retention.delete_task_instance`); 409 (ours) for a
@@ -853,7 +861,7 @@ def patch_task_instance_dry_run(
     task_id: str,
     body: PatchTaskInstanceBody,
     mask: Query[UpdateMask],
-    map_index: int | None = None,
+    map_index: int | None = Query(None, ge=-1, le=INT32_MAX),
 ) -> TaskInstanceCollectionResponse:
     """The TIs a PATCH would change, nothing written (Airflow: same path)."""
     return _patch_tis(
@@ -890,7 +898,7 @@ def patch_task_instance(
     task_id: str,
     body: PatchTaskInstanceBody,
     mask: Query[UpdateMask],
-    map_index: int | None = None,
+    map_index: int | None = Query(None, ge=-1, le=INT32_MAX),
 ) -> TaskInstanceCollectionResponse:
     """Set a task's TIs' state or note (Airflow: same path; without `map_index`, every map
     index), `run_states.patch_task_instances`."""

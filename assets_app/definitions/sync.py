@@ -1375,7 +1375,7 @@ class _Sync:
         unscheduled = self._unscheduled_waiting()
         created = set(dags_created)
         updated = (self.changed_dags | set(dags_updated)) - created
-        _record_versions(created)
+        _record_versions(created | updated)
         return SyncResult(
             dag_ids=tuple(dag.dag_id for dag in self.dags),
             dags_created=len(created),

@@ -17,14 +17,24 @@ a run is over when every TI has ended, and TIs that failed (a heavy load) are co
 machine's 1-minute load is printed with each row (a shared 2-core machine: see the README's
 figures).
 
+The two systems are interleaved (issue 44): service, Airflow, service, Airflow ... for
+`--rounds` rounds in one run, each round on a fresh database (the service keeps one `bin/serve`
+and truncates its runs; Airflow starts anew on a new SQLite file), so a change of the machine's
+load falls on both; the table has every round and the medians. `--tasks N` runs a Dag of N
+no-op tasks (written to a temporary folder; 50 is `bench/airflow_dags/fifty.py`'s size). A round
+stops waiting as soon as its worker or one of Airflow's processes has exited (a failed run is
+reported, never waited out), and an Airflow whose api-server lost its port to someone else is
+started again on another.
+
     BENCH_DB_PREFIX=room_27_bench .venv/bin/python bench/airflow_worker.py [--concurrency 4]
-        [--old] [--skip-airflow]
+        [--tasks 50] [--rounds 2] [--old] [--skip-airflow]
 """
 
 import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,9 +52,29 @@ ROOT = Path(__file__).resolve().parents[1]
 PG = os.environ.get("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432")
 DB = f"{h.DB_PREFIX}_airflow_worker"
 KEY = "bench-worker-key-" + "x" * 24
-DAGS = ROOT / "bench/airflow_dags"
-DAG_ID = "bench_fifty"
-TASKS = 50
+DAG_ID = "bench_tasks"
+DAG_FILE = '''"""bench/airflow_worker.py's Dag: {tasks} independent tasks that do nothing."""
+
+from airflow.sdk import dag, task
+
+
+@dag(dag_id="{dag_id}", schedule=None, is_paused_upon_creation=False)
+def bench_tasks():
+    for i in range({tasks}):
+        task(task_id=f"noop_{{i:04d}}")(lambda: None)()
+
+
+bench_tasks()
+'''
+
+
+def dag_folder(tasks: int) -> Path:
+    """A folder holding the bench's one Dag file, of `tasks` no-op tasks."""
+    folder = Path(tempfile.mkdtemp(prefix="bench-airflow-dags-"))
+    (folder / "bench_tasks.py").write_text(DAG_FILE.format(tasks=tasks, dag_id=DAG_ID))
+    return folder
+
+
 # A run is over when every TI is in one of these (a failed TI under a heavy load is counted
 # and reported, never waited for until the timeout).
 ENDED = "('success', 'failed', 'upstream_failed', 'skipped')"
@@ -56,13 +86,21 @@ def _sql(query: str, *args, db: str = DB):
         return cursor.fetchall() if cursor.description else []
 
 
-def _wait(predicate, seconds: float, what: str) -> None:
+class RoundFailed(Exception):
+    """A round that cannot finish (a process exited, or the time ran out): reported, not waited."""
+
+
+def _wait(predicate, seconds: float, what: str, alive=lambda: None) -> None:
+    """Until `predicate()`; `alive()` names a process that exited (the round failed) or None."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
             return
+        gone = alive()
+        if gone:
+            raise RoundFailed(f"{what}: {gone} exited")
         time.sleep(0.5)
-    raise SystemExit(f"bench: {what} not done within {seconds:g}s")
+    raise RoundFailed(f"{what} not done within {seconds:g}s")
 
 
 def _row(
@@ -80,34 +118,50 @@ def _row(
     }
 
 
-def bench_service(concurrency: int, *, old: bool) -> list[dict]:
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DB}"')
-        conn.execute(f'CREATE DATABASE "{DB}"')
-    port = h.free_port()
-    env = {**os.environ, "DATABASE_URL": f"{PG}/{DB}", "PORT": str(port), "WORKER_API_KEY": KEY}
-    serve = servers.bin_serve(env, h.log_path("airflow_worker", "serve"), ready_timeout=240)
-    rows = []
-    worker_args = [str(ROOT / "bin/airflow-worker"), "--dags", str(DAGS), "--url", serve.url]
-    worker_args += ["--logs", str(ROOT / "var/bench-airflow-logs")]
-    try:
-        subprocess.run([*worker_args, "--sync-only"], env=env, check=True, capture_output=True)
-        for label, extra in [("service, pool", [])] + (
-            [("service, interpreter per task", ["--interpreter-per-task"])] if old else []
-        ):
-            _sql("TRUNCATE assets_app_dagrun CASCADE")
-            log = h.log_path("airflow_worker", "worker").open("w")
-            worker = subprocess.Popen(
-                [*worker_args, "--no-sync", "--concurrency", str(concurrency), *extra],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+class Service:
+    """`bin/serve` on its own database (started once) and, per round, `bin/airflow-worker`'s
+    pool on the bench's Dag folder: the runs truncated, the worker started before the trigger."""
+
+    def __init__(self, dags: Path) -> None:
+        self.dags = dags
+        with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{DB}"')
+        port = h.free_port()
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": f"{PG}/{DB}",
+            "PORT": str(port),
+            "WORKER_API_KEY": KEY,
+        }
+        log = h.log_path("airflow_worker", "serve")
+        self.serve = servers.bin_serve(self.env, log, ready_timeout=240)
+        self.worker_args = [str(ROOT / "bin/airflow-worker"), "--dags", str(dags)]
+        self.worker_args += [
+            "--url",
+            self.serve.url,
+            "--logs",
+            str(ROOT / "var/bench-airflow-logs"),
+        ]
+        subprocess.run(
+            [*self.worker_args, "--sync-only"], env=self.env, check=True, capture_output=True
+        )
+
+    def round(self, label: str, tasks: int, concurrency: int, extra: list[str]) -> dict:
+        _sql("TRUNCATE assets_app_dagrun CASCADE")
+        log = h.log_path("airflow_worker", "worker").open("w")
+        worker = subprocess.Popen(
+            [*self.worker_args, "--no-sync", "--concurrency", str(concurrency), *extra],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
             time.sleep(15)  # the pool forks and imports, as a scheduler is up before a trigger
             subprocess.run(
                 [sys.executable, "manage.py", "trigger_dag", DAG_ID],
                 cwd=ROOT,
-                env=env,
+                env=self.env,
                 check=True,
                 capture_output=True,
             )
@@ -116,48 +170,70 @@ def bench_service(concurrency: int, *, old: bool) -> list[dict]:
                     _sql(f"SELECT count(*) FROM assets_app_taskinstance WHERE state IN {ENDED}")[0][
                         0
                     ]
-                    >= TASKS
+                    >= tasks
                 ),
                 900,
                 label,
+                alive=lambda: "the worker" if worker.poll() is not None else None,
             )
             load = os.getloadavg()[0]
+        finally:
             worker.send_signal(signal.SIGTERM)
-            worker.wait(60)
+            worker.wait(90)
             log.close()
-            (queued,) = _sql("SELECT queued_at FROM assets_app_dagrun")[0]
-            tis = _sql("SELECT start_date, end_date, state FROM assets_app_taskinstance")
-            done = [t for t in tis if t[2] == "success"]
-            rows.append(
-                _row(
-                    label,
-                    queued,
-                    [t[0] for t in done],
-                    [t[1] for t in done],
-                    load,
-                    failed=len(tis) - len(done),
-                )
-            )
-    finally:
-        serve.stop(timeout=60)
-    return rows
+        (queued,) = _sql("SELECT queued_at FROM assets_app_dagrun")[0]
+        tis = _sql("SELECT start_date, end_date, state FROM assets_app_taskinstance")
+        done = [t for t in tis if t[2] == "success"]
+        return _row(
+            label,
+            queued,
+            [t[0] for t in done],
+            [t[1] for t in done],
+            load,
+            failed=len(tis) - len(done),
+        )
+
+    def stop(self) -> None:
+        self.serve.stop(timeout=60)
 
 
 def _parse(value: str) -> datetime:
     return datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
-def bench_airflow(concurrency: int) -> dict:
+AIRFLOW_LABEL = "Airflow 3.3.2 scheduler + LocalExecutor"
+
+
+def bench_airflow(dags: Path, tasks: int, concurrency: int) -> dict:
+    """One round on a new Airflow (new SQLite file); an api-server that lost its port to another
+    process (it exits at once) is started again on another port, twice at most."""
+    for attempt in range(3):
+        try:
+            return _airflow_round(dags, tasks, concurrency)
+        except servers.ServerError as exc:
+            if attempt == 2 or "address already in use" not in str(exc).lower():
+                raise
+            print(f"bench: Airflow's port was taken ({exc!s:.120}); again on another", flush=True)
+    raise AssertionError("unreachable")
+
+
+def _airflow_round(dags: Path, tasks: int, concurrency: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-airflow-") as tmp:
         logs = h.log_path("airflow_worker", "airflow").parent
-        stock = StockAirflow(DAGS, Path(tmp), logs, parallelism=concurrency)
+        stock = StockAirflow(dags, Path(tmp), logs, parallelism=concurrency)
         with stock:
-            stock.wait(
+
+            def alive() -> str | None:
+                gone = [p for p in stock.processes if not p.running]
+                return gone[0].argv[1] if gone else None
+
+            _wait(
                 lambda: stock.rows(
                     f"SELECT 1 FROM dag WHERE dag_id = '{DAG_ID}' AND NOT is_paused"
                 ),
                 600,
-                "parse the Dag",
+                "Airflow: parse the Dag",
+                alive=alive,
             )
             time.sleep(15)  # the scheduler's LocalExecutor workers are up
             subprocess.run(
@@ -166,23 +242,24 @@ def bench_airflow(concurrency: int) -> dict:
                 check=True,
                 capture_output=True,
             )
-            stock.wait(
+            _wait(
                 lambda: (
                     (
                         stock.rows(f"SELECT count(*) FROM task_instance WHERE state IN {ENDED}")
                         or [(0,)]
                     )[0][0]
-                    >= TASKS
+                    >= tasks
                 ),
                 900,
-                "the run",
+                "Airflow: the run",
+                alive=alive,
             )
             load = os.getloadavg()[0]
             (queued,) = stock.rows("SELECT queued_at FROM dag_run")[0]
             tis = stock.rows("SELECT start_date, end_date, state FROM task_instance")
     done = [t for t in tis if t[2] == "success"]
     return _row(
-        "Airflow 3.3.2 scheduler + LocalExecutor",
+        AIRFLOW_LABEL,
         _parse(queued),
         [_parse(t[0]) for t in done],
         [_parse(t[1]) for t in done],
@@ -191,35 +268,61 @@ def bench_airflow(concurrency: int) -> dict:
     )
 
 
+def _failed_row(system: str, error: Exception) -> dict:
+    return {"system": system, "error": str(error)[:300], "load_1min": round(os.getloadavg()[0], 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--concurrency", type=int, default=4, help="pool size and parallelism")
+    parser.add_argument("--tasks", type=int, default=50, help="no-op tasks in the bench's Dag")
+    parser.add_argument("--rounds", type=int, default=2, help="service, Airflow, ... rounds")
     parser.add_argument("--old", action="store_true", help="also --interpreter-per-task")
     parser.add_argument("--skip-airflow", action="store_true")
     options = parser.parse_args()
+    dags = dag_folder(options.tasks)
     load_before = os.getloadavg()
-    rows = bench_service(options.concurrency, old=options.old)
-    if not options.skip_airflow:
-        rows.append(bench_airflow(options.concurrency))
+    kinds = [("service, pool", [])]
+    if options.old:
+        kinds.append(("service, interpreter per task", ["--interpreter-per-task"]))
+    rounds: list[list[dict]] = []
+    service = Service(dags)
+    try:
+        for number in range(1, options.rounds + 1):
+            rows = []
+            for label, extra in kinds:
+                try:
+                    rows.append(service.round(label, options.tasks, options.concurrency, extra))
+                except RoundFailed as exc:
+                    rows.append(_failed_row(label, exc))
+            if not options.skip_airflow:
+                try:
+                    rows.append(bench_airflow(dags, options.tasks, options.concurrency))
+                except (RoundFailed, TimeoutError, servers.ServerError) as exc:
+                    rows.append(_failed_row(AIRFLOW_LABEL, exc))
+            for row in rows:
+                row["round"] = number
+            rounds.append(rows)
+            _print_round(number, rows)
+    finally:
+        service.stop()
     load_after = os.getloadavg()
-    print(f"{TASKS} independent no-op tasks, concurrency {options.concurrency}")
+    medians = _medians([row for rows in rounds for row in rows])
     print(
-        f"{'system':<42} {'tasks/s':>8} {'trigger->first running':>23} {'run':>7} {'load':>5} "
-        f"{'failed':>6}"
+        f"\n{options.tasks} independent no-op tasks, concurrency {options.concurrency}, "
+        f"{options.rounds} interleaved round(s): medians"
     )
-    for r in rows:
-        print(
-            f"{r['system']:<42} {r['tasks_per_second']:>8} "
-            f"{r['trigger_to_first_running_s']:>22}s {r['run_seconds']:>6}s {r['load_1min']:>5} "
-            f"{r['failed']:>6}"
-        )
+    for system, figures in medians.items():
+        print(f"  {system:<42} " + ", ".join(f"{k} {v}" for k, v in figures.items()))
     out = ROOT / "bench/results/airflow_worker.json"
     out.write_text(
         json.dumps(
             {
-                "dag": "bench/airflow_dags/fifty.py",
+                "dag": f"{options.tasks} no-op tasks (bench/airflow_worker.py DAG_FILE)",
+                "tasks": options.tasks,
                 "concurrency": options.concurrency,
-                "rows": rows,
+                "rounds": rounds,
+                "medians": medians,
                 "load_before": load_before,
                 "load_after": load_after,
                 "cpus": os.cpu_count(),
@@ -233,6 +336,55 @@ def main() -> None:
         f"{load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} on {os.cpu_count()} "
         f"cores; wrote {out}"
     )
+
+
+def _print_round(number: int, rows: list[dict]) -> None:
+    print(
+        f"round {number}: {'system':<42} {'tasks/s':>8} {'trigger->first running':>23} "
+        f"{'run':>7} {'load':>5} {'failed':>6}",
+        flush=True,
+    )
+    for r in rows:
+        if "error" in r:
+            print(f"         {r['system']:<42} FAILED: {r['error']}", flush=True)
+            continue
+        print(
+            f"         {r['system']:<42} {r['tasks_per_second']:>8} "
+            f"{r['trigger_to_first_running_s']:>22}s {r['run_seconds']:>6}s {r['load_1min']:>5} "
+            f"{r['failed']:>6}",
+            flush=True,
+        )
+
+
+def _medians(rows: list[dict]) -> dict[str, dict]:
+    """Per system, the median of its rounds' tasks/s and trigger -> first running; with Airflow's
+    rows, each service's ratio of medians (tasks/s, x Airflow; latency, share of Airflow's)."""
+    medians: dict[str, dict] = {}
+    for system in dict.fromkeys(r["system"] for r in rows):
+        done = [r for r in rows if r["system"] == system and "error" not in r]
+        if done:
+            medians[system] = {
+                "tasks_per_second": round(
+                    statistics.median(r["tasks_per_second"] for r in done), 3
+                ),
+                "trigger_to_first_running_s": round(
+                    statistics.median(r["trigger_to_first_running_s"] for r in done), 2
+                ),
+                "rounds": len(done),
+            }
+    theirs = medians.get(AIRFLOW_LABEL)
+    if theirs:
+        for system, figures in medians.items():
+            if system != AIRFLOW_LABEL:
+                figures["x_airflow_tasks_per_second"] = round(
+                    figures["tasks_per_second"] / theirs["tasks_per_second"], 2
+                )
+                figures["share_of_airflow_latency"] = round(
+                    figures["trigger_to_first_running_s"]
+                    / max(theirs["trigger_to_first_running_s"], 0.01),
+                    2,
+                )
+    return medians
 
 
 if __name__ == "__main__":
